@@ -1,0 +1,44 @@
+# Mercury — the two commands: `make run` and `make test`. Everything else hangs off them.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: install build run test test-fast lint bench clean
+
+$(STAMP): pyproject.toml setup.py
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q Cython setuptools wheel
+	$(PY) -m pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+store/_codec.c: store/_codec.pyx $(STAMP)
+	$(PY) setup.py -q build_ext --inplace 2>&1 | grep -vE "^(running|copying|Compiling)" || true
+	@test -f store/_codec.c
+
+build: store/_codec.c
+	@ls store/_codec*.so >/dev/null
+
+run: build
+	$(PY) -m mercury.devrun
+
+lint: build
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
+
+# The whole suite on the Cython codec, then the store and codec suites again on the
+# pure-Python reference (MERCURY_PURE=1), so both implementations stay honest.
+test: build lint
+	MERCURY_REQUIRE_CYTHON=1 $(VENV)/bin/pytest -q -m "not bench" tests
+	MERCURY_PURE=1 $(VENV)/bin/pytest -q -m "not bench" tests/store tests/property
+
+bench: build
+	$(VENV)/bin/pytest -q -m bench tests || test $$? -eq 5
+	@for b in bench/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
+
+clean:
+	rm -rf $(VENV) build store/_codec.c store/*.so var

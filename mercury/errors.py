@@ -1,0 +1,84 @@
+"""Mercury's one error hierarchy.
+
+Every error carries structured fields (key, seq, producer, hint) and says whether a retry can
+succeed. Components raise these; the HTTP layer maps them to statuses in one table
+(`gateway/problems.py`); the CLI prints `str(err)` and the hint.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class MercuryError(Exception):
+    """Root of every Mercury error.
+
+    `hint` tells an operator what to do about it; `retryable` says whether the same request
+    can succeed later without any change.
+    """
+
+    retryable: bool = False
+
+    def __init__(self, message: str, *, hint: str | None = None, **fields: Any) -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+        self.fields = fields
+
+    def __str__(self) -> str:
+        if self.hint:
+            return f"{self.message} (hint: {self.hint})"
+        return self.message
+
+
+# --- store -------------------------------------------------------------------------------
+
+
+class StoreError(MercuryError):
+    """Something is wrong with a store on disk or with a request made of it."""
+
+
+class StoreExistsError(StoreError):
+    """`init` was asked to create a store where one already exists."""
+
+
+class StoreNotFoundError(StoreError):
+    """No store at the given path."""
+
+
+class FormatError(StoreError):
+    """The store's format version is not the one this code runs on."""
+
+
+class PendingMigrationsError(FormatError):
+    """The store is older than the code: `mercury migrate` must run first."""
+
+
+class NewerFormatError(FormatError):
+    """The store was written by a newer Mercury: upgrade the code, never downgrade the data."""
+
+
+class CorruptionError(StoreError):
+    """Stored bytes fail their checksum or the log's hash chain does not hold."""
+
+
+class CRCError(CorruptionError):
+    """A stored value's CRC does not match: the bytes are never served."""
+
+
+class ChainError(CorruptionError):
+    """The log's hash chain or seq continuity is broken."""
+
+
+class StoreFullError(StoreError):
+    """The LMDB map (or the disk) is full; nothing of the batch was applied."""
+
+    retryable = True
+
+
+class InvalidOpError(StoreError):
+    """An op the store refuses before touching anything (empty or oversized key, value...)."""
+
+
+class LogRetentionError(StoreError):
+    """The requested seq is older than the retained log: a replica must bootstrap."""

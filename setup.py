@@ -1,0 +1,11 @@
+"""Build the Cython hot path (store/_codec.pyx); everything else is pure Python."""
+
+from Cython.Build import cythonize
+from setuptools import Extension, setup
+
+setup(
+    ext_modules=cythonize(
+        [Extension("store._codec", ["store/_codec.pyx"])],
+        compiler_directives={"language_level": "3", "boundscheck": False, "wraparound": False},
+    )
+)

@@ -1,0 +1,268 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
+"""Cython implementation of the hot functions of `store/format.py` (which documents the
+bytes and is the reference). Same names, same results; `tests/property/test_codec_agree.py`
+proves the bytes identical."""
+
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
+from libc.stdint cimport uint8_t, uint16_t, uint32_t, uint64_t
+from libc.string cimport memcpy
+
+import hashlib
+
+from store.format import Entry, RecordHeader
+
+cdef object _blake2b = hashlib.blake2b
+cdef object _entry = Entry
+cdef object _header = RecordHeader
+
+DEF HASH_SIZE = 32
+DEF ENTRY_HDR = 16
+DEF RECORD_FIXED = 19
+
+cdef uint32_t _table[8][256]
+
+
+cdef void _init_table():
+    cdef uint32_t c
+    cdef int i, k
+    for i in range(256):
+        c = <uint32_t>i
+        for k in range(8):
+            if c & 1:
+                c = (<uint32_t>0xEDB88320u) ^ (c >> 1)
+            else:
+                c = c >> 1
+        _table[0][i] = c
+    for i in range(256):
+        c = _table[0][i]
+        for k in range(1, 8):
+            c = _table[0][c & 0xFF] ^ (c >> 8)
+            _table[k][i] = c
+
+
+_init_table()
+
+
+cdef inline uint32_t _crc_update(uint32_t crc, const uint8_t* p, Py_ssize_t n) noexcept nogil:
+    # CRC-32 (zlib polynomial), slice-by-8; `crc` is the running value as zlib returns it.
+    cdef uint32_t c = ~crc
+    cdef uint32_t one, two
+    while n >= 8:
+        one = (<uint32_t>p[0] | (<uint32_t>p[1] << 8) | (<uint32_t>p[2] << 16)
+               | (<uint32_t>p[3] << 24)) ^ c
+        two = (<uint32_t>p[4] | (<uint32_t>p[5] << 8) | (<uint32_t>p[6] << 16)
+               | (<uint32_t>p[7] << 24))
+        c = (_table[7][one & 0xFF] ^ _table[6][(one >> 8) & 0xFF]
+             ^ _table[5][(one >> 16) & 0xFF] ^ _table[4][one >> 24]
+             ^ _table[3][two & 0xFF] ^ _table[2][(two >> 8) & 0xFF]
+             ^ _table[1][(two >> 16) & 0xFF] ^ _table[0][two >> 24])
+        p += 8
+        n -= 8
+    while n > 0:
+        c = _table[0][(c ^ p[0]) & 0xFF] ^ (c >> 8)
+        p += 1
+        n -= 1
+    return ~c
+
+
+def crc32(const uint8_t[:] data, uint32_t crc=0):
+    """CRC-32 of `data`, continuing from `crc` (same results as zlib.crc32)."""
+    if data.shape[0] == 0:
+        return crc
+    return _crc_update(crc, &data[0], data.shape[0])
+
+
+cdef inline void _put_u64(uint8_t* p, uint64_t v) noexcept nogil:
+    cdef int i
+    for i in range(8):
+        p[i] = (v >> (8 * i)) & 0xFF
+
+
+cdef inline void _put_u32(uint8_t* p, uint32_t v) noexcept nogil:
+    p[0] = v & 0xFF
+    p[1] = (v >> 8) & 0xFF
+    p[2] = (v >> 16) & 0xFF
+    p[3] = (v >> 24) & 0xFF
+
+
+cdef inline uint64_t _get_u64(const uint8_t* p) noexcept nogil:
+    cdef uint64_t v = 0
+    cdef int i
+    for i in range(7, -1, -1):
+        v = (v << 8) | p[i]
+    return v
+
+
+cdef inline uint32_t _get_u32(const uint8_t* p) noexcept nogil:
+    return (<uint32_t>p[0] | (<uint32_t>p[1] << 8) | (<uint32_t>p[2] << 16)
+            | (<uint32_t>p[3] << 24))
+
+
+def encode_record(uint64_t seq, bytes owner, bytes value, bint chunked):
+    """Encode a value record; when `chunked`, the value is left out."""
+    cdef Py_ssize_t on = PyBytes_GET_SIZE(owner)
+    cdef Py_ssize_t vn = PyBytes_GET_SIZE(value)
+    cdef Py_ssize_t total = RECORD_FIXED + on + (0 if chunked else vn)
+    if on > 255:
+        raise ValueError("owner too long")
+    cdef bytes out = PyBytes_FromStringAndSize(NULL, total)
+    cdef uint8_t* p = <uint8_t*>PyBytes_AS_STRING(out)
+    cdef const uint8_t* v = <const uint8_t*>PyBytes_AS_STRING(value)
+    p[0] = 0x01
+    p[1] = 0x01 if chunked else 0
+    _put_u64(p + 2, seq)
+    _put_u32(p + 10, <uint32_t>vn)
+    p[18] = <uint8_t>on
+    memcpy(p + 19, PyBytes_AS_STRING(owner), on)
+    if not chunked:
+        memcpy(p + 19 + on, v, vn)
+    cdef uint32_t crc = _crc_update(0, p, 14)
+    crc = _crc_update(crc, p + 18, 1 + on)
+    crc = _crc_update(crc, v, vn)
+    _put_u32(p + 14, crc)
+    return out
+
+
+def decode_record_header(const uint8_t[:] rec):
+    """Decode the fixed part of a record; raises ValueError on a malformed record."""
+    cdef Py_ssize_t n = rec.shape[0]
+    if n < RECORD_FIXED or rec[0] != 0x01:
+        raise ValueError("malformed value record")
+    cdef const uint8_t* p = &rec[0]
+    cdef uint32_t vlen = _get_u32(p + 10)
+    cdef Py_ssize_t on = p[18]
+    cdef Py_ssize_t off = RECORD_FIXED + on
+    if n < off or (not (p[1] & 1) and n != off + vlen):
+        raise ValueError("malformed value record")
+    owner = (<const char*>p)[19:off].decode("utf-8", "replace")
+    return _header(p[1], _get_u64(p + 2), vlen, _get_u32(p + 14), owner, off)
+
+
+def record_value(const uint8_t[:] rec):
+    """The inline value of `rec` after checking its CRC; None when the CRC fails."""
+    cdef Py_ssize_t n = rec.shape[0]
+    if n < RECORD_FIXED or rec[0] != 0x01:
+        raise ValueError("malformed value record")
+    cdef const uint8_t* p = &rec[0]
+    if p[1] & 1:
+        raise ValueError("record is chunked")
+    cdef uint32_t vlen = _get_u32(p + 10)
+    cdef Py_ssize_t off = RECORD_FIXED + p[18]
+    if n != off + vlen:
+        raise ValueError("malformed value record")
+    cdef uint32_t crc = _crc_update(0, p, 14)
+    crc = _crc_update(crc, p + 18, n - 18)
+    if crc != _get_u32(p + 14):
+        return None
+    return PyBytes_FromStringAndSize(<const char*>(p + off), vlen)
+
+
+def encode_entry(uint64_t seq, int op, bytes owner, bytes key, bytes value):
+    """Encode one log entry."""
+    cdef Py_ssize_t on = PyBytes_GET_SIZE(owner)
+    cdef Py_ssize_t kn = PyBytes_GET_SIZE(key)
+    cdef Py_ssize_t vn = PyBytes_GET_SIZE(value)
+    if on > 255 or kn > 65535:
+        raise ValueError("owner or key too long")
+    cdef bytes out = PyBytes_FromStringAndSize(NULL, ENTRY_HDR + on + kn + vn)
+    cdef uint8_t* p = <uint8_t*>PyBytes_AS_STRING(out)
+    _write_entry(p, seq, op, owner, key, value)
+    return out
+
+
+cdef inline Py_ssize_t _write_entry(uint8_t* p, uint64_t seq, int op, bytes owner, bytes key,
+                                    bytes value):
+    cdef Py_ssize_t on = PyBytes_GET_SIZE(owner)
+    cdef Py_ssize_t kn = PyBytes_GET_SIZE(key)
+    cdef Py_ssize_t vn = PyBytes_GET_SIZE(value)
+    _put_u64(p, seq)
+    p[8] = <uint8_t>op
+    p[9] = <uint8_t>on
+    p[10] = kn & 0xFF
+    p[11] = (kn >> 8) & 0xFF
+    _put_u32(p + 12, <uint32_t>vn)
+    memcpy(p + 16, PyBytes_AS_STRING(owner), on)
+    memcpy(p + 16 + on, PyBytes_AS_STRING(key), kn)
+    memcpy(p + 16 + on + kn, PyBytes_AS_STRING(value), vn)
+    return ENTRY_HDR + on + kn + vn
+
+
+def chain(bytes prev, entry):
+    """One link of the hash chain: BLAKE2b-256(prev ++ entry)."""
+    h = _blake2b(prev, digest_size=HASH_SIZE)
+    h.update(entry)
+    return h.digest()
+
+
+def pack_entries(uint64_t first_seq, list ops, bytes prev_hash):
+    """Encode ops ``(op, owner, key, value)`` as consecutive entries from `first_seq`.
+
+    Returns the uncompressed payload and the hash head after the last entry.
+    """
+    cdef Py_ssize_t total = 0
+    cdef tuple t
+    cdef bytes owner, key, value
+    for t in ops:
+        owner = t[1]
+        key = t[2]
+        value = t[3]
+        if PyBytes_GET_SIZE(owner) > 255 or PyBytes_GET_SIZE(key) > 65535:
+            raise ValueError("owner or key too long")
+        total += ENTRY_HDR + PyBytes_GET_SIZE(owner) + PyBytes_GET_SIZE(key) + PyBytes_GET_SIZE(value)
+    cdef bytes out = PyBytes_FromStringAndSize(NULL, total)
+    cdef uint8_t* base = <uint8_t*>PyBytes_AS_STRING(out)
+    cdef Py_ssize_t pos = 0, n
+    cdef uint64_t seq = first_seq
+    cdef object h = prev_hash
+    cdef object view = memoryview(out)
+    cdef object hasher
+    for t in ops:
+        n = _write_entry(base + pos, seq, t[0], t[1], t[2], t[3])
+        hasher = _blake2b(h, digest_size=HASH_SIZE)
+        hasher.update(view[pos:pos + n])
+        h = hasher.digest()
+        pos += n
+        seq += 1
+    return out, h
+
+
+def unpack_entries(payload, bytes prev_hash):
+    """Decode a batch payload and recompute the chain from `prev_hash`.
+
+    Returns the entries and the hash head. Raises ValueError on malformed bytes.
+    """
+    cdef const uint8_t[:] buf = payload
+    cdef Py_ssize_t n = buf.shape[0]
+    cdef Py_ssize_t pos = 0, a, end
+    cdef uint64_t seq
+    cdef int op
+    cdef Py_ssize_t on, kn, vn
+    cdef list out = []
+    cdef object h = prev_hash
+    cdef object view = memoryview(payload)
+    cdef const uint8_t* p
+    cdef object hasher
+    if n == 0:
+        return out, h
+    p = &buf[0]
+    while pos < n:
+        if pos + ENTRY_HDR > n:
+            raise ValueError("truncated log entry header")
+        seq = _get_u64(p + pos)
+        op = p[pos + 8]
+        on = p[pos + 9]
+        kn = p[pos + 10] | (p[pos + 11] << 8)
+        vn = _get_u32(p + pos + 12)
+        end = pos + ENTRY_HDR + on + kn + vn
+        if end > n or (op != 1 and op != 2):
+            raise ValueError("malformed log entry")
+        a = pos + ENTRY_HDR
+        owner = (<const char*>p)[a:a + on].decode("utf-8", "replace")
+        key = PyBytes_FromStringAndSize(<const char*>(p + a + on), kn)
+        value = PyBytes_FromStringAndSize(<const char*>(p + a + on + kn), vn)
+        hasher = _blake2b(h, digest_size=HASH_SIZE)
+        hasher.update(view[pos:end])
+        h = hasher.digest()
+        out.append(_entry(seq, op, owner, key, value))
+        pos = end
+    return out, h

@@ -1,0 +1,51 @@
+"""The codec in use: the Cython build of `store/_codec.pyx`, or the pure-Python reference
+`store/format.py` when ``MERCURY_PURE=1`` (or when the extension is not built).
+
+Everything outside the store imports codec functions from here, never from either
+implementation directly, so one switch moves the whole process.
+"""
+
+from __future__ import annotations
+
+import os
+import zlib
+from collections.abc import Callable
+from typing import Any
+
+from store import format as _ref
+
+IMPLEMENTATION: str
+
+encode_record: Callable[[int, bytes, bytes, bool], bytes]
+decode_record_header: Callable[[Any], _ref.RecordHeader]
+record_value: Callable[[Any], bytes | None]
+encode_entry: Callable[[int, int, bytes, bytes, bytes], bytes]
+chain: Callable[[bytes, Any], bytes]
+pack_entries: Callable[[int, list[tuple[int, bytes, bytes, bytes]], bytes], tuple[bytes, bytes]]
+unpack_entries: Callable[[Any, bytes], tuple[list[_ref.Entry], bytes]]
+crc32: Callable[..., int]
+
+if os.environ.get("MERCURY_PURE") == "1":
+    _impl: Any = _ref
+    crc32 = zlib.crc32
+    IMPLEMENTATION = "python"
+else:
+    try:
+        from store import _codec as _impl
+
+        crc32 = _impl.crc32
+        IMPLEMENTATION = "cython"
+    except ImportError:  # pragma: no cover - only before `make build`
+        if os.environ.get("MERCURY_REQUIRE_CYTHON") == "1":
+            raise
+        _impl = _ref
+        crc32 = zlib.crc32
+        IMPLEMENTATION = "python"
+
+encode_record = _impl.encode_record
+decode_record_header = _impl.decode_record_header
+record_value = _impl.record_value
+encode_entry = _impl.encode_entry
+chain = _impl.chain
+pack_entries = _impl.pack_entries
+unpack_entries = _impl.unpack_entries

@@ -1,0 +1,109 @@
+"""The LMDB environment of a node: its sub-databases and meta keys (the adapter to lmdb).
+
+Sub-databases:
+
+- ``data``   user key -> value record (`store/format.py`)
+- ``chunks`` pieces of large values and large log payloads (page-sized)
+- ``log``    first seq (u64 big-endian) -> log record, one per batch
+- ``meta``   db id, format version, last seq, hash head, log bounds
+- ``usage``  owner (producer name, UTF-8) -> usage counters (`store/usage.py`; format ≥ 2)
+- ``state``  named documents of the node (ACL, admin token hash), not replicated
+- ``idem``   idempotency keys -> first answer, not replicated
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from dataclasses import dataclass
+from typing import Any
+
+import lmdb
+
+from mercury.errors import StoreNotFoundError
+
+DATA = b"data"
+CHUNKS = b"chunks"
+LOG = b"log"
+META = b"meta"
+USAGE = b"usage"
+STATE = b"state"
+IDEM = b"idem"
+ALL_DBS = (DATA, CHUNKS, LOG, META, USAGE, STATE, IDEM)
+
+K_DB_ID = b"db_id"
+K_FORMAT = b"format_version"
+K_LAST_SEQ = b"last_seq"
+K_HASH_HEAD = b"hash_head"
+K_LOG_FIRST = b"log_first_seq"
+K_LOG_BASE_HASH = b"log_base_hash"
+K_CREATED = b"created_us"
+
+U64 = struct.Struct("<Q")
+U32 = struct.Struct("<I")
+BE64 = struct.Struct(">Q")
+
+DEFAULT_MAP_SIZE = 64 << 30
+MAX_READERS = 1024
+
+
+@dataclass(frozen=True, slots=True)
+class Dbs:
+    """Handles of the sub-databases of one open environment."""
+
+    data: Any
+    chunks: Any
+    log: Any
+    meta: Any
+    usage: Any
+    state: Any
+    idem: Any
+
+
+def data_file(path: str) -> str:
+    """Path of the LMDB data file of the store in directory `path`."""
+    return os.path.join(path, "data.mdb")
+
+
+def exists(path: str) -> bool:
+    """True when directory `path` holds a store."""
+    return os.path.isfile(data_file(path))
+
+
+def open_env(
+    path: str,
+    *,
+    readonly: bool = False,
+    map_size: int = DEFAULT_MAP_SIZE,
+    sync: bool = True,
+    create: bool = False,
+) -> tuple[Any, Dbs]:
+    """Open the environment in `path` and its sub-databases.
+
+    `sync=False` trades durability of the last commits for speed (tests and benchmarks of
+    non-durable paths only). Raises StoreNotFoundError when there is no store and not
+    `create`.
+    """
+    if not create and not exists(path):
+        raise StoreNotFoundError(
+            f"no Mercury store in {path!r}", hint="create one with `mercury init DATA_DIR`"
+        )
+    os.makedirs(path, exist_ok=True)
+    env = lmdb.open(
+        path,
+        map_size=map_size,
+        max_dbs=len(ALL_DBS) + 2,
+        max_readers=MAX_READERS,
+        readonly=readonly,
+        sync=sync,
+        metasync=sync,
+        readahead=False,
+        meminit=False,
+        lock=True,
+    )
+    if readonly:
+        with env.begin() as txn:
+            handles = [env.open_db(name, txn=txn, create=False) for name in ALL_DBS]
+    else:
+        handles = [env.open_db(name, create=True) for name in ALL_DBS]
+    return env, Dbs(*handles)

@@ -1,0 +1,83 @@
+"""Plain values that cross the store's API: ops in, results out."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import NamedTuple
+
+from store.format import OP_DELETE, OP_SET
+
+SET = OP_SET
+DELETE = OP_DELETE
+
+
+class Status(StrEnum):
+    """What `apply()` did with one op."""
+
+    WRITTEN = "written"
+    DUPLICATE = "duplicate"
+    DELETED = "deleted"
+    ABSENT = "absent"
+    PRECONDITION_FAILED = "precondition_failed"
+
+
+class Op(NamedTuple):
+    """One requested change.
+
+    `expect_seq` makes the op conditional, evaluated inside the write transaction: the
+    key's current version (seq of its last change, 0 when absent) must equal it —
+    ``If-Match: "<seq>"`` is ``expect_seq=seq``, ``If-None-Match: *`` is ``expect_seq=0``.
+    """
+
+    op: int
+    key: bytes
+    value: bytes = b""
+    owner: str = ""
+    expect_seq: int | None = None
+
+
+class Result(NamedTuple):
+    """Outcome of one op.
+
+    `seq`: the new seq for written/deleted; for duplicate, the seq at which the identical
+    value was stored; for absent and precondition_failed, the key's current version (0 when
+    absent).
+    """
+
+    status: Status
+    seq: int
+
+
+class ApplyResult(NamedTuple):
+    """Outcome of one batch: `first_seq`..`last_seq` are the seqs it logged (both 0 when it
+    changed nothing), `hash_head` the chain head after it, `results` one per op in order."""
+
+    first_seq: int
+    last_seq: int
+    hash_head: bytes
+    results: list[Result]
+
+
+class Value(NamedTuple):
+    """A value read from the store, with its version (seq of its last change)."""
+
+    value: bytes
+    seq: int
+    owner: str
+
+
+class LogRecord(NamedTuple):
+    """One batch of the log as stored and as shipped: the 62-byte header and the
+    compressed payload (see `store/format.py`)."""
+
+    first_seq: int
+    num_entries: int
+    time_us: int
+    hash_head: bytes
+    header: bytes
+    payload: bytes
+
+    @property
+    def last_seq(self) -> int:
+        """Seq of the record's last entry."""
+        return self.first_seq + self.num_entries - 1

@@ -1,0 +1,727 @@
+"""The store: one LMDB environment holding data, log and meta, changed only by batches.
+
+Contract:
+
+- `apply()` turns a batch of ops into ONE write transaction holding the data changes, their
+  log record (one seq per change, snappy payload, hash chain) and the usage counters. LMDB
+  commits it atomically and durably (fsync) unless the store was opened with ``sync=False``.
+- `apply_log_record()` is the replica's apply: a source's log record, checked for seq
+  continuity, CRC and the hash chain, applied in one transaction, stored byte-identical.
+- Readers (`get`, `reader()`) use short read transactions and never wait for the writer
+  (LMDB MVCC), in this process or another one that opens the same directory.
+- One writer at a time: LMDB serialises write transactions, across processes too.
+- Errors: StoreFullError when the map is full (nothing of the batch applied), CRCError when a
+  stored value fails its CRC (never returned), ChainError on a broken chain or seq gap.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+import cramjam
+import lmdb
+import snappy
+
+from mercury.errors import (
+    ChainError,
+    CorruptionError,
+    CRCError,
+    InvalidOpError,
+    LogRetentionError,
+    NewerFormatError,
+    PendingMigrationsError,
+    StoreError,
+    StoreExistsError,
+    StoreFullError,
+)
+from store import chunks, codec, layout
+from store.format import (
+    FLAG_CHUNKED,
+    LOG_HEADER,
+    MAX_KEY,
+    MAX_OWNER,
+    OP_DELETE,
+    OP_SET,
+    ZERO_HASH,
+    check_chunked_record,
+    decode_log_header,
+    encode_log_header,
+    log_crc_ok,
+)
+from store.layout import (
+    BE64,
+    K_CREATED,
+    K_DB_ID,
+    K_FORMAT,
+    K_HASH_HEAD,
+    K_LAST_SEQ,
+    K_LOG_BASE_HASH,
+    K_LOG_FIRST,
+    U32,
+    U64,
+)
+from store.metrics import CRC_FAILURES
+from store.ops import ApplyResult, LogRecord, Op, Result, Status, Value
+from store.usage import Usage, stored_bytes, usage_key
+
+#: Format written by this code. Format 1 had no usage counters (see migrations/).
+CURRENT_FORMAT = 2
+#: Largest value accepted (SPEC: 25 MiB by default).
+MAX_VALUE = 25 << 20
+_LOG_HDR = LOG_HEADER.size
+_WRITTEN = Status.WRITTEN
+_DUPLICATE = Status.DUPLICATE
+
+
+def now_us() -> int:
+    """Wall clock in microseconds since the epoch (the log's commit time)."""
+    return time.time_ns() // 1000
+
+
+class Store:
+    """An open store. Thread-safe for readers; one `apply` at a time per process is the
+    caller's job (the gateway's batcher and the replica's applier are single writers)."""
+
+    def __init__(self, path: str, env: Any, dbs: layout.Dbs, readonly: bool) -> None:
+        self.path = path
+        self.env = env
+        self.dbs = dbs
+        self.readonly = readonly
+        with env.begin(db=dbs.meta) as txn:
+            raw = txn.get(K_DB_ID)
+            if raw is None:
+                raise CorruptionError(f"store in {path!r} has no db id")
+            self.db_id = str(uuid.UUID(bytes=bytes(raw)))
+
+    # --- lifecycle -------------------------------------------------------------------
+
+    @classmethod
+    def create(
+        cls,
+        path: str,
+        *,
+        db_id: str | None = None,
+        format_version: int = CURRENT_FORMAT,
+        map_size: int = layout.DEFAULT_MAP_SIZE,
+        sync: bool = True,
+    ) -> Store:
+        """Create an empty store in directory `path` (StoreExistsError if one is there)."""
+        if layout.exists(path):
+            raise StoreExistsError(
+                f"a store already exists in {path!r}", hint="use another DATA_DIR or remove it"
+            )
+        env, dbs = layout.open_env(path, map_size=map_size, sync=sync, create=True)
+        if format_version < 2:
+            # Format 1 had no usage sub-database; drop it so the migration really creates it.
+            with env.begin(write=True) as txn:
+                txn.drop(dbs.usage, delete=True)
+            env.close()
+            env, dbs = _open_v1(path, map_size, sync)
+        the_id = uuid.UUID(db_id) if db_id else uuid.uuid4()
+        with env.begin(write=True, db=dbs.meta) as txn:
+            txn.put(K_DB_ID, the_id.bytes)
+            txn.put(K_FORMAT, U32.pack(format_version))
+            txn.put(K_LAST_SEQ, U64.pack(0))
+            txn.put(K_HASH_HEAD, ZERO_HASH)
+            txn.put(K_LOG_FIRST, U64.pack(1))
+            txn.put(K_LOG_BASE_HASH, ZERO_HASH)
+            txn.put(K_CREATED, U64.pack(now_us()))
+        return cls(path, env, dbs, readonly=False)
+
+    @classmethod
+    def open(
+        cls,
+        path: str,
+        *,
+        readonly: bool = False,
+        map_size: int = layout.DEFAULT_MAP_SIZE,
+        sync: bool = True,
+        check_format: bool = True,
+    ) -> Store:
+        """Open an existing store.
+
+        With `check_format` (the default) a store whose format is older than this code
+        raises PendingMigrationsError (run `mercury migrate`), a newer one NewerFormatError.
+        """
+        version = read_format_version(path)
+        if check_format:
+            ensure_current_format(path, version)
+        if version < 2:
+            env, dbs = _open_v1(path, map_size, sync, readonly=readonly)
+        else:
+            env, dbs = layout.open_env(path, readonly=readonly, map_size=map_size, sync=sync)
+        return cls(path, env, dbs, readonly)
+
+    def close(self) -> None:
+        """Close the environment; the Store must not be used afterwards."""
+        self.env.close()
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # --- meta ------------------------------------------------------------------------
+
+    def status(self) -> dict[str, Any]:
+        """`{"db_id", "format_version", "seq", "hash_head", "log_first_seq"}` (SPEC §3.1)."""
+        with self.env.begin(db=self.dbs.meta) as txn:
+            return {
+                "db_id": self.db_id,
+                "format_version": U32.unpack(txn.get(K_FORMAT))[0],
+                "seq": U64.unpack(txn.get(K_LAST_SEQ))[0],
+                "hash_head": bytes(txn.get(K_HASH_HEAD)).hex(),
+                "log_first_seq": U64.unpack(txn.get(K_LOG_FIRST))[0],
+            }
+
+    def last_seq(self) -> int:
+        """Seq of the last committed change (0 for an empty store)."""
+        with self.env.begin(db=self.dbs.meta) as txn:
+            return int(U64.unpack(txn.get(K_LAST_SEQ))[0])
+
+    def head(self) -> tuple[int, bytes]:
+        """(last seq, hash head) read in one transaction."""
+        with self.env.begin(db=self.dbs.meta) as txn:
+            return U64.unpack(txn.get(K_LAST_SEQ))[0], bytes(txn.get(K_HASH_HEAD))
+
+    # --- writes ----------------------------------------------------------------------
+
+    def apply(
+        self,
+        ops: Sequence[Op],
+        *,
+        throttled: Mapping[str, int] | None = None,
+        idempotency: Iterable[tuple[bytes, bytes]] = (),
+        time_us: int | None = None,
+    ) -> ApplyResult:
+        """Apply `ops` in order in one write transaction; return one Result per op.
+
+        A set whose value equals the stored one is a duplicate: not written, not logged.
+        Conditional ops (`expect_seq`) are evaluated here, inside the transaction. Later ops
+        see earlier ones of the same batch. `throttled` adds to owners' throttled counters
+        and `idempotency` stores (key, answer) pairs, both in the same transaction.
+        Raises InvalidOpError before touching anything, StoreFullError when the map is full.
+        """
+        for op in ops:
+            _validate(op)
+        dbs = self.dbs
+        data_db = dbs.data
+        chunks_db = dbs.chunks
+        encode_record = codec.encode_record
+        decode_header = codec.decode_record_header
+        try:
+            with self.env.begin(write=True) as txn:
+                meta = dbs.meta
+                last = U64.unpack(txn.get(K_LAST_SEQ, db=meta))[0]
+                head = txn.get(K_HASH_HEAD, db=meta)
+                seq = last
+                results: list[Result] = []
+                entries: list[tuple[int, bytes, bytes, bytes]] = []
+                # owner -> [keys, bytes, writes, deletes, duplicates, throttled] deltas
+                delta: dict[str, list[int]] = {}
+                get = txn.get
+                put = txn.put
+                for op in ops:
+                    key = op.key
+                    old = get(key, db=data_db)
+                    h = decode_header(old) if old is not None else None
+                    cur = h.seq if h is not None else 0
+                    if op.expect_seq is not None and op.expect_seq != cur:
+                        results.append(Result(Status.PRECONDITION_FAILED, cur))
+                        continue
+                    if op.op == OP_SET:
+                        value = op.value
+                        if h is not None and h.vlen == len(value):
+                            if h.flags & FLAG_CHUNKED:
+                                same = chunks.get(txn, chunks_db, chunks.VALUE_NS, h.seq, h.vlen)
+                                is_dup = same == value
+                            else:
+                                is_dup = old.endswith(value)
+                            if is_dup:
+                                results.append(Result(_DUPLICATE, h.seq))
+                                _bump(delta, op.owner, 4, 1)
+                                continue
+                        seq += 1
+                        owner = op.owner.encode()
+                        big = chunks.is_chunked(len(value))
+                        if big:
+                            chunks.put(txn, chunks_db, chunks.VALUE_NS, seq, value)
+                        put(key, encode_record(seq, owner, value, big), db=data_db)
+                        if h is not None:
+                            self._forget(txn, h, len(key), delta)
+                        d = delta.get(op.owner)
+                        if d is None:
+                            d = delta[op.owner] = [0, 0, 0, 0, 0, 0]
+                        d[0] += 1
+                        d[1] += stored_bytes(len(key), len(value), len(owner))
+                        d[2] += 1
+                        entries.append((OP_SET, owner, key, value))
+                        results.append(Result(_WRITTEN, seq))
+                    else:
+                        if h is None:
+                            results.append(Result(Status.ABSENT, 0))
+                            continue
+                        seq += 1
+                        txn.delete(key, db=data_db)
+                        self._forget(txn, h, len(key), delta)
+                        _bump(delta, op.owner, 3, 1)
+                        owner = op.owner.encode()
+                        entries.append((OP_DELETE, owner, key, b""))
+                        results.append(Result(Status.DELETED, seq))
+                if entries:
+                    payload, head = codec.pack_entries(last + 1, entries, bytes(head))
+                    self._put_log(txn, last + 1, len(entries), time_us or now_us(), head, payload)
+                    put(K_LAST_SEQ, U64.pack(seq), db=meta)
+                    put(K_HASH_HEAD, head, db=meta)
+                for owner_name, n in (throttled or {}).items():
+                    if n:
+                        _bump(delta, owner_name, 5, n)
+                self._write_usage(txn, delta)
+                for ikey, answer in idempotency:
+                    put(ikey, U64.pack(now_us()) + answer, db=dbs.idem)
+        except lmdb.MapFullError as err:
+            raise StoreFullError(
+                "store is full: the LMDB map has no room for this batch",
+                hint="raise the map size or free space; nothing of the batch was applied",
+            ) from err
+        except lmdb.Error as err:
+            raise StoreError(f"LMDB error while applying a batch: {err}") from err
+        first = last + 1 if entries else 0
+        return ApplyResult(first, seq if entries else 0, bytes(head), results)
+
+    def _forget(self, txn: Any, h: Any, key_len: int, delta: dict[str, list[int]]) -> None:
+        """Account for an old record going away (overwritten or deleted)."""
+        if h.flags & FLAG_CHUNKED:
+            chunks.delete(txn, self.dbs.chunks, chunks.VALUE_NS, h.seq, h.vlen)
+        d = delta.get(h.owner)
+        if d is None:
+            d = delta[h.owner] = [0, 0, 0, 0, 0, 0]
+        d[0] -= 1
+        d[1] -= stored_bytes(key_len, h.vlen, len(h.owner.encode()))
+
+    def _write_usage(self, txn: Any, delta: dict[str, list[int]]) -> None:
+        if self.dbs.usage is None:
+            return
+        for owner, d in delta.items():
+            k = usage_key(owner)
+            u = Usage.decode(txn.get(k, db=self.dbs.usage))
+            u.add(Usage(*d))
+            txn.put(k, u.encode(), db=self.dbs.usage)
+
+    def _put_log(
+        self, txn: Any, first: int, count: int, time_us: int, head: bytes, payload: bytes
+    ) -> None:
+        comp = snappy.compress(payload)
+        header = _log_header(first, count, time_us, head, comp)
+        self._store_log_record(txn, first, header, comp)
+
+    def _store_log_record(self, txn: Any, first: int, header: bytes, comp: bytes) -> None:
+        if chunks.is_chunked(len(comp)):
+            chunks.put(txn, self.dbs.chunks, chunks.LOG_NS, first, comp)
+            txn.put(BE64.pack(first), header, db=self.dbs.log, append=True)
+        else:
+            txn.put(BE64.pack(first), header + comp, db=self.dbs.log, append=True)
+
+    def apply_log_record(self, rec: LogRecord) -> None:
+        """Apply a source's log record (a replica's only write path).
+
+        Checks the record's CRC, that it starts right after this store's last seq, that its
+        entries are contiguous and that the hash chain from this store's head reproduces
+        the record's head; then applies it in one transaction and stores it byte-identical.
+        Raises ChainError (gap, overlap or chain mismatch) or CorruptionError (bad CRC or
+        payload) and changes nothing in either case.
+        """
+        if not log_crc_ok(rec.header, rec.payload):
+            raise CorruptionError(f"log record at seq {rec.first_seq} fails its CRC")
+        try:
+            raw = cramjam.snappy.decompress_raw(rec.payload)
+        except Exception as err:
+            raise CorruptionError(f"log record at seq {rec.first_seq}: bad payload") from err
+        dbs = self.dbs
+        try:
+            with self.env.begin(write=True) as txn:
+                last = U64.unpack(txn.get(K_LAST_SEQ, db=dbs.meta))[0]
+                head = bytes(txn.get(K_HASH_HEAD, db=dbs.meta))
+                if rec.first_seq != last + 1:
+                    raise ChainError(
+                        f"seq gap: store is at seq {last}, record starts at {rec.first_seq}",
+                        seq=last,
+                        hint="resume replication from the store's last seq",
+                    )
+                try:
+                    entries, new_head = codec.unpack_entries(memoryview(raw), head)
+                except ValueError as err:
+                    raise CorruptionError(f"log record at {rec.first_seq}: {err}") from err
+                if new_head != rec.hash_head:
+                    raise ChainError(
+                        f"hash chain mismatch in record at seq {rec.first_seq}: the source's "
+                        "log differs from this store's",
+                        seq=rec.first_seq,
+                        hint="re-bootstrap this replica from a snapshot",
+                    )
+                if len(entries) != rec.num_entries or any(
+                    e.seq != rec.first_seq + i for i, e in enumerate(entries)
+                ):
+                    raise ChainError(f"log record at {rec.first_seq}: entries not contiguous")
+                delta: dict[str, list[int]] = {}
+                for e in entries:
+                    old = txn.get(e.key, db=dbs.data)
+                    if old is not None:
+                        self._forget(txn, codec.decode_record_header(old), len(e.key), delta)
+                    if e.op == OP_SET:
+                        owner = e.owner.encode()
+                        big = chunks.is_chunked(len(e.value))
+                        if big:
+                            chunks.put(txn, dbs.chunks, chunks.VALUE_NS, e.seq, e.value)
+                        txn.put(e.key, codec.encode_record(e.seq, owner, e.value, big), db=dbs.data)
+                        d = delta.setdefault(e.owner, [0, 0, 0, 0, 0, 0])
+                        d[0] += 1
+                        d[1] += stored_bytes(len(e.key), len(e.value), len(owner))
+                        d[2] += 1
+                    else:
+                        txn.delete(e.key, db=dbs.data)
+                        _bump(delta, e.owner, 3, 1)
+                self._write_usage(txn, delta)
+                self._store_log_record(txn, rec.first_seq, rec.header, rec.payload)
+                txn.put(K_LAST_SEQ, U64.pack(rec.last_seq), db=dbs.meta)
+                txn.put(K_HASH_HEAD, rec.hash_head, db=dbs.meta)
+        except lmdb.MapFullError as err:
+            raise StoreFullError("store is full while applying a replicated batch") from err
+
+    # --- reads -----------------------------------------------------------------------
+
+    def get(self, key: bytes) -> Value | None:
+        """The value of `key` and its version, or None. Raises CRCError, never bad bytes."""
+        with self.env.begin(db=self.dbs.data) as txn:
+            rec = txn.get(key)
+            if rec is None:
+                return None
+            return self._decode(txn, key, rec)
+
+    def version(self, key: bytes) -> int:
+        """Seq of the last change of `key` (0 when absent), without reading the value."""
+        with self.env.begin(db=self.dbs.data) as txn:
+            rec = txn.get(key)
+            return 0 if rec is None else int(codec.decode_record_header(rec).seq)
+
+    @contextmanager
+    def reader(self) -> Iterator[Reader]:
+        """A short read transaction for several reads seeing one consistent state.
+
+        Keep it short: a read transaction held across many commits makes LMDB grow the file.
+        """
+        with self.env.begin(db=self.dbs.data) as txn:
+            yield Reader(self, txn)
+
+    def _decode(self, txn: Any, key: bytes, rec: bytes) -> Value:
+        try:
+            h = codec.decode_record_header(rec)
+            if h.flags & FLAG_CHUNKED:
+                value = chunks.get(txn, self.dbs.chunks, chunks.VALUE_NS, h.seq, h.vlen)
+                ok = value is not None and check_chunked_record(rec, value)
+            else:
+                value = codec.record_value(rec)
+                ok = value is not None
+        except ValueError:
+            ok, value, h = False, None, None
+        if not ok or value is None or h is None:
+            CRC_FAILURES.inc()
+            raise CRCError(
+                f"stored value of key {key!r} fails its CRC; not served",
+                key=key,
+                hint="run `mercury verify`; re-bootstrap this node from a healthy one",
+            )
+        return Value(value, h.seq, h.owner)
+
+    # --- log -------------------------------------------------------------------------
+
+    def read_log(
+        self, from_seq: int, *, max_records: int = 1000, max_bytes: int = 8 << 20
+    ) -> list[LogRecord]:
+        """Log records from the one holding `from_seq` on, in seq order, bounded in count
+        and bytes (at least one record is returned when one exists).
+
+        Raises LogRetentionError when `from_seq` is older than the retained log.
+        """
+        out: list[LogRecord] = []
+        with self.env.begin() as txn:
+            first = U64.unpack(txn.get(K_LOG_FIRST, db=self.dbs.meta))[0]
+            if from_seq < first:
+                raise LogRetentionError(
+                    f"seq {from_seq} is no longer retained (log starts at {first})",
+                    seq=from_seq,
+                    hint="bootstrap from a snapshot",
+                )
+            cur = txn.cursor(db=self.dbs.log)
+            if not cur.set_range(BE64.pack(from_seq)):
+                positioned = cur.last()  # from_seq may sit inside the last record
+            elif BE64.unpack(cur.key())[0] > from_seq:
+                positioned = cur.prev() or cur.first()  # ... or inside the previous one
+            else:
+                positioned = True
+            if not positioned:
+                return out
+            size = 0
+            for k, v in cur:
+                rec = self._log_record(txn, k, v)
+                if rec.last_seq < from_seq:
+                    continue
+                out.append(rec)
+                size += len(rec.payload)
+                if len(out) >= max_records or size >= max_bytes:
+                    break
+        return out
+
+    def _log_record(self, txn: Any, k: bytes, v: bytes) -> LogRecord:
+        header = bytes(v[:_LOG_HDR])
+        h = decode_log_header(header)
+        if len(v) == _LOG_HDR and h.plen > 0:
+            payload = chunks.get(txn, self.dbs.chunks, chunks.LOG_NS, h.first_seq, h.plen)
+            if payload is None:
+                raise CorruptionError(f"log record at seq {h.first_seq} lost chunks")
+        else:
+            payload = bytes(v[_LOG_HDR:])
+        return LogRecord(h.first_seq, h.num_entries, h.time_us, h.hash_head, header, payload)
+
+    def log_bounds(self) -> tuple[int, bytes]:
+        """(first retained seq, hash head before it)."""
+        with self.env.begin(db=self.dbs.meta) as txn:
+            return U64.unpack(txn.get(K_LOG_FIRST))[0], bytes(txn.get(K_LOG_BASE_HASH))
+
+    def gc_log(
+        self,
+        *,
+        keep_entries: int | None = None,
+        keep_seconds: float | None = None,
+        min_entries: int = 0,
+        max_records: int = 10_000,
+        time_us: int | None = None,
+    ) -> int:
+        """Drop the oldest log records beyond the retention policy; return entries dropped.
+
+        A record goes when it is more than `keep_entries` entries behind the head or older
+        than `keep_seconds` — but never when that would leave fewer than `min_entries`
+        entries (the floor). With neither bound set nothing is dropped. At most
+        `max_records` records per call, so the write transaction stays short.
+        """
+        if keep_entries is None and keep_seconds is None:
+            return 0
+        now = time_us or now_us()
+        dropped = 0
+        with self.env.begin(write=True) as txn:
+            meta = self.dbs.meta
+            last = U64.unpack(txn.get(K_LAST_SEQ, db=meta))[0]
+            cur = txn.cursor(db=self.dbs.log)
+            n = 0
+            new_first, base = None, None
+            while cur.first() and n < max_records:
+                h = decode_log_header(cur.value()[:_LOG_HDR])
+                last_of = h.first_seq + h.num_entries - 1
+                remaining = last - last_of
+                old_by_count = keep_entries is not None and remaining >= keep_entries
+                old_by_age = keep_seconds is not None and h.time_us < now - keep_seconds * 1e6
+                if not (old_by_count or old_by_age) or remaining < min_entries:
+                    break
+                if len(cur.value()) == _LOG_HDR and h.plen > 0:
+                    chunks.delete(txn, self.dbs.chunks, chunks.LOG_NS, h.first_seq, h.plen)
+                cur.delete()
+                dropped += h.num_entries
+                new_first, base = last_of + 1, h.hash_head
+                n += 1
+            if new_first is not None and base is not None:
+                txn.put(K_LOG_FIRST, U64.pack(new_first), db=meta)
+                txn.put(K_LOG_BASE_HASH, base, db=meta)
+        return dropped
+
+    # --- node documents, idempotency, usage ------------------------------------------
+
+    def get_state(self, name: str) -> bytes | None:
+        """A named document of this node (ACL, admin token hash), or None."""
+        with self.env.begin(db=self.dbs.state) as txn:
+            raw = txn.get(name.encode())
+            return None if raw is None else bytes(raw)
+
+    def put_state(self, name: str, value: bytes) -> None:
+        """Store a named document of this node in its own transaction."""
+        with self.env.begin(write=True, db=self.dbs.state) as txn:
+            txn.put(name.encode(), value)
+
+    def get_idempotent(self, key: bytes) -> tuple[int, bytes] | None:
+        """(time stored in µs, answer) of an idempotency key, or None."""
+        with self.env.begin(db=self.dbs.idem) as txn:
+            raw = txn.get(key)
+            if raw is None:
+                return None
+            return U64.unpack(raw[:8])[0], bytes(raw[8:])
+
+    def gc_idempotency(self, older_than_us: int, max_keys: int = 10_000) -> int:
+        """Forget idempotency keys stored before `older_than_us`; return how many."""
+        n = 0
+        with self.env.begin(write=True, db=self.dbs.idem) as txn:
+            cur = txn.cursor()
+            ok = cur.first()
+            while ok and n < max_keys:
+                if U64.unpack(cur.value()[:8])[0] < older_than_us:
+                    ok = cur.delete()
+                    n += 1
+                else:
+                    ok = cur.next()
+        return n
+
+    def usage(self) -> dict[str, Usage]:
+        """Usage counters of every owner, maintained by `apply` (no scan)."""
+        if self.dbs.usage is None:
+            return {}
+        with self.env.begin(db=self.dbs.usage) as txn:
+            return {bytes(k[1:]).decode(): Usage.decode(bytes(v)) for k, v in txn.cursor()}
+
+    def stat(self) -> dict[str, int]:
+        """LMDB-level facts: map size, file size, pages in use, entries per sub-database."""
+        info = self.env.info()
+        out = {
+            "map_size": info["map_size"],
+            "file_size": os.path.getsize(layout.data_file(self.path)),
+            "last_pgno": info["last_pgno"],
+        }
+        with self.env.begin() as txn:
+            for name in layout.ALL_DBS:
+                db = getattr(self.dbs, name.decode())
+                if db is not None:
+                    out[f"entries_{name.decode()}"] = txn.stat(db)["entries"]
+        return out
+
+
+class Reader:
+    """Reads inside one short read transaction (see `Store.reader`)."""
+
+    def __init__(self, store: Store, txn: Any) -> None:
+        self._store = store
+        self._txn = txn
+
+    def get(self, key: bytes) -> Value | None:
+        """The value of `key`, or None. Raises CRCError."""
+        rec = self._txn.get(key)
+        return None if rec is None else self._store._decode(self._txn, key, rec)
+
+    def get_many(self, keys: Iterable[bytes]) -> list[Value | None]:
+        """Values of `keys`, in order (None where absent)."""
+        return [self.get(k) for k in keys]
+
+    def scan(
+        self,
+        *,
+        start: bytes = b"",
+        end: bytes | None = None,
+        prefix: bytes | None = None,
+        limit: int | None = None,
+        keys_only: bool = False,
+    ) -> Iterator[tuple[bytes, Value | None]]:
+        """Keys in order from `start` (inclusive) to `end` (exclusive) and/or under `prefix`;
+        values are None when `keys_only`. At most `limit` items."""
+        if prefix is not None and start < prefix:
+            start = prefix
+        cur = self._txn.cursor()
+        if not cur.set_range(start):
+            return
+        for n, (k, v) in enumerate(cur):
+            if end is not None and k >= end:
+                return
+            if prefix is not None and not k.startswith(prefix):
+                return
+            if limit is not None and n >= limit:
+                return
+            yield k, None if keys_only else self._store._decode(self._txn, k, v)
+
+
+def _bump(delta: dict[str, list[int]], owner: str, idx: int, n: int) -> None:
+    d = delta.get(owner)
+    if d is None:
+        d = delta[owner] = [0, 0, 0, 0, 0, 0]
+    d[idx] += n
+
+
+def _validate(op: Op) -> None:
+    if not 1 <= len(op.key) <= MAX_KEY:
+        raise InvalidOpError(f"key must be 1 to {MAX_KEY} bytes, got {len(op.key)}", key=op.key)
+    if op.op not in (OP_SET, OP_DELETE):
+        raise InvalidOpError(f"unknown op {op.op}")
+    if len(op.value) > MAX_VALUE:
+        raise InvalidOpError(f"value of {len(op.value)} bytes exceeds {MAX_VALUE}", key=op.key)
+    if len(op.owner.encode()) > MAX_OWNER:
+        raise InvalidOpError("owner name longer than 255 bytes")
+
+
+def _log_header(first: int, count: int, time_us: int, head: bytes, comp: bytes) -> bytes:
+    return encode_log_header(0, first, count, time_us, head, comp)
+
+
+def read_format_version(path: str) -> int:
+    """The format version recorded in the store at `path` (opens it briefly, read-only)."""
+    env = (
+        lmdb.open(
+            path,
+            readonly=True,
+            max_dbs=len(layout.ALL_DBS) + 2,
+            lock=True,
+            map_size=layout.DEFAULT_MAP_SIZE,
+        )
+        if layout.exists(path)
+        else None
+    )
+    if env is None:
+        layout.open_env(path)  # raises StoreNotFoundError with its hint
+        raise AssertionError("unreachable")
+    try:
+        with env.begin() as txn:
+            meta = env.open_db(layout.META, txn=txn, create=False)
+            raw = txn.get(K_FORMAT, db=meta)
+            if raw is None:
+                raise CorruptionError(f"store in {path!r} records no format version")
+            return int(U32.unpack(raw)[0])
+    finally:
+        env.close()
+
+
+def ensure_current_format(path: str, version: int) -> None:
+    """Refuse a store whose format differs from `CURRENT_FORMAT`, saying what to run."""
+    if version < CURRENT_FORMAT:
+        raise PendingMigrationsError(
+            f"store in {path!r} is at format {version}; this Mercury needs {CURRENT_FORMAT}",
+            hint=f"run `mercury migrate {path}` (`--dry-run` lists the steps)",
+        )
+    if version > CURRENT_FORMAT:
+        raise NewerFormatError(
+            f"store in {path!r} is at format {version}, newer than this Mercury ({CURRENT_FORMAT})",
+            hint="run a Mercury release that knows this format; never downgrade a store",
+        )
+
+
+def _open_v1(
+    path: str, map_size: int, sync: bool, readonly: bool = False
+) -> tuple[Any, layout.Dbs]:
+    """Open a format-1 store: it has every sub-database but ``usage``."""
+    env = lmdb.open(
+        path,
+        map_size=map_size,
+        max_dbs=len(layout.ALL_DBS) + 2,
+        max_readers=layout.MAX_READERS,
+        readonly=readonly,
+        sync=sync,
+        metasync=sync,
+        readahead=False,
+        meminit=False,
+        lock=True,
+    )
+    handles = {}
+    with env.begin(write=not readonly) as txn:
+        for name in layout.ALL_DBS:
+            if name == layout.USAGE:
+                continue
+            handles[name.decode()] = env.open_db(name, txn=txn, create=not readonly)
+    return env, layout.Dbs(usage=None, **handles)
