@@ -19,7 +19,7 @@ from __future__ import annotations
 import os
 import time
 import uuid
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -92,6 +92,7 @@ class Store:
         self.env = env
         self.dbs = dbs
         self.readonly = readonly
+        self._listeners: list[Callable[[int], None]] = []
         with env.begin(db=dbs.meta) as txn:
             raw = txn.get(K_DB_ID)
             if raw is None:
@@ -191,6 +192,18 @@ class Store:
             return U64.unpack(txn.get(K_LAST_SEQ))[0], bytes(txn.get(K_HASH_HEAD))
 
     # --- writes ----------------------------------------------------------------------
+
+    def add_commit_listener(self, callback: Callable[[int], None]) -> None:
+        """Call `callback(last_seq)` after every commit of this process that logged changes.
+
+        Called in the committing thread, right after the commit; it must be quick and must
+        not raise (a replication source uses it to wake its streams).
+        """
+        self._listeners.append(callback)
+
+    def _committed(self, last_seq: int) -> None:
+        for cb in self._listeners:
+            cb(last_seq)
 
     def apply(
         self,
@@ -293,6 +306,8 @@ class Store:
         except lmdb.Error as err:
             raise StoreError(f"LMDB error while applying a batch: {err}") from err
         first = last + 1 if entries else 0
+        if entries:
+            self._committed(seq)
         return ApplyResult(first, seq if entries else 0, bytes(head), results)
 
     def _forget(self, txn: Any, h: Any, key_len: int, delta: dict[str, list[int]]) -> None:
@@ -393,6 +408,7 @@ class Store:
                 txn.put(K_HASH_HEAD, rec.hash_head, db=dbs.meta)
         except lmdb.MapFullError as err:
             raise StoreFullError("store is full while applying a replicated batch") from err
+        self._committed(rec.last_seq)
 
     # --- reads -----------------------------------------------------------------------
 

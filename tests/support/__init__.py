@@ -1,0 +1,1 @@
+"""Shared test support: real processes, free ports, store fixtures."""
