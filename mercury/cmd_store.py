@@ -3,9 +3,158 @@
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import sys
 from typing import Any
+
+from tqdm import tqdm
+
+from acl.tokens import hash_token, new_token
+from migrations import runner
+from store import check as store_check
+from store.snapshot import make_snapshot
+from store.store import Store
+
+ADMIN_TOKEN_FILE = "admin.token"
+ADMIN_TOKEN_STATE = "admin_token_hash"
 
 
 def register(sub: Any) -> None:
     """Add the store commands to the `mercury` parser."""
-    _ = (sub, argparse)
+    p = sub.add_parser(
+        "init",
+        help="create an empty root store and its admin token",
+        description="Create an empty root store in DATA_DIR, write a new admin token to "
+        "DATA_DIR/admin.token (mode 0600; only its hash is stored) and print the db id. "
+        "Refuses a DATA_DIR that already holds a store.",
+    )
+    p.add_argument("data_dir", metavar="DATA_DIR")
+    p.set_defaults(func=cmd_init)
+
+    p = sub.add_parser(
+        "status",
+        help="print db id, format version, seq, hash head, first retained log seq",
+        description="Print the store's identity and position: db_id, format_version, seq "
+        "(last committed/applied), hash_head and log_first_seq.",
+    )
+    p.add_argument("data_dir", metavar="DATA_DIR")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(func=cmd_status)
+
+    p = sub.add_parser(
+        "verify",
+        help="check every CRC and the whole retained hash chain",
+        description="Check every value's CRC, the retained log's continuity and hash chain, "
+        "the format version and the usage counters. Exit 0 when clean, 1 with a report.",
+    )
+    p.add_argument("data_dir", metavar="DATA_DIR")
+    p.set_defaults(func=cmd_verify)
+
+    p = sub.add_parser(
+        "migrate",
+        help="apply pending on-disk format migrations",
+        description="Apply pending format migrations, each in one transaction (crash-safe: "
+        "rerun after an interruption). --dry-run only lists them.",
+    )
+    p.add_argument("data_dir", metavar="DATA_DIR")
+    p.add_argument("--dry-run", action="store_true", help="list pending steps, change nothing")
+    p.set_defaults(func=cmd_migrate)
+
+    p = sub.add_parser(
+        "snapshot",
+        help="write a compact, verifiable copy of the store to a file",
+        description="Write a compact copy of the store to OUT (taken in one short read "
+        "transaction) and OUT.json describing it (db_id, seq, hash_head, sha256, size).",
+    )
+    p.add_argument("data_dir", metavar="DATA_DIR")
+    p.add_argument("out", metavar="OUT")
+    p.set_defaults(func=cmd_snapshot)
+
+
+def cmd_init(args: argparse.Namespace) -> int:
+    """`mercury init DATA_DIR`."""
+    store = Store.create(args.data_dir)
+    try:
+        token = new_token()
+        path = os.path.join(args.data_dir, ADMIN_TOKEN_FILE)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(token + "\n")
+        store.put_state(ADMIN_TOKEN_STATE, hash_token(token).encode())
+        print(store.db_id)
+        print(f"admin token written to {path}", file=sys.stderr)
+    finally:
+        store.close()
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    """`mercury status DATA_DIR [--json]`."""
+    store = Store.open(args.data_dir, readonly=True, check_format=False)
+    try:
+        st = store.status()
+    finally:
+        store.close()
+    if args.json:
+        print(json.dumps(st))
+    else:
+        for k, v in st.items():
+            print(f"{k:15} {v}")
+    return 0
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    """`mercury verify DATA_DIR`: exit 0 clean, 1 with a report."""
+    store = Store.open(args.data_dir, readonly=True)
+    try:
+        total = store_check.work_units(store)
+        with tqdm(total=total, unit="rec", desc="verify", disable=None, file=sys.stderr) as bar:
+            report = store_check.check(store, bar.update)
+    finally:
+        store.close()
+    print(
+        f"checked {report.values} values, {report.log_records} log records "
+        f"({report.log_entries} entries)"
+    )
+    if report.ok:
+        print("clean")
+        return 0
+    print(f"{report.problem_count} problem(s):")
+    for p in report.problems:
+        print(f"  - {p}")
+    if report.problem_count > len(report.problems):
+        print(f"  ... and {report.problem_count - len(report.problems)} more")
+    return 1
+
+
+def cmd_migrate(args: argparse.Namespace) -> int:
+    """`mercury migrate DATA_DIR [--dry-run]`."""
+    steps = runner.pending(args.data_dir)
+    if not steps:
+        print("store is at the current format; nothing to do")
+        return 0
+    for s in steps:
+        print(
+            f"{'pending' if args.dry_run else 'apply'}: {s.name} "
+            f"(format {s.from_version} -> {s.to_version}): {s.description}"
+        )
+    if args.dry_run:
+        return 0
+    total = runner.work_units(args.data_dir)
+    with tqdm(total=total, unit="rec", desc="migrate", disable=None, file=sys.stderr) as bar:
+        runner.migrate(args.data_dir, progress=bar.update)
+    print(f"migrated to format {steps[-1].to_version}")
+    return 0
+
+
+def cmd_snapshot(args: argparse.Namespace) -> int:
+    """`mercury snapshot DATA_DIR OUT`."""
+    store = Store.open(args.data_dir, readonly=True)
+    try:
+        with tqdm(unit="B", unit_scale=True, desc="snapshot", disable=None, file=sys.stderr) as bar:
+            info = make_snapshot(store, args.out, bar.update)
+    finally:
+        store.close()
+    print(info.to_json())
+    return 0

@@ -43,7 +43,7 @@ from store.layout import (
 from store.store import CURRENT_FORMAT, Store
 from store.usage import Usage, stored_bytes
 
-Progress = Callable[[int], None]
+Progress = Callable[[int], object]
 MAX_LISTED = 50
 
 

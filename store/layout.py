@@ -101,9 +101,5 @@ def open_env(
         meminit=False,
         lock=True,
     )
-    if readonly:
-        with env.begin() as txn:
-            handles = [env.open_db(name, txn=txn, create=False) for name in ALL_DBS]
-    else:
-        handles = [env.open_db(name, create=True) for name in ALL_DBS]
+    handles = [env.open_db(name, create=not readonly) for name in ALL_DBS]
     return env, Dbs(*handles)

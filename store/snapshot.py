@@ -54,7 +54,7 @@ def sidecar(path: str) -> str:
 
 
 def make_snapshot(
-    store: Store, out_path: str, progress: Callable[[int], None] | None = None
+    store: Store, out_path: str, progress: Callable[[int], object] | None = None
 ) -> SnapshotInfo:
     """Write a compact copy of `store` to `out_path` (+ its sidecar) and return its info.
 
@@ -82,7 +82,7 @@ def make_snapshot(
     return info
 
 
-def file_sha256(path: str, progress: Callable[[int], None] | None = None) -> tuple[str, int]:
+def file_sha256(path: str, progress: Callable[[int], object] | None = None) -> tuple[str, int]:
     """(hex SHA-256, size) of a file, read in 1 MiB blocks."""
     h = hashlib.sha256()
     size = 0

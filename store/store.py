@@ -734,10 +734,9 @@ def _open_v1(
         meminit=False,
         lock=True,
     )
-    handles = {}
-    with env.begin(write=not readonly) as txn:
-        for name in layout.ALL_DBS:
-            if name == layout.USAGE:
-                continue
-            handles[name.decode()] = env.open_db(name, txn=txn, create=not readonly)
+    handles = {
+        name.decode(): env.open_db(name, create=not readonly)
+        for name in layout.ALL_DBS
+        if name != layout.USAGE
+    }
     return env, layout.Dbs(usage=None, **handles)
