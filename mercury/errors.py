@@ -82,3 +82,33 @@ class InvalidOpError(StoreError):
 
 class LogRetentionError(StoreError):
     """The requested seq is older than the retained log: a replica must bootstrap."""
+
+
+# --- reads (owned by the reads component) ------------------------------------------------
+
+
+class ReadError(MercuryError):
+    """A read request that cannot be served as asked."""
+
+
+class InvalidReadError(ReadError):
+    """A read request with bad parameters (key length, limit, range bounds)."""
+
+
+class InvalidCursorError(InvalidReadError):
+    """A range cursor that is malformed or was issued for another range."""
+
+
+class RangeOnRootError(ReadError):
+    """Range reads are refused on the root: they belong on consumer nodes."""
+
+
+class ReadProtocolError(ReadError):
+    """Malformed or oversized input on a KT or memcached listener.
+
+    `close` says whether the connection can no longer be resynchronised and must close.
+    """
+
+    def __init__(self, message: str, *, close: bool = False, **fields: Any) -> None:
+        super().__init__(message, **fields)
+        self.close = close

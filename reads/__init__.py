@@ -1,1 +1,1 @@
-"""reads."""
+"""Consumer reads: the replica HTTP read API and the KT and memcached protocol listeners."""

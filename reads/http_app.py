@@ -1,0 +1,275 @@
+"""The replica HTTP read API (SPEC §3.3) as a FastAPI app built by a factory.
+
+Point gets (`GET|HEAD /v1/kv/{key}`) are the hot path of every consumer: they are answered
+by a raw ASGI handler in `ReadApp.__call__`, before FastAPI's routing and middleware, which
+otherwise cost about as much again as the whole raw request (see docs/reads.md). Every
+other route is ordinary FastAPI. Each request uses one short LMDB read transaction; none is
+held across an await.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+from urllib.parse import parse_qsl, unquote_to_bytes
+
+from fastapi import FastAPI, Request
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from pydantic import BaseModel, Field
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.types import Receive, Scope, Send
+
+from mercury.errors import CRCError, InvalidReadError, MercuryError, RangeOnRootError
+from reads import jsonkv, ranges
+from reads.metrics import READ_ERRORS, READ_SECONDS
+from reads.problems import PROBLEM_JSON, problem, problem_body, problem_for
+from store.format import MAX_KEY
+from store.store import Store
+
+KV_PREFIX = b"/v1/kv/"
+NDJSON = "application/x-ndjson"
+#: Keys per `POST /v1/get_bulk`.
+MAX_BULK_KEYS = 10_000
+#: Items read per transaction while streaming NDJSON (bounds memory and txn length).
+STREAM_CHUNK = 512
+
+_OCTET = b"application/octet-stream"
+
+
+class GetBulkBody(BaseModel):
+    """`POST /v1/get_bulk` body: keys as text, and/or base64 keys for non-UTF-8 ones."""
+
+    keys: list[str] = Field(default_factory=list)
+    keys_b64: list[str] = Field(default_factory=list)
+
+
+class ReadApp(FastAPI):
+    """FastAPI app whose point gets skip the framework (see module docstring)."""
+
+    store: Store
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if (
+            scope["type"] == "http"
+            and scope["method"] in ("GET", "HEAD")
+            and scope.get("raw_path", b"").startswith(KV_PREFIX)
+        ):
+            await self._point_get(scope, send)
+            return
+        await super().__call__(scope, receive, send)
+
+    async def _point_get(self, scope: Scope, send: Send) -> None:
+        t0 = time.perf_counter()
+        store = self.store
+        status = 200
+        headers: list[tuple[bytes, bytes]]
+        body = b""
+        key = unquote_to_bytes(scope["raw_path"][len(KV_PREFIX) :])
+        if not 1 <= len(key) <= MAX_KEY:
+            status, body = (
+                400,
+                problem_body(
+                    400, "invalid-read", "Invalid read request", f"key must be 1 to {MAX_KEY} bytes"
+                ),
+            )
+            headers = [(b"content-type", PROBLEM_JSON.encode())]
+        else:
+            try:
+                found = store.get(key)
+                applied = store.last_seq()  # read after the value: always >= its seq
+                if found is None:
+                    status, body = (
+                        404,
+                        problem_body(404, "not-found", "No such key", f"key {key!r} is not stored"),
+                    )
+                    headers = [(b"content-type", PROBLEM_JSON.encode())]
+                else:
+                    etag = b'"%d"' % found.seq
+                    headers = [(b"content-type", _OCTET), (b"etag", etag)]
+                    if _if_none_match(scope, etag):
+                        status = 304
+                    else:
+                        body = found.value
+                headers.append((b"x-mercury-seq", b"%d" % applied))
+            except CRCError as err:
+                READ_ERRORS.labels("http_get", "crc").inc()
+                status, body = (
+                    500,
+                    problem_body(
+                        500,
+                        "corrupt-value",
+                        "Stored value failed its CRC",
+                        err.message,
+                        hint=err.hint,
+                    ),
+                )
+                headers = [(b"content-type", PROBLEM_JSON.encode())]
+        headers.append((b"content-length", b"%d" % len(body)))
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        await send(
+            {"type": "http.response.body", "body": b"" if scope["method"] == "HEAD" else body}
+        )
+        READ_SECONDS.labels("http_get").observe(time.perf_counter() - t0)
+
+
+def _if_none_match(scope: Scope, etag: bytes) -> bool:
+    for name, value in scope["headers"]:
+        if name == b"if-none-match":
+            return value.strip() == b"*" or etag in [v.strip() for v in value.split(b",")]
+    return False
+
+
+def create_read_app(store: Store, *, role: str, status: Callable[[], dict[str, object]]) -> FastAPI:
+    """The read API over `store` for a node of `role` ("replica", "consumer" or "root").
+
+    `status()` adds node facts to `GET /v1/status` (a replica gives "source" and
+    "lag_seconds"). The root refuses range reads (421 problem+json pointing to consumer
+    nodes). The app never writes to `store` and never closes it.
+    """
+    app = ReadApp(title=f"Mercury {role} reads", docs_url=None, redoc_url=None)
+    app.store = store
+    app.state.store = store
+    app.state.role = role
+
+    @app.exception_handler(MercuryError)
+    async def _mercury_error(_request: Request, err: MercuryError) -> Response:
+        if isinstance(err, CRCError):
+            READ_ERRORS.labels("http", "crc").inc()
+        return problem_for(err)
+
+    @app.get("/healthz")
+    async def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/v1/status")
+    async def get_status() -> dict[str, object]:
+        seq, head = store.head()
+        doc: dict[str, object] = {
+            "db_id": store.db_id,
+            "role": role,
+            "seq": seq,
+            "hash_head": head.hex(),
+        }
+        doc.update(status())
+        return doc
+
+    @app.post("/v1/get_bulk")
+    async def get_bulk(body: GetBulkBody) -> Response:
+        t0 = time.perf_counter()
+        n = len(body.keys) + len(body.keys_b64)
+        if n > MAX_BULK_KEYS:
+            raise InvalidReadError(f"at most {MAX_BULK_KEYS} keys per get_bulk, got {n}")
+        text_keys = [k.encode() for k in body.keys]
+        try:
+            b64_keys = [base64.b64decode(k, validate=True) for k in body.keys_b64]
+        except (binascii.Error, ValueError) as err:
+            raise InvalidReadError("keys_b64 holds invalid base64") from err
+        for k in (*text_keys, *b64_keys):
+            if not 1 <= len(k) <= MAX_KEY:
+                raise InvalidReadError(f"keys must be 1 to {MAX_KEY} bytes", key=k)
+        with store.reader() as r:
+            found = r.get_many(text_keys + b64_keys)
+        values: dict[str, str | None] = {}
+        values_b64: dict[str, str | None] = {}
+        for name, v in zip(body.keys, found[: len(text_keys)], strict=True):
+            if v is None:
+                values[name] = None
+            else:
+                try:
+                    values[name] = v.value.decode()
+                except UnicodeDecodeError:
+                    values_b64[name] = base64.b64encode(v.value).decode()
+        for name, v in zip(body.keys_b64, found[len(text_keys) :], strict=True):
+            values_b64[name] = None if v is None else base64.b64encode(v.value).decode()
+        doc: dict[str, Any] = {"values": values}
+        if values_b64:
+            doc["values_b64"] = values_b64
+        READ_SECONDS.labels("http_get_bulk").observe(time.perf_counter() - t0)
+        return JSONResponse(doc)
+
+    @app.get("/v1/range")
+    async def get_range(request: Request) -> Response:
+        if role == "root":
+            raise RangeOnRootError(
+                "the root does not serve range reads; large reads must never load the root",
+                hint="send GET /v1/range to a consumer node or a replica (default :8081)",
+            )
+        t0 = time.perf_counter()
+        q = _raw_query(request.scope["query_string"])
+        spec = ranges.make_spec(prefix=q.get("prefix"), start=q.get("start"), end=q.get("end"))
+        keys_only = q.get("keys_only", b"false").lower() in (b"true", b"1", b"yes")
+        after = ranges.decode_cursor(spec, q["cursor"].decode()) if q.get("cursor") else None
+        limit_raw = q.get("limit")
+        try:
+            limit = int(limit_raw) if limit_raw is not None else None
+        except ValueError as err:
+            raise InvalidReadError("limit must be an integer") from err
+        if NDJSON in request.headers.get("accept", ""):
+            # A stream serves the whole range (or `limit` items when given).
+            total = limit if limit is not None and limit > 0 else None
+            return StreamingResponse(
+                _stream(store, spec, after, total, keys_only), media_type=NDJSON
+            )
+        limit = ranges.check_limit(limit)
+        with store.reader() as r:
+            items, more = ranges.read_page(r, spec, after, limit, keys_only)
+        doc = {
+            "items": [jsonkv.item(k, v) for k, v in items],
+            "next_cursor": ranges.encode_cursor(spec, items[-1][0]) if more else None,
+        }
+        READ_SECONDS.labels("http_range").observe(time.perf_counter() - t0)
+        return JSONResponse(doc)
+
+    return app
+
+
+def _raw_query(qs: bytes) -> dict[str, bytes]:
+    """Query parameters as raw bytes (percent-decoding to bytes, so any key works)."""
+    return {
+        k: v.encode("latin-1")
+        for k, v in parse_qsl(qs.decode("latin-1"), keep_blank_values=True, encoding="latin-1")
+    }
+
+
+async def _stream(
+    store: Store,
+    spec: ranges.RangeSpec,
+    after: bytes | None,
+    total: int | None,
+    keys_only: bool,
+) -> AsyncIterator[bytes]:
+    """NDJSON lines of the range, STREAM_CHUNK items per read transaction; memory stays flat
+    because each chunk is handed to the transport (which applies backpressure) before the
+    next is read. A CRC failure ends the stream with an error line (headers are sent)."""
+    sent = 0
+    while True:
+        n = STREAM_CHUNK if total is None else min(STREAM_CHUNK, total - sent)
+        if n <= 0:
+            return
+        t0 = time.perf_counter()
+        try:
+            with store.reader() as r:
+                items, more = ranges.read_page(r, spec, after, n, keys_only)
+        except CRCError as err:
+            READ_ERRORS.labels("http_range_stream", "crc").inc()
+            yield json.dumps({"error": err.message}).encode() + b"\n"
+            return
+        if items:
+            chunk = "".join(json.dumps(jsonkv.item(k, v)) + "\n" for k, v in items).encode()
+            READ_SECONDS.labels("http_range_stream").observe(time.perf_counter() - t0)
+            yield chunk
+            after = items[-1][0]
+            sent += len(items)
+        if not more:
+            return
+
+
+__all__ = ["MAX_BULK_KEYS", "ReadApp", "create_read_app", "problem"]

@@ -1,0 +1,122 @@
+"""`python -m reads.serve DATA_DIR ...`: serve the read side of an existing store.
+
+A standalone read server (HTTP read API plus the optional KT and memcached listeners) over
+a store that another process writes — exactly a replica's situation, where the applier is
+one process and readers may be others. Tests and `bench/read_under_write.py` use it; the
+`mercury replica` command embeds the same app and services.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import signal
+import sys
+from collections.abc import Sequence
+
+import uvicorn
+
+from reads.http_app import create_read_app
+from reads.wiring import replica_services, root_services
+from store.store import Store
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """Command line of the standalone read server."""
+    p = argparse.ArgumentParser(prog="python -m reads.serve", description=__doc__)
+    p.add_argument("data_dir", help="an existing store directory")
+    p.add_argument("--listen", default="127.0.0.1:8081", help="HTTP read API H:P")
+    p.add_argument("--kt-listen", default=None, help="Kyoto Tycoon protocol listener H:P")
+    p.add_argument("--memcached-listen", default=None, help="memcached text protocol H:P")
+    p.add_argument("--role", default="replica", choices=("replica", "consumer", "root"))
+    p.add_argument(
+        "--noop-path",
+        default=None,
+        help="also answer GET on this path with a fixed body from raw ASGI (benchmarks)",
+    )
+    return p.parse_args(argv)
+
+
+def split_hostport(value: str) -> tuple[str, int]:
+    """`"H:P"` -> (H, P)."""
+    host, _, port = value.rpartition(":")
+    return host or "127.0.0.1", int(port)
+
+
+async def serve(args: argparse.Namespace) -> None:
+    """Run until SIGTERM/SIGINT."""
+    store = Store.open(args.data_dir)
+    app = create_read_app(store, role=args.role, status=dict)
+    asgi = app if args.noop_path is None else NoopWrapper(app, args.noop_path.encode())
+    services = root_services(store, args) if args.role == "root" else replica_services(store, args)
+    for s in services:
+        await s.start()
+    host, port = split_hostport(args.listen)
+    config = uvicorn.Config(
+        asgi, host=host, port=port, access_log=False, log_level="warning", lifespan="off"
+    )
+    server = _Server(config)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, lambda: setattr(server, "should_exit", True))
+    try:
+        await server.serve()
+    finally:
+        for s in reversed(services):
+            with contextlib.suppress(Exception):
+                await s.stop()
+        store.close()
+
+
+class _Server(uvicorn.Server):
+    """uvicorn without its own signal capture (which re-raises SIGTERM after serving and so
+    would skip our cleanup); this module's loop handlers set `should_exit` instead."""
+
+    def capture_signals(self) -> contextlib.AbstractContextManager[None]:  # type: ignore[override]
+        return contextlib.nullcontext()
+
+
+class NoopWrapper:
+    """Raw ASGI: GET `path` answers a fixed 2-byte body; anything else goes to `app`.
+
+    The benchmark's yardstick: the cheapest possible answer on the same server and event
+    loop, to compare point reads against.
+    """
+
+    def __init__(self, app: object, path: bytes) -> None:
+        self.app = app
+        self.path = path
+
+    async def __call__(self, scope: dict[str, object], receive: object, send: object) -> None:
+        if scope["type"] == "http" and scope.get("raw_path") == self.path:
+            await send(  # type: ignore[operator]
+                {
+                    "type": "http.response.start",
+                    "status": 200,
+                    "headers": [
+                        (b"content-type", b"application/octet-stream"),
+                        (b"content-length", b"2"),
+                    ],
+                }
+            )
+            await send({"type": "http.response.body", "body": b"v0"})  # type: ignore[operator]
+            return
+        await self.app(scope, receive, send)  # type: ignore[operator]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point."""
+    args = parse_args(argv)
+    try:
+        import uvloop
+
+        uvloop.install()
+    except ImportError:  # uvloop is optional: plain asyncio works, slower
+        pass
+    asyncio.run(serve(args))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,64 @@
+"""Point reads, status, health and metrics of the replica HTTP read API (real process)."""
+
+from __future__ import annotations
+
+import httpx
+
+from store.store import Store
+from tests.reads.conftest import StartReads, put
+
+
+def test_point_get_returns_value_with_etag_and_applied_seq(
+    store: Store, start_reads: StartReads
+) -> None:
+    put(store, {b"a/1": b"one"})
+    seq = put(store, {b"b": b"\x00\xffbin"})
+    srv = start_reads()
+    with httpx.Client(base_url=srv.url) as c:
+        r = c.get("/v1/kv/a%2F1")
+        assert r.status_code == 200
+        assert r.content == b"one"
+        assert r.headers["etag"] == '"1"'
+        assert r.headers["x-mercury-seq"] == str(seq)
+        r = c.get("/v1/kv/b")
+        assert r.content == b"\x00\xffbin"
+        assert r.headers["etag"] == f'"{seq}"'
+        head = c.head("/v1/kv/b")
+        assert head.status_code == 200 and head.content == b""
+        assert head.headers["content-length"] == "5"
+        assert c.get("/v1/kv/b", headers={"If-None-Match": f'"{seq}"'}).status_code == 304
+
+
+def test_point_get_sees_writes_of_another_process(store: Store, start_reads: StartReads) -> None:
+    srv = start_reads()
+    with httpx.Client(base_url=srv.url) as c:
+        assert c.get("/v1/kv/k").status_code == 404
+        seq = put(store, {b"k": b"v1"})
+        r = c.get("/v1/kv/k")
+        assert (r.status_code, r.content, r.headers["x-mercury-seq"]) == (200, b"v1", str(seq))
+
+
+def test_missing_key_and_bad_key_answer_problem_json(store: Store, start_reads: StartReads) -> None:
+    srv = start_reads()
+    with httpx.Client(base_url=srv.url) as c:
+        r = c.get("/v1/kv/nope")
+        assert r.status_code == 404
+        assert r.headers["content-type"] == "application/problem+json"
+        assert r.json()["status"] == 404
+        r = c.get("/v1/kv/" + "x" * 501)
+        assert r.status_code == 400 and r.json()["type"].endswith("invalid-read")
+
+
+def test_status_healthz_and_metrics(store: Store, start_reads: StartReads) -> None:
+    seq = put(store, {b"k": b"v"})
+    srv = start_reads()
+    with httpx.Client(base_url=srv.url) as c:
+        st = c.get("/v1/status").json()
+        assert st["db_id"] == store.db_id
+        assert st["role"] == "replica"
+        assert st["seq"] == seq
+        assert st["hash_head"] == store.head()[1].hex()
+        assert c.get("/healthz").status_code == 200
+        c.get("/v1/kv/k")
+        text = c.get("/metrics").text
+        assert 'mercury_read_seconds_count{op="http_get"}' in text
