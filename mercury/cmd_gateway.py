@@ -1,11 +1,162 @@
-"""Commands of the gateway side (registered by `mercury.cli`)."""
+"""Commands of the gateway side: `root`, `acl apply`, `usage` (SPEC §3.1)."""
 
 from __future__ import annotations
 
 import argparse
+import sys
+from pathlib import Path
 from typing import Any
+from urllib.parse import quote
+
+import httpx
+import orjson
+
+from mercury.errors import GatewayError
 
 
 def register(sub: Any) -> None:
     """Add this module's subcommands to the `mercury` parser."""
-    _ = (sub, argparse)
+    p = sub.add_parser(
+        "root",
+        help="run the root: gateway + store writer + replication source",
+        description="Run the root node: the producer write gateway (HTTP), the store's only "
+        "writer, the replication source and optional read listeners. SIGTERM commits and "
+        "acknowledges the open batch, then exits.",
+    )
+    p.add_argument("data_dir", metavar="DATA_DIR", help="store directory (see `mercury init`)")
+    p.add_argument("--listen", default="127.0.0.1:8080", help="gateway HTTP H:P")
+    p.add_argument("--repl-listen", default="127.0.0.1:7070", help="replication source H:P")
+    p.add_argument("--kt-listen", default=None, help="Kyoto Tycoon protocol listener H:P")
+    p.add_argument(
+        "--batch-window-ms", type=float, default=500.0, help="batch window (default 500)"
+    )
+    p.add_argument(
+        "--batch-max-ops", type=int, default=10_000, help="commit a batch early at N ops"
+    )
+    p.add_argument(
+        "--batch-max-bytes", type=int, default=64 << 20, help="commit a batch early at N bytes"
+    )
+    p.add_argument(
+        "--consumer-node",
+        action="append",
+        metavar="URL",
+        help="consumer node named in the root's refusal of range reads (repeatable)",
+    )
+    p.add_argument("--log-level", default="info", help="log level (default info)")
+    p.add_argument(
+        "--no-sync",
+        action="store_true",
+        help="do not fsync commits (tests and benchmarks only: acknowledged writes may be lost)",
+    )
+    p.set_defaults(func=_root)
+
+    acl = sub.add_parser("acl", help="manage producers and keyspaces")
+    acl_sub = acl.add_subparsers(dest="acl_command", required=True, metavar="ACTION")
+    ap = acl_sub.add_parser(
+        "apply",
+        help="apply a declarative YAML of producers, keyspaces, quotas and guards",
+        description="Make the gateway's producers match FILE; prints the diff. Idempotent: "
+        "a second run prints `no changes`. Producers absent from FILE are removed unless "
+        "--keep-unlisted.",
+    )
+    ap.add_argument("file", metavar="FILE", help="YAML document (see docs/gateway.md)")
+    _client_args(ap)
+    ap.add_argument("--dry-run", action="store_true", help="print the diff, change nothing")
+    ap.add_argument(
+        "--keep-unlisted", action="store_true", help="do not remove producers FILE omits"
+    )
+    ap.set_defaults(func=_acl_apply)
+
+    up = sub.add_parser(
+        "usage",
+        help="per-producer usage table",
+        description="Keys, bytes, writes, deletes, duplicates and throttled ops per producer.",
+    )
+    _client_args(up)
+    up.add_argument("--json", action="store_true", help="print the JSON report")
+    up.set_defaults(func=_usage)
+
+
+def _client_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--url", default="http://127.0.0.1:8080", help="gateway base URL")
+    p.add_argument(
+        "--admin-token-file", required=True, help="file holding the admin token (admin.token)"
+    )
+
+
+def _root(args: argparse.Namespace) -> int:
+    from mercury.root import run_root
+
+    return run_root(args)
+
+
+def _client(args: argparse.Namespace) -> httpx.Client:
+    token = Path(args.admin_token_file).read_text().strip()
+    return httpx.Client(
+        base_url=args.url.rstrip("/"),
+        headers={"Authorization": f"Bearer {token}"},
+        timeout=30.0,
+    )
+
+
+def _check(resp: httpx.Response) -> Any:
+    if resp.status_code >= 400:
+        try:
+            detail = resp.json().get("detail", resp.text)
+        except ValueError:
+            detail = resp.text
+        raise GatewayError(
+            f"{resp.request.method} {resp.request.url.path}: {resp.status_code} {detail}"
+        )
+    return resp.json()
+
+
+def _acl_apply(args: argparse.Namespace) -> int:
+    from acl import doc
+
+    desired = doc.parse(Path(args.file).read_text())
+    with _client(args) as c:
+        listed = _check(c.get("/v1/admin/producers"))["producers"]
+        current = {p["name"]: doc.normalize(p["name"], p) for p in listed}
+        changes = doc.diff(current, desired, prune=not args.keep_unlisted)
+        if not changes:
+            print("no changes")
+            return 0
+        for ch in changes:
+            print(ch.line())
+        if args.dry_run:
+            print(f"{len(changes)} change(s) not applied (--dry-run)")
+            return 0
+        for ch in changes:
+            path = "/v1/admin/producers/" + quote(ch.name, safe="")
+            if ch.kind == "remove":
+                _check(c.delete(path))
+            else:
+                _check(c.put(path, content=orjson.dumps(ch.config)))
+        print(f"{len(changes)} change(s) applied")
+    return 0
+
+
+def _usage(args: argparse.Namespace) -> int:
+    with _client(args) as c:
+        report = _check(c.get("/v1/usage"))
+    if args.json:
+        sys.stdout.write(orjson.dumps(report, option=orjson.OPT_INDENT_2).decode() + "\n")
+        return 0
+    cols = ("producer", "keys", "bytes", "writes", "deletes", "duplicates", "throttled")
+    rows = [[str(r.get(c, "")) for c in cols] for r in report["producers"]]
+    widths = [max(len(c), *(len(r[i]) for r in rows)) for i, c in enumerate(cols)]
+    print(
+        "  ".join(
+            c.ljust(w) if i == 0 else c.rjust(w)
+            for i, (c, w) in enumerate(zip(cols, widths, strict=True))
+        )
+    )
+    for r in rows:
+        print(
+            "  ".join(
+                v.ljust(w) if i == 0 else v.rjust(w)
+                for i, (v, w) in enumerate(zip(r, widths, strict=True))
+            )
+        )
+    return 0

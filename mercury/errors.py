@@ -112,3 +112,66 @@ class ReadProtocolError(ReadError):
     def __init__(self, message: str, *, close: bool = False, **fields: Any) -> None:
         super().__init__(message, **fields)
         self.close = close
+
+
+# --- gateway and ACL (owned by the gateway component) ------------------------------------
+
+
+class GatewayError(MercuryError):
+    """A producer's or admin's request the gateway refuses (mapped in gateway/problems.py)."""
+
+
+class BadRequestError(GatewayError):
+    """The request is malformed: bad JSON/msgpack, bad key, bad header (400)."""
+
+
+class WriteGuardError(BadRequestError):
+    """A keyspace's write guard refused the write (empty value, too many deletes) (400)."""
+
+
+class AuthError(GatewayError):
+    """Missing, unknown or revoked bearer token (401)."""
+
+
+class ForbiddenError(GatewayError):
+    """The caller may not do this: a key outside its keyspaces, or not the admin (403)."""
+
+
+class NotFoundError(GatewayError):
+    """No such producer, key or token (404)."""
+
+
+class MisdirectedError(GatewayError):
+    """A read the root does not serve (range/bulk reads belong to consumer nodes) (421)."""
+
+
+class KeyspaceOverlapError(GatewayError):
+    """A keyspace grant overlaps another producer's and is not shared by both (409)."""
+
+
+class PreconditionFailedError(GatewayError):
+    """If-Match / If-None-Match did not hold at commit time (412)."""
+
+
+class TooLargeError(GatewayError):
+    """Key, value or batch beyond its limit (413)."""
+
+
+class QuotaExceededError(GatewayError):
+    """Over the producer's write quota for longer than its max delay (429)."""
+
+    retryable = True
+
+
+class StorageQuotaError(GatewayError):
+    """The write would grow the producer's stored bytes beyond its storage quota (507)."""
+
+
+class ShuttingDownError(GatewayError):
+    """The gateway is stopping and accepts no more writes (503)."""
+
+    retryable = True
+
+
+class AclDocError(GatewayError):
+    """An `acl apply` YAML document is invalid."""

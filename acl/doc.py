@@ -1,0 +1,103 @@
+"""The `mercury acl apply` document (YAML) and its diff against a running gateway.
+
+Document::
+
+    producers:
+      team-a:
+        keyspaces: ["a/"]
+        shared: []
+        quota: {ops_per_s: 100, burst: 200, bytes_per_s: 1000000, max_delay_ms: 1000,
+                max_bytes_stored: 100000000, shadow: false}
+        guards: {"a/": {refuse_empty: true, max_deletes_per_batch: 100}}
+
+The document is the whole truth: producers it does not list are removed (unless the caller
+keeps them). Tokens are not part of it (they are issued by the API and shown once). Pure:
+parsing and diffing never do I/O.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import yaml
+
+from acl.model import producer_from_config
+from mercury.errors import AclDocError, BadRequestError
+
+
+@dataclass(frozen=True, slots=True)
+class Change:
+    """One step of a diff: `kind` is "create", "update" or "remove"."""
+
+    kind: str
+    name: str
+    config: dict[str, Any] | None
+    details: tuple[str, ...] = ()
+
+    def line(self) -> str:
+        """How `acl apply` prints it."""
+        sign = {"create": "+", "update": "~", "remove": "-"}[self.kind]
+        extra = ("  " + "; ".join(self.details)) if self.details else ""
+        return f"{sign} producer {self.name}{extra}"
+
+
+def normalize(name: str, d: dict[str, Any]) -> dict[str, Any]:
+    """A producer's config in the comparable form the admin API returns."""
+    cfg = producer_from_config(name, d).config()
+    cfg.pop("token_ids", None)
+    cfg.pop("name", None)
+    return cfg
+
+
+def parse(text: str) -> dict[str, dict[str, Any]]:
+    """Desired producers (name -> normalized config) from a YAML document."""
+    try:
+        doc = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        raise AclDocError(f"ACL document is not valid YAML: {err}") from err
+    if doc is None:
+        doc = {}
+    if not isinstance(doc, dict) or set(doc) - {"producers"}:
+        raise AclDocError('ACL document must be a mapping with one key, "producers"')
+    producers = doc.get("producers") or {}
+    if not isinstance(producers, dict):
+        raise AclDocError('"producers" must map producer names to their configuration')
+    out = {}
+    for name, cfg in producers.items():
+        if not isinstance(cfg, dict):
+            raise AclDocError(f"producer {name!r}: configuration must be a mapping")
+        unknown = set(cfg) - {"keyspaces", "shared", "quota", "guards"}
+        if unknown:
+            raise AclDocError(f"producer {name!r}: unknown fields {sorted(unknown)}")
+        try:
+            out[str(name)] = normalize(str(name), cfg)
+        except BadRequestError as err:
+            raise AclDocError(str(err.message)) from err
+    return out
+
+
+def _field_changes(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> list[str]:
+    out = []
+    for k in sorted(set(old) | set(new)):
+        a, b = old.get(k), new.get(k)
+        if isinstance(a, dict) and isinstance(b, dict):
+            out.extend(_field_changes(a, b, f"{prefix}{k}."))
+        elif a != b:
+            out.append(f"{prefix}{k}: {a!r} -> {b!r}")
+    return out
+
+
+def diff(
+    current: dict[str, dict[str, Any]], desired: dict[str, dict[str, Any]], *, prune: bool = True
+) -> list[Change]:
+    """Steps that turn `current` into `desired`: removals first (they free keyspaces),
+    then updates, then creations. Empty when nothing differs (apply is idempotent)."""
+    removes = [Change("remove", n, None) for n in sorted(current) if prune and n not in desired]
+    updates = [
+        Change("update", n, desired[n], tuple(_field_changes(current[n], desired[n])))
+        for n in sorted(desired)
+        if n in current and current[n] != desired[n]
+    ]
+    creates = [Change("create", n, desired[n]) for n in sorted(desired) if n not in current]
+    return removes + updates + creates

@@ -1,0 +1,271 @@
+"""Producers, their keyspaces, quotas and write guards: plain values and pure decisions.
+
+A *keyspace* is a key prefix (UTF-8 text). A producer may write a key iff the key starts
+with one of its keyspaces. Two keyspaces overlap when one is a prefix of the other; a grant
+that overlaps another producer's keyspace is refused unless both producers list their
+overlapping keyspace in ``shared``.
+
+Nothing here does I/O: the gateway persists `Acl.to_json()` as the node document ``acl``
+(`store.put_state`) and rebuilds the `Acl` from it at start.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from acl.tokens import hash_token
+from mercury.errors import BadRequestError, KeyspaceOverlapError, NotFoundError
+
+#: Node document holding the ACL (JSON).
+STATE_KEY = "acl"
+MAX_NAME = 255
+
+
+@dataclass(frozen=True, slots=True)
+class Quota:
+    """Write quota of one producer; None means unlimited.
+
+    `burst` is the ops bucket size (default: one second of `ops_per_s`), `bytes_burst` the
+    bytes bucket size (default: one second of `bytes_per_s`). A request over budget is held
+    up to `max_delay_ms`, then refused (429). In `shadow` mode excess is only counted.
+    """
+
+    ops_per_s: float | None = None
+    burst: float | None = None
+    bytes_per_s: float | None = None
+    bytes_burst: float | None = None
+    max_delay_ms: int = 1000
+    max_bytes_stored: int | None = None
+    shadow: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Guard:
+    """Write guard of one keyspace: refuse empty values, cap deletes per batch."""
+
+    refuse_empty: bool = False
+    max_deletes_per_batch: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Producer:
+    """One producer: its grants, quota, guards and token hashes (token id -> hash)."""
+
+    name: str
+    keyspaces: tuple[str, ...] = ()
+    shared: tuple[str, ...] = ()
+    quota: Quota = field(default_factory=Quota)
+    guards: dict[str, Guard] = field(default_factory=dict)
+    tokens: dict[str, str] = field(default_factory=dict)
+
+    def prefixes(self) -> tuple[bytes, ...]:
+        """Keyspaces as bytes, for `bytes.startswith`."""
+        return tuple(k.encode() for k in self.keyspaces)
+
+    def config(self) -> dict[str, Any]:
+        """The producer's configuration as the admin API shows it (no token hashes)."""
+        return {
+            "name": self.name,
+            "keyspaces": list(self.keyspaces),
+            "shared": list(self.shared),
+            "quota": quota_to_dict(self.quota),
+            "guards": {k: guard_to_dict(g) for k, g in sorted(self.guards.items())},
+            "token_ids": sorted(self.tokens),
+        }
+
+
+def quota_to_dict(q: Quota) -> dict[str, Any]:
+    """A quota as JSON-ready dict (every field)."""
+    return {
+        "ops_per_s": q.ops_per_s,
+        "burst": q.burst,
+        "bytes_per_s": q.bytes_per_s,
+        "bytes_burst": q.bytes_burst,
+        "max_delay_ms": q.max_delay_ms,
+        "max_bytes_stored": q.max_bytes_stored,
+        "shadow": q.shadow,
+    }
+
+
+def guard_to_dict(g: Guard) -> dict[str, Any]:
+    """A guard as JSON-ready dict."""
+    return {"refuse_empty": g.refuse_empty, "max_deletes_per_batch": g.max_deletes_per_batch}
+
+
+def overlaps(a: str, b: str) -> bool:
+    """Whether keyspaces `a` and `b` share keys (one is a prefix of the other)."""
+    return a.startswith(b) or b.startswith(a)
+
+
+def key_allowed(prefixes: tuple[bytes, ...], key: bytes) -> bool:
+    """Whether `key` lies in one of the keyspaces `prefixes`."""
+    return bool(prefixes) and key.startswith(prefixes)
+
+
+def validate_producer(p: Producer) -> None:
+    """Raise BadRequestError when a producer's own fields are inconsistent."""
+    if not p.name or len(p.name.encode()) > MAX_NAME or "\x00" in p.name:
+        raise BadRequestError(f"producer name must be 1 to {MAX_NAME} bytes without NUL")
+    for ks in p.keyspaces:
+        if not ks or len(ks.encode()) > 500:
+            raise BadRequestError(f"keyspace {ks!r} must be 1 to 500 bytes")
+    for ks in p.shared:
+        if ks not in p.keyspaces:
+            raise BadRequestError(f"shared keyspace {ks!r} is not among the keyspaces")
+    for ks in p.guards:
+        if ks not in p.keyspaces:
+            raise BadRequestError(f"guard for {ks!r}, which is not among the keyspaces")
+    q = p.quota
+    for name in ("ops_per_s", "burst", "bytes_per_s", "bytes_burst", "max_bytes_stored"):
+        v = getattr(q, name)
+        if v is not None and not v > 0:
+            raise BadRequestError(f"quota {name} must be > 0 or null, got {v}")
+    if q.max_delay_ms < 0:
+        raise BadRequestError("quota max_delay_ms must be >= 0")
+    for ks, g in p.guards.items():
+        if g.max_deletes_per_batch is not None and g.max_deletes_per_batch < 0:
+            raise BadRequestError(f"guard max_deletes_per_batch of {ks!r} must be >= 0")
+
+
+@dataclass(frozen=True, slots=True)
+class Acl:
+    """Every producer, by name. Immutable: changes return a new Acl."""
+
+    producers: dict[str, Producer] = field(default_factory=dict)
+
+    def check_grant(self, p: Producer) -> None:
+        """Raise KeyspaceOverlapError when `p`'s keyspaces overlap another producer's
+        keyspace and the two are not both marked shared."""
+        for other in self.producers.values():
+            if other.name == p.name:
+                continue
+            for mine in p.keyspaces:
+                for theirs in other.keyspaces:
+                    if overlaps(mine, theirs) and not (mine in p.shared and theirs in other.shared):
+                        raise KeyspaceOverlapError(
+                            f"keyspace {mine!r} of producer {p.name!r} overlaps keyspace "
+                            f"{theirs!r} of producer {other.name!r}",
+                            producer=p.name,
+                            hint="grant a disjoint keyspace, or mark both keyspaces shared",
+                        )
+
+    def put(self, p: Producer) -> Acl:
+        """Create or update a producer (keeping its tokens); raises on overlap."""
+        validate_producer(p)
+        self.check_grant(p)
+        old = self.producers.get(p.name)
+        if old is not None:
+            p = replace(p, tokens=dict(old.tokens))
+        return Acl({**self.producers, p.name: p})
+
+    def remove(self, name: str) -> Acl:
+        """Remove a producer and its tokens (NotFoundError when absent)."""
+        if name not in self.producers:
+            raise NotFoundError(f"no producer {name!r}", producer=name)
+        return Acl({k: v for k, v in self.producers.items() if k != name})
+
+    def add_token(self, name: str, token_id: str, token: str) -> Acl:
+        """Give producer `name` a new token (stored as its hash only)."""
+        p = self.get(name)
+        tokens = {**p.tokens, token_id: hash_token(token)}
+        return Acl({**self.producers, name: replace(p, tokens=tokens)})
+
+    def revoke_token(self, name: str, token_id: str) -> Acl:
+        """Revoke one token of producer `name` (NotFoundError when unknown)."""
+        p = self.get(name)
+        if token_id not in p.tokens:
+            raise NotFoundError(f"producer {name!r} has no token {token_id!r}", producer=name)
+        tokens = {k: v for k, v in p.tokens.items() if k != token_id}
+        return Acl({**self.producers, name: replace(p, tokens=tokens)})
+
+    def get(self, name: str) -> Producer:
+        """Producer `name` (NotFoundError when absent)."""
+        p = self.producers.get(name)
+        if p is None:
+            raise NotFoundError(f"no producer {name!r}", producer=name)
+        return p
+
+    def token_index(self) -> dict[str, tuple[str, str]]:
+        """token hash -> (producer, token id), for per-request lookup."""
+        return {h: (p.name, tid) for p in self.producers.values() for tid, h in p.tokens.items()}
+
+    def to_json(self) -> dict[str, Any]:
+        """The whole ACL, token hashes included (the persisted node document)."""
+        return {
+            "producers": [
+                {**p.config(), "tokens": dict(sorted(p.tokens.items()))}
+                for p in sorted(self.producers.values(), key=lambda p: p.name)
+            ]
+        }
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any]) -> Acl:
+        """Rebuild an Acl from `to_json()` output."""
+        out = {}
+        for d in doc.get("producers", []):
+            p = producer_from_config(d["name"], d)
+            out[p.name] = replace(p, tokens=dict(d.get("tokens", {})))
+        return cls(out)
+
+
+def producer_from_config(name: str, d: dict[str, Any]) -> Producer:
+    """Build a producer from an admin body / YAML entry; raise BadRequestError on bad shape."""
+    try:
+        q = d.get("quota") or {}
+        if not isinstance(q, dict):
+            raise TypeError("quota must be an object")
+        unknown = set(q) - set(Quota.__slots__)
+        if unknown:
+            raise TypeError(f"unknown quota fields {sorted(unknown)}")
+        quota = Quota(**{k: v for k, v in q.items() if v is not None})
+        if not isinstance(quota.shadow, bool) or not isinstance(quota.max_delay_ms, int):
+            raise TypeError("quota shadow must be a boolean and max_delay_ms an integer")
+        for fname in ("ops_per_s", "burst", "bytes_per_s", "bytes_burst", "max_bytes_stored"):
+            v = getattr(quota, fname)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int | float)):
+                raise TypeError(f"quota {fname} must be a number")
+        guards_raw = d.get("guards") or {}
+        if not isinstance(guards_raw, dict):
+            raise TypeError("guards must be an object keyed by keyspace")
+        guards = {}
+        for ks, g in guards_raw.items():
+            if not isinstance(g, dict) or set(g) - {"refuse_empty", "max_deletes_per_batch"}:
+                raise TypeError(f"guard of {ks!r} must be {{refuse_empty, max_deletes_per_batch}}")
+            guard = Guard(**g)
+            if not isinstance(guard.refuse_empty, bool) or not (
+                guard.max_deletes_per_batch is None
+                or (
+                    isinstance(guard.max_deletes_per_batch, int)
+                    and not isinstance(guard.max_deletes_per_batch, bool)
+                )
+            ):
+                raise TypeError(f"guard of {ks!r} has fields of the wrong type")
+            guards[str(ks)] = guard
+        keyspaces = d.get("keyspaces") or []
+        shared = d.get("shared") or []
+        if not isinstance(keyspaces, list) or not all(isinstance(k, str) for k in keyspaces):
+            raise TypeError("keyspaces must be a list of strings")
+        if not isinstance(shared, list) or not all(isinstance(k, str) for k in shared):
+            raise TypeError("shared must be a list of strings")
+    except TypeError as err:
+        raise BadRequestError(f"invalid producer {name!r}: {err}", producer=name) from err
+    p = Producer(
+        name=name,
+        keyspaces=tuple(dict.fromkeys(keyspaces)),
+        shared=tuple(dict.fromkeys(shared)),
+        quota=quota,
+        guards=guards,
+    )
+    validate_producer(p)
+    return p
+
+
+def find_token(index: dict[str, tuple[str, str]], token: str) -> tuple[str, str] | None:
+    """(producer, token id) owning `token`, or None.
+
+    The lookup is by the token's SHA-256: its timing depends on the digest, never on the
+    secret's bytes, so it leaks nothing an attacker can use (the admin token, a single
+    hash, is compared with `hmac.compare_digest` instead).
+    """
+    return index.get(hash_token(token))

@@ -1,0 +1,89 @@
+"""The gateway's FastAPI app, built by `create_app` (no module globals).
+
+The lifespan builds the `Gateway` (ACL from the store, batcher, idempotency GC) on
+``app.state.gw`` and starts the extra services (replication source, read listeners) the
+process wiring hands in; at shutdown it commits and acknowledges the open batch first,
+then stops those services.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from starlette.exceptions import HTTPException
+from starlette.responses import Response
+
+from gateway import problems, routes_admin, routes_info, routes_kv
+from gateway.settings import Settings
+from gateway.writes import Gateway
+from mercury.errors import MercuryError
+from mercury.service import Service
+from store.store import Store
+
+log = logging.getLogger("mercury.gateway")
+
+
+def create_app(settings: Settings, store: Store, services: Sequence[Service] = ()) -> FastAPI:
+    """The gateway app over an open, writable `store`.
+
+    `services` are started after the gateway and stopped after its last batch committed.
+    The caller owns `store` (opens it before, closes it after the app ran).
+    """
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        gw = Gateway(store, settings)
+        app.state.gw = gw
+        gw.start()
+        started: list[Service] = []
+        try:
+            for s in services:
+                await s.start()
+                started.append(s)
+            yield
+        finally:
+            await gw.stop()
+            for s in reversed(started):
+                await s.stop()
+
+    app = FastAPI(
+        title="Mercury gateway",
+        version="1",
+        description="Producer write gateway of Mercury's root (SPEC §3.2).",
+        lifespan=lifespan,
+    )
+    app.include_router(routes_kv.router)
+    app.include_router(routes_admin.router)
+    app.include_router(routes_info.router)
+
+    @app.exception_handler(MercuryError)
+    async def on_mercury_error(request: Request, err: Exception) -> Response:
+        assert isinstance(err, MercuryError)
+        resp = problems.from_error(err)
+        if resp.status_code >= 500:
+            log.warning("%s %s -> %d: %s", request.method, request.url.path, resp.status_code, err)
+        return resp
+
+    @app.exception_handler(HTTPException)
+    async def on_http_error(request: Request, err: Exception) -> Response:
+        assert isinstance(err, HTTPException)
+        return problems.problem(err.status_code, str(err.detail), headers=dict(err.headers or {}))
+
+    @app.exception_handler(RequestValidationError)
+    async def on_validation_error(request: Request, err: Exception) -> Response:
+        assert isinstance(err, RequestValidationError)
+        detail = "; ".join(
+            f"{'.'.join(str(x) for x in e.get('loc', ()))}: {e.get('msg')}" for e in err.errors()
+        )
+        return problems.problem(400, detail or "invalid request")
+
+    @app.exception_handler(Exception)
+    async def on_unexpected(request: Request, err: Exception) -> Response:
+        log.exception("unexpected error on %s %s", request.method, request.url.path)
+        return problems.problem(500, "internal error; see the gateway's log")
+
+    return app

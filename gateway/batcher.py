@@ -1,0 +1,342 @@
+"""Batching: which writes go into one store transaction, and when it commits.
+
+Pure part (no I/O): `coalesce` (several unconditional writes to one key inside one batch:
+the last one wins) and `predict` (the results `Store.apply` will give, used to store
+idempotent answers in the batch's own transaction).
+
+Async adapter: `Batcher` collects requests on the event loop; a batch opens with its first
+request and commits `window` seconds later, or as soon as it reaches `max_ops` ops or
+`max_bytes` bytes. The commit (`store.apply`, one LMDB transaction with fsync) runs in ONE
+worker thread so the event loop keeps accepting while it runs; the next batch fills
+meanwhile. Each request's future resolves after the durable commit with its own results.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from gateway import metrics
+from mercury.errors import ShuttingDownError
+from store.ops import DELETE, Op, Result, Status
+from store.store import Store
+
+log = logging.getLogger("mercury.gateway.batch")
+
+#: Builds a request's idempotent answer (bytes) from its results.
+AnswerFn = Callable[[list[Result]], bytes]
+
+
+# --- pure decisions -----------------------------------------------------------------------
+
+
+def coalesce(ops: Sequence[Op]) -> tuple[list[int], list[int]]:
+    """Which ops of a batch to apply, and whose result each op takes.
+
+    Returns (kept, winner): `kept` are indices applied in order; `winner[i]` is the index
+    whose result op i reports. An op is dropped when a later op writes the same key and no
+    op on that key carries a condition (conditions must see every earlier write).
+    """
+    last: dict[bytes, int] = {}
+    conditional: set[bytes] = set()
+    for i, op in enumerate(ops):
+        last[op.key] = i
+        if op.expect_seq is not None:
+            conditional.add(op.key)
+    kept: list[int] = []
+    winner: list[int] = []
+    for i, op in enumerate(ops):
+        if op.key in conditional or last[op.key] == i:
+            kept.append(i)
+            winner.append(i)
+        else:
+            winner.append(last[op.key])
+    return kept, winner
+
+
+def coalesced_result(op: Op, won: Result) -> Result:
+    """The answer of an op superseded inside its batch by a later write of the same key:
+    it was accepted and then overwritten in the same commit, at the winner's seq."""
+    if op.op == DELETE:
+        return Result(Status.DELETED, won.seq)
+    return Result(Status.WRITTEN, won.seq)
+
+
+def predict(
+    ops: Sequence[Op], lookup: Callable[[bytes], tuple[int, bytes] | None], last_seq: int
+) -> list[Result]:
+    """The results `Store.apply(ops)` gives on a store at `last_seq` where `lookup(key)`
+    returns (seq, value) or None — the same rules: conditions first, then duplicates."""
+    state: dict[bytes, tuple[int, bytes] | None] = {}
+    seq = last_seq
+    out: list[Result] = []
+    for op in ops:
+        cur = state[op.key] if op.key in state else lookup(op.key)
+        cur_seq = cur[0] if cur is not None else 0
+        if op.expect_seq is not None and op.expect_seq != cur_seq:
+            out.append(Result(Status.PRECONDITION_FAILED, cur_seq))
+            continue
+        if op.op == DELETE:
+            if cur is None:
+                out.append(Result(Status.ABSENT, 0))
+                continue
+            seq += 1
+            state[op.key] = None
+            out.append(Result(Status.DELETED, seq))
+        elif cur is not None and cur[1] == op.value:
+            out.append(Result(Status.DUPLICATE, cur_seq))
+        else:
+            seq += 1
+            state[op.key] = (seq, op.value)
+            out.append(Result(Status.WRITTEN, seq))
+    return out
+
+
+def should_flush(n_ops: int, n_bytes: int, max_ops: int, max_bytes: int) -> bool:
+    """Whether an open batch is full and must commit before its window ends."""
+    return n_ops >= max_ops or n_bytes >= max_bytes
+
+
+# --- async adapter ------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class Request:
+    """One HTTP request's ops waiting for a commit."""
+
+    ops: list[Op]
+    nbytes: int
+    future: asyncio.Future[list[Result]]
+    producer: str
+    idem_key: bytes | None = None
+    answer: AnswerFn | None = None
+
+
+@dataclass(slots=True)
+class _Open:
+    requests: list[Request] = field(default_factory=list)
+    n_ops: int = 0
+    n_bytes: int = 0
+    deletes: dict[tuple[str, str], int] = field(default_factory=dict)
+    opened: float = 0.0
+
+
+class Batcher:
+    """Collects writes and commits them in batches. Use on one event loop.
+
+    `submit` never blocks the loop; its future raises ShuttingDownError once `close` began,
+    or the store's error (StoreFullError, StoreError) when the commit failed.
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        *,
+        window_s: float,
+        max_ops: int,
+        max_bytes: int,
+        on_commit: Callable[[], None] | None = None,
+    ) -> None:
+        self.store = store
+        self.window_s = window_s
+        self.max_ops = max_ops
+        self.max_bytes = max_bytes
+        self.on_commit = on_commit
+        self.executor = ThreadPoolExecutor(1, thread_name_prefix="mercury-commit")
+        self._open = _Open()
+        self._throttled: dict[str, int] = {}
+        self._wake = asyncio.Event()
+        self._full = asyncio.Event()
+        self._closing = False
+        self._task: asyncio.Task[None] | None = None
+
+    # -- public ---------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start the commit loop (on the running event loop)."""
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="batcher")
+
+    async def close(self) -> None:
+        """Stop accepting, commit the open batch (acknowledging it), stop the loop."""
+        self._closing = True
+        self._wake.set()
+        self._full.set()
+        if self._task is not None:
+            await self._task
+        self.executor.shutdown(wait=True)
+
+    @property
+    def closing(self) -> bool:
+        """Whether `close` has begun (new writes are refused with 503)."""
+        return self._closing
+
+    def open_deletes(self, producer: str, keyspace: str) -> int:
+        """Deletes of `producer` under `keyspace` already in the open batch (write guard)."""
+        return self._open.deletes.get((producer, keyspace), 0)
+
+    def submit(
+        self,
+        ops: list[Op],
+        nbytes: int,
+        producer: str,
+        *,
+        idem_key: bytes | None = None,
+        answer: AnswerFn | None = None,
+        deletes: dict[str, int] | None = None,
+    ) -> asyncio.Future[list[Result]]:
+        """Queue a request's ops for the open batch; the future gives one Result per op."""
+        if self._closing:
+            raise ShuttingDownError("the gateway is shutting down", hint="retry on the new root")
+        fut: asyncio.Future[list[Result]] = asyncio.get_running_loop().create_future()
+        b = self._open
+        if not b.requests:
+            b.opened = time.monotonic()
+            self._wake.set()
+        b.requests.append(Request(ops, nbytes, fut, producer, idem_key, answer))
+        b.n_ops += len(ops)
+        b.n_bytes += nbytes
+        if deletes:
+            for ks, n in deletes.items():
+                b.deletes[(producer, ks)] = b.deletes.get((producer, ks), 0) + n
+        if should_flush(b.n_ops, b.n_bytes, self.max_ops, self.max_bytes):
+            self._full.set()
+        return fut
+
+    def note_throttled(self, producer: str, n: int) -> None:
+        """Count `n` throttled ops of `producer` (stored with the next batch)."""
+        self._throttled[producer] = self._throttled.get(producer, 0) + n
+        if not self._open.requests:
+            self._open.opened = time.monotonic()
+            self._wake.set()
+
+    # -- loop -----------------------------------------------------------------------------
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            await self._wake.wait()
+            b = self._open
+            if not self._closing:
+                remaining = b.opened + self.window_s - time.monotonic()
+                if remaining > 0 and not self._full.is_set():
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self._full.wait(), remaining)
+            b = self._open
+            self._open = _Open()
+            throttled, self._throttled = self._throttled, {}
+            self._wake.clear()
+            self._full.clear()
+            if b.requests or throttled:
+                try:
+                    results = await loop.run_in_executor(
+                        self.executor, self._commit, b.requests, throttled
+                    )
+                except Exception as err:  # the store's error goes to every waiting request
+                    log.error("batch commit failed: %s", err)
+                    for r in b.requests:
+                        if not r.future.done():
+                            r.future.set_exception(err)
+                else:
+                    for r, res in zip(b.requests, results, strict=True):
+                        if not r.future.done():
+                            r.future.set_result(res)
+            if self._closing and not self._open.requests:
+                return
+
+    def _commit(self, requests: list[Request], throttled: dict[str, int]) -> list[list[Result]]:
+        """Runs in the worker thread: one `store.apply` for the whole batch."""
+        ops = [op for r in requests for op in r.ops]
+        kept, winner = coalesce(ops)
+        applied = [ops[i] for i in kept]
+        idem: list[tuple[bytes, bytes]] = []
+        predicted: list[Result] | None = None
+        if any(r.idem_key is not None for r in requests):
+            predicted = self._predict(applied)
+            per_op = _spread(ops, kept, winner, predicted)
+            for r, res in zip(requests, _split(requests, per_op), strict=True):
+                if r.idem_key is not None and r.answer is not None:
+                    idem.append((r.idem_key, r.answer(res)))
+        t0 = time.perf_counter()
+        out = self.store.apply(applied, throttled=throttled, idempotency=idem)
+        dt = time.perf_counter() - t0
+        if predicted is not None and predicted != out.results:
+            log.error("idempotent answers predicted %s but the batch gave %s", predicted, out)
+        metrics.BATCH_COMMIT.observe(dt)
+        metrics.BATCH_OPS.observe(len(applied))
+        if out.last_seq:
+            metrics.LOG_LAST_SEQ.set(out.last_seq)
+        per_op = _spread(ops, kept, winner, out.results)
+        split = _split(requests, per_op)
+        _log_batch(requests, split, out.first_seq, out.last_seq, len(applied), dt)
+        if self.on_commit is not None:
+            self.on_commit()
+        return split
+
+    def _predict(self, ops: list[Op]) -> list[Result]:
+        with self.store.reader() as r:
+
+            def lookup(key: bytes) -> tuple[int, bytes] | None:
+                v = r.get(key)
+                return None if v is None else (v.seq, v.value)
+
+            return predict(ops, lookup, self.store.last_seq())
+
+
+def _spread(
+    ops: list[Op], kept: list[int], winner: list[int], results: list[Result]
+) -> list[Result]:
+    """Results of the applied ops spread back over every op of the batch."""
+    by_index = dict(zip(kept, results, strict=True))
+    out = []
+    for i, op in enumerate(ops):
+        w = winner[i]
+        out.append(by_index[i] if w == i else coalesced_result(op, by_index[w]))
+    return out
+
+
+def _split(requests: list[Request], per_op: list[Result]) -> list[list[Result]]:
+    out = []
+    pos = 0
+    for r in requests:
+        n = len(r.ops)
+        out.append(per_op[pos : pos + n])
+        pos += n
+    return out
+
+
+def _log_batch(
+    requests: list[Request],
+    split: list[list[Result]],
+    first: int,
+    last: int,
+    applied: int,
+    dt: float,
+) -> None:
+    """One structured line per batch: seqs and, per producer, how many of each result."""
+    per: dict[str, dict[str, int]] = {}
+    for r, res in zip(requests, split, strict=True):
+        counts = per.setdefault(r.producer, {})
+        for x in res:
+            counts[x.status.value] = counts.get(x.status.value, 0) + 1
+    for producer, counts in per.items():
+        for status, n in counts.items():
+            metrics.WRITE_OPS.labels(producer, status).inc(n)
+    if log.isEnabledFor(logging.INFO):
+        doc: dict[str, Any] = {
+            "event": "batch",
+            "first_seq": first,
+            "last_seq": last,
+            "requests": len(requests),
+            "applied_ops": applied,
+            "commit_ms": round(dt * 1000, 3),
+            "producers": per,
+        }
+        log.info(orjson.dumps(doc).decode())

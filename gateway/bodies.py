@@ -1,0 +1,113 @@
+"""Request bodies and keys: JSON and msgpack batches decoded into store ops, with limits.
+
+Pure functions of bytes; every refusal is a BadRequestError (400) or TooLargeError (413)
+whose message names the exact reason (op index, field, limit).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from typing import Any
+from urllib.parse import unquote_to_bytes
+
+import msgpack
+import orjson
+
+from mercury.errors import BadRequestError, TooLargeError
+from store.ops import DELETE, SET, Op
+
+MSGPACK = "application/msgpack"
+_MSGPACK_TYPES = ("application/msgpack", "application/x-msgpack", "application/vnd.msgpack")
+
+
+def is_msgpack(content_type: str | None) -> bool:
+    """Whether a Content-Type names msgpack."""
+    if not content_type:
+        return False
+    return content_type.split(";", 1)[0].strip().lower() in _MSGPACK_TYPES
+
+
+def key_from_path(raw: bytes, max_key: int) -> bytes:
+    """The key of a ``/v1/kv/{key}`` path tail (percent-decoded bytes), length-checked."""
+    key = unquote_to_bytes(raw)
+    check_key(key, max_key)
+    return key
+
+
+def check_key(key: bytes, max_key: int, where: str = "key") -> None:
+    """Raise when `key` is empty (400) or longer than `max_key` bytes (413)."""
+    if not key:
+        raise BadRequestError(f"{where} is empty; keys are 1 to {max_key} bytes")
+    if len(key) > max_key:
+        raise TooLargeError(f"{where} is {len(key)} bytes; keys are at most {max_key} bytes")
+
+
+def parse_body(body: bytes, content_type: str | None) -> Any:
+    """Decode a JSON or msgpack body (400 with the parser's reason when it is not)."""
+    if is_msgpack(content_type):
+        try:
+            return msgpack.unpackb(body, raw=False, strict_map_key=False)
+        except Exception as err:  # msgpack raises several unrelated classes
+            raise BadRequestError(f"body is not valid msgpack: {err}") from err
+    try:
+        return orjson.loads(body)
+    except orjson.JSONDecodeError as err:
+        raise BadRequestError(f"body is not valid JSON: {err}") from err
+
+
+def _bytes_field(op: dict[str, Any], name: str, i: int, required: bool) -> bytes | None:
+    """Field `name` or `name_b64` of op `i` as bytes (str → UTF-8, bytes as is)."""
+    v = op.get(name)
+    b64 = op.get(name + "_b64")
+    if v is not None and b64 is not None:
+        raise BadRequestError(f"op {i}: give {name!r} or {name + '_b64'!r}, not both")
+    if v is not None:
+        if isinstance(v, str):
+            return v.encode("utf-8", "surrogatepass")
+        if isinstance(v, bytes):
+            return v
+        raise BadRequestError(f"op {i}: {name!r} must be a string or bytes")
+    if b64 is not None:
+        if not isinstance(b64, str):
+            raise BadRequestError(f"op {i}: {name + '_b64'!r} must be a base64 string")
+        try:
+            return base64.b64decode(b64, validate=True)
+        except (binascii.Error, ValueError) as err:
+            raise BadRequestError(f"op {i}: {name + '_b64'!r} is not valid base64") from err
+    if required:
+        raise BadRequestError(f"op {i}: {name!r} (or {name + '_b64'!r}) is required")
+    return None
+
+
+def batch_ops(doc: Any, owner: str, *, max_ops: int, max_key: int, max_value: int) -> list[Op]:
+    """Ops of a ``{"ops": [...]}`` document, validated; owner set to the producer."""
+    if not isinstance(doc, dict) or not isinstance(doc.get("ops"), list):
+        raise BadRequestError('body must be an object with an "ops" array')
+    raw_ops = doc["ops"]
+    if not raw_ops:
+        raise BadRequestError('"ops" is empty')
+    if len(raw_ops) > max_ops:
+        raise TooLargeError(f"batch has {len(raw_ops)} ops; at most {max_ops} per request")
+    out: list[Op] = []
+    append = out.append
+    for i, op in enumerate(raw_ops):
+        if not isinstance(op, dict):
+            raise BadRequestError(f"op {i} must be an object")
+        kind = op.get("op")
+        key = _bytes_field(op, "key", i, True)
+        assert key is not None
+        check_key(key, max_key, f"op {i}: key")
+        if kind == "set":
+            value = _bytes_field(op, "value", i, True)
+            assert value is not None
+            if len(value) > max_value:
+                raise TooLargeError(
+                    f"op {i}: value is {len(value)} bytes; values are at most {max_value} bytes"
+                )
+            append(Op(SET, key, value, owner))
+        elif kind == "delete":
+            append(Op(DELETE, key, b"", owner))
+        else:
+            raise BadRequestError(f'op {i}: "op" must be "set" or "delete", got {kind!r}')
+    return out

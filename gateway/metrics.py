@@ -1,0 +1,43 @@
+"""Write-side Prometheus metrics (SPEC §3.4). Metric objects are the only module globals
+the style guide allows: Prometheus clients are process-wide by design."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prometheus_client import REGISTRY, Counter, Gauge, Histogram
+
+_LAT = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.6, 0.75, 1.0, 2.5, 5.0, 10.0)
+
+
+def _shared_gauge(name: str, doc: str, labels: tuple[str, ...] = ()) -> Any:
+    """A gauge another component may also export from this process: reuse it if present."""
+    existing = REGISTRY._names_to_collectors.get(name)
+    if existing is not None:
+        return existing
+    return Gauge(name, doc, labels)
+
+
+WRITE_OPS = Counter(
+    "mercury_write_ops_total", "Write ops answered by the gateway", ("producer", "result")
+)
+BATCH_COMMIT = Histogram(
+    "mercury_batch_commit_seconds", "Time to commit one batch (LMDB txn + fsync)", buckets=_LAT
+)
+BATCH_OPS = Histogram(
+    "mercury_batch_ops",
+    "Ops per committed batch",
+    buckets=(1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000, 50000),
+)
+WRITE_ACK = Histogram(
+    "mercury_write_ack_seconds", "From request received to durable acknowledgement", buckets=_LAT
+)
+QUOTA_DELAY = Histogram(
+    "mercury_quota_delay_seconds",
+    "Time a request was held by its quota",
+    ("producer",),
+    buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0),
+)
+LOG_LAST_SEQ = _shared_gauge("mercury_log_last_seq", "Seq of the last committed log entry")
+USAGE_BYTES = Gauge("mercury_usage_bytes", "Bytes stored per producer", ("producer",))
+USAGE_KEYS = Gauge("mercury_usage_keys", "Keys stored per producer", ("producer",))

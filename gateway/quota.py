@@ -1,0 +1,95 @@
+"""Token buckets for write quotas: pure arithmetic, the clock passed in.
+
+A bucket holds up to `burst` tokens and refills at `rate` per second. `take(now, cost)`
+reserves `cost` tokens and answers how long the request must be *held* before it may run:
+the balance may go negative (a debt) and the delay is the time the refill needs to pay it.
+A request whose delay would exceed `max_delay` is refused and reserves nothing.
+
+Invariant (tested by hypothesis): the cost released by time T (each request counted at
+now + delay) never exceeds ``burst + rate * (T - t0)``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(slots=True)
+class Bucket:
+    """One token bucket. Not thread-safe (the gateway uses it on its event loop)."""
+
+    rate: float
+    burst: float
+    tokens: float
+    last: float
+
+    @classmethod
+    def full(cls, rate: float, burst: float, now: float) -> Bucket:
+        """A bucket that starts full at time `now`."""
+        return cls(rate, burst, burst, now)
+
+    def _refill(self, now: float) -> None:
+        if now > self.last:
+            self.tokens = min(self.burst, self.tokens + (now - self.last) * self.rate)
+            self.last = now
+
+    def delay_for(self, now: float, cost: float) -> float:
+        """Seconds a request of `cost` would wait if taken now (0 when it fits)."""
+        self._refill(now)
+        short = cost - self.tokens
+        return short / self.rate if short > 0 else 0.0
+
+    def take(self, now: float, cost: float, max_delay: float) -> float | None:
+        """Reserve `cost`; return the hold time in seconds, or None (refused, nothing
+        reserved) when it would exceed `max_delay`."""
+        d = self.delay_for(now, cost)
+        if d > max_delay:
+            return None
+        self.tokens -= cost
+        return d
+
+
+@dataclass(slots=True)
+class Decision:
+    """Outcome of a quota check: `delay` seconds to hold (admitted) or `retry_after`
+    seconds (refused); `excess` says whether the request was over budget at all."""
+
+    admitted: bool
+    delay: float
+    retry_after: float
+    excess: bool
+
+
+@dataclass(slots=True)
+class ProducerBuckets:
+    """The ops and bytes buckets of one producer (either may be absent = unlimited)."""
+
+    ops: Bucket | None
+    bytes: Bucket | None
+
+    def take(self, now: float, n_ops: int, n_bytes: int, max_delay: float) -> Decision:
+        """Admit `n_ops` ops of `n_bytes` bytes together, or refuse both (all or nothing)."""
+        d_ops = self.ops.delay_for(now, n_ops) if self.ops else 0.0
+        d_bytes = self.bytes.delay_for(now, n_bytes) if self.bytes else 0.0
+        d = max(d_ops, d_bytes)
+        if d > max_delay:
+            return Decision(False, 0.0, d - max_delay if max_delay else d, True)
+        if self.ops:
+            self.ops.tokens -= n_ops
+        if self.bytes:
+            self.bytes.tokens -= n_bytes
+        return Decision(True, d, 0.0, d > 0)
+
+    def peek(self, now: float, n_ops: int, n_bytes: int) -> float:
+        """Delay a request would get, without reserving (for shadow mode)."""
+        d_ops = self.ops.delay_for(now, n_ops) if self.ops else 0.0
+        d_bytes = self.bytes.delay_for(now, n_bytes) if self.bytes else 0.0
+        return max(d_ops, d_bytes)
+
+    def remaining(self) -> tuple[float, float]:
+        """(ops tokens, bytes tokens) left now (inf when unlimited), for RateLimit headers."""
+        inf = float("inf")
+        return (
+            self.ops.tokens if self.ops else inf,
+            self.bytes.tokens if self.bytes else inf,
+        )

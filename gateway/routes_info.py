@@ -1,0 +1,105 @@
+"""Routes anyone (or the admin / a producer) may call: status, usage, health, metrics,
+and the read paths the root refuses (range/bulk reads belong to consumer nodes)."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.responses import Response
+
+from gateway.http import json_response
+from gateway.writes import ADMIN, Gateway
+from mercury.errors import ForbiddenError, MisdirectedError, NotFoundError
+from store.usage import Usage
+
+router = APIRouter()
+
+
+def _gw(request: Request) -> Gateway:
+    gw: Gateway = request.app.state.gw
+    return gw
+
+
+def usage_row(name: str, u: Usage) -> dict[str, int | str]:
+    """One producer's usage as `GET /v1/usage` lists it."""
+    return {
+        "producer": name,
+        "keys": u.keys,
+        "bytes": u.bytes,
+        "writes": u.writes,
+        "deletes": u.deletes,
+        "duplicates": u.duplicates,
+        "throttled": u.throttled,
+    }
+
+
+@router.get("/v1/status", tags=["info"], summary="db id, role, seq, hash head")
+async def status(request: Request) -> Response:
+    """`{"db_id", "role": "root", "seq", "hash_head"}`."""
+    gw = _gw(request)
+    seq, head = gw.store.head()
+    return json_response(
+        {"db_id": gw.store.db_id, "role": "root", "seq": seq, "hash_head": head.hex()}
+    )
+
+
+@router.get("/healthz", tags=["info"], summary="liveness")
+async def healthz(request: Request) -> Response:
+    """200 `{"ok": true}` while the gateway accepts writes, 503 while shutting down."""
+    gw = _gw(request)
+    if gw.batcher.closing:
+        return json_response({"ok": False, "detail": "shutting down"}, 503)
+    return json_response({"ok": True})
+
+
+@router.get("/metrics", tags=["info"], summary="Prometheus metrics")
+async def prom_metrics() -> Response:
+    """Prometheus text exposition."""
+    return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
+
+
+@router.get("/v1/usage", tags=["admin"], summary="Usage of every producer (admin)")
+async def usage_all(request: Request) -> Response:
+    """`{"producers": [{"producer", "keys", "bytes", "writes", "duplicates", "throttled"}]}`:
+    counters maintained in the write transactions, never a scan."""
+    gw = _gw(request)
+    gw.require_admin(request.headers.get("authorization"))
+    usage = gw.store.usage()
+    names = sorted(set(usage) | set(gw.acl.producers))
+    return json_response({"producers": [usage_row(n, usage.get(n, Usage())) for n in names if n]})
+
+
+@router.get("/v1/usage/{producer}", tags=["producer"], summary="Usage of one producer")
+async def usage_one(producer: str, request: Request) -> Response:
+    """That producer's usage row (the admin or the producer itself)."""
+    gw = _gw(request)
+    who = gw.authenticate(request.headers.get("authorization"))
+    if who not in (ADMIN, producer):
+        raise ForbiddenError(f"only the admin or producer {producer!r} may read its usage")
+    usage = gw.store.usage()
+    if producer not in usage and producer not in gw.acl.producers:
+        raise NotFoundError(f"no producer {producer!r}")
+    return json_response(usage_row(producer, usage.get(producer, Usage())))
+
+
+def _misdirected(request: Request) -> None:
+    nodes = list(_gw(request).settings.consumer_nodes)
+    raise MisdirectedError(
+        "range and bulk reads are served by consumer nodes and replicas, never by the root",
+        hint="send this read to a consumer node (`mercury replica`, default :8081)",
+        consumer_nodes=nodes or None,
+    )
+
+
+@router.get("/v1/range", tags=["info"], summary="Refused on the root: use a consumer node")
+async def range_read(request: Request) -> Response:
+    """Always 421: large range reads must never load the root."""
+    _misdirected(request)
+    raise AssertionError("unreachable")
+
+
+@router.post("/v1/get_bulk", tags=["info"], summary="Refused on the root: use a consumer node")
+async def get_bulk(request: Request) -> Response:
+    """Always 421: bulk reads are served by replicas and consumer nodes."""
+    _misdirected(request)
+    raise AssertionError("unreachable")
