@@ -1,4 +1,4 @@
-"""Commands of the replica side (registered by `mercury.cli`)."""
+"""`mercury replica`: a follower node (registered by `mercury.cli`)."""
 
 from __future__ import annotations
 
@@ -7,5 +7,56 @@ from typing import Any
 
 
 def register(sub: Any) -> None:
-    """Add this module's subcommands to the `mercury` parser."""
-    _ = (sub, argparse)
+    """Add the `replica` command to the `mercury` parser."""
+    p = sub.add_parser(
+        "replica",
+        help="follow a source: stream its log, serve reads and downstream replicas",
+        description=(
+            "Follow the first healthy --source (others in order on failure or staleness), "
+            "apply its log, serve reads (HTTP, KT, memcached) and downstream replicas. "
+            "A missing or empty DATA_DIR is bootstrapped from a snapshot of the source."
+        ),
+    )
+    p.add_argument("data_dir", metavar="DATA_DIR", help="store directory of this replica")
+    p.add_argument(
+        "--source",
+        action="append",
+        required=True,
+        metavar="H:P",
+        help="replication source (repeat: ordered list, first healthy wins)",
+    )
+    p.add_argument("--listen", default="127.0.0.1:8081", metavar="H:P", help="HTTP read API")
+    p.add_argument(
+        "--repl-listen",
+        default=None,
+        metavar="H:P",
+        help="serve downstream replicas on this address (default: none)",
+    )
+    p.add_argument("--kt-listen", default=None, metavar="H:P", help="Kyoto Tycoon protocol")
+    p.add_argument("--memcached-listen", default=None, metavar="H:P", help="memcached protocol")
+    p.add_argument(
+        "--staleness-s",
+        type=float,
+        default=30.0,
+        help="move to the next source after this many seconds without a new entry or "
+        "heartbeat (default 30)",
+    )
+    p.add_argument(
+        "--max-bootstraps",
+        type=int,
+        default=1,
+        help="concurrent snapshot transfers this node serves downstream (default 1)",
+    )
+    p.add_argument(
+        "--no-sync",
+        action="store_true",
+        help="do not fsync applied batches (a crash may lose the last ones; they are "
+        "fetched again from the source)",
+    )
+    p.set_defaults(func=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    from mercury.replica import run_replica
+
+    return run_replica(args)

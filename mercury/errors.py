@@ -175,3 +175,52 @@ class ShuttingDownError(GatewayError):
 
 class AclDocError(GatewayError):
     """An `acl apply` YAML document is invalid."""
+
+
+# --- replication (owned by the replication component) -----------------------------------
+
+
+class ReplicationError(MercuryError):
+    """Replication between a source and a replica failed."""
+
+
+class ProtocolError(ReplicationError):
+    """A malformed, truncated or corrupted frame on a replication connection.
+
+    Retryable: the replica drops the connection and resumes from its last applied seq.
+    """
+
+    retryable = True
+
+
+class StreamGapError(ReplicationError):
+    """The stream skipped or repeated a seq: nothing of the record was applied.
+
+    Retryable: the replica reconnects and resumes from its last applied seq.
+    """
+
+    retryable = True
+
+
+class RefusedError(ReplicationError):
+    """The source refused the handshake; `code` names why (see `replicator/frames.py`)."""
+
+
+class DbIdMismatchError(RefusedError):
+    """The source holds another database (different db id)."""
+
+
+class SelfReplicationError(RefusedError):
+    """The replica asked to replicate from itself."""
+
+
+class BootstrapNeededError(RefusedError):
+    """The source no longer retains the history the replica needs: bootstrap from a snapshot."""
+
+    retryable = True
+
+
+class SnapshotTransferError(ReplicationError):
+    """A snapshot transfer was cut or failed verification; retrying resumes it."""
+
+    retryable = True

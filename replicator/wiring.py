@@ -1,14 +1,36 @@
-"""Replication services a node runs (filled in by the replication component)."""
+"""Replication services a node runs (the composition seam used by `mercury root`)."""
 
 from __future__ import annotations
 
 import argparse
+import uuid
 
 from mercury.service import Service
+from replicator import notify
+from replicator.heartbeat import RootHeartbeat
+from replicator.selection import parse_source
+from replicator.source import ReplicationSource
 from store.store import Store
 
 
 def root_services(store: Store, args: argparse.Namespace) -> list[Service]:
-    """Services the root runs beside the gateway: the replication source (`--repl-listen`)."""
-    _ = (store, args)
-    return []
+    """Services the root runs beside the gateway: the replication source (`--repl-listen`).
+
+    Optional attributes of `args`: ``heartbeat_ms`` (root heartbeat interval, default
+    1000) and ``max_bootstraps`` (concurrent snapshot transfers, default 1). Also makes
+    every commit of this process ping sources of other processes on the same store.
+    """
+    listen = getattr(args, "repl_listen", None)
+    if not listen:
+        return []
+    host, port = parse_source(listen if ":" in listen else f"127.0.0.1:{listen}")
+    notify.install_pinger(store)
+    source = ReplicationSource(
+        store,
+        host,
+        port,
+        node_id=uuid.uuid4().bytes,
+        heartbeat=RootHeartbeat(store, int(getattr(args, "heartbeat_ms", 1000) or 1000)),
+        max_bootstraps=int(getattr(args, "max_bootstraps", 1) or 1),
+    )
+    return [source]

@@ -1,0 +1,225 @@
+"""`mercury replica`: the replica process — readers in this process, the writer in a child.
+
+The parent serves reads (HTTP read API, KT and memcached listeners of `reads/`) from the
+store it opens read-only; a child process (`replicator/worker.py`) applies the upstream
+stream and serves downstream replicas. Applying a heavy stream therefore never holds the
+readers' GIL nor their event loop, and LMDB's MVCC never makes a reader wait for the
+writer. The child publishes its status in ``DATA_DIR/replication.json``; the parent exports
+it on `/v1/status` and `/metrics`. A child that dies is restarted with bounded backoff while
+reads go on. A child that downloaded a snapshot to replace a store whose history its source
+no longer has exits with `EXIT_REBOOTSTRAP`: the parent stops serving, moves the old store
+aside, and re-executes itself, which installs the snapshot (reads pause for that swap).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import uvicorn
+
+from replicator.metrics import APPLIED_SEQ, REPLICATION_LAG, WORKER_RESTARTS
+from replicator.selection import parse_source
+from replicator.status import read_status
+from replicator.worker import EXIT_REBOOTSTRAP, WorkerConfig
+from store import layout
+from store.store import Store
+
+log = logging.getLogger("mercury.replica")
+
+RESTART_BASE = 0.5
+RESTART_CAP = 10.0
+#: A worker that ran this long resets the restart backoff.
+RESTART_RESET_AFTER = 60.0
+
+
+class WorkerSupervisor:
+    """Starts the replication worker and restarts it with bounded backoff when it dies."""
+
+    def __init__(self, cfg: WorkerConfig) -> None:
+        self.cfg = cfg
+        self.proc: asyncio.subprocess.Process | None = None
+        self.rebootstrap = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._stopping = False
+
+    async def start(self) -> None:
+        """Start the worker and its watchdog."""
+        self._task = asyncio.get_running_loop().create_task(self._watch())
+
+    async def _spawn(self) -> asyncio.subprocess.Process:
+        return await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "replicator.worker",
+            self.cfg.to_json(),
+            stdin=subprocess.PIPE,
+        )
+
+    async def _watch(self) -> None:
+        delay = RESTART_BASE
+        while not self._stopping:
+            started = time.monotonic()
+            self.proc = await self._spawn()
+            code = await self.proc.wait()
+            if self._stopping:
+                return
+            if code == EXIT_REBOOTSTRAP:
+                self.rebootstrap.set()
+                return
+            WORKER_RESTARTS.inc()
+            if time.monotonic() - started > RESTART_RESET_AFTER:
+                delay = RESTART_BASE
+            log.warning("replication worker exited with %s; restarting in %.1fs", code, delay)
+            await asyncio.sleep(delay)
+            delay = min(RESTART_CAP, delay * 2)
+
+    async def stop(self) -> None:
+        """Stop the worker (SIGTERM, then SIGKILL after 10 s)."""
+        self._stopping = True
+        p = self.proc
+        if p is not None and p.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                p.send_signal(signal.SIGTERM)
+            try:
+                await asyncio.wait_for(p.wait(), 10)
+            except TimeoutError:
+                with contextlib.suppress(ProcessLookupError):
+                    p.kill()
+                await p.wait()
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+
+def worker_config(args: argparse.Namespace) -> WorkerConfig:
+    """The worker's configuration from `mercury replica`'s arguments."""
+    return WorkerConfig(
+        data_dir=os.path.abspath(args.data_dir),
+        sources=[parse_source(s) for s in args.source],
+        repl_listen=parse_source(args.repl_listen) if args.repl_listen else None,
+        staleness=float(args.staleness_s),
+        max_bootstraps=int(args.max_bootstraps),
+        sync=not args.no_sync,
+    )
+
+
+def replica_status(data_dir: str) -> dict[str, object]:
+    """Replication facts for `GET /v1/status` (`source`, `lag_seconds`, worker state)."""
+    st = read_status(data_dir)
+    if st is None:
+        return {"source": None, "lag_seconds": None, "replication_state": "starting"}
+    return {
+        "source": st.source,
+        "lag_seconds": st.lag(),
+        "replication_state": st.state,
+        "replication_error": st.error,
+        "replication_errors": st.errors,
+    }
+
+
+class _Server(uvicorn.Server):
+    """uvicorn without its own signal capture: our loop handlers set `should_exit`."""
+
+    def capture_signals(self) -> contextlib.AbstractContextManager[None]:  # type: ignore[override]
+        return contextlib.nullcontext()
+
+
+async def _serve(args: argparse.Namespace, cfg: WorkerConfig) -> int:
+    from reads.http_app import create_read_app
+    from reads.wiring import replica_services
+
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    os.makedirs(cfg.data_dir, exist_ok=True)
+    sup = WorkerSupervisor(cfg)
+    await sup.start()
+    # The worker bootstraps a missing store before streaming; reads start once it exists.
+    while not stop.is_set() and not _store_ready(cfg.data_dir):
+        if sup.rebootstrap.is_set():
+            break
+        await asyncio.sleep(0.05)
+    if stop.is_set():
+        await sup.stop()
+        return 0
+    store = Store.open(cfg.data_dir, readonly=True)
+
+    def lag() -> float:
+        st = read_status(cfg.data_dir)
+        value = st.lag() if st is not None else None
+        return math.nan if value is None else value
+
+    REPLICATION_LAG.set_function(lag)
+    APPLIED_SEQ.set_function(lambda: float(store.last_seq()))
+    app = create_read_app(store, role="replica", status=lambda: replica_status(cfg.data_dir))
+    services = replica_services(store, args)
+    for s in services:
+        await s.start()
+    host, port = parse_source(args.listen)
+    server = _Server(
+        uvicorn.Config(
+            app, host=host, port=port, access_log=False, log_level="warning", lifespan="off"
+        )
+    )
+    serving = loop.create_task(server.serve())
+    reboot = loop.create_task(sup.rebootstrap.wait())
+    stopper = loop.create_task(stop.wait())
+    await asyncio.wait({serving, reboot, stopper}, return_when=asyncio.FIRST_COMPLETED)
+    server.should_exit = True
+    with contextlib.suppress(Exception):
+        await serving
+    for t in (reboot, stopper):
+        t.cancel()
+    for s in reversed(services):
+        with contextlib.suppress(Exception):
+            await s.stop()
+    await sup.stop()
+    store.close()
+    if sup.rebootstrap.is_set():
+        _move_aside(cfg.data_dir)
+        log.warning("re-executing to install the new snapshot")
+        os.execv(sys.executable, [sys.executable, "-m", "mercury", *sys.argv[1:]])
+    return 0
+
+
+def _store_ready(data_dir: str) -> bool:
+    if not layout.exists(data_dir):
+        return False
+    st = read_status(data_dir)
+    return st is not None and st.state not in ("starting", "bootstrapping", "bootstrap-waiting")
+
+
+def _move_aside(data_dir: str) -> None:
+    """Move the old store out of the way of a snapshot install (kept for post-mortems)."""
+    old = os.path.join(data_dir, ".old")
+    os.makedirs(old, exist_ok=True)
+    for name in ("data.mdb", "lock.mdb"):
+        src = os.path.join(data_dir, name)
+        if os.path.exists(src):
+            os.replace(src, os.path.join(old, name))
+
+
+def run_replica(args: argparse.Namespace) -> int:
+    """Run the replica until SIGTERM/SIGINT."""
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s replica %(name)s %(levelname)s %(message)s"
+    )
+    cfg = worker_config(args)
+    try:
+        import uvloop
+
+        uvloop.install()
+    except ImportError:
+        pass
+    return asyncio.run(_serve(args, cfg))

@@ -1,0 +1,178 @@
+"""Bootstrap: fetch a snapshot from a source (resumable) and install it as this node's store.
+
+The download goes to ``DATA_DIR/.bootstrap/snapshot.part`` with the source's offer beside it
+(``offer.json``: seq, hash head, db id, size, SHA-256). After a cut, the next attempt names
+that SHA-256 and the bytes already held; a source that still keeps the snapshot continues
+from there (otherwise it offers a new snapshot from byte 0 and the part file starts over).
+The complete file is verified by `store.snapshot.install_snapshot` (size, SHA-256, db id,
+seq, hash head) before it becomes the store; a file that fails is deleted and fetched again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import uuid
+
+from mercury.errors import CorruptionError, ProtocolError, SnapshotTransferError
+from replicator import frames, wire
+from replicator.client import refusal_error
+from replicator.status import StatusBoard
+from store.snapshot import SnapshotInfo, install_snapshot
+from store.store import CURRENT_FORMAT, Store
+
+log = logging.getLogger("mercury.replication.bootstrap")
+
+_CHUNK = 1 << 20
+
+
+def bootstrap_dir(data_dir: str) -> str:
+    """Where a bootstrap download lives (inside DATA_DIR: same filesystem as the store)."""
+    return os.path.join(data_dir, ".bootstrap")
+
+
+def _paths(data_dir: str) -> tuple[str, str]:
+    d = bootstrap_dir(data_dir)
+    return os.path.join(d, "snapshot.part"), os.path.join(d, "offer.json")
+
+
+def held(data_dir: str) -> tuple[frames.SnapshotOffer | None, int]:
+    """The offer of a download in progress and how many bytes of it are on disk."""
+    part, meta = _paths(data_dir)
+    try:
+        with open(meta) as f:
+            raw = json.load(f)
+        offer = frames.SnapshotOffer(
+            raw["seq"],
+            bytes.fromhex(raw["hash_head"]),
+            bytes.fromhex(raw["db_id"]),
+            raw["size"],
+            bytes.fromhex(raw["sha256"]),
+            0,
+        )
+        return offer, os.path.getsize(part)
+    except (OSError, ValueError, KeyError):
+        return None, 0
+
+
+def complete(data_dir: str) -> bool:
+    """True when a whole snapshot is downloaded and waits to be installed."""
+    offer, have = held(data_dir)
+    return offer is not None and have == offer.size
+
+
+def discard(data_dir: str) -> None:
+    """Forget a download (after install, or when it failed verification)."""
+    for p in _paths(data_dir):
+        with contextlib.suppress(OSError):
+            os.unlink(p)
+
+
+async def fetch(
+    host: str, port: int, data_dir: str, *, node_id: bytes, db_id: bytes, board: StatusBoard
+) -> frames.SnapshotOffer:
+    """Download (or finish downloading) a snapshot from `host:port` into DATA_DIR/.bootstrap.
+
+    Raises SnapshotTransferError when the transfer is cut (call again to resume), the
+    source's RefusedError subclasses, OSError when it is unreachable.
+    """
+    part, meta = _paths(data_dir)
+    os.makedirs(bootstrap_dir(data_dir), exist_ok=True)
+    offer, have = held(data_dir)
+    if offer is not None and have == offer.size:
+        return offer
+    reader, writer = await asyncio.open_connection(host, port)
+    try:
+        hello = frames.Hello(
+            frames.PROTOCOL_VERSION,
+            frames.MODE_SNAPSHOT,
+            0,
+            node_id,
+            db_id,
+            0,
+            0,
+            have if offer is not None else 0,
+            offer.sha256 if offer is not None else frames.ZERO_SHA,
+        )
+        await wire.send(writer, frames.encode_hello(hello))
+        while True:
+            ftype, body = await wire.read_frame(reader)
+            if ftype == frames.REFUSE:
+                raise refusal_error(frames.decode_refuse(body))
+            if ftype == frames.WAIT:
+                board.update(state="bootstrap-waiting", source=f"{host}:{port}")
+            elif ftype == frames.SNAPSHOT:
+                new = frames.decode_snapshot(body)
+                break
+            elif ftype != frames.WELCOME:
+                raise ProtocolError(f"unexpected frame type {ftype} before a snapshot")
+        board.update(state="bootstrapping", source=f"{host}:{port}")
+        if new.offset == 0:
+            with open(meta, "w") as f:
+                json.dump(
+                    {
+                        "seq": new.seq,
+                        "hash_head": new.hash_head.hex(),
+                        "db_id": new.db_id.hex(),
+                        "size": new.size,
+                        "sha256": new.sha256.hex(),
+                    },
+                    f,
+                )
+        elif offer is None or new.sha256 != offer.sha256 or new.offset != have:
+            raise ProtocolError("source resumed a snapshot transfer from the wrong place")
+        log.info(
+            "fetching snapshot at seq %d from %s:%d: bytes %d..%d",
+            new.seq,
+            host,
+            port,
+            new.offset,
+            new.size,
+        )
+        fd = os.open(part, os.O_WRONLY | os.O_CREAT | (os.O_TRUNC if new.offset == 0 else 0))
+        try:
+            os.lseek(fd, new.offset, os.SEEK_SET)
+            left = new.size - new.offset
+            while left:
+                block = await reader.read(min(_CHUNK, left))
+                if not block:
+                    raise SnapshotTransferError(
+                        f"snapshot transfer cut with {left} bytes to go", hint="retry resumes it"
+                    )
+                os.write(fd, block)
+                left -= len(block)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        return new._replace(offset=0)
+    finally:
+        await wire.close(writer)
+
+
+def install(data_dir: str, offer: frames.SnapshotOffer) -> Store:
+    """Install the downloaded snapshot as the store of `data_dir` (which holds none).
+
+    Raises CorruptionError (and discards the download) when it fails verification.
+    """
+    part, _ = _paths(data_dir)
+    info = SnapshotInfo(
+        db_id=str(uuid.UUID(bytes=offer.db_id)),
+        format_version=CURRENT_FORMAT,
+        seq=offer.seq,
+        hash_head=offer.hash_head.hex(),
+        log_first_seq=0,
+        sha256=offer.sha256.hex(),
+        size=offer.size,
+        created_us=0,
+    )
+    try:
+        store = install_snapshot(part, data_dir, info)
+    except CorruptionError:
+        discard(data_dir)
+        raise
+    discard(data_dir)
+    log.info("installed snapshot at seq %d", offer.seq)
+    return store

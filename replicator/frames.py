@@ -1,0 +1,274 @@
+"""Replication wire format — this docstring is the byte-level spec.
+
+A replication connection is a TCP stream of frames. All integers are little-endian; CRC is
+CRC-32 (zlib polynomial). Golden frames in ``tests/data/repl_*.bin`` fail the suite if these
+bytes drift without a bump of `PROTOCOL_VERSION`.
+
+Frame::
+
+    off  size  field
+    0    1     type (below)
+    1    1     flags: reserved, 0
+    2    4     body length L (u32; at most MAX_BODY)
+    6    4     CRC-32 over bytes [0:6] ++ body
+    10   L     body
+
+Every frame carries its own CRC so a corrupted, truncated or spliced stream is detected at
+the first bad frame (the receiver drops the connection and resumes from its last applied
+seq). A log record inside a RECORD frame also keeps its own CRC and hash head.
+
+Bodies by type:
+
+- ``HELLO`` (1, replica -> source), 92 bytes::
+
+      0   2   protocol version (u16)
+      2   1   mode: 1 = stream the log, 2 = fetch a snapshot (bootstrap)
+      3   1   options: bit 0 = newest-only (start at the source's head, skip history)
+      4   16  client id (random per process; equal to the source's id = itself)
+      20  16  db id (all zero = unknown, allowed only with mode 2)
+      36  8   last applied seq (the stream starts at last + 1)
+      44  8   stop seq (0 = none: the source ends the stream after the record holding it)
+      52  8   snapshot bytes already held (mode 2; 0 = start from byte 0)
+      60  32  SHA-256 of the snapshot being resumed (all zero = none)
+
+- ``WELCOME`` (2, source -> replica), 54 bytes: protocol version (u16), the source's own
+  id (16), db id (16), source head seq (u64), first retained seq (u64), heartbeat interval
+  in ms (u32). Records (mode 1) or a snapshot offer (mode 2) follow.
+- ``REFUSE`` (3), 2 + n bytes: refusal code (u16), UTF-8 message. Codes: 1 db id
+  mismatch, 2 replicating from itself, 3 history no longer retained (bootstrap needed),
+  4 unsupported protocol or request, 5 source not ready. The source closes after it.
+- ``RECORD`` (4): one log record exactly as stored — the 62-byte header of
+  `store/format.py` then the compressed payload. Records follow in seq order, each starting
+  right after the previous one's last seq.
+- ``HEARTBEAT`` (5), 20 bytes: root wall time in µs (u64), root seq at that time (u64),
+  root heartbeat interval in ms (u32). Written by the root's source, relayed unchanged by
+  every replica's source, so lag stays relative to the root at any depth.
+- ``SNAPSHOT`` (6), 104 bytes: snapshot seq (u64), hash head (32), db id (16), size (u64),
+  SHA-256 (32), offset where the data starts (u64). Right after this frame, the raw bytes
+  [offset, size) of the snapshot file follow UNFRAMED (sendfile; verified by SHA-256 of the
+  whole file), then the connection is closed.
+- ``WAIT`` (7), 4 bytes: position in the bootstrap queue (u32); the source bounds
+  concurrent bootstraps and tells waiting replicas their turn.
+- ``END`` (8), 8 bytes: last seq sent (u64); the stop seq was reached, the source closes.
+"""
+
+from __future__ import annotations
+
+import struct
+import zlib
+from typing import NamedTuple
+
+PROTOCOL_VERSION = 1
+HEADER = struct.Struct("<BBII")  # type, flags, body length, crc
+HEADER_SIZE = HEADER.size  # 10
+#: Largest frame body: a log record of the largest batch fits with room to spare.
+MAX_BODY = 256 << 20
+
+HELLO = 1
+WELCOME = 2
+REFUSE = 3
+RECORD = 4
+HEARTBEAT = 5
+SNAPSHOT = 6
+WAIT = 7
+END = 8
+TYPES = frozenset({HELLO, WELCOME, REFUSE, RECORD, HEARTBEAT, SNAPSHOT, WAIT, END})
+
+MODE_STREAM = 1
+MODE_SNAPSHOT = 2
+OPT_NEWEST_ONLY = 0x01
+
+REFUSE_DB_ID = 1
+REFUSE_SELF = 2
+REFUSE_BOOTSTRAP = 3
+REFUSE_PROTOCOL = 4
+REFUSE_NOT_READY = 5
+
+ZERO_ID = b"\x00" * 16
+ZERO_SHA = b"\x00" * 32
+
+_HELLO = struct.Struct("<HBB16s16sQQQ32s")
+_WELCOME = struct.Struct("<H16s16sQQI")
+_REFUSE = struct.Struct("<H")
+_HEARTBEAT = struct.Struct("<QQI")
+_SNAPSHOT = struct.Struct("<Q32s16sQ32sQ")
+_U32 = struct.Struct("<I")
+_U64 = struct.Struct("<Q")
+
+
+class Hello(NamedTuple):
+    """A replica's request."""
+
+    version: int
+    mode: int
+    options: int
+    client_id: bytes
+    db_id: bytes
+    last_seq: int
+    stop_seq: int
+    snapshot_offset: int
+    snapshot_sha: bytes
+
+    @property
+    def newest_only(self) -> bool:
+        """True when the replica wants only entries committed from now on."""
+        return bool(self.options & OPT_NEWEST_ONLY)
+
+
+class Welcome(NamedTuple):
+    """The source's acceptance."""
+
+    version: int
+    source_id: bytes
+    db_id: bytes
+    head_seq: int
+    first_seq: int
+    heartbeat_ms: int
+
+
+class Refuse(NamedTuple):
+    """The source's refusal."""
+
+    code: int
+    message: str
+
+
+class Heartbeat(NamedTuple):
+    """The root's clock and seq at one moment."""
+
+    time_us: int
+    seq: int
+    interval_ms: int
+
+
+class SnapshotOffer(NamedTuple):
+    """What snapshot follows and from which byte."""
+
+    seq: int
+    hash_head: bytes
+    db_id: bytes
+    size: int
+    sha256: bytes
+    offset: int
+
+
+class FrameHeader(NamedTuple):
+    """Decoded 10-byte frame header."""
+
+    type: int
+    flags: int
+    length: int
+    crc: int
+
+
+def encode_frame(ftype: int, body: bytes) -> bytes:
+    """One frame: header (with CRC over header prefix and body) then body."""
+    prefix = HEADER.pack(ftype, 0, len(body), 0)[:6]
+    crc = zlib.crc32(body, zlib.crc32(prefix))
+    return prefix + _U32.pack(crc) + body
+
+
+def decode_header(raw: bytes) -> FrameHeader:
+    """Decode a frame header; raises ValueError on an unknown type or an oversized body."""
+    ftype, flags, length, crc = HEADER.unpack(raw)
+    if ftype not in TYPES:
+        raise ValueError(f"unknown frame type {ftype}")
+    if length > MAX_BODY:
+        raise ValueError(f"frame body of {length} bytes exceeds {MAX_BODY}")
+    return FrameHeader(ftype, flags, length, crc)
+
+
+def check_body(header: bytes, body: bytes) -> bool:
+    """True when `body` matches the CRC in the 10-byte `header`."""
+    crc: int = _U32.unpack_from(header, 6)[0]
+    length: int = _U32.unpack_from(header, 2)[0]
+    return zlib.crc32(body, zlib.crc32(header[:6])) == crc and len(body) == length
+
+
+def encode_hello(h: Hello) -> bytes:
+    """HELLO frame."""
+    return encode_frame(HELLO, _HELLO.pack(*h))
+
+
+def decode_hello(body: bytes) -> Hello:
+    """Decode a HELLO body; ValueError when malformed."""
+    if len(body) != _HELLO.size:
+        raise ValueError("malformed HELLO")
+    return Hello(*_HELLO.unpack(body))
+
+
+def encode_welcome(w: Welcome) -> bytes:
+    """WELCOME frame."""
+    return encode_frame(WELCOME, _WELCOME.pack(*w))
+
+
+def decode_welcome(body: bytes) -> Welcome:
+    """Decode a WELCOME body; ValueError when malformed."""
+    if len(body) != _WELCOME.size:
+        raise ValueError("malformed WELCOME")
+    return Welcome(*_WELCOME.unpack(body))
+
+
+def encode_refuse(code: int, message: str) -> bytes:
+    """REFUSE frame."""
+    return encode_frame(REFUSE, _REFUSE.pack(code) + message.encode())
+
+
+def decode_refuse(body: bytes) -> Refuse:
+    """Decode a REFUSE body; ValueError when malformed."""
+    if len(body) < _REFUSE.size:
+        raise ValueError("malformed REFUSE")
+    return Refuse(_REFUSE.unpack_from(body)[0], body[2:].decode("utf-8", "replace"))
+
+
+def encode_record(header: bytes, payload: bytes) -> bytes:
+    """RECORD frame holding one stored log record (header ++ payload)."""
+    return encode_frame(RECORD, header + payload)
+
+
+def encode_heartbeat(hb: Heartbeat) -> bytes:
+    """HEARTBEAT frame."""
+    return encode_frame(HEARTBEAT, _HEARTBEAT.pack(*hb))
+
+
+def decode_heartbeat(body: bytes) -> Heartbeat:
+    """Decode a HEARTBEAT body; ValueError when malformed."""
+    if len(body) != _HEARTBEAT.size:
+        raise ValueError("malformed HEARTBEAT")
+    return Heartbeat(*_HEARTBEAT.unpack(body))
+
+
+def encode_snapshot(offer: SnapshotOffer) -> bytes:
+    """SNAPSHOT frame (the raw file bytes follow it unframed)."""
+    return encode_frame(SNAPSHOT, _SNAPSHOT.pack(*offer))
+
+
+def decode_snapshot(body: bytes) -> SnapshotOffer:
+    """Decode a SNAPSHOT body; ValueError when malformed."""
+    if len(body) != _SNAPSHOT.size:
+        raise ValueError("malformed SNAPSHOT")
+    return SnapshotOffer(*_SNAPSHOT.unpack(body))
+
+
+def encode_wait(position: int) -> bytes:
+    """WAIT frame."""
+    return encode_frame(WAIT, _U32.pack(position))
+
+
+def decode_wait(body: bytes) -> int:
+    """Decode a WAIT body; ValueError when malformed."""
+    if len(body) != _U32.size:
+        raise ValueError("malformed WAIT")
+    return int(_U32.unpack(body)[0])
+
+
+def encode_end(last_seq: int) -> bytes:
+    """END frame."""
+    return encode_frame(END, _U64.pack(last_seq))
+
+
+def decode_end(body: bytes) -> int:
+    """Decode an END body; ValueError when malformed."""
+    if len(body) != _U64.size:
+        raise ValueError("malformed END")
+    return int(_U64.unpack(body)[0])

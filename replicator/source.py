@@ -1,0 +1,346 @@
+"""The replication source: an asyncio TCP server streaming the store's log to replicas.
+
+Runs on the root (beside the gateway, on the gateway's event loop) and on every replica (in
+its replication worker). Contract:
+
+- Handshake (`frames.HELLO`): refuses with a named code when the client's id is this
+  source's own id (replicating from itself), when the db ids differ, and when the client's
+  next seq is older than the retained log (bootstrap needed).
+- Streaming: log records from the client's last seq + 1 in order, each in one RECORD frame
+  exactly as stored. A commit wakes every stream at once — through the store's in-process
+  commit listener, the cross-process ping (`replicator/notify.py`) and a slow safety poll —
+  never a busy poll. Log reads run in a worker thread so a long catch-up never blocks the
+  loop (on the root it serves the gateway too).
+- Heartbeats: when nothing else is sent, one HEARTBEAT frame per interval from
+  `heartbeat.current()`; a newer relayed heartbeat is forwarded at once.
+- Bootstrap (`MODE_SNAPSHOT`): at most `max_bootstraps` transfers at a time (others get
+  WAIT frames until their turn). A snapshot is made in one short read transaction by
+  `store.snapshot.make_snapshot` and then sent from its file with sendfile — no read
+  transaction is held during the transfer. A client resuming a cut transfer names the
+  snapshot's SHA-256 and the bytes it holds; while that snapshot is kept, the transfer
+  continues from there.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import glob
+import logging
+import os
+import time
+import uuid
+from dataclasses import dataclass, field
+
+from mercury.errors import LogRetentionError, ProtocolError
+from replicator import frames, notify, wire
+from replicator.heartbeat import HeartbeatSource
+from store import snapshot
+from store.store import Store
+
+log = logging.getLogger("mercury.replication.source")
+
+#: Bounds of one log read (and so of one burst of frames between two drains).
+READ_RECORDS = 256
+READ_BYTES = 4 << 20
+HELLO_TIMEOUT = 10.0
+#: A kept snapshot is reused for new bootstraps while younger than this.
+SNAPSHOT_MAX_AGE = 300.0
+
+
+@dataclass
+class BootstrapStats:
+    """What the source did for bootstraps (tests and `status()` read it)."""
+
+    active: int = 0
+    peak: int = 0
+    served: int = 0
+    #: (sha256 hex, offset) of every transfer started.
+    transfers: list[tuple[str, int]] = field(default_factory=list)
+    bytes_sent: int = 0
+
+
+class ReplicationSource:
+    """Serves the log of `store` on `host:port` (port 0 picks a free one; see `port`)."""
+
+    name = "replication-source"
+
+    def __init__(
+        self,
+        store: Store,
+        host: str,
+        port: int,
+        *,
+        node_id: bytes,
+        heartbeat: HeartbeatSource,
+        max_bootstraps: int = 1,
+        snapshot_dir: str | None = None,
+    ) -> None:
+        self.store = store
+        self.host = host
+        self.port = port
+        self.node_id = node_id
+        self.heartbeat = heartbeat
+        # A relayed heartbeat is forwarded as soon as a newer one arrives; the root's own
+        # is made fresh each time and sent once per interval.
+        self._relays = hasattr(heartbeat, "update")
+        self.stats = BootstrapStats()
+        self._db_id = _uuid_bytes(store.db_id)
+        self._slots = asyncio.Semaphore(max_bootstraps)
+        self._queue: list[object] = []
+        self._snapshot_dir = snapshot_dir or os.path.join(store.path, "snapshots")
+        self._snapshot: tuple[str, snapshot.SnapshotInfo, float] | None = None
+        self._snapshot_lock = asyncio.Lock()
+        self._waiters: set[asyncio.Event] = set()
+        self._conns: set[asyncio.Task[None]] = set()
+        self._server: asyncio.Server | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._wake_listener: notify.WakeListener | None = None
+        self._poll_task: asyncio.Task[None] | None = None
+        self._closing = False
+
+    # --- lifecycle -------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Listen, hook commit notifications and start the safety poll."""
+        self._loop = asyncio.get_running_loop()
+        self.store.add_commit_listener(self._on_commit_threadsafe)
+        self._wake_listener = notify.WakeListener(self.store.path, self.wake)
+        self._wake_listener.start()
+        self._server = await asyncio.start_server(self._handle, self.host, self.port)
+        self.port = self._server.sockets[0].getsockname()[1]
+        self._poll_task = self._loop.create_task(self._poll())
+        log.info("replication source listening on %s:%d", self.host, self.port)
+
+    async def stop(self) -> None:
+        """Stop listening and close every connection."""
+        self._closing = True
+        if self._server is not None:
+            self._server.close()
+        if self._wake_listener is not None:
+            self._wake_listener.stop()
+        for t in [*self._conns, *([self._poll_task] if self._poll_task else [])]:
+            t.cancel()
+        for t in list(self._conns):
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await t
+        if self._server is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._server.wait_closed(), 2)
+
+    def wake(self) -> None:
+        """Wake every stream (on the loop): new log records or a newer heartbeat."""
+        for ev in self._waiters:
+            ev.set()
+
+    def _on_commit_threadsafe(self, _seq: int) -> None:
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(self.wake)
+
+    async def _poll(self) -> None:
+        # Safety net for a lost cross-process ping; a second is plenty, and cheap.
+        last = -1
+        while True:
+            await asyncio.sleep(notify.POLL_SECONDS)
+            seq = self.store.last_seq()
+            if seq != last:
+                last = seq
+                self.wake()
+
+    # --- connections -----------------------------------------------------------------
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._conns.add(task)
+        peer = writer.get_extra_info("peername")
+        try:
+            ftype, body = await asyncio.wait_for(wire.read_frame(reader), HELLO_TIMEOUT)
+            if ftype != frames.HELLO:
+                raise ProtocolError(f"expected HELLO, got frame type {ftype}")
+            hello = frames.decode_hello(body)
+            refusal = self._refusal(hello)
+            if refusal is not None:
+                code, message = refusal
+                log.warning("refused replica %s: %s", peer, message)
+                await wire.send(writer, frames.encode_refuse(code, message))
+                return
+            first, _base = self.store.log_bounds()
+            await wire.send(
+                writer,
+                frames.encode_welcome(
+                    frames.Welcome(
+                        frames.PROTOCOL_VERSION,
+                        self.node_id,
+                        self._db_id,
+                        self.store.last_seq(),
+                        first,
+                        self.heartbeat.interval_ms,
+                    )
+                ),
+            )
+            if hello.mode == frames.MODE_SNAPSHOT:
+                await self._send_snapshot(hello, reader, writer)
+            else:
+                await self._stream(hello, writer)
+        except (ProtocolError, ValueError, TimeoutError) as err:
+            log.info("replica %s: %s", peer, err)
+        except (ConnectionError, OSError) as err:
+            log.info("replica %s disconnected: %s", peer, err)
+        except asyncio.CancelledError:
+            pass
+        finally:
+            self._conns.discard(task)
+            await wire.close(writer)
+
+    def _refusal(self, hello: frames.Hello) -> tuple[int, str] | None:
+        """The refusal code and message for `hello`, or None to accept it (pure-ish: reads
+        only the log bounds)."""
+        if hello.version != frames.PROTOCOL_VERSION:
+            return frames.REFUSE_PROTOCOL, f"protocol version {hello.version} is not supported"
+        if hello.mode not in (frames.MODE_STREAM, frames.MODE_SNAPSHOT):
+            return frames.REFUSE_PROTOCOL, f"unknown mode {hello.mode}"
+        if self._closing:
+            return frames.REFUSE_NOT_READY, "source is shutting down"
+        if hello.client_id == self.node_id:
+            return frames.REFUSE_SELF, "replicating from itself: the source is this very node"
+        if hello.db_id != self._db_id and not (
+            hello.mode == frames.MODE_SNAPSHOT and hello.db_id == frames.ZERO_ID
+        ):
+            return (
+                frames.REFUSE_DB_ID,
+                f"db id mismatch: source holds {self.store.db_id}, replica holds "
+                f"{_uuid_text(hello.db_id)}",
+            )
+        if hello.mode == frames.MODE_STREAM and not hello.newest_only:
+            first, _ = self.store.log_bounds()
+            if hello.last_seq + 1 < first:
+                return (
+                    frames.REFUSE_BOOTSTRAP,
+                    f"history no longer retained: replica needs seq {hello.last_seq + 1}, "
+                    f"log starts at {first}; bootstrap from a snapshot",
+                )
+        return None
+
+    async def _stream(self, hello: frames.Hello, writer: asyncio.StreamWriter) -> None:
+        pos = self.store.last_seq() + 1 if hello.newest_only else hello.last_seq + 1
+        stop = hello.stop_seq or None
+        ev = asyncio.Event()
+        self._waiters.add(ev)
+        interval = self.heartbeat.interval_ms / 1000
+        last_hb_at = 0.0
+        last_hb: frames.Heartbeat | None = None
+        try:
+            while True:
+                ev.clear()
+                try:
+                    recs = await asyncio.to_thread(
+                        self.store.read_log, pos, max_records=READ_RECORDS, max_bytes=READ_BYTES
+                    )
+                except LogRetentionError as err:
+                    # GC overtook a slow client: it must bootstrap.
+                    writer.write(frames.encode_refuse(frames.REFUSE_BOOTSTRAP, str(err)))
+                    await writer.drain()
+                    return
+                for rec in recs:
+                    writer.write(frames.encode_record(rec.header, rec.payload))
+                    pos = rec.last_seq + 1
+                    if stop is not None and rec.last_seq >= stop:
+                        writer.write(frames.encode_end(rec.last_seq))
+                        await writer.drain()
+                        return
+                if recs:
+                    await writer.drain()
+                now = time.monotonic()
+                hb = self.heartbeat.current()
+                due = now - last_hb_at >= interval
+                newer = (
+                    hb is not None
+                    and self._relays
+                    and (last_hb is None or hb.time_us > last_hb.time_us)
+                )
+                if hb is not None and (due or newer):
+                    await wire.send(writer, frames.encode_heartbeat(hb))
+                    last_hb, last_hb_at = hb, now
+                if recs:
+                    continue  # more may be there already; only an empty read waits
+                timeout = max(0.0, interval - (time.monotonic() - last_hb_at))
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(ev.wait(), timeout)
+        finally:
+            self._waiters.discard(ev)
+
+    # --- bootstrap -------------------------------------------------------------------
+
+    async def _send_snapshot(
+        self, hello: frames.Hello, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        token = object()
+        self._queue.append(token)
+        try:
+            while True:
+                try:
+                    await asyncio.wait_for(self._slots.acquire(), 1.0)
+                    break
+                except TimeoutError:
+                    await wire.send(writer, frames.encode_wait(self._queue.index(token)))
+        finally:
+            self._queue.remove(token)
+        self.stats.active += 1
+        self.stats.peak = max(self.stats.peak, self.stats.active)
+        try:
+            path, info = await self._snapshot_for(hello.snapshot_sha.hex())
+            offset = hello.snapshot_offset if hello.snapshot_sha.hex() == info.sha256 else 0
+            offset = min(offset, info.size)
+            self.stats.transfers.append((info.sha256, offset))
+            offer = frames.SnapshotOffer(
+                info.seq,
+                bytes.fromhex(info.hash_head),
+                self._db_id,
+                info.size,
+                bytes.fromhex(info.sha256),
+                offset,
+            )
+            await wire.send(writer, frames.encode_snapshot(offer))
+            with open(path, "rb") as f:
+                loop = asyncio.get_running_loop()
+                sent = await loop.sendfile(writer.transport, f, offset, info.size - offset)
+                self.stats.bytes_sent += sent
+            await writer.drain()
+            self.stats.served += 1
+        finally:
+            self.stats.active -= 1
+            self._slots.release()
+
+    async def _snapshot_for(self, resume_sha: str) -> tuple[str, snapshot.SnapshotInfo]:
+        """A snapshot to send: the kept one when the client resumes it or it is recent and
+        still followed by retained log; otherwise a new one."""
+        async with self._snapshot_lock:
+            first, _ = self.store.log_bounds()
+            kept = self._snapshot
+            if kept is not None:
+                path, info, made = kept
+                streamable = info.seq + 1 >= first and os.path.exists(path)
+                fresh = time.monotonic() - made < SNAPSHOT_MAX_AGE
+                if streamable and (info.sha256 == resume_sha or fresh):
+                    return path, info
+            os.makedirs(self._snapshot_dir, exist_ok=True)
+            path = os.path.join(self._snapshot_dir, f"snap-{time.time_ns()}.mdb")
+            info = await asyncio.to_thread(snapshot.make_snapshot, self.store, path)
+            for old in glob.glob(os.path.join(self._snapshot_dir, "snap-*.mdb*")):
+                if not old.startswith(path):
+                    with contextlib.suppress(OSError):
+                        os.unlink(old)  # an open transfer keeps its file until it ends
+            self._snapshot = (path, info, time.monotonic())
+            log.info("made snapshot at seq %d (%d bytes)", info.seq, info.size)
+            return path, info
+
+
+def _uuid_bytes(db_id: str) -> bytes:
+    return uuid.UUID(db_id).bytes
+
+
+def _uuid_text(raw: bytes) -> str:
+    return str(uuid.UUID(bytes=raw))

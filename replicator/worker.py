@@ -1,0 +1,220 @@
+"""The replication worker: the child process of `mercury replica` that writes the store.
+
+It runs, on one asyncio loop, the replication client (apply the upstream stream), the
+replication source for downstream replicas (`--repl-listen`) and the status board. Being a
+separate process from the readers, its applies never hold the readers' GIL; LMDB's MVCC
+keeps readers in the parent from ever waiting for it.
+
+Started as ``python -m replicator.worker CONFIG_JSON`` by `mercury/replica.py`; it exits
+when its stdin reaches EOF (the parent died), on SIGTERM, or with `EXIT_REBOOTSTRAP` after
+downloading a snapshot that must replace an existing store (the parent, which has that
+store open for reading, swaps it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import signal
+import sys
+import uuid
+from collections.abc import Coroutine
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from mercury.errors import (
+    BootstrapNeededError,
+    CorruptionError,
+    ProtocolError,
+    RefusedError,
+    SnapshotTransferError,
+)
+from replicator import bootstrap, frames, notify
+from replicator.client import ReplicaClient, ReplicationFailed
+from replicator.heartbeat import RelayedHeartbeat
+from replicator.selection import Selector
+from replicator.source import ReplicationSource
+from replicator.status import StatusBoard
+from store import layout
+from store.store import Store
+
+log = logging.getLogger("mercury.replication.worker")
+T = TypeVar("T")
+
+EXIT_OK = 0
+EXIT_REBOOTSTRAP = 3
+
+
+@dataclass
+class WorkerConfig:
+    """What the parent tells its worker."""
+
+    data_dir: str
+    sources: list[tuple[str, int]]
+    repl_listen: tuple[str, int] | None = None
+    staleness: float = 30.0
+    max_bootstraps: int = 1
+    sync: bool = True
+
+    def to_json(self) -> str:
+        """Serialised for the worker's command line."""
+        return json.dumps(self.__dict__)
+
+    @classmethod
+    def from_json(cls, text: str) -> WorkerConfig:
+        """Parse the worker's command-line argument."""
+        raw = json.loads(text)
+        raw["sources"] = [tuple(s) for s in raw["sources"]]
+        if raw.get("repl_listen"):
+            raw["repl_listen"] = tuple(raw["repl_listen"])
+        return cls(**raw)
+
+
+async def fetch_snapshot(
+    cfg: WorkerConfig,
+    selector: Selector,
+    node_id: bytes,
+    db_id: bytes,
+    board: StatusBoard,
+) -> frames.SnapshotOffer:
+    """Download a whole snapshot from the first source that serves one, resuming after
+    cuts; retries until it succeeds (the caller cancels to give up)."""
+    while True:
+        host, port = selector.current
+        try:
+            offer = await bootstrap.fetch(
+                host, port, cfg.data_dir, node_id=node_id, db_id=db_id, board=board
+            )
+            selector.connected()
+            return offer
+        except (SnapshotTransferError, ProtocolError) as err:
+            log.warning("bootstrap from %s:%d cut: %s; resuming", host, port, err)
+            board.count_error("bootstrap_cut", str(err))
+            wait = selector.retry_same()
+        except RefusedError as err:
+            log.error("bootstrap from %s:%d refused: %s", host, port, err)
+            board.count_error("refused", str(err))
+            wait = selector.failed()
+        except OSError as err:
+            board.count_error("unreachable", f"{host}:{port}: {err}")
+            wait = selector.failed()
+        await asyncio.sleep(wait)
+
+
+async def run(cfg: WorkerConfig, stop: asyncio.Event) -> int:
+    """Replicate until `stop` is set; return the exit status."""
+    board = StatusBoard(cfg.data_dir)
+    board.start()
+    node_id = uuid.uuid4().bytes
+    selector = Selector(list(cfg.sources))
+    store: Store | None = None
+    source: ReplicationSource | None = None
+    try:
+        if not layout.exists(cfg.data_dir):
+            board.update(state="bootstrapping")
+            offer = await _until(
+                stop, fetch_snapshot(cfg, selector, node_id, frames.ZERO_ID, board)
+            )
+            if offer is None:
+                return EXIT_OK
+            try:
+                store = bootstrap.install(cfg.data_dir, offer)
+            except CorruptionError as err:
+                board.count_error("bootstrap_corrupt", str(err))
+                raise
+            store.close()
+        store = Store.open(cfg.data_dir, sync=cfg.sync)
+        notify.install_pinger(store)
+        relay = RelayedHeartbeat()
+        if cfg.repl_listen is not None:
+            source = ReplicationSource(
+                store,
+                cfg.repl_listen[0],
+                cfg.repl_listen[1],
+                node_id=node_id,
+                heartbeat=relay,
+                max_bootstraps=cfg.max_bootstraps,
+            )
+            await source.start()
+            relay.add_listener(source.wake)
+        client = ReplicaClient(
+            store, selector, node_id=node_id, board=board, relay=relay, staleness=cfg.staleness
+        )
+        try:
+            await _until(stop, client.run())
+        except BootstrapNeededError as err:
+            log.warning("%s", err)
+            board.update(state="bootstrapping", error=str(err))
+            db_id = uuid.UUID(store.db_id).bytes
+            offer = await _until(stop, fetch_snapshot(cfg, selector, node_id, db_id, board))
+            if offer is None:
+                return EXIT_OK
+            board.update(state="rebootstrap-ready")
+            return EXIT_REBOOTSTRAP
+        except ReplicationFailed as err:
+            log.error("replication stopped: %s", err)
+            # Keep serving downstream replicas and the parent's readers what we have.
+            await stop.wait()
+        return EXIT_OK
+    finally:
+        if source is not None:
+            await source.stop()
+        if store is not None:
+            store.close()
+        if board.status.state not in ("failed", "rebootstrap-ready"):
+            board.update(state="stopped")
+        await board.stop()
+
+
+async def _until(stop: asyncio.Event, coro: Coroutine[Any, Any, T]) -> T | None:
+    """Run `coro` until it ends or `stop` is set (then cancel it and return None)."""
+    task = asyncio.ensure_future(coro)
+    stopper = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait({task, stopper}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopper.cancel()
+    if task.done():
+        return task.result()
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    return None
+
+
+async def _main(cfg: WorkerConfig) -> int:
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    # The parent holds our stdin open; EOF means it is gone and so must we be.
+    fd = sys.stdin.fileno()
+    os.set_blocking(fd, False)
+
+    def _on_stdin() -> None:
+        try:
+            data = os.read(fd, 4096)
+        except BlockingIOError:
+            return
+        if not data:
+            loop.remove_reader(fd)
+            stop.set()
+
+    loop.add_reader(fd, _on_stdin)
+    return await run(cfg, stop)
+
+
+def main(argv: list[str]) -> int:
+    """Entry point: ``python -m replicator.worker CONFIG_JSON``."""
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s worker %(name)s %(levelname)s %(message)s"
+    )
+    cfg = WorkerConfig.from_json(argv[1])
+    return asyncio.run(_main(cfg))
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

@@ -1,0 +1,108 @@
+"""A root for replication tests without the gateway: a store written by the test process
+and a real `ReplicationSource` serving it from a background thread's event loop."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future
+from typing import Any
+
+import httpx
+
+from replicator.heartbeat import RootHeartbeat
+from replicator.source import ReplicationSource
+from store.ops import SET, Op
+from store.store import Store
+
+
+class RootNode:
+    """`store` + a source on 127.0.0.1:`port` (0 = pick one), running in a thread."""
+
+    def __init__(
+        self, path: str, port: int = 0, *, heartbeat_ms: int = 200, max_bootstraps: int = 1
+    ) -> None:
+        self.store = Store.create(path, sync=False, map_size=4 << 30)
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+        self._thread.start()
+        self.source = ReplicationSource(
+            self.store,
+            "127.0.0.1",
+            port,
+            node_id=uuid.uuid4().bytes,
+            heartbeat=RootHeartbeat(self.store, heartbeat_ms),
+            max_bootstraps=max_bootstraps,
+        )
+        self.call(self.source.start())
+        self.port = self.source.port
+
+    def call(self, coro: Any) -> Any:
+        """Run `coro` on the source's loop and wait for its result."""
+        fut: Future[Any] = asyncio.run_coroutine_threadsafe(coro, self._loop)
+        return fut.result(30)
+
+    def write(self, n: int, *, start: int = 0, batch: int = 100, prefix: str = "k") -> None:
+        """Write keys prefix{start}..prefix{start+n-1} in batches."""
+        for b in range(start, start + n, batch):
+            ops = [
+                Op(SET, f"{prefix}{i:08d}".encode(), f"v{i}-{b}".encode(), owner="t")
+                for i in range(b, min(b + batch, start + n))
+            ]
+            self.store.apply(ops)
+
+    def close(self) -> None:
+        """Stop the source and close the store."""
+        with contextlib.suppress(Exception):
+            self.call(self.source.stop())
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(5)
+        self._loop.close()
+        self.store.close()
+
+
+@contextlib.contextmanager
+def root_node(path: str, **kw: Any) -> Iterator[RootNode]:
+    """A RootNode closed at the end of the block."""
+    node = RootNode(path, **kw)
+    try:
+        yield node
+    finally:
+        node.close()
+
+
+def status(port: int) -> dict[str, Any]:
+    """`GET /v1/status` of a node."""
+    doc: dict[str, Any] = httpx.get(f"http://127.0.0.1:{port}/v1/status", timeout=5).json()
+    return doc
+
+
+def wait_for(cond: Callable[[], bool], timeout: float = 30.0, what: str = "condition") -> None:
+    """Poll `cond` every 20 ms until true; TimeoutError after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with contextlib.suppress(httpx.HTTPError, OSError, ValueError):
+            if cond():
+                return
+        time.sleep(0.02)
+    raise TimeoutError(f"{what} not reached after {timeout}s")
+
+
+def wait_seq(port: int, seq: int, timeout: float = 60.0) -> dict[str, Any]:
+    """Wait until the node serving HTTP on `port` reports `seq`; return its status."""
+    wait_for(lambda: status(port)["seq"] >= seq, timeout, f"seq {seq} on :{port}")
+    return status(port)
+
+
+def contents(store_path: str) -> list[tuple[bytes, bytes]]:
+    """Every (key, value) of the store at `store_path`, read-only."""
+    s = Store.open(store_path, readonly=True)
+    try:
+        with s.reader() as r:
+            return [(k, v.value) for k, v in r.scan() if v is not None]
+    finally:
+        s.close()
