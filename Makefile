@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml setup.py
 
 install: $(STAMP)
 
-store/_codec.c: store/_codec.pyx $(STAMP)
+store/_codec.c: store/_codec.pyx store/mblake2b.h $(STAMP)
 	$(PY) setup.py -q build_ext --inplace 2>&1 | grep -vE "^(running|copying|Compiling)" || true
 	@test -f store/_codec.c
 

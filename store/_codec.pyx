@@ -5,15 +5,17 @@ proves the bytes identical."""
 
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
 from libc.stdint cimport uint8_t, uint16_t, uint32_t, uint64_t
-from libc.string cimport memcpy
-
-import hashlib
+from libc.string cimport memcmp, memcpy
 
 from store.format import Entry, RecordHeader
 
-cdef object _blake2b = hashlib.blake2b
+cdef extern from "mblake2b.h":
+    void mb2_digest2(const uint8_t* a, size_t an, const uint8_t* b, size_t bn,
+                     uint8_t* out, size_t outlen) nogil
+
 cdef object _entry = Entry
 cdef object _header = RecordHeader
+cdef object _tuple_new = tuple.__new__
 
 DEF HASH_SIZE = 32
 DEF ENTRY_HDR = 16
@@ -100,6 +102,10 @@ cdef inline uint32_t _get_u32(const uint8_t* p) noexcept nogil:
 
 def encode_record(uint64_t seq, bytes owner, bytes value, bint chunked):
     """Encode a value record; when `chunked`, the value is left out."""
+    return _encode_record(seq, owner, value, chunked)
+
+
+cdef bytes _encode_record(uint64_t seq, bytes owner, bytes value, bint chunked):
     cdef Py_ssize_t on = PyBytes_GET_SIZE(owner)
     cdef Py_ssize_t vn = PyBytes_GET_SIZE(value)
     cdef Py_ssize_t total = RECORD_FIXED + on + (0 if chunked else vn)
@@ -189,9 +195,12 @@ cdef inline Py_ssize_t _write_entry(uint8_t* p, uint64_t seq, int op, bytes owne
 
 def chain(bytes prev, entry):
     """One link of the hash chain: BLAKE2b-256(prev ++ entry)."""
-    h = _blake2b(prev, digest_size=HASH_SIZE)
-    h.update(entry)
-    return h.digest()
+    cdef const uint8_t[:] e = entry
+    cdef bytes out = PyBytes_FromStringAndSize(NULL, HASH_SIZE)
+    cdef const uint8_t* ep = &e[0] if e.shape[0] else <const uint8_t*>b""
+    mb2_digest2(<const uint8_t*>PyBytes_AS_STRING(prev), PyBytes_GET_SIZE(prev), ep,
+                e.shape[0], <uint8_t*>PyBytes_AS_STRING(out), HASH_SIZE)
+    return out
 
 
 def pack_entries(uint64_t first_seq, list ops, bytes prev_hash):
@@ -213,17 +222,16 @@ def pack_entries(uint64_t first_seq, list ops, bytes prev_hash):
     cdef uint8_t* base = <uint8_t*>PyBytes_AS_STRING(out)
     cdef Py_ssize_t pos = 0, n
     cdef uint64_t seq = first_seq
-    cdef object h = prev_hash
-    cdef object view = memoryview(out)
-    cdef object hasher
+    cdef uint8_t h[HASH_SIZE]
+    if PyBytes_GET_SIZE(prev_hash) != HASH_SIZE:
+        raise ValueError("prev_hash must be 32 bytes")
+    memcpy(h, PyBytes_AS_STRING(prev_hash), HASH_SIZE)
     for t in ops:
         n = _write_entry(base + pos, seq, t[0], t[1], t[2], t[3])
-        hasher = _blake2b(h, digest_size=HASH_SIZE)
-        hasher.update(view[pos:pos + n])
-        h = hasher.digest()
+        mb2_digest2(h, HASH_SIZE, base + pos, n, h, HASH_SIZE)
         pos += n
         seq += 1
-    return out, h
+    return out, PyBytes_FromStringAndSize(<const char*>h, HASH_SIZE)
 
 
 def unpack_entries(payload, bytes prev_hash):
@@ -238,12 +246,13 @@ def unpack_entries(payload, bytes prev_hash):
     cdef int op
     cdef Py_ssize_t on, kn, vn
     cdef list out = []
-    cdef object h = prev_hash
-    cdef object view = memoryview(payload)
+    cdef uint8_t h[HASH_SIZE]
     cdef const uint8_t* p
-    cdef object hasher
+    if PyBytes_GET_SIZE(prev_hash) != HASH_SIZE:
+        raise ValueError("prev_hash must be 32 bytes")
+    memcpy(h, PyBytes_AS_STRING(prev_hash), HASH_SIZE)
     if n == 0:
-        return out, h
+        return out, prev_hash
     p = &buf[0]
     while pos < n:
         if pos + ENTRY_HDR > n:
@@ -260,9 +269,140 @@ def unpack_entries(payload, bytes prev_hash):
         owner = (<const char*>p)[a:a + on].decode("utf-8", "replace")
         key = PyBytes_FromStringAndSize(<const char*>(p + a + on), kn)
         value = PyBytes_FromStringAndSize(<const char*>(p + a + on + kn), vn)
-        hasher = _blake2b(h, digest_size=HASH_SIZE)
-        hasher.update(view[pos:end])
-        h = hasher.digest()
-        out.append(_entry(seq, op, owner, key, value))
+        mb2_digest2(h, HASH_SIZE, p + pos, end - pos, h, HASH_SIZE)
+        out.append(_tuple_new(_entry, (seq, op, owner, key, value)))
         pos = end
-    return out, h
+    return out, PyBytes_FromStringAndSize(<const char*>h, HASH_SIZE)
+
+
+# --- the per-op loop of Store.apply (reference: store/applyloop.py) ------------------------
+
+from mercury.errors import InvalidOpError
+from store.ops import Result, Status
+
+cdef object _Result = Result
+cdef object _PF = Status.PRECONDITION_FAILED
+cdef object _DUP = Status.DUPLICATE
+cdef object _WRITTEN = Status.WRITTEN
+cdef object _ABSENT = Status.ABSENT
+cdef object _DELETED = Status.DELETED
+DEF MAX_VALUE = 25 << 20
+DEF CHUNK = 4080
+
+
+cdef inline list _delta_for(dict delta, str owner):
+    cdef object d = delta.get(owner)
+    if d is None:
+        d = [0, 0, 0, 0, 0, 0]
+        delta[owner] = d
+    return <list>d
+
+
+cdef void _forget(const uint8_t* p, Py_ssize_t key_len, dict delta, object rare) except *:
+    cdef uint64_t oseq = _get_u64(p + 2)
+    cdef uint32_t vlen = _get_u32(p + 10)
+    cdef Py_ssize_t on = p[18]
+    if p[1] & 1:
+        rare.drop_chunks(oseq, vlen)
+    owner = (<const char*>p)[19:19 + on].decode("utf-8", "replace")
+    cdef list d = _delta_for(delta, owner)
+    d[0] -= 1
+    d[1] -= key_len + vlen + RECORD_FIXED + len(owner.encode())
+
+
+def apply_ops(ops, get, put, delete, uint64_t last_seq, rare):
+    """Process `ops` in order inside the caller's write transaction (see applyloop.py).
+
+    `get`/`put`/`delete` act on the data sub-database (the transaction's default)."""
+    cdef list results = []
+    cdef list entries = []
+    cdef dict delta = {}
+    cdef dict owners = {}
+    cdef uint64_t seq = last_seq
+    cdef object old, expect, value, key, ob
+    cdef bytes owner
+    cdef str owner_s
+    cdef const uint8_t* p
+    cdef Py_ssize_t n = 0, kn, vn, on, off
+    cdef uint64_t cur
+    cdef uint32_t ovlen
+    cdef int opk
+    cdef bint big, dup
+    cdef list d
+    cdef tuple op
+    for op_obj in ops:
+        if not isinstance(op_obj, tuple) or len(op_obj) != 5:
+            raise TypeError("ops must be store.ops.Op tuples")
+        op = <tuple>op_obj
+        opk = op[0]
+        key = op[1]
+        value = op[2]
+        owner_s = op[3]
+        expect = op[4]
+        if type(key) is not bytes or type(value) is not bytes:
+            key = bytes(key)
+            value = bytes(value)
+        kn = PyBytes_GET_SIZE(key)
+        vn = PyBytes_GET_SIZE(value)
+        if kn < 1 or kn > 500:
+            raise InvalidOpError(f"key must be 1 to 500 bytes, got {kn}")
+        if opk != 1 and opk != 2:
+            raise InvalidOpError(f"unknown op {opk}")
+        if vn > MAX_VALUE:
+            raise InvalidOpError(f"value of {vn} bytes exceeds {MAX_VALUE}")
+        ob = owners.get(owner_s)
+        if ob is None:
+            ob = owner_s.encode()
+            if PyBytes_GET_SIZE(ob) > 255:
+                raise InvalidOpError("owner name longer than 255 bytes")
+            owners[owner_s] = ob
+        owner = <bytes>ob
+        old = get(key)
+        cur = 0
+        p = NULL
+        if old is not None:
+            n = PyBytes_GET_SIZE(old)
+            p = <const uint8_t*>PyBytes_AS_STRING(old)
+            if n < RECORD_FIXED or p[0] != 1:
+                raise ValueError("malformed value record")
+            cur = _get_u64(p + 2)
+        if expect is not None and <uint64_t>expect != cur:
+            results.append(_tuple_new(_Result, (_PF, cur)))
+            continue
+        d = _delta_for(delta, owner_s)
+        if opk == 1:
+            if p != NULL:
+                ovlen = _get_u32(p + 10)
+                if ovlen == vn:
+                    if p[1] & 1:
+                        dup = rare.chunked_equal(cur, ovlen, value)
+                    else:
+                        off = RECORD_FIXED + p[18]
+                        dup = n == off + vn and memcmp(p + off, PyBytes_AS_STRING(value), vn) == 0
+                    if dup:
+                        d[4] += 1
+                        results.append(_tuple_new(_Result, (_DUP, cur)))
+                        continue
+            seq += 1
+            big = vn > CHUNK
+            if big:
+                rare.put_chunks(seq, value)
+            put(key, _encode_record(seq, owner, value, big))
+            if p != NULL:
+                _forget(p, kn, delta, rare)
+            d[0] += 1
+            d[1] += kn + vn + RECORD_FIXED + PyBytes_GET_SIZE(owner)
+            d[2] += 1
+            entries.append((1, owner, key, value))
+            results.append(_tuple_new(_Result, (_WRITTEN, seq)))
+        else:
+            if p == NULL:
+                results.append(_tuple_new(_Result, (_ABSENT, 0)))
+                continue
+            seq += 1
+            delete(key)
+            _forget(p, kn, delta, rare)
+            d[3] += 1
+            entries.append((2, owner, key, b""))
+            results.append(_tuple_new(_Result, (_DELETED, seq)))
+    return results, entries, seq, delta

@@ -12,6 +12,7 @@ import zlib
 from collections.abc import Callable
 from typing import Any
 
+from store import applyloop as _loop
 from store import format as _ref
 
 IMPLEMENTATION: str
@@ -24,6 +25,7 @@ chain: Callable[[bytes, Any], bytes]
 pack_entries: Callable[[int, list[tuple[int, bytes, bytes, bytes]], bytes], tuple[bytes, bytes]]
 unpack_entries: Callable[[Any, bytes], tuple[list[_ref.Entry], bytes]]
 crc32: Callable[..., int]
+apply_ops: Callable[..., Any]
 
 if os.environ.get("MERCURY_PURE") == "1":
     _impl: Any = _ref
@@ -42,10 +44,30 @@ else:
         crc32 = zlib.crc32
         IMPLEMENTATION = "python"
 
-encode_record = _impl.encode_record
-decode_record_header = _impl.decode_record_header
-record_value = _impl.record_value
-encode_entry = _impl.encode_entry
-chain = _impl.chain
-pack_entries = _impl.pack_entries
-unpack_entries = _impl.unpack_entries
+
+def use(implementation: str) -> None:
+    """Switch this process to ``"cython"`` or ``"python"`` (benchmarks compare both in one
+    run). Callers look functions up on this module at call time, so the switch is global."""
+    global IMPLEMENTATION, _impl, crc32
+    global encode_record, decode_record_header, record_value, encode_entry, chain
+    global pack_entries, unpack_entries, apply_ops
+    if implementation == "cython":
+        from store import _codec
+
+        _impl, crc32 = _codec, _codec.crc32
+    elif implementation == "python":
+        _impl, crc32 = _ref, zlib.crc32
+    else:
+        raise ValueError(f"unknown codec implementation {implementation!r}")
+    IMPLEMENTATION = implementation
+    encode_record = _impl.encode_record
+    decode_record_header = _impl.decode_record_header
+    record_value = _impl.record_value
+    encode_entry = _impl.encode_entry
+    chain = _impl.chain
+    pack_entries = _impl.pack_entries
+    unpack_entries = _impl.unpack_entries
+    apply_ops = _impl.apply_ops if implementation == "cython" else _loop.apply_ops
+
+
+use(IMPLEMENTATION)

@@ -31,7 +31,6 @@ from mercury.errors import (
     ChainError,
     CorruptionError,
     CRCError,
-    InvalidOpError,
     LogRetentionError,
     NewerFormatError,
     PendingMigrationsError,
@@ -43,9 +42,6 @@ from store import chunks, codec, layout
 from store.format import (
     FLAG_CHUNKED,
     LOG_HEADER,
-    MAX_KEY,
-    MAX_OWNER,
-    OP_DELETE,
     OP_SET,
     ZERO_HASH,
     check_chunked_record,
@@ -66,16 +62,12 @@ from store.layout import (
     U64,
 )
 from store.metrics import CRC_FAILURES
-from store.ops import ApplyResult, LogRecord, Op, Result, Status, Value
+from store.ops import ApplyResult, LogRecord, Op, Value
 from store.usage import Usage, stored_bytes, usage_key
 
 #: Format written by this code. Format 1 had no usage counters (see migrations/).
 CURRENT_FORMAT = 2
-#: Largest value accepted (SPEC: 25 MiB by default).
-MAX_VALUE = 25 << 20
 _LOG_HDR = LOG_HEADER.size
-_WRITTEN = Status.WRITTEN
-_DUPLICATE = Status.DUPLICATE
 
 
 def now_us() -> int:
@@ -221,72 +213,18 @@ class Store:
         and `idempotency` stores (key, answer) pairs, both in the same transaction.
         Raises InvalidOpError before touching anything, StoreFullError when the map is full.
         """
-        for op in ops:
-            _validate(op)
         dbs = self.dbs
-        data_db = dbs.data
-        chunks_db = dbs.chunks
-        encode_record = codec.encode_record
-        decode_header = codec.decode_record_header
         try:
-            with self.env.begin(write=True) as txn:
+            # The data sub-database is the transaction's default: the per-op calls then
+            # pass no keyword argument, which is most of their cost.
+            with self.env.begin(write=True, db=dbs.data) as txn:
                 meta = dbs.meta
                 last = U64.unpack(txn.get(K_LAST_SEQ, db=meta))[0]
                 head = txn.get(K_HASH_HEAD, db=meta)
-                seq = last
-                results: list[Result] = []
-                entries: list[tuple[int, bytes, bytes, bytes]] = []
-                # owner -> [keys, bytes, writes, deletes, duplicates, throttled] deltas
-                delta: dict[str, list[int]] = {}
-                get = txn.get
+                results, entries, seq, delta = codec.apply_ops(
+                    ops, txn.get, txn.put, txn.delete, last, _Chunks(txn, dbs.chunks)
+                )
                 put = txn.put
-                for op in ops:
-                    key = op.key
-                    old = get(key, db=data_db)
-                    h = decode_header(old) if old is not None else None
-                    cur = h.seq if h is not None else 0
-                    if op.expect_seq is not None and op.expect_seq != cur:
-                        results.append(Result(Status.PRECONDITION_FAILED, cur))
-                        continue
-                    if op.op == OP_SET:
-                        value = op.value
-                        if h is not None and h.vlen == len(value):
-                            if h.flags & FLAG_CHUNKED:
-                                same = chunks.get(txn, chunks_db, chunks.VALUE_NS, h.seq, h.vlen)
-                                is_dup = same == value
-                            else:
-                                is_dup = old.endswith(value)
-                            if is_dup:
-                                results.append(Result(_DUPLICATE, h.seq))
-                                _bump(delta, op.owner, 4, 1)
-                                continue
-                        seq += 1
-                        owner = op.owner.encode()
-                        big = chunks.is_chunked(len(value))
-                        if big:
-                            chunks.put(txn, chunks_db, chunks.VALUE_NS, seq, value)
-                        put(key, encode_record(seq, owner, value, big), db=data_db)
-                        if h is not None:
-                            self._forget(txn, h, len(key), delta)
-                        d = delta.get(op.owner)
-                        if d is None:
-                            d = delta[op.owner] = [0, 0, 0, 0, 0, 0]
-                        d[0] += 1
-                        d[1] += stored_bytes(len(key), len(value), len(owner))
-                        d[2] += 1
-                        entries.append((OP_SET, owner, key, value))
-                        results.append(Result(_WRITTEN, seq))
-                    else:
-                        if h is None:
-                            results.append(Result(Status.ABSENT, 0))
-                            continue
-                        seq += 1
-                        txn.delete(key, db=data_db)
-                        self._forget(txn, h, len(key), delta)
-                        _bump(delta, op.owner, 3, 1)
-                        owner = op.owner.encode()
-                        entries.append((OP_DELETE, owner, key, b""))
-                        results.append(Result(Status.DELETED, seq))
                 if entries:
                     payload, head = codec.pack_entries(last + 1, entries, bytes(head))
                     self._put_log(txn, last + 1, len(entries), time_us or now_us(), head, payload)
@@ -613,6 +551,23 @@ class Store:
         return out
 
 
+class _Chunks:
+    """`applyloop.Rare` over one write transaction: the chunked-value paths of apply."""
+
+    def __init__(self, txn: Any, db: Any) -> None:
+        self._txn = txn
+        self._db = db
+
+    def chunked_equal(self, seq: int, vlen: int, value: bytes) -> bool:
+        return chunks.get(self._txn, self._db, chunks.VALUE_NS, seq, vlen) == value
+
+    def put_chunks(self, seq: int, value: bytes) -> None:
+        chunks.put(self._txn, self._db, chunks.VALUE_NS, seq, value)
+
+    def drop_chunks(self, seq: int, vlen: int) -> None:
+        chunks.delete(self._txn, self._db, chunks.VALUE_NS, seq, vlen)
+
+
 class Reader:
     """Reads inside one short read transaction (see `Store.reader`)."""
 
@@ -660,17 +615,6 @@ def _bump(delta: dict[str, list[int]], owner: str, idx: int, n: int) -> None:
     if d is None:
         d = delta[owner] = [0, 0, 0, 0, 0, 0]
     d[idx] += n
-
-
-def _validate(op: Op) -> None:
-    if not 1 <= len(op.key) <= MAX_KEY:
-        raise InvalidOpError(f"key must be 1 to {MAX_KEY} bytes, got {len(op.key)}", key=op.key)
-    if op.op not in (OP_SET, OP_DELETE):
-        raise InvalidOpError(f"unknown op {op.op}")
-    if len(op.value) > MAX_VALUE:
-        raise InvalidOpError(f"value of {len(op.value)} bytes exceeds {MAX_VALUE}", key=op.key)
-    if len(op.owner.encode()) > MAX_OWNER:
-        raise InvalidOpError("owner name longer than 255 bytes")
 
 
 def _log_header(first: int, count: int, time_us: int, head: bytes, comp: bytes) -> bytes:

@@ -1,0 +1,202 @@
+"""Store apply throughput and write amplification, side by side in one run (prints JSON).
+
+- pairs/s committed by `Store.apply()` (Cython codec and pure-Python reference) for 100-byte
+  values in batches of 1,000 and 10,000, beside raw py-lmdb puts of the same pairs in one
+  transaction per batch (no log, no CRC), all with fsync on commit;
+  for new keys in ascending order (a bulk load), new keys in random order, and random
+  overwrites of an N-key store (`--keys`, default 1,000,000).
+- write amplification: bytes this process wrote to disk (/proc/self/io write_bytes) per
+  logical byte (key + value) for overwrites of random existing keys in batches of 1, 100 and
+  10,000, beside raw py-lmdb doing the same overwrites.
+
+Usage: .venv/bin/python bench/store_apply.py [--keys N] [--pairs N] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import lmdb
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from store import codec  # noqa: E402
+from store.ops import SET, Op  # noqa: E402
+from store.store import Store  # noqa: E402
+
+VALUE = 100
+MAP = 16 << 30
+
+
+def write_bytes() -> int:
+    """Bytes this process has caused to be written to storage so far."""
+    with open("/proc/self/io") as f:
+        for line in f:
+            if line.startswith("write_bytes:"):
+                return int(line.split()[1])
+    raise RuntimeError("no write_bytes in /proc/self/io")
+
+
+def keys_for(n: int) -> list[bytes]:
+    """n distinct 16-byte keys in ascending order."""
+    return [b"key:%012d" % i for i in range(n)]
+
+
+class Raw:
+    """Raw py-lmdb: the same pairs, one transaction per batch, no log, no CRC."""
+
+    def __init__(self, path: str) -> None:
+        self.env = lmdb.open(path, map_size=MAP, sync=True, metasync=True, readahead=False)
+
+    def write(self, pairs: list[tuple[bytes, bytes]]) -> None:
+        with self.env.begin(write=True) as txn:
+            for k, v in pairs:
+                txn.put(k, v)
+
+    def load(self, pairs: list[tuple[bytes, bytes]]) -> None:
+        with self.env.begin(write=True) as txn:
+            txn.cursor().putmulti(pairs, append=True)
+
+    def close(self) -> None:
+        self.env.close()
+
+
+class Ours:
+    """`Store.apply` with the chosen codec."""
+
+    def __init__(self, path: str, impl: str) -> None:
+        codec.use(impl)
+        self.store = Store.create(path, map_size=MAP, sync=True)
+
+    def write(self, pairs: list[tuple[bytes, bytes]]) -> None:
+        self.store.apply([Op(SET, k, v, "bench") for k, v in pairs])
+
+    def load(self, pairs: list[tuple[bytes, bytes]]) -> None:
+        for i in range(0, len(pairs), 10_000):
+            self.write(pairs[i : i + 10_000])
+
+    def close(self) -> None:
+        self.store.close()
+
+
+def make(kind: str, path: str) -> Raw | Ours:
+    return Raw(path) if kind == "raw" else Ours(path, kind)
+
+
+def timed(fn: Callable[[], None]) -> float:
+    t = time.perf_counter()
+    fn()
+    return time.perf_counter() - t
+
+
+def run_batches(target: Raw | Ours, pairs: list[tuple[bytes, bytes]], batch: int) -> float:
+    def go() -> None:
+        for i in range(0, len(pairs), batch):
+            target.write(pairs[i : i + batch])
+
+    return len(pairs) / timed(go)
+
+
+def throughput(args: argparse.Namespace, tmp: str, kinds: list[str]) -> dict[str, object]:
+    rnd = random.Random(1)
+    out: dict[str, object] = {}
+    n = args.pairs
+    asc = [(k, rnd.randbytes(VALUE)) for k in keys_for(n)]
+    shuffled = asc[:]
+    rnd.shuffle(shuffled)
+    for batch in (1_000, 10_000):
+        for name, pairs in (("insert_ascending", asc), ("insert_random", shuffled)):
+            row = {}
+            for kind in kinds:
+                d = tempfile.mkdtemp(dir=tmp)
+                t = make(kind, d)
+                row[kind] = round(run_batches(t, pairs, batch))
+                t.close()
+                shutil.rmtree(d)
+            _ratios(row)
+            out[f"{name}_batch{batch}_pairs_per_s"] = row
+    # random overwrites of an N-key store, 10,000-key transactions
+    base = [(k, rnd.randbytes(VALUE)) for k in keys_for(args.keys)]
+    over = [(base[rnd.randrange(args.keys)][0], rnd.randbytes(VALUE)) for _ in range(args.over)]
+    row = {}
+    for kind in kinds:
+        d = tempfile.mkdtemp(dir=tmp)
+        t = make(kind, d)
+        t.load(base)
+        row[kind] = round(run_batches(t, over, 10_000))
+        t.close()
+        shutil.rmtree(d)
+    _ratios(row)
+    out[f"overwrite_random_{args.keys}_keys_batch10000_pairs_per_s"] = row
+    return out
+
+
+def amplification(args: argparse.Namespace, tmp: str) -> dict[str, object]:
+    rnd = random.Random(2)
+    base = [(k, rnd.randbytes(VALUE)) for k in keys_for(args.wa_keys)]
+    out: dict[str, object] = {}
+    for batch, ops in ((1, 2_000), (100, 20_000), (10_000, 100_000)):
+        row: dict[str, float] = {}
+        for kind in ("raw", "cython"):
+            d = tempfile.mkdtemp(dir=tmp)
+            t = make(kind, d)
+            t.load(base)
+            pairs = [(base[rnd.randrange(len(base))][0], rnd.randbytes(VALUE)) for _ in range(ops)]
+            logical = sum(len(k) + len(v) for k, v in pairs)
+            before = write_bytes()
+            run_batches(t, pairs, batch)
+            row[f"{kind}_bytes_per_logical_byte"] = round((write_bytes() - before) / logical, 2)
+            t.close()
+            shutil.rmtree(d)
+        row["ours_vs_raw"] = round(
+            row["cython_bytes_per_logical_byte"] / row["raw_bytes_per_logical_byte"], 3
+        )
+        out[f"overwrite_batch{batch}"] = row
+    return out
+
+
+def _ratios(row: dict[str, int]) -> None:
+    if "raw" in row:
+        for k in ("cython", "python"):
+            if k in row:
+                row[f"{k}_vs_raw"] = round(row[k] / row["raw"], 3)  # type: ignore[assignment]
+    if "cython" in row and "python" in row:
+        row["cython_vs_python"] = round(row["cython"] / row["python"], 2)  # type: ignore[assignment]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--pairs", type=int, default=200_000, help="pairs per insert run")
+    ap.add_argument("--keys", type=int, default=1_000_000, help="store size for overwrites")
+    ap.add_argument("--over", type=int, default=100_000, help="overwrites per run")
+    ap.add_argument("--wa-keys", type=int, default=200_000, help="store size for amplification")
+    ap.add_argument("--quick", action="store_true", help="small sizes (a smoke run)")
+    args = ap.parse_args()
+    if args.quick:
+        args.pairs, args.keys, args.over, args.wa_keys = 20_000, 50_000, 20_000, 20_000
+    tmp = tempfile.mkdtemp(prefix="mercury-bench-")
+    try:
+        result = {
+            "bench": "store_apply",
+            "value_bytes": VALUE,
+            "sync": True,
+            "throughput": throughput(args, tmp, ["raw", "cython", "python"]),
+            "write_amplification": amplification(args, tmp),
+        }
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+        codec.use("cython")
+    print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()

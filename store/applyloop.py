@@ -1,0 +1,125 @@
+"""The per-op loop of `Store.apply`, pure-Python reference (Cython twin in `_codec.pyx`).
+
+`apply_ops` walks a batch inside an open LMDB write transaction and decides, op by op:
+validation, the condition (`expect_seq`), duplicate detection, the new record and the usage
+deltas. It is given the transaction's bound ``get``/``put``/``delete`` acting on the data
+sub-database (the transaction's default database) and a `Rare` object for the uncommon paths
+(chunked values), so it never imports lmdb itself.
+
+Contract: ops are processed in order and later ops see earlier ones. On an invalid op it
+raises InvalidOpError (the caller's transaction then aborts, so nothing is applied).
+Returns ``(results, entries, last_seq, delta)`` where `entries` are ``(op, owner, key, value)``
+for `pack_entries` and `delta` maps owner -> [keys, bytes, writes, deletes, duplicates,
+throttled] increments.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
+
+from mercury.errors import InvalidOpError
+from store import format as fmt
+from store.ops import Op, Result, Status
+
+#: Largest value accepted (SPEC: 25 MiB by default).
+MAX_VALUE = 25 << 20
+_META = fmt.RECORD_FIXED
+
+
+class Rare(Protocol):
+    """Callbacks for chunked values (values over one page)."""
+
+    def chunked_equal(self, seq: int, vlen: int, value: bytes) -> bool:
+        """Whether the chunked value stored under `seq` equals `value`."""
+
+    def put_chunks(self, seq: int, value: bytes) -> None:
+        """Store `value` as chunks under `seq`."""
+
+    def drop_chunks(self, seq: int, vlen: int) -> None:
+        """Delete the chunks of the value stored under `seq`."""
+
+
+def validate(op: Op) -> None:
+    """Raise InvalidOpError for an op the store refuses."""
+    if not 1 <= len(op.key) <= fmt.MAX_KEY:
+        raise InvalidOpError(f"key must be 1 to {fmt.MAX_KEY} bytes, got {len(op.key)}")
+    if op.op != fmt.OP_SET and op.op != fmt.OP_DELETE:
+        raise InvalidOpError(f"unknown op {op.op}")
+    if len(op.value) > MAX_VALUE:
+        raise InvalidOpError(f"value of {len(op.value)} bytes exceeds {MAX_VALUE}")
+    if len(op.owner.encode()) > fmt.MAX_OWNER:
+        raise InvalidOpError("owner name longer than 255 bytes")
+
+
+def apply_ops(
+    ops: Sequence[Op],
+    get: Callable[..., Any],
+    put: Callable[..., Any],
+    delete: Callable[..., Any],
+    last_seq: int,
+    rare: Rare,
+) -> tuple[list[Result], list[tuple[int, bytes, bytes, bytes]], int, dict[str, list[int]]]:
+    """Process `ops` in order inside the caller's write transaction (see module doc)."""
+    results: list[Result] = []
+    entries: list[tuple[int, bytes, bytes, bytes]] = []
+    delta: dict[str, list[int]] = {}
+    seq = last_seq
+    for op in ops:
+        validate(op)
+        key = op.key
+        old = get(key)
+        h = fmt.decode_record_header(old) if old is not None else None
+        cur = h.seq if h is not None else 0
+        if op.expect_seq is not None and op.expect_seq != cur:
+            results.append(Result(Status.PRECONDITION_FAILED, cur))
+            continue
+        d = delta.get(op.owner)
+        if d is None:
+            d = delta[op.owner] = [0, 0, 0, 0, 0, 0]
+        owner = op.owner.encode()
+        if op.op == fmt.OP_SET:
+            value = op.value
+            if h is not None and h.vlen == len(value):
+                if h.flags & fmt.FLAG_CHUNKED:
+                    dup = rare.chunked_equal(h.seq, h.vlen, value)
+                else:
+                    dup = old[h.value_offset :] == value
+                if dup:
+                    d[4] += 1
+                    results.append(Result(Status.DUPLICATE, h.seq))
+                    continue
+            seq += 1
+            big = len(value) > fmt.CHUNK_SIZE
+            if big:
+                rare.put_chunks(seq, value)
+            put(key, fmt.encode_record(seq, owner, value, big))
+            if h is not None:
+                _forget(h, len(key), delta, rare)
+            d[0] += 1
+            d[1] += len(key) + len(value) + _META + len(owner)
+            d[2] += 1
+            entries.append((fmt.OP_SET, owner, key, value))
+            results.append(Result(Status.WRITTEN, seq))
+        else:
+            if h is None:
+                results.append(Result(Status.ABSENT, 0))
+                continue
+            seq += 1
+            delete(key)
+            _forget(h, len(key), delta, rare)
+            d[3] += 1
+            entries.append((fmt.OP_DELETE, owner, key, b""))
+            results.append(Result(Status.DELETED, seq))
+    return results, entries, seq, delta
+
+
+def _forget(h: fmt.RecordHeader, key_len: int, delta: dict[str, list[int]], rare: Rare) -> None:
+    """Account for an old record going away (overwritten or deleted)."""
+    if h.flags & fmt.FLAG_CHUNKED:
+        rare.drop_chunks(h.seq, h.vlen)
+    d = delta.get(h.owner)
+    if d is None:
+        d = delta[h.owner] = [0, 0, 0, 0, 0, 0]
+    d[0] -= 1
+    d[1] -= key_len + h.vlen + _META + len(h.owner.encode())
