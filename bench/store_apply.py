@@ -16,22 +16,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
 import shutil
-import sys
 import tempfile
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 import lmdb
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from store import codec  # noqa: E402
-from store.ops import SET, Op  # noqa: E402
-from store.store import Store  # noqa: E402
+from store import codec
+from store.ops import SET, Op
+from store.store import Store
 
 VALUE = 100
 MAP = 16 << 30
