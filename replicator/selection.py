@@ -64,4 +64,4 @@ def parse_source(text: str) -> tuple[str, int]:
     host, sep, port = text.rpartition(":")
     if not sep or not host or not port.isdigit():
         raise ValueError(f"source must be HOST:PORT, got {text!r}")
-    return host, int(port)
+    return host.strip("[]"), int(port)

@@ -98,11 +98,16 @@ def wait_seq(port: int, seq: int, timeout: float = 60.0) -> dict[str, Any]:
     return status(port)
 
 
+def items(store: Store) -> list[tuple[bytes, bytes]]:
+    """Every (key, value) of an open store."""
+    with store.reader() as r:
+        return [(k, v.value) for k, v in r.scan() if v is not None]
+
+
 def contents(store_path: str) -> list[tuple[bytes, bytes]]:
-    """Every (key, value) of the store at `store_path`, read-only."""
+    """Every (key, value) of the store at `store_path` (opened read-only, then closed)."""
     s = Store.open(store_path, readonly=True)
     try:
-        with s.reader() as r:
-            return [(k, v.value) for k, v in r.scan() if v is not None]
+        return items(s)
     finally:
         s.close()

@@ -1,0 +1,66 @@
+"""Pure decisions of the replicator: lag from heartbeats, source choice and backoff."""
+
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from replicator.lag import GRACE_US, lag_seconds
+from replicator.selection import Selector, parse_source
+
+S = 1_000_000
+
+
+def test_lag_is_unknown_before_any_contact() -> None:
+    assert lag_seconds(10 * S, 0, 0, 0, 0, 1000) is None
+
+
+def test_caught_up_with_fresh_heartbeat_is_zero_lag() -> None:
+    assert lag_seconds(100 * S, 50, 99 * S, 99 * S + 500_000, 50, 1000) == 0.0
+
+
+def test_behind_the_heartbeat_counts_from_last_known_root_time() -> None:
+    assert lag_seconds(100 * S, 40, 97 * S, 99 * S + 500_000, 50, 1000) == 3.0
+
+
+def test_silent_source_makes_lag_grow() -> None:
+    now = 100 * S
+    hb = now - 1000 * 1000 - GRACE_US - 1
+    assert lag_seconds(now, 50, hb, hb, 50, 1000) > 1.0
+
+
+@given(st.integers(0, 10**6), st.integers(0, 10**6), st.integers(0, 10**6))
+def test_lag_is_never_negative(applied: int, hb_seq: int, skew: int) -> None:
+    lag = lag_seconds(100 * S, applied, 100 * S + skew, 100 * S + skew, hb_seq, 1000)
+    assert lag is not None and lag >= 0
+
+
+def test_failed_source_moves_on_at_once_then_backs_off_per_round() -> None:
+    sel = Selector([("a", 1), ("b", 2)], base=0.1, cap=1.0)
+    assert sel.failed() == 0.0 and sel.current == ("b", 2)
+    assert sel.failed() == 0.1 and sel.current == ("a", 1)
+    sel.failed()
+    assert sel.failed() == 0.2
+    for _ in range(20):
+        wait = sel.failed()
+    assert wait <= 1.0  # bounded
+
+
+def test_progress_resets_backoff() -> None:
+    sel = Selector([("a", 1)], base=0.1, cap=5.0)
+    for _ in range(5):
+        sel.failed()
+    sel.connected()
+    sel.progressed()
+    assert sel.failed() == 0.1
+
+
+def test_stale_source_moves_to_next() -> None:
+    sel = Selector([("a", 1), ("b", 2), ("c", 3)])
+    sel.stale()
+    assert sel.current == ("b", 2)
+
+
+def test_parse_source() -> None:
+    assert parse_source("127.0.0.1:7070") == ("127.0.0.1", 7070)
+    assert parse_source("[::1]:7070") == ("::1", 7070)

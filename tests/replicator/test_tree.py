@@ -1,0 +1,133 @@
+"""Root -> tier 1 -> tier 2 with real processes: convergence, status, restarts."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import httpx
+
+from replicator.status import read_status
+from store.check import check
+from store.store import Store
+from tests.replicator.harness import contents, items, root_node, status, wait_for, wait_seq
+from tests.replicator.nodes import restart, start_replica
+from tests.support.procs import Procs
+
+
+def assert_same(root_store: Store, *dirs: Path) -> None:
+    """Every node: equal seq, hash head and contents; store invariants hold."""
+    want = root_store.head()
+    want_items = items(root_store)
+    for d in dirs:
+        s = Store.open(str(d), readonly=True)
+        try:
+            assert s.head() == want, f"{d}: head {s.head()} != root {want}"
+            report = check(s)
+            assert report.ok, report.problems
+        finally:
+            s.close()
+        assert contents(str(d)) == want_items, f"{d}: contents differ from the root"
+
+
+def test_root_tier1_tier2_converge_after_20000_writes(tmp_path: Path, procs: Procs) -> None:
+    with root_node(str(tmp_path / "root")) as root:
+        root.write(2000)
+        t1 = start_replica(procs, tmp_path / "t1", [root.port], name="t1")
+        t2 = start_replica(procs, tmp_path / "t2", [t1.repl], name="t2")
+        root.write(18000, start=2000, batch=250)
+        seq = root.store.last_seq()
+        assert seq == 20000
+        wait_seq(t2.http, seq, timeout=90)
+        wait_seq(t1.http, seq)
+        st = status(t2.http)
+        assert st["role"] == "replica"
+        assert st["hash_head"] == root.store.head()[1].hex()
+        assert st["source"] == f"127.0.0.1:{t1.repl}"
+        wait_for(lambda: status(t2.http)["lag_seconds"] == 0.0, 10, "zero lag at tier 2")
+        metrics = httpx.get(f"http://127.0.0.1:{t2.http}/metrics").text
+        assert f"mercury_replication_applied_seq {float(seq)}" in metrics
+        assert "mercury_replication_lag_seconds 0.0" in metrics
+        value = httpx.get(f"http://127.0.0.1:{t2.http}/v1/kv/k00019999")
+        assert value.status_code == 200 and value.content.startswith(b"v19999")
+        procs.terminate(t2.proc)
+        procs.terminate(t1.proc)
+        assert_same(root.store, t1.data_dir, t2.data_dir)
+
+
+def test_replica_resumes_after_sigkill_mid_stream_without_replay_or_gap(
+    tmp_path: Path, procs: Procs
+) -> None:
+    with root_node(str(tmp_path / "root")) as root:
+        root.write(500)
+        r = start_replica(procs, tmp_path / "r", [root.port], name="r")
+        wait_seq(r.http, 500)
+        # Kill the applying worker (the child) mid-stream: the parent restarts it.
+        root.write(3000, start=500, batch=20)
+        st = read_status(str(r.data_dir))
+        assert st is not None
+        os.kill(st.pid, signal.SIGKILL)
+        root.write(3000, start=3500, batch=20)
+        wait_seq(r.http, root.store.last_seq())
+        # Kill the whole replica mid-stream, then start it again.
+        root.write(3000, start=6500, batch=20)
+        procs.kill(r.proc)
+        time.sleep(0.3)
+        root.write(2000, start=9500, batch=20)
+        applied_before = Store.open(str(r.data_dir), readonly=True)
+        before = applied_before.last_seq()
+        applied_before.close()
+        r = restart(procs, r, name="r2")
+        st2 = wait_seq(r.http, root.store.last_seq())
+        assert st2["replication_errors"] == {}, st2  # no gap, no repeat was ever seen
+        assert before > 0
+        procs.terminate(r.proc)
+        assert_same(root.store, r.data_dir)
+        log = procs.logs()
+        assert f"streaming from 127.0.0.1:{root.port} at seq {before + 1}" in log
+
+
+def test_db_id_mismatch_is_refused_with_a_clear_message(tmp_path: Path, procs: Procs) -> None:
+    with root_node(str(tmp_path / "root")) as root:
+        root.write(10)
+        Store.create(str(tmp_path / "other")).close()  # a store of another database
+        r = start_replica(procs, tmp_path / "other", [root.port], name="mismatch")
+        wait_for(
+            lambda: "db id mismatch" in (status(r.http).get("replication_error") or ""),
+            20,
+            "db id refusal",
+        )
+        assert status(r.http)["seq"] == 0
+
+
+def test_replicating_from_itself_is_refused(tmp_path: Path, procs: Procs) -> None:
+    with root_node(str(tmp_path / "root")) as root:
+        root.write(10)
+        a = start_replica(procs, tmp_path / "a", [root.port], name="a")
+        wait_seq(a.http, 10)
+        procs.terminate(a.proc)
+        # Same node, now told to follow its own replication address.
+        from tests.support.procs import free_port
+
+        http = free_port()
+        args = [
+            "replica",
+            str(a.data_dir),
+            "--listen",
+            f"127.0.0.1:{http}",
+            "--source",
+            f"127.0.0.1:{a.repl}",
+            "--repl-listen",
+            f"127.0.0.1:{a.repl}",
+        ]
+        p = procs.start_mercury(*args, name="self")
+        from tests.support.procs import wait_http
+
+        wait_http(f"http://127.0.0.1:{http}/healthz", proc=p)
+        wait_for(
+            lambda: "replicating from itself" in (status(http).get("replication_error") or ""),
+            20,
+            "self-replication refusal",
+        )
