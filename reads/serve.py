@@ -18,7 +18,7 @@ from collections.abc import Sequence
 import uvicorn
 
 from reads.http_app import create_read_app
-from reads.wiring import replica_services, root_services
+from reads.wiring import replica_services, root_services, split_hostport
 from store.store import Store
 
 
@@ -36,12 +36,6 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="also answer GET on this path with a fixed body from raw ASGI (benchmarks)",
     )
     return p.parse_args(argv)
-
-
-def split_hostport(value: str) -> tuple[str, int]:
-    """`"H:P"` -> (H, P)."""
-    host, _, port = value.rpartition(":")
-    return host or "127.0.0.1", int(port)
 
 
 async def serve(args: argparse.Namespace) -> None:

@@ -2,7 +2,9 @@
 
 The root runs a KT listener for point reads only (`--kt-listen`); a replica or consumer
 node runs KT (`--kt-listen`) and memcached (`--memcached-listen`) listeners with every read.
-Each is absent when its option is None or missing.
+Each is absent when its option is None or missing. The listeners are asyncio servers on the
+caller's event loop: start them from the process's lifespan, stop them before closing the
+store.
 """
 
 from __future__ import annotations
@@ -10,16 +12,33 @@ from __future__ import annotations
 import argparse
 
 from mercury.service import Service
+from reads.kt_server import kt_service
+from reads.memcached_server import memcached_service
 from store.store import Store
+
+
+def split_hostport(value: str) -> tuple[str, int]:
+    """`"H:P"` -> (H, P); an empty host means 127.0.0.1."""
+    host, _, port = value.rpartition(":")
+    return host.strip("[]") or "127.0.0.1", int(port)
 
 
 def root_services(store: Store, args: argparse.Namespace) -> list[Service]:
     """Read listeners the root runs beside the gateway (`--kt-listen`: point reads only)."""
-    _ = (store, args)
-    return []
+    out: list[Service] = []
+    kt = getattr(args, "kt_listen", None)
+    if kt:
+        out.append(kt_service(store, *split_hostport(kt), point_only=True))
+    return out
 
 
 def replica_services(store: Store, args: argparse.Namespace) -> list[Service]:
     """Read listeners of a replica or consumer node (`--kt-listen`, `--memcached-listen`)."""
-    _ = (store, args)
-    return []
+    out: list[Service] = []
+    kt = getattr(args, "kt_listen", None)
+    if kt:
+        out.append(kt_service(store, *split_hostport(kt)))
+    mc = getattr(args, "memcached_listen", None)
+    if mc:
+        out.append(memcached_service(store, *split_hostport(mc)))
+    return out

@@ -1,0 +1,495 @@
+"""Kyoto Tycoon wire protocols, pure parsing and encoding (no I/O).
+
+One port serves HTTP/1.x (RESTful and TSV-RPC) and the binary protocol; the first byte of
+each request decides (0x00 or >= 0x80: binary). See
+`/work/shared/reference/kyoto-tycoon-protocol.md` (also summarised in docs/reads.md); where
+that reference gives KT's code behaviour, this module follows it.
+
+Parsers take the bytes received so far and return ``(request, bytes consumed)`` or None when
+more bytes are needed; malformed or oversized input raises `ReadProtocolError` carrying the
+HTTP status to answer (`status`, None = close silently as KT does).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import struct
+from dataclasses import dataclass, field
+from email.utils import formatdate
+from urllib.parse import unquote_to_bytes
+
+from mercury.errors import ReadProtocolError
+
+# --- limits ---------------------------------------------------------------------------
+
+#: Request line and each header line (KT's LINEBUFSIZ).
+MAX_LINE = 8192
+MAX_HEADERS = 100
+#: HTTP body and whole binary request. KT allows 256 MiB; a read-only node needs far less.
+MAX_BODY = 16 << 20
+#: Records in one binary request.
+MAX_RECORDS = 1 << 20
+
+# --- binary protocol ------------------------------------------------------------------
+
+MAGIC_NOP = 0xB0
+MAGIC_REPLICATION = 0xB1
+MAGIC_PLAY_SCRIPT = 0xB4
+MAGIC_SET_BULK = 0xB8
+MAGIC_REMOVE_BULK = 0xB9
+MAGIC_GET_BULK = 0xBA
+MAGIC_ERROR = 0xBF
+#: Binary flag: the client wants no reply (set_bulk, remove_bulk, play_script).
+BONOREPLY = 0x01
+#: Expiry "none" in binary replies (40-bit XTMAX).
+XT_NONE = 0xFFFFFFFFFF
+
+_HDR = struct.Struct(">BII")  # magic, flags, rnum
+_U16U32 = struct.Struct(">HI")
+_SET_REC = struct.Struct(">HIIq")
+_U32U32 = struct.Struct(">II")
+_SCRIPT_HDR = struct.Struct(">BIII")
+_REPL = struct.Struct(">BIQH")
+_GET_REPLY_REC = struct.Struct(">HIIq")
+_MAGIC_HITS = struct.Struct(">BI")
+
+
+def is_binary(first_byte: int) -> bool:
+    """Whether a request starting with this byte is binary (else HTTP)."""
+    return first_byte == 0 or first_byte >= 0x80
+
+
+@dataclass(frozen=True, slots=True)
+class BinaryRequest:
+    """A parsed binary request. `keys` holds (dbidx, key) of get_bulk/remove_bulk/set_bulk;
+    `no_reply` is BONOREPLY."""
+
+    magic: int
+    flags: int = 0
+    keys: list[tuple[int, bytes]] = field(default_factory=list)
+
+    @property
+    def no_reply(self) -> bool:
+        return bool(self.flags & BONOREPLY) and self.magic in (
+            MAGIC_SET_BULK,
+            MAGIC_REMOVE_BULK,
+            MAGIC_PLAY_SCRIPT,
+        )
+
+
+def _need(buf: bytes | bytearray, end: int) -> bool:
+    if end > MAX_BODY:
+        raise ReadProtocolError("binary request too large", status=None, close=True)
+    return end <= len(buf)
+
+
+def parse_binary(buf: bytes | bytearray) -> tuple[BinaryRequest, int] | None:
+    """Parse one binary request at the start of `buf`.
+
+    Unknown magic bytes raise ReadProtocolError(status=None): KT closes silently.
+    """
+    if not buf:
+        return None
+    magic = buf[0]
+    if magic == MAGIC_REPLICATION:
+        if not _need(buf, _REPL.size):
+            return None
+        _, flags, _ts, _sid = _REPL.unpack_from(buf)
+        return BinaryRequest(magic, flags), _REPL.size
+    if magic == MAGIC_PLAY_SCRIPT:
+        if not _need(buf, _SCRIPT_HDR.size):
+            return None
+        _, flags, nsiz, rnum = _SCRIPT_HDR.unpack_from(buf)
+        _check_rnum(rnum)
+        pos = _SCRIPT_HDR.size + nsiz
+        for _ in range(rnum):
+            if not _need(buf, pos + 8):
+                return None
+            ksiz, vsiz = _U32U32.unpack_from(buf, pos)
+            pos += 8 + ksiz + vsiz
+        if not _need(buf, pos):
+            return None
+        return BinaryRequest(magic, flags), pos
+    if magic not in (MAGIC_SET_BULK, MAGIC_REMOVE_BULK, MAGIC_GET_BULK):
+        raise ReadProtocolError(f"unknown binary magic 0x{magic:02x}", status=None, close=True)
+    if not _need(buf, _HDR.size):
+        return None
+    _, flags, rnum = _HDR.unpack_from(buf)
+    _check_rnum(rnum)
+    pos = _HDR.size
+    keys: list[tuple[int, bytes]] = []
+    if magic == MAGIC_SET_BULK:
+        for _ in range(rnum):
+            if not _need(buf, pos + _SET_REC.size):
+                return None
+            dbidx, ksiz, vsiz, _xt = _SET_REC.unpack_from(buf, pos)
+            pos += _SET_REC.size
+            if not _need(buf, pos + ksiz + vsiz):
+                return None
+            keys.append((dbidx, bytes(buf[pos : pos + ksiz])))
+            pos += ksiz + vsiz
+    else:
+        for _ in range(rnum):
+            if not _need(buf, pos + _U16U32.size):
+                return None
+            dbidx, ksiz = _U16U32.unpack_from(buf, pos)
+            pos += _U16U32.size
+            if not _need(buf, pos + ksiz):
+                return None
+            keys.append((dbidx, bytes(buf[pos : pos + ksiz])))
+            pos += ksiz
+    return BinaryRequest(magic, flags, keys), pos
+
+
+def _check_rnum(rnum: int) -> None:
+    if rnum > MAX_RECORDS:
+        raise ReadProtocolError(f"binary request of {rnum} records", status=None, close=True)
+
+
+def encode_get_bulk_reply(hits: list[tuple[int, bytes, bytes]]) -> bytes:
+    """``BA | hits | {dbidx, ksiz, vsiz, xt, key, value}...`` for (dbidx, key, value) hits;
+    xt is always "none" (Mercury values do not expire)."""
+    parts = [_MAGIC_HITS.pack(MAGIC_GET_BULK, len(hits))]
+    pack = _GET_REPLY_REC.pack
+    for dbidx, key, value in hits:
+        parts.append(pack(dbidx, len(key), len(value), XT_NONE))
+        parts.append(key)
+        parts.append(value)
+    return b"".join(parts)
+
+
+BINARY_ERROR = bytes([MAGIC_ERROR])
+
+# --- HTTP -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class HttpRequest:
+    """One HTTP request: `headers` has lower-case names (last one wins)."""
+
+    method: str
+    target: bytes
+    version: str
+    headers: dict[str, str]
+    body: bytes
+
+    @property
+    def keep_alive(self) -> bool:
+        """KT's rule: on for HTTP/1.1, off for 1.0, `Connection` overrides."""
+        conn = self.headers.get("connection", "").lower()
+        if "close" in conn:
+            return False
+        if "keep-alive" in conn:
+            return True
+        return self.version == "HTTP/1.1"
+
+    @property
+    def path(self) -> bytes:
+        """The target without its query string (still percent-encoded)."""
+        return self.target.split(b"?", 1)[0]
+
+    @property
+    def query(self) -> bytes:
+        """The query string (without `?`), or empty."""
+        parts = self.target.split(b"?", 1)
+        return parts[1] if len(parts) == 2 else b""
+
+
+_BODY_METHODS = {"POST", "PUT"}
+_KNOWN_METHODS = {"GET", "HEAD", "POST", "PUT", "DELETE"}
+
+
+def parse_http(buf: bytes | bytearray) -> tuple[HttpRequest, int] | None:
+    """Parse one HTTP/1.x request at the start of `buf` (None: incomplete).
+
+    Raises ReadProtocolError with status 400 (bad request line, header, chunked body), 413
+    (body over MAX_BODY) or None (a version other than HTTP/1.0 or 1.1: close silently).
+    """
+    pos = 0
+    lines: list[bytes] = []
+    while True:
+        nl = buf.find(b"\n", pos)
+        if nl < 0:
+            if len(buf) - pos > MAX_LINE:
+                raise ReadProtocolError("request line or header too long", status=400, close=True)
+            return None
+        if nl - pos > MAX_LINE:
+            raise ReadProtocolError("request line or header too long", status=400, close=True)
+        line = bytes(buf[pos:nl])
+        if line.endswith(b"\r"):
+            line = line[:-1]
+        pos = nl + 1
+        if not line:
+            if lines:
+                break
+            continue  # stray empty lines between requests are skipped
+        lines.append(line)
+        if len(lines) > MAX_HEADERS + 1:
+            raise ReadProtocolError("too many header lines", status=400, close=True)
+    parts = lines[0].split(b" ")
+    if len(parts) != 3 or not parts[0] or not parts[1]:
+        raise ReadProtocolError("malformed request line", status=400, close=True)
+    method_b, target, version_b = parts
+    if version_b not in (b"HTTP/1.0", b"HTTP/1.1"):
+        raise ReadProtocolError("unsupported HTTP version", status=None, close=True)
+    headers: dict[str, str] = {}
+    for h in lines[1:]:
+        name, sep, value = h.partition(b":")
+        if not sep or not name.strip():
+            raise ReadProtocolError("malformed header line", status=400, close=True)
+        headers[name.strip().decode("latin-1").lower()] = value.strip().decode("latin-1")
+    method = method_b.decode("latin-1").upper()
+    body = b""
+    if method in _BODY_METHODS or method not in _KNOWN_METHODS:
+        if "chunked" in headers.get("transfer-encoding", "").lower():
+            got = _parse_chunked(buf, pos)
+            if got is None:
+                return None
+            body, pos = got
+        elif "content-length" in headers:
+            try:
+                n = int(headers["content-length"])
+            except ValueError as err:
+                raise ReadProtocolError("bad Content-Length", status=400, close=True) from err
+            if n < 0:
+                raise ReadProtocolError("bad Content-Length", status=400, close=True)
+            if n > MAX_BODY:
+                raise ReadProtocolError("request body too large", status=413, close=True)
+            if len(buf) < pos + n:
+                return None
+            body = bytes(buf[pos : pos + n])
+            pos += n
+    return HttpRequest(method, target, version_b.decode(), headers, body), pos
+
+
+def _parse_chunked(buf: bytes | bytearray, pos: int) -> tuple[bytes, int] | None:
+    chunks: list[bytes] = []
+    total = 0
+    while True:
+        nl = buf.find(b"\n", pos)
+        if nl < 0:
+            if len(buf) - pos > MAX_LINE:
+                raise ReadProtocolError("chunk size line too long", status=400, close=True)
+            return None
+        size_txt = bytes(buf[pos:nl]).split(b";", 1)[0].strip()
+        try:
+            size = int(size_txt, 16)
+        except ValueError as err:
+            raise ReadProtocolError("bad chunk size", status=400, close=True) from err
+        if size < 0:
+            raise ReadProtocolError("bad chunk size", status=400, close=True)
+        total += size
+        if total > MAX_BODY:
+            raise ReadProtocolError("request body too large", status=413, close=True)
+        pos = nl + 1
+        if size == 0:
+            # trailers up to an empty line
+            while True:
+                nl = buf.find(b"\n", pos)
+                if nl < 0:
+                    return None
+                line = bytes(buf[pos:nl]).rstrip(b"\r")
+                pos = nl + 1
+                if not line:
+                    return b"".join(chunks), pos
+        if len(buf) < pos + size:
+            return None
+        chunks.append(bytes(buf[pos : pos + size]))
+        pos += size
+        nl = buf.find(b"\n", pos)
+        if nl < 0:
+            return None
+        pos = nl + 1
+
+
+REASONS = {
+    200: "OK",
+    201: "Created",
+    204: "No Content",
+    400: "Bad Request",
+    404: "Not Found",
+    413: "Request Entity Too Large",
+    450: "Logical Inconsistency",
+    500: "Internal Server Error",
+    501: "Not Implemented",
+    503: "Service Unavailable",
+}
+
+
+def http_date(now: float | None = None) -> str:
+    """RFC 1123 GMT date for the Date header."""
+    return formatdate(now, usegmt=True)
+
+
+def encode_http_response(
+    status: int,
+    body: bytes = b"",
+    *,
+    headers: list[tuple[str, str]] | None = None,
+    keep_alive: bool = True,
+    head: bool = False,
+    content_length: int | None = None,
+    date: str | None = None,
+) -> bytes:
+    """A full HTTP/1.1 response as KT writes it (Server, Date, Content-Length; `Connection:
+    close` when the server will close). With `head`, the body is left out but
+    Content-Length still says `content_length` (the value size on a RESTful HEAD)."""
+    lines = [
+        f"HTTP/1.1 {status} {REASONS.get(status, 'Unknown')}",
+        "Server: KyotoTycoon/1.0.0",
+        f"Date: {date or http_date()}",
+    ]
+    for name, value in headers or ():
+        lines.append(f"{name}: {value}")
+    n = len(body) if content_length is None else content_length
+    lines.append(f"Content-Length: {n}")
+    if not keep_alive:
+        lines.append("Connection: close")
+    head_bytes = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+    return head_bytes if head else head_bytes + body
+
+
+def error_body(status: int, reason: str) -> bytes:
+    """KT's plain-text body for a malformed request, e.g. `400 Bad Request (...)`."""
+    return f"{status} {REASONS.get(status, 'Error')} ({reason})\n".encode()
+
+
+# --- URL and TSV encodings ---------------------------------------------------------------
+
+_URL_SAFE = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-.!~*'()")
+
+
+def url_decode(raw: bytes) -> bytes:
+    """KT's urldecode: `%XX` escapes and `+` as a space."""
+    return unquote_to_bytes(raw.replace(b"+", b" "))
+
+
+def url_encode(raw: bytes) -> bytes:
+    """KT's urlencode: unreserved bytes kept, every other byte as `%XX` (upper case)."""
+    return b"".join(bytes([c]) if c in _URL_SAFE else b"%%%02X" % c for c in raw)
+
+
+def parse_form(raw: bytes) -> dict[bytes, bytes]:
+    """`k=v&k2=v2` (or `;`) URL-decoded into a map; a part without `=` has an empty value."""
+    out: dict[bytes, bytes] = {}
+    for part in raw.replace(b";", b"&").split(b"&"):
+        if not part:
+            continue
+        k, _, v = part.partition(b"=")
+        out[url_decode(k)] = url_decode(v)
+    return out
+
+
+def colenc_of(content_type: str) -> str | None:
+    """The `colenc` attribute of a TSV Content-Type (`B`, `Q`, `U`) or None; parsed loosely
+    (`; colenc=B`, `;colenc="b"`)."""
+    for attr in content_type.split(";")[1:]:
+        name, _, value = attr.partition("=")
+        if name.strip().lower() == "colenc":
+            v = value.strip().strip('"').upper()
+            return v[:1] or None
+    return None
+
+
+def decode_column(raw: bytes, colenc: str | None) -> bytes:
+    """Decode one TSV column. Raises ReadProtocolError(400) on bad Base64."""
+    if colenc == "B":
+        try:
+            return binascii.a2b_base64(raw)
+        except binascii.Error as err:
+            raise ReadProtocolError("invalid base64 column", status=400) from err
+    if colenc == "Q":
+        return binascii.a2b_qp(raw)
+    if colenc == "U":
+        return url_decode(raw)
+    return raw
+
+
+def parse_tsv(body: bytes, colenc: str | None) -> dict[bytes, bytes]:
+    """TSV body -> map: `key<TAB>value` lines (optional `\\r` stripped); a line without a TAB
+    is ignored; only the first TAB splits; with `colenc` both columns are decoded."""
+    out: dict[bytes, bytes] = {}
+    for line in body.split(b"\n"):
+        if line.endswith(b"\r"):
+            line = line[:-1]
+        k, tab, v = line.partition(b"\t")
+        if not tab:
+            continue
+        out[decode_column(k, colenc)] = decode_column(v, colenc)
+    return out
+
+
+def rpc_input(req: HttpRequest) -> dict[bytes, bytes]:
+    """The TSV-RPC input map: query string, then the body chosen by Content-Type (later keys
+    overwrite earlier ones)."""
+    params = parse_form(req.query)
+    ctype = req.headers.get("content-type", "")
+    low = ctype.lower()
+    if low.startswith("application/x-www-form-urlencoded"):
+        params.update(parse_form(req.body))
+    elif low.startswith("text/tab-separated-values"):
+        params.update(parse_tsv(req.body, colenc_of(ctype)))
+    return params
+
+
+_RAW_SAFE = bytes(range(0x20, 0x7F)) + bytes(range(0x80, 0x100))
+
+
+def _needs_encoding(col: bytes) -> bool:
+    return len(col) > 255 or bool(col.translate(None, _RAW_SAFE))
+
+
+def _b64_len(col: bytes) -> int:
+    n = min(len(col), 255)
+    return (n + 2) // 3 * 4
+
+
+def _url_len(col: bytes) -> int:
+    head = col[:255]
+    return sum(1 if c in _URL_SAFE else 3 for c in head)
+
+
+def encode_tsv(out: dict[bytes, bytes]) -> tuple[bytes, str]:
+    """Serialise an output map the way KT does (`checkmapenc`): lines sorted by key, raw
+    when every column is short and printable, else `colenc=B` or `U`, whichever is smaller
+    over the first 255 bytes of each column. Returns (body, Content-Type)."""
+    items = sorted(out.items())
+    ctype = "text/tab-separated-values"
+    if not any(_needs_encoding(k) or _needs_encoding(v) for k, v in items):
+        return b"".join(k + b"\t" + v + b"\n" for k, v in items), ctype
+    blen = sum(_b64_len(k) + _b64_len(v) for k, v in items)
+    ulen = sum(_url_len(k) + _url_len(v) for k, v in items)
+    if blen < ulen:
+        enc = base64.b64encode
+        return (
+            b"".join(enc(k) + b"\t" + enc(v) + b"\n" for k, v in items),
+            ctype + "; colenc=B",
+        )
+    return (
+        b"".join(url_encode(k) + b"\t" + url_encode(v) + b"\n" for k, v in items),
+        ctype + "; colenc=U",
+    )
+
+
+def decode_tsv_response(body: bytes, content_type: str) -> dict[bytes, bytes]:
+    """Client side of `encode_tsv` (tests and tools): body + Content-Type -> map."""
+    return parse_tsv(body, colenc_of(content_type))
+
+
+# --- RESTful paths ------------------------------------------------------------------------
+
+
+def rest_key(path: bytes) -> tuple[bytes | None, bytes]:
+    """RESTful target path -> (database selector or None, key), both URL-decoded.
+
+    One leading `/` is optional (python-kyototycoon sends none). When the rest holds a `/`,
+    the text before it selects the database and the key follows (extra `/` skipped); a key
+    containing `/` must be sent as `%2F`.
+    """
+    if path.startswith(b"/"):
+        path = path[1:]
+    db, sep, rest = path.partition(b"/")
+    if not sep:
+        return None, url_decode(path)
+    return url_decode(db), url_decode(rest.lstrip(b"/"))

@@ -1,0 +1,362 @@
+"""The Kyoto Tycoon protocol listener (`--kt-listen`): RESTful GET/HEAD, TSV-RPC reads and
+the binary get_bulk, over the store. Writes get KT's own error shapes.
+
+`KtHandler` turns one parsed request into reply bytes (synchronous, one short read
+transaction); `kt_service()` wraps it in a `TcpService`. On the root (`point_only`), only
+point and bulk reads are served: `match_prefix` is refused (range reads belong on consumer
+nodes).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+
+from mercury.errors import CRCError, ReadProtocolError
+from reads import kt_protocol as kt
+from reads.metrics import READ_ERRORS, READ_SECONDS
+from reads.ranges import make_spec, read_page
+from reads.tcp import Step, TcpService
+from store.format import MAX_KEY
+from store.store import Store
+
+#: `match_prefix` without `max` answers at most this many keys (KT has no bound; a node
+#: must). Beyond it the call is refused with a hint to page with GET /v1/range.
+MAX_MATCH = 1_000_000
+#: Keys read per read transaction while matching (keeps transactions short).
+MATCH_CHUNK = 10_000
+
+NO_RECORD = b"DB: 7: no record: no record"
+NO_PERMISSION = b"DB: 4: no permission: permission denied (read-only Mercury node)"
+WRITE_PROCEDURES = frozenset(
+    b"set add replace append increment increment_double cas remove seize set_bulk "
+    b"remove_bulk clear synchronize vacuum cur_set_value cur_remove cur_seize "
+    b"tune_replication ulog_remove".split()
+)
+
+
+class KtHandler:
+    """Answers KT requests from `store`. One per listener; keeps KT's `cnt_*` counters."""
+
+    def __init__(
+        self,
+        store: Store,
+        *,
+        point_only: bool = False,
+        connections: Callable[[], int] = lambda: 0,
+    ) -> None:
+        self.store = store
+        self.point_only = point_only
+        self.db_name = os.path.basename(os.path.normpath(store.path)).encode()
+        self.connections = connections
+        self.started = time.time()
+        self.cnt_get = 0
+        self.cnt_get_misses = 0
+        self.cnt_misc = 0
+        self._date = (0, "")
+
+    # --- connection step -------------------------------------------------------------
+
+    def step(self, buf: bytearray) -> tuple[bytes, bool]:
+        """Answer every complete request in `buf`, deleting them (see `reads.tcp.Step`)."""
+        out: list[bytes] = []
+        while buf:
+            try:
+                if kt.is_binary(buf[0]):
+                    got_b = kt.parse_binary(buf)
+                    if got_b is None:
+                        break
+                    breq, n = got_b
+                    del buf[:n]
+                    reply = self.handle_binary(breq)
+                    if reply:
+                        out.append(reply)
+                    continue
+                got_h = kt.parse_http(buf)
+                if got_h is None:
+                    break
+                hreq, n = got_h
+                del buf[:n]
+                reply, keep = self.handle_http(hreq)
+                out.append(reply)
+                if not keep:
+                    return b"".join(out), True
+            except ReadProtocolError as err:
+                READ_ERRORS.labels("kt", "protocol").inc()
+                if err.status is not None:
+                    body = kt.error_body(err.status, err.message)
+                    out.append(
+                        kt.encode_http_response(
+                            err.status,
+                            body,
+                            headers=[("Content-Type", "text/plain")],
+                            keep_alive=False,
+                            date=self._http_date(),
+                        )
+                    )
+                buf.clear()
+                return b"".join(out), True
+        return b"".join(out), False
+
+    def _http_date(self) -> str:
+        now = int(time.time())
+        if self._date[0] != now:
+            self._date = (now, kt.http_date(now))
+        return self._date[1]
+
+    # --- binary ----------------------------------------------------------------------
+
+    def handle_binary(self, req: kt.BinaryRequest) -> bytes:
+        """Reply bytes of a binary request (empty when the client asked for none)."""
+        if req.magic != kt.MAGIC_GET_BULK:
+            # set/remove_bulk and play_script are writes or scripts; replication is not
+            # offered by this listener (Mercury replicates with its own protocol).
+            self.cnt_misc += 1
+            return b"" if req.no_reply else kt.BINARY_ERROR
+        t0 = time.perf_counter()
+        hits: list[tuple[int, bytes, bytes]] = []
+        try:
+            with self.store.reader() as r:
+                for dbidx, key in req.keys:
+                    if dbidx != 0:
+                        continue  # KT skips unknown databases silently
+                    v = r.get(key) if 1 <= len(key) <= MAX_KEY else None
+                    if v is not None:
+                        hits.append((dbidx, key, v.value))
+        except CRCError:
+            READ_ERRORS.labels("kt_get_bulk", "crc").inc()
+            return kt.BINARY_ERROR
+        self.cnt_get += len(req.keys)
+        self.cnt_get_misses += len(req.keys) - len(hits)
+        reply = kt.encode_get_bulk_reply(hits)
+        READ_SECONDS.labels("kt_get_bulk").observe(time.perf_counter() - t0)
+        return reply
+
+    # --- HTTP ------------------------------------------------------------------------
+
+    def handle_http(self, req: kt.HttpRequest) -> tuple[bytes, bool]:
+        """(reply bytes, keep the connection open) of one HTTP request."""
+        keep = req.keep_alive
+        path = req.path
+        if path.startswith(b"/rpc/"):
+            status, out = self._rpc(kt.url_decode(path[5:]), req)
+            body, ctype = kt.encode_tsv(out)
+            return (
+                kt.encode_http_response(
+                    status,
+                    body,
+                    headers=[("Content-Type", ctype)],
+                    keep_alive=keep,
+                    date=self._http_date(),
+                ),
+                keep,
+            )
+        return self._rest(req, keep), keep
+
+    def _rest(self, req: kt.HttpRequest, keep: bool) -> bytes:
+        date = self._http_date()
+        if req.method not in ("GET", "HEAD", "PUT", "DELETE"):
+            return kt.encode_http_response(501, keep_alive=keep, date=date)
+        db, key = kt.rest_key(req.path)
+        if db is not None and not self._db_ok(db):
+            return kt.encode_http_response(
+                400,
+                b"no such database\n",
+                headers=[("Content-Type", "text/plain")],
+                keep_alive=keep,
+                date=date,
+            )
+        if req.method in ("PUT", "DELETE"):
+            self.cnt_misc += 1
+            return kt.encode_http_response(
+                500, headers=[("X-Kt-Error", NO_PERMISSION.decode())], keep_alive=keep, date=date
+            )
+        t0 = time.perf_counter()
+        head = req.method == "HEAD"
+        try:
+            v = self.store.get(key) if 1 <= len(key) <= MAX_KEY else None
+        except CRCError as err:
+            READ_ERRORS.labels("kt_rest_get", "crc").inc()
+            return kt.encode_http_response(
+                500,
+                headers=[("X-Kt-Error", f"DB: 5: broken file: {err.message}")],
+                keep_alive=keep,
+                date=date,
+            )
+        self.cnt_get += 1
+        if v is None:
+            self.cnt_get_misses += 1
+            reply = kt.encode_http_response(
+                404, headers=[("X-Kt-Error", NO_RECORD.decode())], keep_alive=keep, date=date
+            )
+        else:
+            reply = kt.encode_http_response(
+                200,
+                v.value,
+                keep_alive=keep,
+                head=head,
+                content_length=len(v.value),
+                date=date,
+            )
+        READ_SECONDS.labels("kt_rest_get").observe(time.perf_counter() - t0)
+        return reply
+
+    def _db_ok(self, db: bytes) -> bool:
+        return db in (b"0", self.db_name)
+
+    def _rpc(self, proc: bytes, req: kt.HttpRequest) -> tuple[int, dict[bytes, bytes]]:
+        try:
+            params = kt.rpc_input(req)
+        except ReadProtocolError:
+            return 400, {b"ERROR": b"invalid parameters"}
+        db = params.get(b"DB")
+        if db is not None and not self._db_ok(db):
+            return 400, {b"ERROR": b"no such database"}
+        if proc in WRITE_PROCEDURES:
+            self.cnt_misc += 1
+            return 500, {b"ERROR": NO_PERMISSION}
+        t0 = time.perf_counter()
+        try:
+            if proc == b"get":
+                result = self._rpc_get(params, want_value=True)
+            elif proc == b"check":
+                result = self._rpc_get(params, want_value=False)
+            elif proc == b"get_bulk":
+                result = self._rpc_get_bulk(params)
+            elif proc == b"match_prefix":
+                result = self._rpc_match_prefix(params)
+            elif proc == b"void":
+                result = 200, {}
+            elif proc == b"echo":
+                result = 200, params
+            elif proc == b"status":
+                result = 200, self._status()
+            elif proc == b"report":
+                result = 200, self._report()
+            elif proc == b"play_script":
+                result = 501, {b"ERROR": b"the scripting extention is disabled"}
+            else:
+                result = 501, {b"ERROR": b"not implemented: " + proc}
+        except CRCError as err:
+            READ_ERRORS.labels("kt_rpc", "crc").inc()
+            return 500, {b"ERROR": b"DB: 5: broken file: " + err.message.encode()}
+        if result[0] != 501:
+            READ_SECONDS.labels("kt_" + proc.decode()).observe(time.perf_counter() - t0)
+        return result
+
+    def _rpc_get(
+        self, params: dict[bytes, bytes], *, want_value: bool
+    ) -> tuple[int, dict[bytes, bytes]]:
+        key = params.get(b"key")
+        if key is None:
+            return 400, {b"ERROR": b"invalid parameters"}
+        v = self.store.get(key) if 1 <= len(key) <= MAX_KEY else None
+        self.cnt_get += 1
+        if v is None:
+            self.cnt_get_misses += 1
+            return 450, {b"ERROR": NO_RECORD}
+        if want_value:
+            return 200, {b"value": v.value}
+        return 200, {b"vsiz": b"%d" % len(v.value)}
+
+    def _rpc_get_bulk(self, params: dict[bytes, bytes]) -> tuple[int, dict[bytes, bytes]]:
+        keys = [k[1:] for k in params if k.startswith(b"_")]
+        out: dict[bytes, bytes] = {}
+        with self.store.reader() as r:
+            for k in keys:
+                v = r.get(k) if 1 <= len(k) <= MAX_KEY else None
+                if v is not None:
+                    out[b"_" + k] = v.value
+        self.cnt_get += len(keys)
+        self.cnt_get_misses += len(keys) - len(out)
+        out[b"num"] = b"%d" % len(out)
+        return 200, out
+
+    def _rpc_match_prefix(self, params: dict[bytes, bytes]) -> tuple[int, dict[bytes, bytes]]:
+        if self.point_only:
+            return 501, {
+                b"ERROR": b"not implemented: match_prefix on the root "
+                b"(range reads are served by consumer nodes)"
+            }
+        prefix = params.get(b"prefix")
+        if prefix is None:
+            return 400, {b"ERROR": b"invalid parameters"}
+        try:
+            want = int(params.get(b"max", b"-1"))
+        except ValueError:
+            return 400, {b"ERROR": b"invalid parameters"}
+        bound = MAX_MATCH if want < 0 else min(want, MAX_MATCH)
+        spec = make_spec(prefix=prefix) if prefix else make_spec()
+        out: dict[bytes, bytes] = {}
+        after: bytes | None = None
+        while len(out) < bound:
+            with self.store.reader() as r:
+                items, more = read_page(
+                    r, spec, after, min(MATCH_CHUNK, bound - len(out)), keys_only=True
+                )
+            for k, _ in items:
+                out[b"_" + k] = b"%d" % len(out)
+            if not more or not items:
+                break
+            after = items[-1][0]
+        else:
+            if want < 0:
+                with self.store.reader() as r:
+                    extra, _ = read_page(r, spec, after, 1, keys_only=True)
+                if extra:
+                    return 400, {
+                        b"ERROR": b"invalid parameters: more than %d keys match; "
+                        b"pass max or page with GET /v1/range" % MAX_MATCH
+                    }
+        out[b"num"] = b"%d" % len(out)
+        return 200, out
+
+    def _status(self) -> dict[bytes, bytes]:
+        st = self.store.stat()
+        return {
+            b"count": b"%d" % st["entries_data"],
+            b"size": b"%d" % st["file_size"],
+            b"path": self.store.path.encode(),
+            b"type": b"mercury-lmdb",
+        }
+
+    def _report(self) -> dict[bytes, bytes]:
+        st = self.store.stat()
+        now = time.time()
+        count, size = st["entries_data"], st["file_size"]
+        return {
+            b"conf_kt_version": b"1.0.0 (Mercury)",
+            b"conf_kt_features": b"(read-only Mercury node)",
+            b"conf_os_name": os.uname().sysname.encode(),
+            b"db_total_count": b"%d" % count,
+            b"db_total_size": b"%d" % size,
+            b"db_0": b"count=%d size=%d path=%s" % (count, size, self.store.path.encode()),
+            b"serv_conn_count": b"%d" % self.connections(),
+            b"serv_task_count": b"0",
+            b"serv_thread_count": b"1",
+            b"serv_current_time": b"%d" % int(now),
+            b"serv_running_term": b"%.6f" % (now - self.started),
+            b"serv_proc_id": b"%d" % os.getpid(),
+            b"cnt_set": b"0",
+            b"cnt_set_misses": b"0",
+            b"cnt_remove": b"0",
+            b"cnt_remove_misses": b"0",
+            b"cnt_get": b"%d" % self.cnt_get,
+            b"cnt_get_misses": b"%d" % self.cnt_get_misses,
+            b"cnt_script": b"0",
+            b"cnt_misc": b"%d" % self.cnt_misc,
+        }
+
+
+def kt_service(store: Store, host: str, port: int, *, point_only: bool = False) -> TcpService:
+    """The KT listener as a `Service` (all connections share one handler and its counters)."""
+    holder: list[TcpService] = []
+    handler = KtHandler(store, point_only=point_only, connections=lambda: holder[0].connections)
+
+    def make_step() -> Step:
+        return handler.step
+
+    svc = TcpService("kt", host, port, make_step)
+    holder.append(svc)
+    return svc

@@ -1,0 +1,123 @@
+"""memcached text protocol, pure parsing and encoding (no I/O).
+
+Served: `get`/`gets` with any number of keys (`gets` adds the value's seq as its CAS
+unique), `version`, `stats`, `verbosity`, `quit`. Storage and other write commands are
+parsed in full (their data block is consumed, so the connection stays in sync) and
+answered with a `SERVER_ERROR` (nothing with `noreply`). Unknown commands get `ERROR`.
+Malformed lines get `CLIENT_ERROR ...`; a line over MAX_LINE or the binary protocol gets a
+`CLIENT_ERROR` and the connection closes (it cannot be resynchronised).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from mercury.errors import ReadProtocolError
+from store.format import MAX_KEY
+
+#: Longest command line (a `get` of hundreds of keys fits).
+MAX_LINE = 64 << 10
+#: Largest data block of a (refused) storage command we consume to stay in sync.
+MAX_DATA = 32 << 20
+
+STORAGE = frozenset((b"set", b"add", b"replace", b"append", b"prepend", b"cas"))
+OTHER_WRITES = frozenset((b"delete", b"incr", b"decr", b"touch", b"flush_all", b"gat", b"gats"))
+
+END = b"END\r\n"
+ERROR = b"ERROR\r\n"
+READ_ONLY = b"SERVER_ERROR read-only Mercury node; write through the gateway\r\n"
+
+
+@dataclass(frozen=True, slots=True)
+class Command:
+    """One parsed command. `name` is the lower-cased verb; `keys` the keys of get/gets;
+    `noreply` set for writes sent with `noreply`; `reply` a fixed answer decided by the
+    parser (ERROR, CLIENT_ERROR) when the command is not one the server executes."""
+
+    name: bytes
+    keys: list[bytes] = field(default_factory=list)
+    args: list[bytes] = field(default_factory=list)
+    noreply: bool = False
+    reply: bytes | None = None
+
+
+def client_error(msg: str) -> bytes:
+    """`CLIENT_ERROR <msg>\\r\\n`."""
+    return b"CLIENT_ERROR " + msg.encode() + b"\r\n"
+
+
+def parse_command(buf: bytes | bytearray) -> tuple[Command, int] | None:
+    """Parse one command at the start of `buf`: (command, bytes consumed) or None.
+
+    Raises ReadProtocolError(close=True) for a line over MAX_LINE, a data block over
+    MAX_DATA, or binary-protocol input; its message is the CLIENT_ERROR text.
+    """
+    if buf and buf[0] == 0x80:
+        raise ReadProtocolError("binary protocol not supported", close=True)
+    nl = buf.find(b"\n")
+    if nl < 0:
+        if len(buf) > MAX_LINE:
+            raise ReadProtocolError("line too long", close=True)
+        return None
+    if nl > MAX_LINE:
+        raise ReadProtocolError("line too long", close=True)
+    line = bytes(buf[:nl])
+    if line.endswith(b"\r"):
+        line = line[:-1]
+    pos = nl + 1
+    tokens = line.split()
+    if not tokens:
+        return Command(b"", reply=ERROR), pos
+    verb = tokens[0].lower()
+    args = tokens[1:]
+    if verb in (b"get", b"gets"):
+        if not args:
+            return Command(verb, reply=ERROR), pos
+        if any(len(k) > MAX_KEY for k in args):
+            return Command(verb, reply=client_error("bad command line format")), pos
+        return Command(verb, keys=args), pos
+    if verb in STORAGE:
+        want = 6 if verb == b"cas" else 5
+        if len(args) not in (want - 1, want):
+            return Command(verb, reply=client_error("bad command line format")), pos
+        try:
+            nbytes = int(args[3])
+            int(args[1])
+            int(args[2])
+        except ValueError:
+            return Command(verb, reply=client_error("bad command line format")), pos
+        if nbytes < 0:
+            return Command(verb, reply=client_error("bad command line format")), pos
+        if nbytes > MAX_DATA:
+            raise ReadProtocolError("object too large", close=True)
+        end = pos + nbytes + 2
+        if len(buf) < end:
+            return None
+        noreply = len(args) == want and args[-1] == b"noreply"
+        if buf[end - 2 : end] != b"\r\n":
+            return Command(verb, reply=client_error("bad data chunk")), end
+        return Command(verb, args=args, noreply=noreply), end
+    if verb in OTHER_WRITES:
+        return Command(verb, args=args, noreply=bool(args) and args[-1] == b"noreply"), pos
+    if verb in (b"version", b"stats", b"quit", b"verbosity"):
+        return Command(verb, args=args), pos
+    return Command(verb, reply=ERROR), pos
+
+
+def encode_values(hits: list[tuple[bytes, bytes, int]], with_cas: bool) -> bytes:
+    """`VALUE <key> 0 <bytes>[ <cas>]` blocks for (key, value, seq) hits, then `END`."""
+    parts: list[bytes] = []
+    for key, value, seq in hits:
+        if with_cas:
+            parts.append(b"VALUE %s 0 %d %d\r\n" % (key, len(value), seq))
+        else:
+            parts.append(b"VALUE %s 0 %d\r\n" % (key, len(value)))
+        parts.append(value)
+        parts.append(b"\r\n")
+    parts.append(END)
+    return b"".join(parts)
+
+
+def encode_stats(stats: list[tuple[str, str | int]]) -> bytes:
+    """`STAT <name> <value>` lines, then `END`."""
+    return b"".join(b"STAT %s %s\r\n" % (n.encode(), str(v).encode()) for n, v in stats) + END

@@ -1,0 +1,112 @@
+"""The memcached text protocol listener (`--memcached-listen`) over the store.
+
+`MemcachedHandler.step` answers the complete commands in a connection's buffer (one short
+read transaction per `get`); `memcached_service()` wraps it in a `TcpService`.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+
+from mercury.errors import CRCError, ReadProtocolError
+from reads import memcached_protocol as mc
+from reads.metrics import READ_ERRORS, READ_SECONDS
+from reads.tcp import Step, TcpService
+from store.store import Store
+
+VERSION = "1.6.0-mercury"
+
+
+class MemcachedHandler:
+    """Answers memcached commands from `store`; keeps memcached-style counters."""
+
+    def __init__(self, store: Store, connections: Callable[[], int] = lambda: 0) -> None:
+        self.store = store
+        self.connections = connections
+        self.started = time.time()
+        self.cmd_get = 0
+        self.get_hits = 0
+        self.get_misses = 0
+
+    def step(self, buf: bytearray) -> tuple[bytes, bool]:
+        """Answer every complete command in `buf`, deleting them (see `reads.tcp.Step`)."""
+        out: list[bytes] = []
+        while buf:
+            try:
+                got = mc.parse_command(buf)
+            except ReadProtocolError as err:
+                READ_ERRORS.labels("memcached", "protocol").inc()
+                out.append(mc.client_error(err.message))
+                buf.clear()
+                return b"".join(out), True
+            if got is None:
+                break
+            cmd, n = got
+            del buf[:n]
+            if cmd.reply is not None:
+                READ_ERRORS.labels("memcached", "protocol").inc()
+                out.append(cmd.reply)
+            elif cmd.name in (b"get", b"gets"):
+                out.append(self._get(cmd.keys, cmd.name == b"gets"))
+            elif cmd.name == b"quit":
+                return b"".join(out), True
+            elif cmd.name == b"version":
+                out.append(b"VERSION " + VERSION.encode() + b"\r\n")
+            elif cmd.name == b"stats":
+                out.append(self._stats())
+            elif cmd.name == b"verbosity":
+                out.append(b"OK\r\n")
+            elif not cmd.noreply:  # a write: this node is read-only
+                out.append(mc.READ_ONLY)
+        return b"".join(out), False
+
+    def _get(self, keys: list[bytes], with_cas: bool) -> bytes:
+        t0 = time.perf_counter()
+        hits: list[tuple[bytes, bytes, int]] = []
+        try:
+            with self.store.reader() as r:
+                for k in keys:
+                    v = r.get(k)
+                    if v is not None:
+                        hits.append((k, v.value, v.seq))
+        except CRCError as err:
+            READ_ERRORS.labels("memcached_get", "crc").inc()
+            return b"SERVER_ERROR " + err.message.encode("ascii", "replace") + b"\r\n"
+        self.cmd_get += len(keys)
+        self.get_hits += len(hits)
+        self.get_misses += len(keys) - len(hits)
+        reply = mc.encode_values(hits, with_cas)
+        READ_SECONDS.labels("memcached_get").observe(time.perf_counter() - t0)
+        return reply
+
+    def _stats(self) -> bytes:
+        now = time.time()
+        st = self.store.stat()
+        return mc.encode_stats(
+            [
+                ("pid", os.getpid()),
+                ("uptime", int(now - self.started)),
+                ("time", int(now)),
+                ("version", VERSION),
+                ("curr_connections", self.connections()),
+                ("curr_items", st["entries_data"]),
+                ("cmd_get", self.cmd_get),
+                ("get_hits", self.get_hits),
+                ("get_misses", self.get_misses),
+            ]
+        )
+
+
+def memcached_service(store: Store, host: str, port: int) -> TcpService:
+    """The memcached listener as a `Service` (one handler shared by all connections)."""
+    holder: list[TcpService] = []
+    handler = MemcachedHandler(store, connections=lambda: holder[0].connections)
+
+    def make_step() -> Step:
+        return handler.step
+
+    svc = TcpService("memcached", host, port, make_step)
+    holder.append(svc)
+    return svc

@@ -1,0 +1,70 @@
+"""The memcached listener, proven with the real `pymemcache` client and raw bytes."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+from pymemcache.client.base import Client
+from pymemcache.exceptions import MemcacheServerError
+
+from store.store import Store
+from tests.reads.conftest import StartReads, put
+
+
+@pytest.fixture
+def mc_port(store: Store, start_reads: StartReads) -> int:
+    put(store, {b"k1": b"v1", b"cfg:a": b"\x00\r\nbinary"})
+    put(store, {f"m{i}".encode(): b"%d" % i for i in range(200)})
+    srv = start_reads(memcached=True)
+    assert srv.memcached is not None
+    return srv.memcached
+
+
+def _raw(port: int, data: bytes) -> bytes:
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+        s.sendall(data)
+        s.shutdown(socket.SHUT_WR)
+        got = b""
+        while chunk := s.recv(65536):
+            got += chunk
+        return got
+
+
+def test_pymemcache_get_many_gets_version_stats(store: Store, mc_port: int) -> None:
+    c = Client(("127.0.0.1", mc_port), timeout=5)
+    try:
+        assert c.get("k1") == b"v1"
+        assert c.get("missing") is None
+        assert c.get("cfg:a") == b"\x00\r\nbinary"
+        many = c.get_many([f"m{i}" for i in range(200)] + ["nope"])
+        assert len(many) == 200 and many["m7"] == b"7"
+        value, cas = c.gets("k1")
+        assert value == b"v1" and int(cas) == store.get(b"k1").seq  # type: ignore[union-attr]
+        assert c.version().startswith(b"1.6")
+        stats = c.stats()
+        assert stats[b"curr_items"] == 202
+        with pytest.raises(MemcacheServerError):
+            c.set("k1", b"new", noreply=False)
+        with pytest.raises(MemcacheServerError):
+            c.delete("k1", noreply=False)
+        assert c.get("k1") == b"v1"  # the connection stayed in sync after refused writes
+    finally:
+        c.close()
+
+
+def test_malformed_and_oversized_input_keeps_connection_or_process_healthy(mc_port: int) -> None:
+    got = _raw(mc_port, b"bogus\r\n\r\nget\r\nset k 0 0 zz\r\nget k1\r\nquit\r\nget k1\r\n")
+    assert got == (
+        b"ERROR\r\nERROR\r\nERROR\r\nCLIENT_ERROR bad command line format\r\n"
+        b"VALUE k1 0 2\r\nv1\r\nEND\r\n"
+    )
+    # a refused storage command's data block is consumed, even if it looks like a command
+    got = _raw(mc_port, b"set k 0 0 8\r\nget k1\r\n\r\nget k1\r\n")
+    assert got.startswith(b"SERVER_ERROR") and got.endswith(b"VALUE k1 0 2\r\nv1\r\nEND\r\n")
+    assert _raw(mc_port, b"get " + b"k" * 70_000).startswith(b"CLIENT_ERROR line too long")
+    assert _raw(mc_port, b"\x80\x00\x00\x00").startswith(b"CLIENT_ERROR binary")
+    assert _raw(mc_port, b"get k1 " + b"x" * 600 + b"\r\n") == (
+        b"CLIENT_ERROR bad command line format\r\n"
+    )
+    assert _raw(mc_port, b"get k1\r\n") == b"VALUE k1 0 2\r\nv1\r\nEND\r\n"
