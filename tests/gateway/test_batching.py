@@ -1,0 +1,146 @@
+"""Batching, coalescing, idempotency and quota isolation against a real root."""
+
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import httpx
+
+from store.store import Store
+from tests.gateway.conftest import Root
+from tests.support.procs import Procs
+
+
+def _seq(root: Root) -> int:
+    return int(root.client().get("/v1/status").json()["seq"])
+
+
+def test_writes_to_one_key_in_one_window_coalesce(root_factory: Any) -> None:
+    root = root_factory(window_ms=400)
+    name, tok = root.producer()
+    before = _seq(root)
+
+    def put(i: int) -> httpx.Response:
+        with httpx.Client(base_url=root.url, timeout=30) as c:
+            return c.put(
+                f"/v1/kv/{name}/hot",
+                content=f"v{i}".encode(),
+                headers={"Authorization": f"Bearer {tok}"},
+            )
+
+    with ThreadPoolExecutor(8) as ex:
+        answers = list(ex.map(put, range(8)))
+    assert all(a.status_code == 200 for a in answers), [a.text for a in answers]
+    assert all(a.json()["status"] == "written" for a in answers)
+    after = _seq(root)
+    # every request answered; far fewer log entries than requests (one per window)
+    assert after - before < 8
+    final = root.client(tok).get(f"/v1/kv/{name}/hot")
+    assert final.headers["etag"] == f'"{after}"'
+
+
+def test_idempotency_key_applies_once_and_replays_first_answer(shared_root: Root) -> None:
+    name, tok = shared_root.producer()
+    c = shared_root.client(tok)
+    h = {"Idempotency-Key": "retry-1"}
+    first = c.post(
+        "/v1/batch", json={"ops": [{"op": "set", "key": f"{name}/i", "value": "1"}]}, headers=h
+    )
+    assert first.status_code == 200
+    seq = _seq(shared_root)
+    # the retry carries another body on purpose: it must not be applied
+    again = c.post(
+        "/v1/batch", json={"ops": [{"op": "set", "key": f"{name}/i", "value": "2"}]}, headers=h
+    )
+    assert again.status_code == 200 and again.json() == first.json()
+    assert again.headers["idempotent-replayed"] == "true"
+    assert _seq(shared_root) == seq and c.get(f"/v1/kv/{name}/i").content == b"1"
+    # another producer's identical key is its own
+    other, tok2 = shared_root.producer()
+    r = shared_root.client(tok2).put(f"/v1/kv/{other}/i", content=b"x", headers=h)
+    assert "idempotent-replayed" not in r.headers
+
+
+def test_concurrent_retries_with_one_idempotency_key_apply_once(shared_root: Root) -> None:
+    name, tok = shared_root.producer()
+    before = _seq(shared_root)
+
+    def put(i: int) -> httpx.Response:
+        with httpx.Client(base_url=shared_root.url, timeout=30) as c:
+            return c.put(
+                f"/v1/kv/{name}/c",
+                content=f"{i}".encode(),
+                headers={"Authorization": f"Bearer {tok}", "Idempotency-Key": "k"},
+            )
+
+    with ThreadPoolExecutor(6) as ex:
+        answers = list(ex.map(put, range(6)))
+    assert len({a.text for a in answers}) == 1
+    assert _seq(shared_root) == before + 1
+
+
+def test_idempotent_answer_survives_restart(root: Root) -> None:
+    name, tok = root.producer()
+    h = {"Idempotency-Key": "durable"}
+    first = root.client(tok).put(f"/v1/kv/{name}/d", content=b"1", headers=h).json()
+    root.procs.terminate(root.proc)
+    root.close_clients()
+    root.start()
+    again = root.client(tok).put(f"/v1/kv/{name}/d", content=b"2", headers=h)
+    assert again.json() == first and again.headers["idempotent-replayed"] == "true"
+
+
+def test_held_producer_does_not_block_another(shared_root: Root) -> None:
+    """A floods far over its quota (its requests are held for up to 3 s); B's writes
+    complete meanwhile, each well before A's held requests are released."""
+    a_name, a_tok = shared_root.producer(quota={"ops_per_s": 2, "burst": 1, "max_delay_ms": 3000})
+    b_name, b_tok = shared_root.producer()
+    stop = threading.Event()
+    a_done: list[int] = []
+
+    def flood(i: int) -> None:
+        with httpx.Client(base_url=shared_root.url, timeout=30) as c:
+            r = c.put(
+                f"/v1/kv/{a_name}/f{i}", content=b"x", headers={"Authorization": f"Bearer {a_tok}"}
+            )
+            a_done.append(r.status_code)
+
+    with ThreadPoolExecutor(8) as ex:
+        for i in range(8):
+            ex.submit(flood, i)
+        time.sleep(0.2)  # A's requests are now held
+        b = shared_root.client(b_tok)
+        statuses = [b.put(f"/v1/kv/{b_name}/k{i}", content=b"v").status_code for i in range(5)]
+        b_finished_while_a_held = len(a_done) < 8
+        stop.set()
+    assert statuses == [200] * 5
+    assert b_finished_while_a_held
+    assert set(a_done) <= {200, 429}
+
+
+def test_sigterm_commits_and_acknowledges_the_open_batch(root_factory: Any, procs: Procs) -> None:
+    root = root_factory(window_ms=1500)
+    name, tok = root.producer()
+    results: dict[int, int] = {}
+
+    def put(i: int) -> None:
+        with httpx.Client(base_url=root.url, timeout=30) as c:
+            r = c.put(
+                f"/v1/kv/{name}/t{i}", content=b"v", headers={"Authorization": f"Bearer {tok}"}
+            )
+            results[i] = r.status_code
+
+    threads = [threading.Thread(target=put, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    time.sleep(0.4)  # the batch is open, nothing committed yet
+    # uvicorn re-raises SIGTERM after its graceful shutdown: exit by signal 15 is clean
+    assert procs.terminate(root.proc) in (0, -15)
+    for t in threads:
+        t.join(30)
+    assert results == {i: 200 for i in range(4)}, procs.logs()
+    with Store.open(str(root.data_dir)) as s:
+        assert all(s.get(f"{name}/t{i}".encode()) is not None for i in range(4))

@@ -1,0 +1,295 @@
+"""Every status code of SPEC §3.2 from a real `mercury root` over HTTP."""
+
+from __future__ import annotations
+
+import base64
+import time
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+import msgpack
+
+from tests.gateway.conftest import Root
+
+PROBLEM = "application/problem+json"
+
+
+def _eventually(cond: Callable[[], bool], timeout: float = 5.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return True
+        time.sleep(0.02)
+    return cond()
+
+
+def _problem(r: httpx.Response, status: int) -> dict[str, Any]:
+    assert r.status_code == status, r.text
+    assert r.headers["content-type"].startswith(PROBLEM), r.headers
+    body: dict[str, Any] = r.json()
+    assert body["status"] == status and body["detail"]
+    return body
+
+
+def test_put_get_delete_answer_with_seq(shared_root: Root) -> None:
+    name, tok = shared_root.producer()
+    c = shared_root.client(tok)
+    r = c.put(f"/v1/kv/{name}/a", content=b"v1")
+    assert r.status_code == 200 and r.json()["status"] == "written"
+    seq = r.json()["seq"]
+    g = c.get(f"/v1/kv/{name}/a")
+    assert g.status_code == 200 and g.content == b"v1" and g.headers["etag"] == f'"{seq}"'
+    d = c.delete(f"/v1/kv/{name}/a")
+    assert d.status_code == 200 and d.json() == {"seq": seq + 1, "status": "deleted"}
+    d2 = c.delete(f"/v1/kv/{name}/a")
+    assert d2.status_code == 200 and d2.json()["status"] == "absent"
+    _problem(c.get(f"/v1/kv/{name}/a"), 404)
+
+
+def test_duplicate_set_is_not_logged_and_says_so(shared_root: Root) -> None:
+    name, tok = shared_root.producer()
+    c = shared_root.client(tok)
+    first = c.put(f"/v1/kv/{name}/d", content=b"same").json()
+    before = shared_root.client().get("/v1/status").json()["seq"]
+    again = c.put(f"/v1/kv/{name}/d", content=b"same").json()
+    assert again == {"seq": first["seq"], "status": "duplicate"}
+    b = c.post("/v1/batch", json={"ops": [{"op": "set", "key": f"{name}/d", "value": "same"}]})
+    assert b.json()["duplicates"] == 1 and b.json()["written"] == 0
+    assert shared_root.client().get("/v1/status").json()["seq"] == before
+    u = c.get(f"/v1/usage/{name}").json()
+    assert u["duplicates"] == 2 and u["writes"] == 1 and u["keys"] == 1
+
+
+def test_percent_encoded_and_binary_keys(shared_root: Root) -> None:
+    name, tok = shared_root.producer()
+    c = shared_root.client(tok)
+    assert c.put(f"/v1/kv/{name}/a%20b%2Fc%FF", content=b"x").status_code == 200
+    ops = [
+        {
+            "op": "set",
+            "key_b64": base64.b64encode(f"{name}/".encode() + b"\xfe").decode(),
+            "value_b64": base64.b64encode(b"\x00\x01").decode(),
+        }
+    ]
+    assert c.post("/v1/batch", json={"ops": ops}).json()["written"] == 1
+    assert c.get(f"/v1/kv/{name}/a%20b%2Fc%FF").content == b"x"
+    assert c.get(f"/v1/kv/{name}/%FE").content == b"\x00\x01"
+
+
+def test_msgpack_batch_carries_binary_values(shared_root: Root) -> None:
+    name, tok = shared_root.producer()
+    c = shared_root.client(tok)
+    body = msgpack.packb(
+        {
+            "ops": [
+                {"op": "set", "key": f"{name}/m".encode(), "value": b"\xff\x00bin"},
+                {"op": "set", "key": f"{name}/n", "value": "text"},
+            ]
+        }
+    )
+    r = c.post("/v1/batch", content=body, headers={"content-type": "application/msgpack"})
+    assert r.status_code == 200 and r.json()["written"] == 2, r.text
+    assert c.get(f"/v1/kv/{name}/m").content == b"\xff\x00bin"
+    bad = c.post("/v1/batch", content=b"\xc1", headers={"content-type": "application/msgpack"})
+    _problem(bad, 400)
+
+
+def test_400_invalid_inputs_name_the_reason(shared_root: Root) -> None:
+    name, tok = shared_root.producer()
+    c = shared_root.client(tok)
+    assert "JSON" in _problem(c.post("/v1/batch", content=b"{nope"), 400)["detail"]
+    assert "ops" in _problem(c.post("/v1/batch", json={"x": 1}), 400)["detail"]
+    p = _problem(c.post("/v1/batch", json={"ops": [{"op": "frob", "key": f"{name}/x"}]}), 400)
+    assert "op 0" in p["detail"]
+    p = _problem(c.post("/v1/batch", json={"ops": [{"op": "set", "key": f"{name}/x"}]}), 400)
+    assert "value" in p["detail"]
+    p = _problem(c.put(f"/v1/kv/{name}/x", content=b"v", headers={"If-Match": "abc"}), 400)
+    assert "If-Match" in p["detail"]
+    _problem(c.post("/v1/batch", json={"ops": [{"op": "set", "key": "", "value": "v"}]}), 400)
+
+
+def test_401_without_or_with_unknown_token(shared_root: Root) -> None:
+    name, _ = shared_root.producer()
+    _problem(shared_root.client().put(f"/v1/kv/{name}/a", content=b"v"), 401)
+    _problem(shared_root.client("mct_nope").put(f"/v1/kv/{name}/a", content=b"v"), 401)
+    _problem(shared_root.client().get("/v1/admin/producers"), 401)
+
+
+def test_403_names_key_and_keyspaces_and_applies_nothing(shared_root: Root) -> None:
+    name, tok = shared_root.producer()
+    c = shared_root.client(tok)
+    p = _problem(c.put("/v1/kv/elsewhere/a", content=b"v"), 403)
+    assert "elsewhere/a" in p["detail"] and f"{name}/" in p["detail"]
+    assert p["keyspaces"] == [f"{name}/"]
+    ops = [
+        {"op": "set", "key": f"{name}/ok", "value": "v"},
+        {"op": "set", "key": "other/no", "value": "v"},
+    ]
+    _problem(c.post("/v1/batch", json={"ops": ops}), 403)
+    _problem(c.get(f"/v1/kv/{name}/ok"), 404)  # the allowed op was not applied either
+    # a producer token is not an admin token
+    _problem(c.get("/v1/admin/producers"), 403)
+    _problem(shared_root.admin().put(f"/v1/kv/{name}/a", content=b"v"), 403)
+
+
+def test_404_unknown_producer(shared_root: Root) -> None:
+    a = shared_root.admin()
+    _problem(a.delete("/v1/admin/producers/nobody"), 404)
+    _problem(a.post("/v1/admin/producers/nobody/tokens"), 404)
+    _problem(a.get("/v1/usage/nobody"), 404)
+
+
+def test_409_overlap_unless_both_shared(shared_root: Root) -> None:
+    a = shared_root.admin()
+    assert a.put("/v1/admin/producers/ov1", json={"keyspaces": ["ov/x/"]}).status_code == 201
+    p = _problem(a.put("/v1/admin/producers/ov2", json={"keyspaces": ["ov/"]}), 409)
+    assert "ov/x/" in p["detail"] and "ov1" in p["detail"]
+    # only one side shared: still refused
+    p = _problem(
+        a.put("/v1/admin/producers/ov2", json={"keyspaces": ["ov/"], "shared": ["ov/"]}), 409
+    )
+    r = a.put("/v1/admin/producers/ov1", json={"keyspaces": ["ov/x/"], "shared": ["ov/x/"]})
+    assert r.status_code == 200
+    r = a.put("/v1/admin/producers/ov2", json={"keyspaces": ["ov/"], "shared": ["ov/"]})
+    assert r.status_code == 201, r.text
+
+
+def test_412_if_match_and_if_none_match(shared_root: Root) -> None:
+    name, tok = shared_root.producer()
+    c = shared_root.client(tok)
+    k = f"/v1/kv/{name}/cas"
+    r = c.put(k, content=b"1", headers={"If-None-Match": "*"})
+    assert r.status_code == 200
+    seq = r.json()["seq"]
+    p = _problem(c.put(k, content=b"2", headers={"If-None-Match": "*"}), 412)
+    assert p["current_seq"] == seq
+    _problem(c.put(k, content=b"2", headers={"If-Match": f'"{seq + 100}"'}), 412)
+    r = c.put(k, content=b"2", headers={"If-Match": f'"{seq}"'})
+    assert r.status_code == 200 and r.json()["seq"] > seq
+    _problem(c.delete(k, headers={"If-Match": f'"{seq}"'}), 412)
+    assert c.get(k).content == b"2"
+
+
+def test_413_key_value_and_batch_limits(shared_root: Root) -> None:
+    name, tok = shared_root.producer()
+    c = shared_root.client(tok)
+    p = _problem(c.put(f"/v1/kv/{name}/" + "k" * 500, content=b"v"), 413)
+    assert "500" in p["detail"]
+    p = _problem(c.put(f"/v1/kv/{name}/big", content=b"x" * ((25 << 20) + 1)), 413)
+    assert str(25 << 20) in p["detail"]
+    ops = [{"op": "delete", "key": f"{name}/{i}"} for i in range(10_001)]
+    p = _problem(c.post("/v1/batch", json={"ops": ops}), 413)
+    assert "10000" in p["detail"]
+
+
+def test_421_range_reads_point_to_consumer_nodes(shared_root: Root) -> None:
+    c = shared_root.client()
+    p = _problem(c.get("/v1/range", params={"prefix": "a/"}), 421)
+    assert "consumer node" in p["detail"]
+    _problem(c.post("/v1/get_bulk", json={"keys": ["a"]}), 421)
+
+
+def test_429_with_retry_after_and_ratelimit_headers(shared_root: Root) -> None:
+    quota = {"ops_per_s": 1, "burst": 1, "max_delay_ms": 0}
+    name, tok = shared_root.producer(quota=quota)
+    c = shared_root.client(tok)
+    assert c.put(f"/v1/kv/{name}/q", content=b"1").status_code == 200
+    r = c.put(f"/v1/kv/{name}/q", content=b"2")
+    _problem(r, 429)
+    assert int(r.headers["retry-after"]) >= 1
+    assert "ops" in r.headers["ratelimit-policy"] and "r=" in r.headers["ratelimit"]
+    # throttled counters are committed with the next batch (one window later)
+    assert _eventually(lambda: c.get(f"/v1/usage/{name}").json()["throttled"] >= 1)
+
+
+def test_held_request_succeeds_with_ratelimit_headers(shared_root: Root) -> None:
+    quota = {"ops_per_s": 20, "burst": 1, "max_delay_ms": 2000}
+    name, tok = shared_root.producer(quota=quota)
+    c = shared_root.client(tok)
+    statuses = [c.put(f"/v1/kv/{name}/h{i}", content=b"v") for i in range(3)]
+    assert [r.status_code for r in statuses] == [200, 200, 200]
+    assert any("ratelimit" in r.headers for r in statuses[1:])
+
+
+def test_shadow_quota_counts_without_enforcing(shared_root: Root) -> None:
+    quota = {"ops_per_s": 1, "burst": 1, "max_delay_ms": 0, "shadow": True}
+    name, tok = shared_root.producer(quota=quota)
+    c = shared_root.client(tok)
+    assert all(c.put(f"/v1/kv/{name}/s{i}", content=b"v").status_code == 200 for i in range(4))
+    assert _eventually(lambda: c.get(f"/v1/usage/{name}").json()["throttled"] >= 2)
+    assert c.get(f"/v1/usage/{name}").json()["writes"] == 4
+
+
+def test_507_storage_quota_for_growing_writes_only(shared_root: Root) -> None:
+    name, tok = shared_root.producer(quota={"max_bytes_stored": 200})
+    c = shared_root.client(tok)
+    assert c.put(f"/v1/kv/{name}/a", content=b"x" * 100).status_code == 200
+    p = _problem(c.put(f"/v1/kv/{name}/b", content=b"x" * 100), 507)
+    assert "200" in p["detail"]
+    # shrinking an existing value and deleting still work
+    assert c.put(f"/v1/kv/{name}/a", content=b"x" * 10).status_code == 200
+    assert c.delete(f"/v1/kv/{name}/a").status_code == 200
+
+
+def test_guards_refuse_empty_values_and_cap_deletes(shared_root: Root) -> None:
+    name = "guarded"
+    a = shared_root.admin()
+    body = {
+        "keyspaces": ["g/"],
+        "guards": {"g/": {"refuse_empty": True, "max_deletes_per_batch": 2}},
+    }
+    assert a.put(f"/v1/admin/producers/{name}", json=body).status_code == 201
+    tok = a.post(f"/v1/admin/producers/{name}/tokens").json()["token"]
+    c = shared_root.client(tok)
+    assert "empty" in _problem(c.put("/v1/kv/g/e", content=b""), 400)["detail"]
+    ops = [{"op": "delete", "key": f"g/{i}"} for i in range(3)]
+    assert "deletes" in _problem(c.post("/v1/batch", json={"ops": ops}), 400)["detail"]
+    assert c.post("/v1/batch", json={"ops": ops[:2]}).status_code == 200
+
+
+def test_async_write_answers_202_then_lands(shared_root: Root) -> None:
+    name, tok = shared_root.producer()
+    c = shared_root.client(tok)
+    r = c.put(f"/v1/kv/{name}/as", content=b"v", params={"async": "true"})
+    assert r.status_code == 202
+    assert _eventually(lambda: c.get(f"/v1/kv/{name}/as").status_code == 200)
+    assert c.get(f"/v1/kv/{name}/as").content == b"v"
+
+
+def test_tokens_list_and_revoke(shared_root: Root) -> None:
+    name, tok = shared_root.producer()
+    a = shared_root.admin()
+    listed = {p["name"]: p for p in a.get("/v1/admin/producers").json()["producers"]}
+    (tid,) = listed[name]["token_ids"]
+    assert "token" not in listed[name] and "tokens" not in listed[name]
+    assert a.delete(f"/v1/admin/producers/{name}/tokens/{tid}").status_code == 200
+    _problem(shared_root.client(tok).put(f"/v1/kv/{name}/r", content=b"v"), 401)
+
+
+def test_status_metrics_healthz_docs(shared_root: Root) -> None:
+    c = shared_root.client()
+    st = c.get("/v1/status").json()
+    assert st["role"] == "root" and set(st) >= {"db_id", "seq", "hash_head"}
+    assert c.get("/healthz").status_code == 200
+    m = c.get("/metrics").text
+    for metric in (
+        "mercury_write_ops_total",
+        "mercury_batch_commit_seconds",
+        "mercury_batch_ops",
+        "mercury_write_ack_seconds",
+    ):
+        assert metric in m
+    assert c.get("/docs").status_code == 200
+    assert "/v1/batch" in c.get("/openapi.json").json()["paths"]
+
+
+def test_usage_report_lists_producers(shared_root: Root) -> None:
+    name, tok = shared_root.producer()
+    shared_root.client(tok).put(f"/v1/kv/{name}/u", content=b"12345")
+    rows = {r["producer"]: r for r in shared_root.admin().get("/v1/usage").json()["producers"]}
+    row = rows[name]
+    assert row["keys"] == 1 and row["bytes"] > 5 + len(f"{name}/u") and row["writes"] == 1
+    assert set(row) >= {"producer", "keys", "bytes", "writes", "duplicates", "throttled"}
+    other, _ = shared_root.producer()
+    _problem(shared_root.client(tok).get(f"/v1/usage/{other}"), 403)
