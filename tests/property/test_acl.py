@@ -1,0 +1,68 @@
+"""ACL properties: no write outside keyspaces, grants monotone, no unshared overlap."""
+
+from __future__ import annotations
+
+import contextlib
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from acl.model import Acl, Producer, key_allowed, overlaps
+from mercury.errors import KeyspaceOverlapError
+
+_alpha = st.text(alphabet="ab/", min_size=1, max_size=4)
+keyspace_lists = st.lists(_alpha, min_size=0, max_size=4, unique=True)
+keys = (
+    st.binary(min_size=1, max_size=6)
+    .map(lambda b: bytes(x % 3 for x in b))
+    .map(lambda b: b.translate(bytes.maketrans(b"\x00\x01\x02", b"ab/")))
+)
+
+
+@given(keyspace_lists, keys)
+def test_a_producer_never_writes_outside_its_keyspaces(keyspaces: list[str], key: bytes) -> None:
+    p = Producer("p", tuple(keyspaces))
+    allowed = key_allowed(p.prefixes(), key)
+    assert allowed == any(key.startswith(k.encode()) for k in keyspaces)
+
+
+@given(keyspace_lists, _alpha, keys)
+def test_adding_a_grant_never_removes_access(keyspaces: list[str], extra: str, key: bytes) -> None:
+    before = Producer("p", tuple(keyspaces))
+    acl = Acl().put(before)
+    after = acl.put(
+        Producer("p", (*keyspaces, extra) if extra not in keyspaces else tuple(keyspaces))
+    )
+    if key_allowed(before.prefixes(), key):
+        assert key_allowed(after.producers["p"].prefixes(), key)
+
+
+@given(st.lists(st.tuples(st.sampled_from("pqrs"), keyspace_lists, st.booleans()), max_size=12))
+def test_accepted_grants_never_overlap_unless_both_shared(
+    steps: list[tuple[str, list[str], bool]],
+) -> None:
+    acl = Acl()
+    for name, keyspaces, shared in steps:
+        p = Producer(name, tuple(keyspaces), tuple(keyspaces) if shared else ())
+        try:
+            acl = acl.put(p)
+        except KeyspaceOverlapError:
+            continue
+    ps = list(acl.producers.values())
+    for a in ps:
+        for b in ps:
+            if a.name >= b.name:
+                continue
+            for ka in a.keyspaces:
+                for kb in b.keyspaces:
+                    if overlaps(ka, kb):
+                        assert ka in a.shared and kb in b.shared
+
+
+@given(keyspace_lists, keyspace_lists)
+def test_json_round_trip(k1: list[str], k2: list[str]) -> None:
+    acl = Acl().put(Producer("a", tuple(k1)))
+    with contextlib.suppress(KeyspaceOverlapError):
+        acl = acl.put(Producer("b", tuple(k2)))
+    acl = acl.add_token("a", "t1", "mct_x")
+    assert Acl.from_json(acl.to_json()) == acl
