@@ -185,6 +185,12 @@ class ReplicaClient:
                 self.board.update(applied_seq=rec.last_seq, known_us=max(st.known_us, rec.time_us))
             elif ftype == frames.HEARTBEAT:
                 hb = frames.decode_heartbeat(body)
+                if hb.sent_seq > self.applied:
+                    raise StreamGapError(
+                        f"seq gap: the source sent up to seq {hb.sent_seq}, this replica "
+                        f"received only up to {self.applied}",
+                        seq=self.applied,
+                    )
                 if self.relay.update(hb):
                     fresh_at = time.monotonic()
                     self.selector.progressed()

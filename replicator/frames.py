@@ -40,9 +40,12 @@ Bodies by type:
 - ``RECORD`` (4): one log record exactly as stored — the 62-byte header of
   `store/format.py` then the compressed payload. Records follow in seq order, each starting
   right after the previous one's last seq.
-- ``HEARTBEAT`` (5), 20 bytes: root wall time in µs (u64), root seq at that time (u64),
-  root heartbeat interval in ms (u32). Written by the root's source, relayed unchanged by
-  every replica's source, so lag stays relative to the root at any depth.
+- ``HEARTBEAT`` (5), 28 bytes: root wall time in µs (u64), root seq at that time (u64),
+  root heartbeat interval in ms (u32), then the last seq this source sent on THIS
+  connection before the frame (u64). The first three are made by the root's source and
+  relayed unchanged by every replica's source, so lag stays relative to the root at any
+  depth; the last lets the replica detect a lost record at once (it holds less than was
+  sent) instead of waiting for the next record.
 - ``SNAPSHOT`` (6), 104 bytes: snapshot seq (u64), hash head (32), db id (16), size (u64),
   SHA-256 (32), offset where the data starts (u64). Right after this frame, the raw bytes
   [offset, size) of the snapshot file follow UNFRAMED (sendfile; verified by SHA-256 of the
@@ -90,7 +93,7 @@ ZERO_SHA = b"\x00" * 32
 _HELLO = struct.Struct("<HBB16s16sQQQ32s")
 _WELCOME = struct.Struct("<H16s16sQQI")
 _REFUSE = struct.Struct("<H")
-_HEARTBEAT = struct.Struct("<QQI")
+_HEARTBEAT = struct.Struct("<QQIQ")
 _SNAPSHOT = struct.Struct("<Q32s16sQ32sQ")
 _U32 = struct.Struct("<I")
 _U64 = struct.Struct("<Q")
@@ -134,11 +137,12 @@ class Refuse(NamedTuple):
 
 
 class Heartbeat(NamedTuple):
-    """The root's clock and seq at one moment."""
+    """The root's clock and seq at one moment (+ what the sending source sent so far)."""
 
     time_us: int
     seq: int
     interval_ms: int
+    sent_seq: int = 0
 
 
 class SnapshotOffer(NamedTuple):

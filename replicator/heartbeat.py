@@ -33,7 +33,7 @@ class RootHeartbeat:
 
     def current(self) -> Heartbeat:
         """A fresh heartbeat."""
-        return Heartbeat(time.time_ns() // 1000, self._store.last_seq(), self.interval_ms)
+        return Heartbeat(time.time_ns() // 1000, self._store.last_seq(), self.interval_ms, 0)
 
 
 class RelayedHeartbeat:

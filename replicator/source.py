@@ -262,7 +262,7 @@ class ReplicationSource:
                     and (last_hb is None or hb.time_us > last_hb.time_us)
                 )
                 if hb is not None and (due or newer):
-                    await wire.send(writer, frames.encode_heartbeat(hb))
+                    await wire.send(writer, frames.encode_heartbeat(hb._replace(sent_seq=pos - 1)))
                     last_hb, last_hb_at = hb, now
                 if recs:
                     continue  # more may be there already; only an empty read waits

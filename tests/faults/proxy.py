@@ -70,15 +70,15 @@ class FaultProxy:
     async def _handle(self, creader: asyncio.StreamReader, cwriter: asyncio.StreamWriter) -> None:
         self.connections += 1
         n = self.connections
-        f = self.faults
-        active = f.only_first is None or n <= f.only_first
+        only = self.faults.only_first
+        active = only is None or n <= only
         try:
             sreader, swriter = await asyncio.open_connection("127.0.0.1", self.target)
         except OSError:
             cwriter.close()
             return
         up = asyncio.ensure_future(self._pipe(creader, swriter))
-        down = asyncio.ensure_future(self._down(sreader, cwriter, f if active else Faults()))
+        down = asyncio.ensure_future(self._down(sreader, cwriter, active))
         self._tasks |= {up, down}
         await asyncio.wait({up, down}, return_when=asyncio.FIRST_COMPLETED)
         for t in (up, down):
@@ -92,10 +92,13 @@ class FaultProxy:
             w.write(data)
             await w.drain()
 
-    async def _down(self, r: asyncio.StreamReader, w: asyncio.StreamWriter, f: Faults) -> None:
+    async def _down(self, r: asyncio.StreamReader, w: asyncio.StreamWriter, active: bool) -> None:
+        # Faults are read live, so a test can change them while a connection is open.
         sent = 0
         nframes = 0
         nrecords = 0
+        none = Faults()
+        f = self.faults if active else none
         snapshot_raw = f.raw
 
         async def out(data: bytes) -> bool:
@@ -111,6 +114,7 @@ class FaultProxy:
             return True
 
         while True:
+            f = self.faults if active else none
             if snapshot_raw:
                 data = await r.read(65536)
                 if not data or not await out(data):
@@ -161,3 +165,4 @@ class FaultProxy:
             asyncio.run_coroutine_threadsafe(_stop(), self._loop).result(5)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(5)
+        self._loop.close()

@@ -26,7 +26,7 @@ HELLO = frames.Hello(
     frames.ZERO_SHA,
 )
 WELCOME = frames.Welcome(frames.PROTOCOL_VERSION, b"\x01" * 16, b"\x02" * 16, 1000, 5, 1000)
-HEARTBEAT = frames.Heartbeat(1_700_000_000_000_000, 1234, 1000)
+HEARTBEAT = frames.Heartbeat(1_700_000_000_000_000, 1234, 1000, 1200)
 OFFER = frames.SnapshotOffer(77, b"\x03" * 32, b"\x04" * 16, 1 << 20, b"\x05" * 32, 4096)
 
 
