@@ -1,0 +1,60 @@
+"""Golden files pin the on-disk bytes: a drift without a format version bump fails here.
+
+To regenerate after a deliberate format change (and a CURRENT_FORMAT bump with a
+migration): ``MERCURY_UPDATE_GOLDEN=1 .venv/bin/pytest tests/store/test_golden_formats.py``.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from store import codec
+from store import format as ref
+from store.store import CURRENT_FORMAT
+
+DATA = Path(__file__).resolve().parents[1] / "data"
+GOLDEN_FORMAT = 2  # the format these files describe
+
+
+def _cases() -> dict[str, bytes]:
+    payload, head = codec.pack_entries(
+        41,
+        [
+            (ref.OP_SET, b"team-a", b"cfg/edge/ttl", b"300"),
+            (ref.OP_DELETE, b"team-a", b"cfg/edge/old", b""),
+            (ref.OP_SET, b"", b"\x00bin\xff", bytes(range(16))),
+        ],
+        ref.ZERO_HASH,
+    )
+    header = ref.encode_log_header(0, 41, 3, 1_700_000_000_000_000, head, payload)
+    return {
+        "golden_record_inline.bin": codec.encode_record(7, b"team-a", b"hello", False),
+        "golden_record_chunked.bin": codec.encode_record(2**40 + 3, b"team-b", b"x" * 5000, True),
+        "golden_log_payload.bin": payload,
+        "golden_log_header.bin": header,
+        "golden_chain_head.bin": head,
+    }
+
+
+@pytest.mark.parametrize("name", sorted(_cases()))
+def test_bytes_match_golden_file(name: str) -> None:
+    assert CURRENT_FORMAT == GOLDEN_FORMAT, "format bumped: regenerate golden files"
+    got = _cases()[name]
+    path = DATA / name
+    if os.environ.get("MERCURY_UPDATE_GOLDEN") == "1":
+        path.write_bytes(got)
+    assert path.read_bytes() == got, f"{name} drifted from the pinned format"
+
+
+def test_golden_log_record_decodes_and_verifies() -> None:
+    header = (DATA / "golden_log_header.bin").read_bytes()
+    payload = (DATA / "golden_log_payload.bin").read_bytes()
+    h = ref.decode_log_header(header)
+    assert (h.first_seq, h.num_entries) == (41, 3)
+    assert ref.log_crc_ok(header, payload)
+    entries, head = codec.unpack_entries(payload, ref.ZERO_HASH)
+    assert head == h.hash_head == (DATA / "golden_chain_head.bin").read_bytes()
+    assert [e.key for e in entries] == [b"cfg/edge/ttl", b"cfg/edge/old", b"\x00bin\xff"]
