@@ -40,6 +40,14 @@ _KV_PARAMS = [
     },
 ]
 
+_KEY_PARAM = {
+    "name": "key",
+    "in": "path",
+    "required": True,
+    "schema": {"type": "string", "minLength": 1, "maxLength": 500},
+    "description": "the key, percent-encoded (any bytes)",
+}
+
 _BATCH_SCHEMA = {
     "type": "object",
     "required": ["ops"],
@@ -99,7 +107,7 @@ def _condition(request: Request) -> int | None:
     "/v1/kv/{key:path}",
     summary="Write one key (acknowledged after the durable commit)",
     openapi_extra={
-        "parameters": _KV_PARAMS,
+        "parameters": [_KEY_PARAM, *_KV_PARAMS],
         "requestBody": {
             "required": True,
             "content": {
@@ -132,7 +140,7 @@ async def put_kv(request: Request) -> Response:
 @router.delete(
     "/v1/kv/{key:path}",
     summary="Delete one key (acknowledged after the durable commit)",
-    openapi_extra={"parameters": _KV_PARAMS},
+    openapi_extra={"parameters": [_KEY_PARAM, *_KV_PARAMS]},
 )
 async def delete_kv(request: Request) -> Response:
     """200 `{"seq", "status": "deleted" | "absent"}`, 412 when the condition fails."""
@@ -153,7 +161,11 @@ async def delete_kv(request: Request) -> Response:
     return answer_response(a)
 
 
-@router.get("/v1/kv/{key:path}", summary="Read one key (producers: their keyspaces; admin: all)")
+@router.get(
+    "/v1/kv/{key:path}",
+    summary="Read one key (producers: their keyspaces; admin: all)",
+    openapi_extra={"parameters": [_KEY_PARAM]},
+)
 async def get_kv(request: Request) -> Response:
     """The value bytes with `ETag: "<seq of last change>"`; 404 when absent."""
     gw = _gw(request)
