@@ -1,8 +1,8 @@
 """Format 1 → 2: per-owner usage counters, backfilled by recounting the data once.
 
 Format 1 kept no usage counters; format 2 maintains them in every batch transaction
-(`store/usage.py`). This step creates the ``usage`` sub-database and fills keys and bytes
-from the value records' owners. Write counters (writes, duplicates, ...) have no history to
+(`store/usage.py`, kept in the ``meta`` sub-database). This step fills keys and bytes from
+the value records' owners. Write counters (writes, duplicates, ...) have no history to
 recover and start at zero.
 """
 
@@ -13,13 +13,15 @@ from typing import Any
 
 from mercury import failpoints
 from migrations.plan import Step
-from store import codec, layout
-from store.usage import Usage, stored_bytes, usage_key
+from store import codec
+from store.usage import USAGE_PREFIX, Usage, stored_bytes, usage_key
 
 
 def _apply(store: Any, txn: Any, progress: Callable[[int], object]) -> None:
-    usage_db = store.env.open_db(layout.USAGE, txn=txn, create=True)
-    txn.drop(usage_db, delete=False)  # a clean slate: the step may have run before
+    meta = store.dbs.meta
+    stale = [bytes(k) for k, _v in txn.cursor(db=meta) if bytes(k).startswith(USAGE_PREFIX)]
+    for k in stale:  # a clean slate, whatever an interrupted earlier run left
+        txn.delete(k, db=meta)
     counts: dict[str, Usage] = {}
     for n, (key, rec) in enumerate(txn.cursor(db=store.dbs.data), 1):
         h = codec.decode_record_header(rec)
@@ -30,7 +32,7 @@ def _apply(store: Any, txn: Any, progress: Callable[[int], object]) -> None:
             progress(10_000)
             failpoints.hit("migrate.0002.mid_scan")
     for owner, u in counts.items():
-        txn.put(usage_key(owner), u.encode(), db=usage_db)
+        txn.put(usage_key(owner), u.encode(), db=meta)
     failpoints.hit("migrate.0002.before_commit")
 
 

@@ -116,7 +116,7 @@ def _check_data(store: Store, txn: Any, report: CheckReport, tick: Progress) -> 
         u = recount.setdefault(h.owner, Usage())
         u.keys += 1
         u.bytes += stored_bytes(len(key), h.vlen, len(h.owner.encode()))
-    if store.dbs.usage is not None:
+    if store.format_version >= 2:
         stored = store.usage()
         for owner in set(recount) | set(stored):
             want = recount.get(owner, Usage())

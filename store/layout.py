@@ -5,8 +5,9 @@ Sub-databases:
 - ``data``   user key -> value record (`store/format.py`)
 - ``chunks`` pieces of large values and large log payloads (page-sized)
 - ``log``    first seq (u64 big-endian) -> log record, one per batch
-- ``meta``   db id, format version, last seq, hash head, log bounds
-- ``usage``  owner (producer name, UTF-8) -> usage counters (`store/usage.py`; format ≥ 2)
+- ``meta``   db id, format version, last seq, hash head, log bounds, and (format ≥ 2) one
+  usage record per owner under ``usage:<owner>`` (`store/usage.py`) — in the same
+  sub-database so that a small commit dirties one meta page, not two
 - ``state``  named documents of the node (ACL, admin token hash), not replicated
 - ``idem``   idempotency keys -> first answer, not replicated
 """
@@ -26,10 +27,9 @@ DATA = b"data"
 CHUNKS = b"chunks"
 LOG = b"log"
 META = b"meta"
-USAGE = b"usage"
 STATE = b"state"
 IDEM = b"idem"
-ALL_DBS = (DATA, CHUNKS, LOG, META, USAGE, STATE, IDEM)
+ALL_DBS = (DATA, CHUNKS, LOG, META, STATE, IDEM)
 
 K_DB_ID = b"db_id"
 K_FORMAT = b"format_version"
@@ -55,7 +55,6 @@ class Dbs:
     chunks: Any
     log: Any
     meta: Any
-    usage: Any
     state: Any
     idem: Any
 

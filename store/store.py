@@ -63,7 +63,7 @@ from store.layout import (
 )
 from store.metrics import CRC_FAILURES
 from store.ops import ApplyResult, LogRecord, Op, Value
-from store.usage import Usage, stored_bytes, usage_key
+from store.usage import USAGE_PREFIX, Usage, stored_bytes, usage_key
 
 #: Format written by this code. Format 1 had no usage counters (see migrations/).
 CURRENT_FORMAT = 2
@@ -90,6 +90,7 @@ class Store:
             if raw is None:
                 raise CorruptionError(f"store in {path!r} has no db id")
             self.db_id = str(uuid.UUID(bytes=bytes(raw)))
+            self.format_version = int(U32.unpack(txn.get(K_FORMAT))[0])
 
     # --- lifecycle -------------------------------------------------------------------
 
@@ -109,12 +110,6 @@ class Store:
                 f"a store already exists in {path!r}", hint="use another DATA_DIR or remove it"
             )
         env, dbs = layout.open_env(path, map_size=map_size, sync=sync, create=True)
-        if format_version < 2:
-            # Format 1 had no usage sub-database; drop it so the migration really creates it.
-            with env.begin(write=True) as txn:
-                txn.drop(dbs.usage, delete=True)
-            env.close()
-            env, dbs = _open_v1(path, map_size, sync)
         the_id = uuid.UUID(db_id) if db_id else uuid.uuid4()
         with env.begin(write=True, db=dbs.meta) as txn:
             txn.put(K_DB_ID, the_id.bytes)
@@ -144,10 +139,7 @@ class Store:
         version = read_format_version(path)
         if check_format:
             ensure_current_format(path, version)
-        if version < 2:
-            env, dbs = _open_v1(path, map_size, sync, readonly=readonly)
-        else:
-            env, dbs = layout.open_env(path, readonly=readonly, map_size=map_size, sync=sync)
+        env, dbs = layout.open_env(path, readonly=readonly, map_size=map_size, sync=sync)
         return cls(path, env, dbs, readonly)
 
     def close(self) -> None:
@@ -259,13 +251,14 @@ class Store:
         d[1] -= stored_bytes(key_len, h.vlen, len(h.owner.encode()))
 
     def _write_usage(self, txn: Any, delta: dict[str, list[int]]) -> None:
-        if self.dbs.usage is None:
-            return
+        if self.format_version < 2:
+            return  # format 1 kept no counters; `mercury migrate` backfills them
+        meta = self.dbs.meta
         for owner, d in delta.items():
             k = usage_key(owner)
-            u = Usage.decode(txn.get(k, db=self.dbs.usage))
+            u = Usage.decode(txn.get(k, db=meta))
             u.add(Usage(*d))
-            txn.put(k, u.encode(), db=self.dbs.usage)
+            txn.put(k, u.encode(), db=meta)
 
     def _put_log(
         self, txn: Any, first: int, count: int, time_us: int, head: bytes, payload: bytes
@@ -530,10 +523,16 @@ class Store:
 
     def usage(self) -> dict[str, Usage]:
         """Usage counters of every owner, maintained by `apply` (no scan)."""
-        if self.dbs.usage is None:
-            return {}
-        with self.env.begin(db=self.dbs.usage) as txn:
-            return {bytes(k[1:]).decode(): Usage.decode(bytes(v)) for k, v in txn.cursor()}
+        out: dict[str, Usage] = {}
+        n = len(USAGE_PREFIX)
+        with self.env.begin(db=self.dbs.meta) as txn:
+            cur = txn.cursor()
+            if cur.set_range(USAGE_PREFIX):
+                for k, v in cur:
+                    if not k.startswith(USAGE_PREFIX):
+                        break
+                    out[bytes(k[n:]).decode()] = Usage.decode(bytes(v))
+        return out
 
     def stat(self) -> dict[str, int]:
         """LMDB-level facts: map size, file size, pages in use, entries per sub-database."""
@@ -546,8 +545,7 @@ class Store:
         with self.env.begin() as txn:
             for name in layout.ALL_DBS:
                 db = getattr(self.dbs, name.decode())
-                if db is not None:
-                    out[f"entries_{name.decode()}"] = txn.stat(db)["entries"]
+                out[f"entries_{name.decode()}"] = txn.stat(db)["entries"]
         return out
 
 
@@ -660,27 +658,3 @@ def ensure_current_format(path: str, version: int) -> None:
             f"store in {path!r} is at format {version}, newer than this Mercury ({CURRENT_FORMAT})",
             hint="run a Mercury release that knows this format; never downgrade a store",
         )
-
-
-def _open_v1(
-    path: str, map_size: int, sync: bool, readonly: bool = False
-) -> tuple[Any, layout.Dbs]:
-    """Open a format-1 store: it has every sub-database but ``usage``."""
-    env = lmdb.open(
-        path,
-        map_size=map_size,
-        max_dbs=len(layout.ALL_DBS) + 2,
-        max_readers=layout.MAX_READERS,
-        readonly=readonly,
-        sync=sync,
-        metasync=sync,
-        readahead=False,
-        meminit=False,
-        lock=True,
-    )
-    handles = {
-        name.decode(): env.open_db(name, create=not readonly)
-        for name in layout.ALL_DBS
-        if name != layout.USAGE
-    }
-    return env, layout.Dbs(usage=None, **handles)

@@ -1,6 +1,6 @@
 """Per-owner usage counters: their record format and the arithmetic, free of I/O.
 
-A usage record (value of the ``usage`` sub-database, key = ``b"u"`` + owner UTF-8, so that
+A usage record (in the ``meta`` sub-database under key ``b"usage:"`` + owner UTF-8, so that
 the empty owner of unattributed writes has a key too) is six u64
 little-endian: keys, bytes, writes, deletes, duplicates, throttled. ``bytes`` counts what a
 key costs in the store: key length + value length + the record's metadata (`RECORD_FIXED` +
@@ -57,6 +57,9 @@ def stored_bytes(key_len: int, value_len: int, owner_len: int) -> int:
     return key_len + value_len + RECORD_FIXED + owner_len
 
 
+USAGE_PREFIX = b"usage:"
+
+
 def usage_key(owner: str) -> bytes:
-    """Key of `owner`'s usage record."""
-    return b"u" + owner.encode()
+    """Key of `owner`'s usage record in the meta sub-database."""
+    return USAGE_PREFIX + owner.encode()
