@@ -18,8 +18,10 @@ from typing import Any
 from urllib.parse import parse_qsl, unquote_to_bytes
 
 from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, Field
+from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
@@ -140,6 +142,29 @@ def create_read_app(store: Store, *, role: str, status: Callable[[], dict[str, o
         if isinstance(err, CRCError):
             READ_ERRORS.labels("http", "crc").inc()
         return problem_for(err)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(_request: Request, err: StarletteHTTPException) -> Response:
+        slug = {404: "not-found", 405: "method-not-allowed"}.get(err.status_code, "http-error")
+        return problem(err.status_code, slug, str(err.detail), str(err.detail))
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid_body(_request: Request, err: RequestValidationError) -> Response:
+        detail = "; ".join(
+            f"{'.'.join(str(p) for p in e.get('loc', ()))}: {e.get('msg', '')}"
+            for e in err.errors()
+        )
+        return problem(400, "invalid-read", "Invalid read request", detail)
+
+    @app.api_route("/v1/kv/{key:path}", methods=["PUT", "POST", "DELETE", "PATCH"])
+    async def write_refused(key: str) -> Response:
+        return problem(
+            405,
+            "read-only",
+            "This node is read-only",
+            f"{role} nodes serve reads only; key {key!r} was not changed",
+            hint="write through the gateway on the root (PUT /v1/kv/{key} there)",
+        )
 
     @app.get("/healthz")
     async def healthz() -> dict[str, str]:

@@ -62,3 +62,19 @@ def test_status_healthz_and_metrics(store: Store, start_reads: StartReads) -> No
         c.get("/v1/kv/k")
         text = c.get("/metrics").text
         assert 'mercury_read_seconds_count{op="http_get"}' in text
+
+
+def test_writes_unknown_paths_and_bad_bodies_answer_problem_json(
+    store: Store, start_reads: StartReads
+) -> None:
+    srv = start_reads()
+    with httpx.Client(base_url=srv.url) as c:
+        r = c.put("/v1/kv/k", content=b"v")
+        assert r.status_code == 405 and "gateway" in r.json()["hint"]
+        assert r.headers["content-type"] == "application/problem+json"
+        r = c.get("/v1/nope")
+        assert r.status_code == 404
+        assert r.headers["content-type"] == "application/problem+json"
+        r = c.post("/v1/get_bulk", json={"keys": "notalist"})
+        assert r.status_code == 400 and r.json()["type"].endswith("invalid-read")
+    assert store.get(b"k") is None
