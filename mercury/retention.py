@@ -1,0 +1,108 @@
+"""Log retention: a node's periodic garbage collection of old log records.
+
+A `RetentionService` calls `Store.gc_log` every `interval` seconds in a worker thread (a
+write transaction must never run on the event loop), bounded per call so each transaction
+stays short; it runs again at once while there is more to drop. Defaults keep a week of
+history, and never fewer than 100,000 entries, so replicas that were offline can catch up
+instead of bootstrapping.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+from dataclasses import dataclass
+
+from mercury.errors import MercuryError
+from store.store import Store
+
+log = logging.getLogger("mercury.retention")
+
+WEEK = 7 * 24 * 3600.0
+
+
+@dataclass(frozen=True)
+class RetentionPolicy:
+    """What to keep: entries by count and/or age, never fewer than `min_entries`."""
+
+    keep_entries: int | None = None
+    keep_seconds: float | None = WEEK
+    min_entries: int = 100_000
+    interval: float = 10.0
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The retention flags shared by `mercury root` and `mercury replica`."""
+    p.add_argument(
+        "--log-keep-seconds",
+        type=float,
+        default=WEEK,
+        help="drop log records older than this (default: one week; 0 disables)",
+    )
+    p.add_argument(
+        "--log-keep-entries",
+        type=int,
+        default=None,
+        help="drop log records more than N entries behind the head (default: no count bound)",
+    )
+    p.add_argument(
+        "--log-min-entries",
+        type=int,
+        default=100_000,
+        help="never keep fewer than N log entries (default 100000)",
+    )
+
+
+def policy_from_args(args: argparse.Namespace) -> RetentionPolicy:
+    """The policy the retention flags describe."""
+    keep_s = getattr(args, "log_keep_seconds", WEEK)
+    return RetentionPolicy(
+        keep_entries=getattr(args, "log_keep_entries", None),
+        keep_seconds=keep_s if keep_s else None,
+        min_entries=getattr(args, "log_min_entries", 100_000),
+    )
+
+
+class RetentionService:
+    """Runs `Store.gc_log` periodically (a `mercury.service.Service`)."""
+
+    name = "retention"
+
+    def __init__(self, store: Store, policy: RetentionPolicy) -> None:
+        self._store = store
+        self._policy = policy
+        self._task: asyncio.Task[None] | None = None
+        self.dropped = 0
+
+    async def start(self) -> None:
+        """Start the periodic collection."""
+        self._task = asyncio.create_task(self._run(), name="log-retention")
+
+    async def stop(self) -> None:
+        """Stop after the current collection (if any) finishes."""
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    def collect_once(self) -> int:
+        """One bounded collection; returns the entries dropped (blocking: call in a thread)."""
+        p = self._policy
+        return self._store.gc_log(
+            keep_entries=p.keep_entries, keep_seconds=p.keep_seconds, min_entries=p.min_entries
+        )
+
+    async def _run(self) -> None:
+        while True:
+            try:
+                n = await asyncio.to_thread(self.collect_once)
+            except MercuryError as err:
+                log.warning("log retention failed: %s", err)
+                n = 0
+            self.dropped += n
+            if n:
+                log.info("log retention dropped %d entries", n)
+                continue  # more may be due: the call is bounded
+            await asyncio.sleep(self._policy.interval)
