@@ -44,8 +44,11 @@ RESTART_RESET_AFTER = 60.0
 class WorkerSupervisor:
     """Starts the replication worker and restarts it with bounded backoff when it dies."""
 
-    def __init__(self, cfg: WorkerConfig) -> None:
+    def __init__(self, cfg: WorkerConfig, stopping: asyncio.Event | None = None) -> None:
         self.cfg = cfg
+        # Set by the parent on SIGTERM: a worker that exits then is not restarted (it may
+        # have received the same signal from its process group).
+        self._parent_stopping = stopping or asyncio.Event()
         self.proc: asyncio.subprocess.Process | None = None
         self.rebootstrap = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -70,7 +73,7 @@ class WorkerSupervisor:
             started = time.monotonic()
             self.proc = await self._spawn()
             code = await self.proc.wait()
-            if self._stopping:
+            if self._stopping or self._parent_stopping.is_set():
                 return
             if code == EXIT_REBOOTSTRAP:
                 self.rebootstrap.set()
@@ -143,7 +146,7 @@ async def _serve(args: argparse.Namespace, cfg: WorkerConfig) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     os.makedirs(cfg.data_dir, exist_ok=True)
-    sup = WorkerSupervisor(cfg)
+    sup = WorkerSupervisor(cfg, stop)
     await sup.start()
     # The worker bootstraps a missing store before streaming; reads start once it exists.
     while not stop.is_set() and not _store_ready(cfg.data_dir):

@@ -38,11 +38,16 @@ from replicator import frames, wire
 from replicator.heartbeat import RelayedHeartbeat
 from replicator.selection import Selector
 from replicator.status import StatusBoard
+from store.ops import LogRecord
 from store.store import Store
 
 log = logging.getLogger("mercury.replication.client")
 
 CONNECT_TIMEOUT = 5.0
+#: Batches read ahead while one is being applied.
+PIPELINE = 32
+#: Stream buffer: a whole large log record fits, so reading never stops mid-record.
+READ_LIMIT = 16 << 20
 
 
 class ReplicationFailed(Exception):
@@ -128,8 +133,9 @@ class ReplicaClient:
 
     async def _session(self, host: str, port: int) -> None:
         self.board.update(state="connecting", source=f"{host}:{port}")
+        self.applied = self.store.last_seq()
         reader, writer = await asyncio.wait_for(
-            asyncio.open_connection(host, port), CONNECT_TIMEOUT
+            asyncio.open_connection(host, port, limit=READ_LIMIT), CONNECT_TIMEOUT
         )
         try:
             hello = frames.Hello(
@@ -158,7 +164,58 @@ class ReplicaClient:
             await wire.close(writer)
 
     async def _stream(self, reader: asyncio.StreamReader) -> None:
+        """Read frames and apply them in a pipeline: while one batch commits in the apply
+        thread, the loop already reads and checks the next ones (bounded queue)."""
+        q: asyncio.Queue[LogRecord | frames.Heartbeat | None] = asyncio.Queue(PIPELINE)
+        applier = asyncio.ensure_future(self._apply_loop(q, reader))
+        failure: BaseException | None = None
+        try:
+            await self._read_loop(reader, q)
+        except BaseException as err:  # re-raised below, after the applier has settled
+            failure = err
+        if failure is not None:
+            while not q.empty():  # not applied: the next session streams them again
+                q.get_nowait()
+        if not applier.done():
+            await q.put(None)
+        try:
+            # Never abandon an apply in flight: `applied` must match the store.
+            await asyncio.shield(applier)
+        except Exception as err:
+            raise err from failure
+        if failure is not None:
+            raise failure
+
+    async def _apply_loop(
+        self, q: asyncio.Queue[LogRecord | frames.Heartbeat | None], reader: asyncio.StreamReader
+    ) -> None:
         loop = asyncio.get_running_loop()
+        try:
+            while (item := await q.get()) is not None:
+                if isinstance(item, LogRecord):
+                    await loop.run_in_executor(self._exec, self.store.apply_log_record, item)
+                    self.applied = item.last_seq
+                    st = self.board.status
+                    self.board.update(
+                        applied_seq=item.last_seq, known_us=max(st.known_us, item.time_us)
+                    )
+                else:
+                    st = self.board.status
+                    known = max(st.known_us, item.time_us) if self.applied >= item.seq else None
+                    self.board.update(
+                        hb_time_us=item.time_us,
+                        hb_seq=item.seq,
+                        hb_interval_ms=item.interval_ms,
+                        known_us=st.known_us if known is None else known,
+                    )
+        except Exception:
+            reader.feed_eof()  # wake the reader: the session ends with this error
+            raise
+
+    async def _read_loop(
+        self, reader: asyncio.StreamReader, q: asyncio.Queue[LogRecord | frames.Heartbeat | None]
+    ) -> None:
+        received = self.applied
         fresh_at = time.monotonic()
         while True:
             left = self.staleness - (time.monotonic() - fresh_at)
@@ -170,38 +227,29 @@ class ReplicaClient:
                 raise _Stale() from None
             if ftype == frames.RECORD:
                 rec = wire.parse_record(body)
-                if rec.first_seq != self.applied + 1:
-                    kind = "repeat" if rec.first_seq <= self.applied else "gap"
+                if rec.first_seq != received + 1:
+                    kind = "repeat" if rec.first_seq <= received else "gap"
                     raise StreamGapError(
-                        f"seq {kind}: expected a record starting at seq {self.applied + 1}, "
+                        f"seq {kind}: expected a record starting at seq {received + 1}, "
                         f"got one starting at {rec.first_seq}",
-                        seq=self.applied,
+                        seq=received,
                     )
-                await loop.run_in_executor(self._exec, self.store.apply_log_record, rec)
-                self.applied = rec.last_seq
+                received = rec.last_seq
                 fresh_at = time.monotonic()
                 self.selector.progressed()
-                st = self.board.status
-                self.board.update(applied_seq=rec.last_seq, known_us=max(st.known_us, rec.time_us))
+                await q.put(rec)
             elif ftype == frames.HEARTBEAT:
                 hb = frames.decode_heartbeat(body)
-                if hb.sent_seq > self.applied:
+                if hb.sent_seq > received:
                     raise StreamGapError(
                         f"seq gap: the source sent up to seq {hb.sent_seq}, this replica "
-                        f"received only up to {self.applied}",
-                        seq=self.applied,
+                        f"received only up to {received}",
+                        seq=received,
                     )
-                if self.relay.update(hb):
+                if self.relay.update(hb):  # relayed downstream at once
                     fresh_at = time.monotonic()
                     self.selector.progressed()
-                st = self.board.status
-                known = max(st.known_us, hb.time_us) if self.applied >= hb.seq else st.known_us
-                self.board.update(
-                    hb_time_us=hb.time_us,
-                    hb_seq=hb.seq,
-                    hb_interval_ms=hb.interval_ms,
-                    known_us=known,
-                )
+                await q.put(hb)
             elif ftype == frames.REFUSE:
                 raise refusal_error(frames.decode_refuse(body))
             elif ftype == frames.END:

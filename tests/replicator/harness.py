@@ -24,9 +24,16 @@ class RootNode:
     """`store` + a source on 127.0.0.1:`port` (0 = pick one), running in a thread."""
 
     def __init__(
-        self, path: str, port: int = 0, *, heartbeat_ms: int = 200, max_bootstraps: int = 1
+        self,
+        path: str,
+        port: int = 0,
+        *,
+        heartbeat_ms: int = 200,
+        max_bootstraps: int = 1,
+        sync: bool = False,
+        map_size: int = 4 << 30,
     ) -> None:
-        self.store = Store.create(path, sync=False, map_size=4 << 30)
+        self.store = Store.create(path, sync=sync, map_size=map_size)
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
         self._thread.start()
