@@ -15,7 +15,7 @@ import json
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
-from urllib.parse import parse_qsl, unquote_to_bytes
+from urllib.parse import parse_qsl, quote, unquote_to_bytes
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -55,22 +55,20 @@ class ReadApp(FastAPI):
     store: Store
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if (
-            scope["type"] == "http"
-            and scope["method"] in ("GET", "HEAD")
-            and scope.get("raw_path", b"").startswith(KV_PREFIX)
-        ):
-            await self._point_get(scope, send)
-            return
+        if scope["type"] == "http" and scope["method"] in ("GET", "HEAD"):
+            raw = scope.get("raw_path") or quote(scope["path"]).encode()
+            if raw.startswith(KV_PREFIX):
+                await self._point_get(scope, raw, send)
+                return
         await super().__call__(scope, receive, send)
 
-    async def _point_get(self, scope: Scope, send: Send) -> None:
+    async def _point_get(self, scope: Scope, raw_path: bytes, send: Send) -> None:
         t0 = time.perf_counter()
         store = self.store
         status = 200
         headers: list[tuple[bytes, bytes]]
         body = b""
-        key = unquote_to_bytes(scope["raw_path"][len(KV_PREFIX) :])
+        key = unquote_to_bytes(raw_path[len(KV_PREFIX) :])
         if not 1 <= len(key) <= MAX_KEY:
             status, body = (
                 400,

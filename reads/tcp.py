@@ -12,8 +12,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import socket
 from collections.abc import Callable
+
+from reads.metrics import READ_ERRORS
+
+log = logging.getLogger(__name__)
 
 #: A connection's protocol step: answer as many complete requests as the buffer holds,
 #: deleting them from its front. Returns (reply bytes, close after writing).
@@ -41,7 +46,14 @@ class _Conn(asyncio.Protocol):
         if t is None or t.is_closing():
             return
         self.buf += data
-        reply, close = self.step(self.buf)
+        try:
+            reply, close = self.step(self.buf)
+        except Exception:
+            # A bug must cost one connection, never the listener or the process.
+            log.exception("%s listener: request failed; closing the connection", self.service.name)
+            READ_ERRORS.labels(self.service.name, "internal").inc()
+            t.close()
+            return
         if reply:
             t.write(reply)
         if close:
