@@ -158,9 +158,13 @@ def catch_up(tmp: Path, procs: Procs, entries: int) -> tuple[dict[str, Any], Roo
         name="follower",
     )
     target = root.store.last_seq()
+    first_at: tuple[float, int] | None = None  # (time, seq) when the first batch landed
     while True:
         try:
-            if httpx.get(f"http://127.0.0.1:{http}/v1/status", timeout=2).json()["seq"] >= target:
+            seq = httpx.get(f"http://127.0.0.1:{http}/v1/status", timeout=2).json()["seq"]
+            if seq > 0 and first_at is None:
+                first_at = (time.perf_counter(), seq)
+            if seq >= target:
                 break
         except httpx.HTTPError:
             pass
@@ -171,12 +175,16 @@ def catch_up(tmp: Path, procs: Procs, entries: int) -> tuple[dict[str, Any], Roo
     procs.terminate(p)
     root_rate = entries / root_s
     rate = entries / follow_s
+    assert first_at is not None
+    steady = (target - first_at[1]) / (time.perf_counter() - first_at[0])
     return {
         "entries": entries,
         "batch": batch,
         "root_apply_entries_per_s": round(root_rate),
         "catch_up_entries_per_s_incl_process_start": round(rate),
         "ratio": round(rate / root_rate, 2),
+        "catch_up_entries_per_s_streaming": round(steady),
+        "ratio_streaming": round(steady / root_rate, 2),
         "goal_ratio": 1.0,
     }, root
 

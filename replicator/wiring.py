@@ -8,6 +8,7 @@ import uuid
 from mercury.service import Service
 from replicator import notify
 from replicator.heartbeat import RootHeartbeat
+from replicator.metrics import APPLIED_SEQ, REPLICATION_LAG
 from replicator.selection import parse_source
 from replicator.source import ReplicationSource
 from store.store import Store
@@ -18,13 +19,17 @@ def root_services(store: Store, args: argparse.Namespace) -> list[Service]:
 
     Optional attributes of `args`: ``heartbeat_ms`` (root heartbeat interval, default
     1000) and ``max_bootstraps`` (concurrent snapshot transfers, default 1). Also makes
-    every commit of this process ping sources of other processes on the same store.
+    every commit of this process ping sources of other processes on the same store, and
+    exports `mercury_replication_lag_seconds` (0) and `mercury_replication_applied_seq`.
     """
     listen = getattr(args, "repl_listen", None)
     if not listen:
         return []
     host, port = parse_source(listen if ":" in listen else f"127.0.0.1:{listen}")
     notify.install_pinger(store)
+    # The root is the reference: no lag by definition; its applied seq is its head.
+    REPLICATION_LAG.set_function(lambda: 0.0)
+    APPLIED_SEQ.set_function(lambda: float(store.last_seq()))
     source = ReplicationSource(
         store,
         host,

@@ -47,7 +47,7 @@ class Faults:
 class FaultProxy:
     """127.0.0.1:`port` -> 127.0.0.1:`target`."""
 
-    def __init__(self, target: int, faults: Faults | None = None) -> None:
+    def __init__(self, target: int, faults: Faults | None = None, port: int = 0) -> None:
         self.target = target
         self.faults = faults or Faults()
         self.connections = 0
@@ -57,11 +57,11 @@ class FaultProxy:
         self._thread.start()
         self._server: asyncio.Server | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
-        fut = asyncio.run_coroutine_threadsafe(self._start(), self._loop)
+        fut = asyncio.run_coroutine_threadsafe(self._start(port), self._loop)
         self.port: int = fut.result(10)
 
-    async def _start(self) -> int:
-        self._server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
+    async def _start(self, port: int) -> int:
+        self._server = await asyncio.start_server(self._handle, "127.0.0.1", port)
         return int(self._server.sockets[0].getsockname()[1])
 
     def _count(self, what: str) -> None:
