@@ -105,6 +105,27 @@ def test_rest_get_as_python_kyototycoon_sends_it(kt_port: int) -> None:
     assert (status, body) == (400, b"no such database\n")
 
 
+def test_tsv_rpc_as_python_kyototycoon_sends_it(kt_port: int) -> None:
+    # colenc=U bodies with keys quoted by urllib, flags as "atomic\t", GET with DB in the query
+    body = b"atomic\t\n_a%3A2\t\n_k1\t\n"
+    req = (
+        b"POST /rpc/get_bulk HTTP/1.1\r\nHost: 127.0.0.1\r\nAccept-Encoding: identity\r\n"
+        b"Content-Length: %d\r\nContent-Type: text/tab-separated-values; colenc=U\r\n\r\n"
+        % len(body)
+    ) + body
+    status, headers, resp = _parse_one(_raw(kt_port, req))
+    assert status == 200
+    assert kt.decode_tsv_response(resp, headers["content-type"]) == {
+        b"_a:2": b"two",
+        b"_k1": b"v1",
+        b"num": b"2",
+    }
+    status, headers, resp = _parse_one(_raw(kt_port, b"GET /rpc/report?DB=0 HTTP/1.1\r\n\r\n"))
+    out = kt.decode_tsv_response(resp, headers["content-type"])
+    assert status == 200 and out[b"db_total_count"] == b"54"
+    assert out[b"db_0"].startswith(b"count=54 size=")
+
+
 def test_tsv_rpc_column_encodings_in_and_out(kt_port: int) -> None:
     def rpc(proc: str, body: bytes, colenc: str | None) -> tuple[int, dict[bytes, bytes]]:
         ctype = "text/tab-separated-values" + (f"; colenc={colenc}" if colenc else "")
