@@ -200,6 +200,7 @@ def create_read_app(store: Store, *, role: str, status: Callable[[], dict[str, o
                 raise InvalidReadError(f"keys must be 1 to {MAX_KEY} bytes", key=k)
         with store.reader() as r:
             found = r.get_many(text_keys + b64_keys)
+        applied = store.last_seq()  # read after the values: always >= their seqs
         values: dict[str, str | None] = {}
         values_b64: dict[str, str | None] = {}
         for name, v in zip(body.keys, found[: len(text_keys)], strict=True):
@@ -216,7 +217,7 @@ def create_read_app(store: Store, *, role: str, status: Callable[[], dict[str, o
         if values_b64:
             doc["values_b64"] = values_b64
         READ_SECONDS.labels("http_get_bulk").observe(time.perf_counter() - t0)
-        return JSONResponse(doc)
+        return JSONResponse(doc, headers={"X-Mercury-Seq": str(applied)})
 
     @app.get("/v1/range")
     async def get_range(request: Request) -> Response:
@@ -237,19 +238,22 @@ def create_read_app(store: Store, *, role: str, status: Callable[[], dict[str, o
             raise InvalidReadError("limit must be an integer") from err
         if NDJSON in request.headers.get("accept", ""):
             # A stream serves the whole range (or `limit` items when given).
-            total = limit if limit is not None and limit > 0 else None
+            if limit is not None and limit < 1:
+                raise InvalidReadError("limit must be at least 1 (omit it to stream every item)")
+            total = limit
             return StreamingResponse(
                 _stream(store, spec, after, total, keys_only), media_type=NDJSON
             )
         limit = ranges.check_limit(limit)
         with store.reader() as r:
             items, more = ranges.read_page(r, spec, after, limit, keys_only)
+        applied = store.last_seq()
         doc = {
             "items": [jsonkv.item(k, v) for k, v in items],
             "next_cursor": ranges.encode_cursor(spec, items[-1][0]) if more else None,
         }
         READ_SECONDS.labels("http_range").observe(time.perf_counter() - t0)
-        return JSONResponse(doc)
+        return JSONResponse(doc, headers={"X-Mercury-Seq": str(applied)})
 
     return app
 

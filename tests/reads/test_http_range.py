@@ -54,7 +54,9 @@ def test_range_by_prefix_pages_cover_every_key_once_in_order(
         assert [len(p) for p in pages] == [100, 100, 50]
         flat = [k for p in pages for k in p]
         assert flat == [f"p/{i:04d}" for i in range(250)]
-        doc = c.get("/v1/range", params={"start": "p/0010", "end": "p/0013"}).json()
+        r = c.get("/v1/range", params={"start": "p/0010", "end": "p/0013"})
+        assert r.headers["x-mercury-seq"] == str(store.last_seq())
+        doc = r.json()
         assert [i["key"] for i in doc["items"]] == ["p/0010", "p/0011", "p/0012"]
         assert doc["items"][0]["value"] == "v"
         assert doc["next_cursor"] is None
@@ -104,6 +106,9 @@ def test_cursor_of_another_range_and_bad_params_are_refused(
         assert r.status_code == 400 and r.json()["type"].endswith("invalid-cursor")
         assert c.get("/v1/range", params={"cursor": "!!"}).status_code == 400
         assert c.get("/v1/range", params={"limit": "0"}).status_code == 400
+        nd = {"Accept": "application/x-ndjson"}
+        assert c.get("/v1/range", params={"limit": "0"}, headers=nd).status_code == 400
+        assert c.get("/v1/range", params={"limit": "x"}).status_code == 400
         assert c.get("/v1/range", params={"prefix": "a", "start": "b"}).status_code == 400
         assert c.get("/v1/range", params={"start": "b", "end": "a"}).status_code == 400
 
