@@ -12,6 +12,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -40,6 +41,8 @@ MAX_BULK_KEYS = 10_000
 STREAM_CHUNK = 512
 
 _OCTET = b"application/octet-stream"
+
+log = logging.getLogger(__name__)
 
 
 class GetBulkBody(BaseModel):
@@ -130,7 +133,9 @@ def create_read_app(store: Store, *, role: str, status: Callable[[], dict[str, o
     "lag_seconds"). The root refuses range reads (421 problem+json pointing to consumer
     nodes). The app never writes to `store` and never closes it.
     """
-    app = ReadApp(title=f"Mercury {role} reads", docs_url=None, redoc_url=None)
+    app = ReadApp(
+        title=f"Mercury {role} reads", docs_url=None, redoc_url=None, redirect_slashes=False
+    )
     app.store = store
     app.state.store = store
     app.state.role = role
@@ -140,6 +145,13 @@ def create_read_app(store: Store, *, role: str, status: Callable[[], dict[str, o
         if isinstance(err, CRCError):
             READ_ERRORS.labels("http", "crc").inc()
         return problem_for(err)
+
+    @app.exception_handler(Exception)
+    async def _unexpected(_request: Request, err: Exception) -> Response:
+        # A bug: logged with its stack here, never shown to the client.
+        log.exception("read request failed", exc_info=err)
+        READ_ERRORS.labels("http", "internal").inc()
+        return problem(500, "internal", "Internal error", "the read failed; see the node's log")
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(_request: Request, err: StarletteHTTPException) -> Response:
@@ -230,7 +242,9 @@ def create_read_app(store: Store, *, role: str, status: Callable[[], dict[str, o
         q = _raw_query(request.scope["query_string"])
         spec = ranges.make_spec(prefix=q.get("prefix"), start=q.get("start"), end=q.get("end"))
         keys_only = q.get("keys_only", b"false").lower() in (b"true", b"1", b"yes")
-        after = ranges.decode_cursor(spec, q["cursor"].decode()) if q.get("cursor") else None
+        after = (
+            ranges.decode_cursor(spec, q["cursor"].decode("latin-1")) if q.get("cursor") else None
+        )
         limit_raw = q.get("limit")
         try:
             limit = int(limit_raw) if limit_raw is not None else None
