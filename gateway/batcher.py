@@ -43,7 +43,9 @@ def coalesce(ops: Sequence[Op]) -> tuple[list[int], list[int]]:
 
     Returns (kept, winner): `kept` are indices applied in order; `winner[i]` is the index
     whose result op i reports. An op is dropped when a later op writes the same key and no
-    op on that key carries a condition (conditions must see every earlier write).
+    op on that key carries a condition (conditions must see every earlier write). The final
+    state equals applying every op, for conditions that name committed seqs (seqs assigned
+    inside the batch are renumbered by coalescing; no client can know them beforehand).
     """
     last: dict[bytes, int] = {}
     conditional: set[bytes] = set()

@@ -92,22 +92,37 @@ def batch_ops(doc: Any, owner: str, *, max_ops: int, max_key: int, max_value: in
     out: list[Op] = []
     append = out.append
     for i, op in enumerate(raw_ops):
-        if not isinstance(op, dict):
-            raise BadRequestError(f"op {i} must be an object")
-        kind = op.get("op")
-        key = _bytes_field(op, "key", i, True)
-        assert key is not None
-        check_key(key, max_key, f"op {i}: key")
-        if kind == "set":
-            value = _bytes_field(op, "value", i, True)
-            assert value is not None
-            if len(value) > max_value:
-                raise TooLargeError(
-                    f"op {i}: value is {len(value)} bytes; values are at most {max_value} bytes"
-                )
-            append(Op(SET, key, value, owner))
-        elif kind == "delete":
-            append(Op(DELETE, key, b"", owner))
-        else:
-            raise BadRequestError(f'op {i}: "op" must be "set" or "delete", got {kind!r}')
+        # Fast path for the common shape {"op": "set", "key": str, "value": str}: no
+        # helper calls per pair (this loop is a third of the gateway's per-pair cost).
+        if type(op) is dict and len(op) == 3:
+            key = op.get("key")
+            value = op.get("value")
+            if type(key) is str and type(value) is str and op.get("op") == "set":
+                kb = key.encode("utf-8", "surrogatepass")
+                vb = value.encode("utf-8", "surrogatepass")
+                if 0 < len(kb) <= max_key and len(vb) <= max_value:
+                    append(Op(SET, kb, vb, owner))
+                    continue
+        append(_slow_op(op, i, owner, max_key, max_value))
     return out
+
+
+def _slow_op(op: Any, i: int, owner: str, max_key: int, max_value: int) -> Op:
+    """One op of any accepted shape, or the exact reason it is refused."""
+    if not isinstance(op, dict):
+        raise BadRequestError(f"op {i} must be an object")
+    kind = op.get("op")
+    key = _bytes_field(op, "key", i, True)
+    assert key is not None
+    check_key(key, max_key, f"op {i}: key")
+    if kind == "set":
+        value = _bytes_field(op, "value", i, True)
+        assert value is not None
+        if len(value) > max_value:
+            raise TooLargeError(
+                f"op {i}: value is {len(value)} bytes; values are at most {max_value} bytes"
+            )
+        return Op(SET, key, value, owner)
+    if kind == "delete":
+        return Op(DELETE, key, b"", owner)
+    raise BadRequestError(f'op {i}: "op" must be "set" or "delete", got {kind!r}')

@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 import time
+from typing import Any
 
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
-from gateway import bodies
-from gateway.http import answer_response, flag, read_body
-from gateway.writes import ADMIN, Gateway, batch_answer, kv_answer
-from mercury.errors import BadRequestError, NotFoundError
-from store.ops import DELETE, SET, Op
+from gateway import kv_handlers
+from gateway.http import answer_response, read_body
+from gateway.writes import ADMIN, Gateway
+from mercury.errors import NotFoundError
+from store.ops import SET, Op
 
 router = APIRouter(tags=["producer"])
 
@@ -78,29 +79,20 @@ def _gw(request: Request) -> Gateway:
 
 def _key(request: Request, gw: Gateway) -> bytes:
     raw: bytes = request.scope.get("raw_path") or request.scope["path"].encode()
-    return bodies.key_from_path(raw.split(b"?", 1)[0][len(b"/v1/kv/") :], gw.settings.max_key)
+    return kv_handlers.key_of(raw, gw.settings.max_key)
 
 
-def _condition(request: Request) -> int | None:
-    """expect_seq from If-Match / If-None-Match (None when unconditional)."""
-    h = request.headers
-    im = h.get("if-match")
-    inm = h.get("if-none-match")
-    if im is not None and inm is not None:
-        raise BadRequestError("send If-Match or If-None-Match, not both")
-    if inm is not None:
-        if inm.strip() != "*":
-            raise BadRequestError('If-None-Match supports only "*" (create only)')
-        return 0
-    if im is not None:
-        tag = im.strip()
-        if tag.startswith("W/"):
-            tag = tag[2:]
-        tag = tag.strip('"')
-        if not tag.isdigit() or len(tag) > 19:
-            raise BadRequestError(f'If-Match must be "<seq>", got {im!r}')
-        return int(tag)
-    return None
+async def _call(request: Request, handler: Any) -> Response:
+    """Run a framework-free handler of `kv_handlers` for a FastAPI request."""
+    t0 = time.perf_counter()
+
+    async def read(limit: int, what: str) -> bytes:
+        return await read_body(request, limit, what)
+
+    raw: bytes = request.scope.get("raw_path") or request.scope["path"].encode()
+    headers = {k: v for k, v in request.headers.items()}
+    a = await handler(_gw(request), headers, raw, request.scope["query_string"], read, t0)
+    return answer_response(a)
 
 
 @router.put(
@@ -118,23 +110,7 @@ def _condition(request: Request) -> int | None:
 )
 async def put_kv(request: Request) -> Response:
     """200 `{"seq", "status": "written" | "duplicate"}`, 412 when the condition fails."""
-    t0 = time.perf_counter()
-    gw = _gw(request)
-    p = gw.producer(request.headers.get("authorization"))
-    key = _key(request, gw)
-    cond = _condition(request)
-    value = await read_body(request, gw.settings.max_value, "value")
-    op = Op(SET, key, value, p.name, cond)
-    a = await gw.write(
-        p,
-        [op],
-        len(key) + len(value),
-        kv_answer,
-        idem=request.headers.get("idempotency-key"),
-        is_async=flag(request.query_params.get("async")),
-        t0=t0,
-    )
-    return answer_response(a)
+    return await _call(request, kv_handlers.put_kv)
 
 
 @router.delete(
@@ -144,21 +120,7 @@ async def put_kv(request: Request) -> Response:
 )
 async def delete_kv(request: Request) -> Response:
     """200 `{"seq", "status": "deleted" | "absent"}`, 412 when the condition fails."""
-    t0 = time.perf_counter()
-    gw = _gw(request)
-    p = gw.producer(request.headers.get("authorization"))
-    key = _key(request, gw)
-    op = Op(DELETE, key, b"", p.name, _condition(request))
-    a = await gw.write(
-        p,
-        [op],
-        len(key),
-        kv_answer,
-        idem=request.headers.get("idempotency-key"),
-        is_async=flag(request.query_params.get("async")),
-        t0=t0,
-    )
-    return answer_response(a)
+    return await _call(request, kv_handlers.delete_kv)
 
 
 @router.get(
@@ -201,23 +163,4 @@ async def get_kv(request: Request) -> Response:
 async def post_batch(request: Request) -> Response:
     """ACL checked for every op before any applies; 200 `{"seq", "written", "deleted",
     "duplicates", "absent"}` after the durable commit."""
-    t0 = time.perf_counter()
-    gw = _gw(request)
-    p = gw.producer(request.headers.get("authorization"))
-    s = gw.settings
-    body = await read_body(request, s.max_batch_body, "batch body")
-    doc = bodies.parse_body(body, request.headers.get("content-type"))
-    ops = bodies.batch_ops(
-        doc, p.name, max_ops=s.max_batch_ops, max_key=s.max_key, max_value=s.max_value
-    )
-    nbytes = sum(len(op.key) + len(op.value) for op in ops)
-    a = await gw.write(
-        p,
-        ops,
-        nbytes,
-        batch_answer,
-        idem=request.headers.get("idempotency-key"),
-        is_async=flag(request.query_params.get("async")),
-        t0=t0,
-    )
-    return answer_response(a)
+    return await _call(request, kv_handlers.post_batch)

@@ -24,3 +24,5 @@ class Settings:
     idempotency_ttl_s: float = 48 * 3600.0
     idempotency_gc_every_s: float = 600.0
     consumer_nodes: tuple[str, ...] = ()
+    #: Serve the hot write endpoints by the raw-ASGI fast path (same handlers).
+    fast_path: bool = True

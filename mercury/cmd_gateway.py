@@ -44,6 +44,11 @@ def register(sub: Any) -> None:
     )
     p.add_argument("--log-level", default="info", help="log level (default info)")
     p.add_argument(
+        "--no-fast-path",
+        action="store_true",
+        help="serve PUT/DELETE /v1/kv and POST /v1/batch through FastAPI's routing too",
+    )
+    p.add_argument(
         "--no-sync",
         action="store_true",
         help="do not fsync commits (tests and benchmarks only: acknowledged writes may be lost)",

@@ -17,6 +17,7 @@ import orjson
 import uvicorn
 
 from gateway.app import create_app
+from gateway.fastpath import FastPath
 from gateway.settings import Settings
 from mercury.errors import BadRequestError
 from store.store import Store
@@ -70,6 +71,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         batch_max_ops=int(args.batch_max_ops),
         batch_max_bytes=int(args.batch_max_bytes),
         consumer_nodes=tuple(args.consumer_node or ()),
+        fast_path=not args.no_fast_path,
     )
 
 
@@ -92,7 +94,7 @@ def run_root(args: argparse.Namespace) -> int:
         ]
         app = create_app(settings_from_args(args), store, services)
         config = uvicorn.Config(
-            app,
+            FastPath(app),
             host=host,
             port=port,
             loop="uvloop",

@@ -1,0 +1,710 @@
+"""Gateway write throughput and latency, each beside a no-op baseline in the same run (JSON).
+
+Servers run as separate processes (uvicorn, uvloop + httptools, no access log), one at a
+time; the load comes from this process (an asyncio HTTP/1.1 keep-alive client on uvloop).
+
+- ``put``: single-key PUTs/s at concurrency 64 with a 5 ms batch window (fsync on), beside a
+  no-op FastAPI PUT that reads the same body, and a no-op FastAPI POST with a pydantic body.
+- ``batch``: pairs/s through ``POST /v1/batch`` with 1,000 pairs per request — new keys in
+  ascending order (a bulk load) and random overwrites of an N-key store — beside a no-op
+  FastAPI endpoint that parses the same bodies with pydantic, and beside raw py-lmdb doing
+  the same overwrites with the same sync in 10,000-key transactions.
+- ``ack``: ack latency P50/P99 with the 500 ms window at a steady rate (default 2,000
+  single-key PUTs/s of random keys into the N-key store).
+- ``dup``: bytes the root process wrote to disk per second (/proc/PID/io) under a
+  duplicate-only workload, beside the same workload with fresh values.
+- ``fair``: producer B's ack P99 alone and while producer A floods at 10× its quota.
+
+Usage: .venv/bin/python bench/gateway_write.py [--keys N] [--seconds S] [--quick]
+       [--only put,batch,ack,dup,fair]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import lmdb
+import orjson
+import uvloop
+from fastapi import FastAPI, Request
+from pydantic import BaseModel
+from starlette.responses import Response
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from tests.support.procs import free_port, wait_http  # noqa: E402
+
+VALUE = b"v" * 100
+
+
+# --- no-op baseline server ------------------------------------------------------------------
+
+
+class OpModel(BaseModel):
+    """One op of a no-op batch body."""
+
+    op: str
+    key: str
+    value: str | None = None
+
+
+class BatchModel(BaseModel):
+    """A no-op batch body."""
+
+    ops: list[OpModel]
+
+
+class PairModel(BaseModel):
+    """A no-op single pair body."""
+
+    key: str
+    value: str
+
+
+def noop_app() -> Any:
+    """FastAPI endpoints that parse what the gateway parses and do nothing else."""
+    app = FastAPI()
+
+    @app.put("/v1/kv/{key:path}")
+    async def put(key: str, request: Request) -> Response:
+        await request.body()
+        return Response(b'{"seq":0,"status":"written"}', media_type="application/json")
+
+    @app.post("/noop/pydantic")
+    async def pyd(body: PairModel) -> dict[str, Any]:
+        return {"seq": 0, "status": "written"}
+
+    @app.post("/v1/batch")
+    async def batch(body: BatchModel) -> dict[str, Any]:
+        return {"seq": 0, "written": len(body.ops), "deleted": 0, "duplicates": 0}
+
+    @app.get("/healthz")
+    async def healthz() -> dict[str, bool]:
+        return {"ok": True}
+
+    return app
+
+
+def serve_noop(port: int) -> None:
+    import uvicorn
+
+    uvicorn.run(
+        noop_app(),
+        host="127.0.0.1",
+        port=port,
+        loop="uvloop",
+        http="httptools",
+        access_log=False,
+        log_level="warning",
+    )
+
+
+# --- servers ----------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def server(argv: list[str], url: str, log: Path) -> Iterator[subprocess.Popen[bytes]]:
+    with open(log, "ab") as out:
+        p = subprocess.Popen(
+            argv, stdout=out, stderr=subprocess.STDOUT, cwd=REPO, start_new_session=True
+        )
+    try:
+        wait_http(url + "/healthz", timeout=60, proc=p)
+        yield p
+    finally:
+        if p.poll() is None:
+            os.kill(p.pid, signal.SIGTERM)
+            try:
+                p.wait(60)
+            except subprocess.TimeoutExpired:
+                os.kill(p.pid, signal.SIGKILL)
+                p.wait(10)
+
+
+def noop_server(tmp: Path) -> Any:
+    port = free_port()
+    argv = [sys.executable, str(Path(__file__).resolve()), "--serve-noop", str(port)]
+    return server(argv, f"http://127.0.0.1:{port}", tmp / "noop.log"), f"http://127.0.0.1:{port}"
+
+
+def init_root(data: Path) -> str:
+    r = subprocess.run(
+        [sys.executable, "-m", "mercury", "init", str(data)],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+    )
+    if r.returncode != 0:
+        raise RuntimeError(r.stderr)
+    return (data / "admin.token").read_text().strip()
+
+
+def root_server(tmp: Path, data: Path, window_ms: float) -> Any:
+    port = free_port()
+    argv = [
+        sys.executable,
+        "-m",
+        "mercury",
+        "root",
+        str(data),
+        "--listen",
+        f"127.0.0.1:{port}",
+        "--repl-listen",
+        f"127.0.0.1:{free_port()}",
+        "--batch-window-ms",
+        str(window_ms),
+        "--log-level",
+        "warning",
+    ]
+    url = f"http://127.0.0.1:{port}"
+    return server(argv, url, tmp / "root.log"), url
+
+
+def add_producer(url: str, admin: str, name: str, keyspace: str, **config: Any) -> str:
+    h = {"Authorization": f"Bearer {admin}"}
+    with httpx.Client(base_url=url, headers=h, timeout=60) as c:
+        r = c.put(f"/v1/admin/producers/{name}", json={"keyspaces": [keyspace], **config})
+        r.raise_for_status()
+        r = c.post(f"/v1/admin/producers/{name}/tokens")
+        r.raise_for_status()
+        return str(r.json()["token"])
+
+
+# --- HTTP/1.1 keep-alive client -----------------------------------------------------------------
+
+
+class Conn(asyncio.Protocol):
+    """One keep-alive connection: one request at a time, responses framed by Content-Length."""
+
+    def __init__(self) -> None:
+        self.buf = bytearray()
+        self.waiter: asyncio.Future[int] | None = None
+        self.transport: Any = None
+
+    def connection_made(self, transport: Any) -> None:
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        self.buf += data
+        if self.waiter is None:
+            return
+        i = self.buf.find(b"\r\n\r\n")
+        if i < 0:
+            return
+        head = bytes(self.buf[:i]).lower()
+        j = head.find(b"content-length:")
+        end = head.find(b"\r\n", j)
+        n = int(head[j + 15 : end if end != -1 else len(head)])
+        if len(self.buf) < i + 4 + n:
+            return
+        status = int(head[9:12])
+        del self.buf[: i + 4 + n]
+        w, self.waiter = self.waiter, None
+        w.set_result(status)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.waiter is not None and not self.waiter.done():
+            self.waiter.set_exception(ConnectionError("connection lost"))
+
+    async def request(self, raw: bytes) -> int:
+        self.waiter = asyncio.get_running_loop().create_future()
+        self.transport.write(raw)
+        return await self.waiter
+
+
+async def connect(port: int) -> Conn:
+    _, proto = await asyncio.get_running_loop().create_connection(Conn, "127.0.0.1", port)
+    return proto
+
+
+def req(method: str, path: str, body: bytes, token: str | None, ctype: str = "") -> bytes:
+    head = f"{method} {path} HTTP/1.1\r\nHost: bench\r\nContent-Length: {len(body)}\r\n"
+    if token:
+        head += f"Authorization: Bearer {token}\r\n"
+    if ctype:
+        head += f"Content-Type: {ctype}\r\n"
+    return head.encode() + b"\r\n" + body
+
+
+async def closed_loop(
+    url: str, conns: int, seconds: float, make: Callable[[int], bytes]
+) -> dict[str, Any]:
+    """`conns` connections each sending back-to-back for `seconds`; requests/s and statuses."""
+    port = int(url.rsplit(":", 1)[1])
+    cs = [await connect(port) for _ in range(conns)]
+    counter = iter(range(1 << 62))
+    statuses: dict[int, int] = {}
+    lat: list[float] = []
+    deadline = time.perf_counter() + seconds
+
+    async def run(c: Conn) -> None:
+        while time.perf_counter() < deadline:
+            raw = make(next(counter))
+            t = time.perf_counter()
+            s = await c.request(raw)
+            lat.append(time.perf_counter() - t)
+            statuses[s] = statuses.get(s, 0) + 1
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(run(c) for c in cs))
+    dt = time.perf_counter() - t0
+    for c in cs:
+        c.transport.close()
+    n = sum(statuses.values())
+    return {"requests": n, "per_s": round(n / dt, 1), "statuses": statuses, **pct(lat)}
+
+
+async def open_loop(
+    url: str, rate: float, seconds: float, make: Callable[[int], bytes], conns: int
+) -> dict[str, Any]:
+    """Requests sent on a fixed schedule (`rate`/s) over a pool of connections; latency is
+    measured from the scheduled send time (no coordinated omission)."""
+    port = int(url.rsplit(":", 1)[1])
+    pool: asyncio.Queue[Conn] = asyncio.Queue()
+    for _ in range(conns):
+        pool.put_nowait(await connect(port))
+    lat: list[float] = []
+    statuses: dict[int, int] = {}
+    total = int(rate * seconds)
+    t0 = time.perf_counter()
+
+    async def one(i: int, at: float) -> None:
+        c = await pool.get()
+        s = await c.request(make(i))
+        lat.append(time.perf_counter() - at)
+        statuses[s] = statuses.get(s, 0) + 1
+        pool.put_nowait(c)
+
+    tasks = []
+    for i in range(total):
+        at = t0 + i / rate
+        delay = at - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        tasks.append(asyncio.ensure_future(one(i, at)))
+    await asyncio.gather(*tasks)
+    while not pool.empty():
+        pool.get_nowait().transport.close()
+    return {"requests": total, "rate": rate, "statuses": statuses, **pct(lat)}
+
+
+WRK_LUA = r"""
+local tok = "%(token)s"
+local mode = "%(mode)s"
+local value = string.rep("v", 100)
+local counter = 0
+local thread_base = 0
+setup = function(thread) end
+init = function(args)
+  math.randomseed(os.time() + tonumber(tostring({}):sub(8), 16) %% 100000)
+  thread_base = math.random(0, 1000000) * 1000000
+end
+local hdrs = {["Authorization"] = "Bearer " .. tok, ["Content-Type"] = "application/json"}
+local pair = '{"key":"b/000000000000","value":"' .. value .. '"}'
+request = function()
+  counter = counter + 1
+  if mode == "put" then
+    local k = string.format("%%012x", math.random(0, 2^40))
+    return wrk.format("PUT", "/v1/kv/b/" .. k, hdrs, value)
+  elseif mode == "pydantic" then
+    return wrk.format("POST", "/noop/pydantic", hdrs, pair)
+  else
+    local base = (thread_base + counter) * 1000
+    local parts = {}
+    for j = 0, 999 do
+      local op = '{"op":"set","key":"b/%%015d","value":"%%s"}'
+      parts[#parts + 1] = string.format(op, base + j, value)
+    end
+    return wrk.format("POST", "/v1/batch", hdrs, '{"ops":[' .. table.concat(parts, ",") .. ']}')
+  end
+end
+"""
+
+
+def wrk_run(
+    url: str, conns: int, seconds: float, mode: str, token: str, tmp: Path
+) -> dict[str, Any]:
+    """Closed-loop load by wrk (one thread: the server keeps the other core)."""
+    script = tmp / f"wrk-{mode}.lua"
+    script.write_text(WRK_LUA % {"token": token, "mode": mode})
+    r = subprocess.run(
+        [
+            "wrk",
+            "-t1",
+            f"-c{conns}",
+            f"-d{max(1, int(seconds))}s",
+            "--latency",
+            "-s",
+            str(script),
+            url,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=seconds + 120,
+    )
+    out: dict[str, Any] = {"client": "wrk -t1", "non_2xx": 0}
+    for line in r.stdout.splitlines():
+        parts = line.split()
+        if line.startswith("Requests/sec:"):
+            out["per_s"] = float(parts[1])
+        elif "Non-2xx or 3xx responses:" in line:
+            out["non_2xx"] = int(parts[-1])
+        elif "requests in" in line:
+            out["requests"] = int(parts[0])
+        elif len(parts) == 2 and parts[0] in ("50%", "99%"):
+            out["p50_ms" if parts[0] == "50%" else "p99_ms"] = _ms(parts[1])
+    if "per_s" not in out:
+        raise RuntimeError(f"wrk failed: {r.stdout} {r.stderr}")
+    return out
+
+
+def _ms(v: str) -> float:
+    for unit, f in (("us", 0.001), ("ms", 1.0), ("s", 1000.0), ("m", 60000.0)):
+        if v.endswith(unit):
+            return round(float(v[: -len(unit)]) * f, 3)
+    return float(v)
+
+
+def have_wrk() -> bool:
+    return shutil.which("wrk") is not None
+
+
+def pct(lat: list[float]) -> dict[str, float]:
+    if not lat:
+        return {}
+    s = sorted(lat)
+    return {
+        "p50_ms": round(s[len(s) // 2] * 1000, 2),
+        "p99_ms": round(s[min(len(s) - 1, int(len(s) * 0.99))] * 1000, 2),
+        "max_ms": round(s[-1] * 1000, 2),
+    }
+
+
+def write_bytes(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/io").read_text().splitlines():
+        if line.startswith("write_bytes:"):
+            return int(line.split()[1])
+    return 0
+
+
+# --- scenarios -----------------------------------------------------------------------------------
+
+
+def bench_put(tmp: Path, seconds: float) -> dict[str, Any]:
+    data = tmp / "put"
+    admin = init_root(data)
+    rnd = random.Random(1)
+    out: dict[str, Any] = {"concurrency": 64, "window_ms": 5, "value_bytes": len(VALUE)}
+    pair = orjson.dumps({"key": "b/000000000000", "value": VALUE.decode()})
+
+    def put(tok: str) -> Callable[[int], bytes]:
+        return lambda i: req("PUT", f"/v1/kv/b/{rnd.getrandbits(48):012x}", VALUE, tok)
+
+    def load(url: str, mode: str, tok: str) -> dict[str, Any]:
+        if have_wrk():
+            return wrk_run(url, 64, seconds, mode, tok, tmp)
+        make = (
+            put(tok)
+            if mode == "put"
+            else (lambda i: req("POST", "/noop/pydantic", pair, tok, "application/json"))
+        )
+        return asyncio.run(closed_loop(url, 64, seconds, make))
+
+    srv, url = root_server(tmp, data, 5)
+    nsrv, nurl = noop_server(tmp)
+    runs: dict[str, list[dict[str, Any]]] = {
+        "gateway": [],
+        "noop_put": [],
+        "noop_pydantic_post": [],
+    }
+    with srv, nsrv:
+        tok = add_producer(url, admin, "bench", "b/")
+        # Interleaved rounds, medians: the machine is shared and noisy.
+        for _ in range(ROUNDS):
+            runs["gateway"].append(load(url, "put", tok))
+            runs["noop_put"].append(load(nurl, "put", "x"))
+            runs["noop_pydantic_post"].append(load(nurl, "pydantic", "x"))
+    for name, rs in runs.items():
+        out[name] = median_run(rs)
+    out["ratio_vs_noop_put"] = round(out["gateway"]["per_s"] / out["noop_put"]["per_s"], 3)
+    out["ratio_vs_noop_pydantic_post"] = round(
+        out["gateway"]["per_s"] / out["noop_pydantic_post"]["per_s"], 3
+    )
+    return out
+
+
+ROUNDS = 3
+#: Concurrent 1,000-pair requests: with the 500 ms window a batch commits early at its
+#: 10,000-op bound, so a bulk loader needs more than 10 requests in flight.
+BATCH_CONNS = 32
+
+
+def median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The run with the median throughput, with every round's throughput beside it."""
+    ordered = sorted(runs, key=lambda r: float(r["per_s"]))
+    return {**ordered[len(ordered) // 2], "rounds_per_s": [r["per_s"] for r in runs]}
+
+
+def batch_body(keys: list[str]) -> bytes:
+    return orjson.dumps({"ops": [{"op": "set", "key": k, "value": VALUE.decode()} for k in keys]})
+
+
+def bench_batch(tmp: Path, seconds: float, n_keys: int) -> dict[str, Any]:
+    data = tmp / "batch"
+    admin = init_root(data)
+    out: dict[str, Any] = {"pairs_per_request": 1000, "value_bytes": 100}
+    srv, url = root_server(tmp, data, 500)
+    seq = iter(range(1 << 40))
+    rnd = random.Random(2)
+
+    def ascending(i: int) -> bytes:
+        base = next(seq) * 1000
+        return req(
+            "POST",
+            "/v1/batch",
+            batch_body([f"b/a{base + j:012d}" for j in range(1000)]),
+            tok,
+            "application/json",
+        )
+
+    def bulk(url: str, tok: str) -> dict[str, Any]:
+        if have_wrk():
+            r = wrk_run(url, BATCH_CONNS, seconds, "batch", tok, tmp)
+        else:
+            r = asyncio.run(closed_loop(url, BATCH_CONNS, seconds, ascending))
+        return {**r, "connections": BATCH_CONNS, "pairs_per_s": round(r["per_s"] * 1000)}
+
+    nsrv, nurl = noop_server(tmp)
+    with srv, nsrv:
+        tok = add_producer(url, admin, "bench", "b/")
+        gw_runs, noop_runs = [], []
+        for _ in range(ROUNDS):  # interleaved rounds, medians
+            gw_runs.append(bulk(url, tok))
+            noop_runs.append(bulk(nurl, "x"))
+        out["bulk_load_ascending"] = median_run(gw_runs)
+        out["noop_batch"] = median_run(noop_runs)
+        t0 = time.perf_counter()
+        preload(url, tok, n_keys)
+        out["preload_pairs_per_s"] = round(n_keys / (time.perf_counter() - t0))
+
+        def overwrite(i: int) -> bytes:
+            keys = sorted(f"b/{rnd.randrange(n_keys):012d}" for _ in range(1000))
+            body = orjson.dumps(
+                {"ops": [{"op": "set", "key": k, "value": f"{i:0100d}"} for k in keys]}
+            )
+            return req("POST", "/v1/batch", body, tok, "application/json")
+
+        ow = asyncio.run(closed_loop(url, BATCH_CONNS, seconds, overwrite))
+        out["random_overwrites"] = {
+            **ow,
+            "connections": 8,
+            "store_keys": n_keys,
+            "pairs_per_s": round(ow["per_s"] * 1000),
+        }
+    out["raw_lmdb_overwrites"] = raw_lmdb_overwrites(tmp, n_keys)
+    out["ratio_bulk_vs_noop"] = round(
+        out["bulk_load_ascending"]["pairs_per_s"] / out["noop_batch"]["pairs_per_s"], 3
+    )
+    out["ratio_overwrites_vs_raw_lmdb"] = round(
+        out["random_overwrites"]["pairs_per_s"] / out["raw_lmdb_overwrites"]["pairs_per_s"], 3
+    )
+    return out
+
+
+def raw_lmdb_overwrites(tmp: Path, n_keys: int) -> dict[str, Any]:
+    """py-lmdb, fsync on, random overwrites of an n_keys store in 10,000-key txns."""
+    path = tmp / "raw"
+    env = lmdb.open(str(path), map_size=8 << 30, sync=True, metasync=True, readahead=False)
+    with env.begin(write=True) as txn:
+        for i in range(n_keys):
+            txn.put(f"b/{i:012d}".encode(), VALUE, append=True)
+    rnd = random.Random(3)
+    n = 0
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < 5.0:
+        with env.begin(write=True) as txn:
+            for _ in range(10_000):
+                txn.put(f"b/{rnd.randrange(n_keys):012d}".encode(), b"w" * 100)
+        n += 10_000
+    dt = time.perf_counter() - t0
+    env.close()
+    shutil.rmtree(path)
+    return {"pairs_per_s": round(n / dt), "txn_keys": 10_000, "store_keys": n_keys}
+
+
+def bench_ack(tmp: Path, seconds: float, n_keys: int, rate: float) -> dict[str, Any]:
+    data = tmp / "ack"
+    admin = init_root(data)
+    srv, url = root_server(tmp, data, 500)
+    rnd = random.Random(4)
+    with srv:
+        tok = add_producer(url, admin, "bench", "b/")
+        preload(url, tok, n_keys)
+        res = asyncio.run(
+            open_loop(
+                url,
+                rate,
+                seconds,
+                lambda i: req(
+                    "PUT", f"/v1/kv/b/{rnd.randrange(n_keys):012d}", f"{i:0100d}".encode(), tok
+                ),
+                conns=int(rate * 0.8) + 64,
+            )
+        )
+    return {
+        "window_ms": 500,
+        "store_keys": n_keys,
+        **res,
+        "p99_minus_window_ms": round(res["p99_ms"] - 500, 2),
+    }
+
+
+def preload(url: str, tok: str, n_keys: int) -> None:
+    """Fill the store with `n_keys` keys in ascending order, 1,000 per batch request."""
+    it = iter(range(0, n_keys, 1000))
+
+    def next_request() -> bytes | None:
+        base = next(it, None)
+        if base is None:
+            return None
+        keys = [f"b/{base + j:012d}" for j in range(min(1000, n_keys - base))]
+        return req("POST", "/v1/batch", batch_body(keys), tok, "application/json")
+
+    async def run() -> None:
+        port = int(url.rsplit(":", 1)[1])
+        cs = [await connect(port) for _ in range(BATCH_CONNS)]
+
+        async def loop(c: Conn) -> None:
+            while (raw := next_request()) is not None:
+                await c.request(raw)
+
+        await asyncio.gather(*(loop(c) for c in cs))
+        for c in cs:
+            c.transport.close()
+
+    asyncio.run(run())
+
+
+def bench_dup(tmp: Path, seconds: float) -> dict[str, Any]:
+    data = tmp / "dup"
+    admin = init_root(data)
+    srv, url = root_server(tmp, data, 500)
+    keys = [f"b/{i:06d}" for i in range(1000)]
+    out: dict[str, Any] = {"window_ms": 500, "keys": len(keys), "concurrency": 64}
+    with srv as p:
+        tok = add_producer(url, admin, "bench", "b/")
+        body = [req("PUT", f"/v1/kv/{k}", VALUE, tok) for k in keys]
+        asyncio.run(closed_loop(url, 64, 2.0, lambda i: body[i % len(body)]))  # first writes
+        time.sleep(1.0)
+        w0, t0 = write_bytes(p.pid), time.perf_counter()
+        res = asyncio.run(closed_loop(url, 64, seconds, lambda i: body[i % len(body)]))
+        time.sleep(0.6)  # the last window commits
+        dt = time.perf_counter() - t0
+        out["duplicates"] = {
+            **res,
+            "disk_bytes_per_s": round((write_bytes(p.pid) - w0) / dt),
+            "payload_bytes_per_s": round(res["per_s"] * (len(VALUE) + 8)),
+        }
+        w0, t0 = write_bytes(p.pid), time.perf_counter()
+        res = asyncio.run(
+            closed_loop(
+                url,
+                64,
+                seconds,
+                lambda i: req("PUT", f"/v1/kv/{keys[i % len(keys)]}", f"{i:0100d}".encode(), tok),
+            )
+        )
+        time.sleep(0.6)
+        dt = time.perf_counter() - t0
+        out["fresh_values"] = {**res, "disk_bytes_per_s": round((write_bytes(p.pid) - w0) / dt)}
+    return out
+
+
+def bench_fair(tmp: Path, seconds: float) -> dict[str, Any]:
+    data = tmp / "fair"
+    admin = init_root(data)
+    srv, url = root_server(tmp, data, 500)
+    quota = {"ops_per_s": 100, "burst": 100, "max_delay_ms": 1000}
+    out: dict[str, Any] = {
+        "window_ms": 500,
+        "a_quota_ops_per_s": 100,
+        "a_flood_per_s": 1000,
+        "b_rate_per_s": 200,
+    }
+    rnd = random.Random(5)
+    with srv:
+        a_tok = add_producer(url, admin, "a", "a/", quota=quota)
+        b_tok = add_producer(url, admin, "b", "b/")
+
+        def b_req(i: int) -> bytes:
+            return req("PUT", f"/v1/kv/b/{rnd.getrandbits(32):08x}", VALUE, b_tok)
+
+        def a_req(i: int) -> bytes:
+            return req("PUT", f"/v1/kv/a/{rnd.getrandbits(32):08x}", VALUE, a_tok)
+
+        out["b_alone"] = asyncio.run(open_loop(url, 200, seconds, b_req, conns=200))
+
+        async def both() -> tuple[dict[str, Any], dict[str, Any]]:
+            a = asyncio.ensure_future(open_loop(url, 1000, seconds, a_req, conns=1200))
+            await asyncio.sleep(0.5)
+            b = await open_loop(url, 200, seconds - 0.5, b_req, conns=200)
+            return b, await a
+
+        out["b_while_a_floods"], out["a_flood"] = asyncio.run(both())
+    out["b_p99_ratio"] = round(out["b_while_a_floods"]["p99_ms"] / out["b_alone"]["p99_ms"], 3)
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--serve-noop", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--keys", type=int, default=1_000_000, help="store size for overwrites")
+    ap.add_argument("--seconds", type=float, default=8.0, help="duration of each measurement")
+    ap.add_argument("--rate", type=float, default=2000.0, help="PUTs/s of the ack scenario")
+    ap.add_argument("--quick", action="store_true", help="small store, short runs")
+    ap.add_argument("--only", default="put,batch,ack,dup,fair")
+    args = ap.parse_args()
+    if args.serve_noop:
+        serve_noop(args.serve_noop)
+        return 0
+    uvloop.install()
+    if args.quick:
+        args.keys, args.seconds = min(args.keys, 100_000), min(args.seconds, 3.0)
+    only = set(args.only.split(","))
+    tmp = Path(tempfile.mkdtemp(prefix="mercury-bench-gw-"))
+    result: dict[str, Any] = {"bench": "gateway_write", "cpus": os.cpu_count()}
+    try:
+        if "put" in only:
+            result["put"] = bench_put(tmp, args.seconds)
+        if "batch" in only:
+            result["batch"] = bench_batch(tmp, args.seconds, args.keys)
+        if "ack" in only:
+            result["ack"] = bench_ack(tmp, args.seconds, args.keys, args.rate)
+        if "dup" in only:
+            result["dup"] = bench_dup(tmp, args.seconds)
+        if "fair" in only:
+            result["fair"] = bench_fair(tmp, args.seconds)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    print(json.dumps(result, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

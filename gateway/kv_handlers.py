@@ -1,0 +1,120 @@
+"""The producer write handlers, independent of the HTTP framework.
+
+Each handler takes plain inputs — lower-case header dict, raw path, raw query string and an
+async body reader with a size limit — and returns an `Answer`. The FastAPI routes (which
+document the endpoints in OpenAPI) and the raw-ASGI fast path (`gateway/fastpath.py`,
+which serves them in production without FastAPI's per-request machinery) both call these,
+so both give byte-identical answers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping
+from urllib.parse import parse_qsl
+
+from gateway import bodies
+from gateway.writes import Answer, Gateway, batch_answer, kv_answer
+from mercury.errors import BadRequestError
+from store.ops import DELETE, SET, Op
+
+#: `read(limit, what)`: the request body, 413 beyond `limit` bytes.
+BodyReader = Callable[[int, str], Awaitable[bytes]]
+KV_PREFIX = b"/v1/kv/"
+
+
+def key_of(raw_path: bytes, max_key: int) -> bytes:
+    """The key of a ``/v1/kv/{key}`` raw path (percent-decoded bytes)."""
+    return bodies.key_from_path(raw_path.split(b"?", 1)[0][len(KV_PREFIX) :], max_key)
+
+
+def is_async(query: bytes) -> bool:
+    """Whether the query string asks for ``async=true`` (202 on enqueue)."""
+    if not query:
+        return False
+    for k, v in parse_qsl(query.decode("latin-1")):
+        if k == "async":
+            return v.lower() in ("1", "true", "yes")
+    return False
+
+
+def condition(h: Mapping[str, str]) -> int | None:
+    """expect_seq from If-Match / If-None-Match (None when unconditional)."""
+    im = h.get("if-match")
+    inm = h.get("if-none-match")
+    if im is None and inm is None:
+        return None
+    if im is not None and inm is not None:
+        raise BadRequestError("send If-Match or If-None-Match, not both")
+    if inm is not None:
+        if inm.strip() != "*":
+            raise BadRequestError('If-None-Match supports only "*" (create only)')
+        return 0
+    assert im is not None
+    tag = im.strip()
+    if tag.startswith("W/"):
+        tag = tag[2:]
+    tag = tag.strip('"')
+    if not tag.isdigit() or len(tag) > 19:
+        raise BadRequestError(f'If-Match must be "<seq>", got {im!r}')
+    return int(tag)
+
+
+async def put_kv(
+    gw: Gateway, h: Mapping[str, str], raw_path: bytes, query: bytes, read: BodyReader, t0: float
+) -> Answer:
+    """PUT /v1/kv/{key}: 200 `{"seq", "status": "written" | "duplicate"}` after commit."""
+    p = gw.producer(h.get("authorization"))
+    key = key_of(raw_path, gw.settings.max_key)
+    cond = condition(h)
+    value = await read(gw.settings.max_value, "value")
+    return await gw.write(
+        p,
+        [Op(SET, key, value, p.name, cond)],
+        len(key) + len(value),
+        kv_answer,
+        idem=h.get("idempotency-key"),
+        is_async=is_async(query),
+        t0=t0,
+    )
+
+
+async def delete_kv(
+    gw: Gateway, h: Mapping[str, str], raw_path: bytes, query: bytes, read: BodyReader, t0: float
+) -> Answer:
+    """DELETE /v1/kv/{key}: 200 `{"seq", "status": "deleted" | "absent"}` after commit."""
+    p = gw.producer(h.get("authorization"))
+    key = key_of(raw_path, gw.settings.max_key)
+    return await gw.write(
+        p,
+        [Op(DELETE, key, b"", p.name, condition(h))],
+        len(key),
+        kv_answer,
+        idem=h.get("idempotency-key"),
+        is_async=is_async(query),
+        t0=t0,
+    )
+
+
+async def post_batch(
+    gw: Gateway, h: Mapping[str, str], raw_path: bytes, query: bytes, read: BodyReader, t0: float
+) -> Answer:
+    """POST /v1/batch: every op's key checked before any applies; counts after commit."""
+    p = gw.producer(h.get("authorization"))
+    s = gw.settings
+    body = await read(s.max_batch_body, "batch body")
+    doc = bodies.parse_body(body, h.get("content-type"))
+    ops = bodies.batch_ops(
+        doc, p.name, max_ops=s.max_batch_ops, max_key=s.max_key, max_value=s.max_value
+    )
+    nbytes = 0
+    for op in ops:
+        nbytes += len(op.key) + len(op.value)
+    return await gw.write(
+        p,
+        ops,
+        nbytes,
+        batch_answer,
+        idem=h.get("idempotency-key"),
+        is_async=is_async(query),
+        t0=t0,
+    )
