@@ -7,7 +7,7 @@ from typing import Any
 from tests.gateway.conftest import Root
 
 
-def _script(root: Root) -> list[tuple[int, Any]]:
+def _script(root: Root) -> list[tuple[int, Any, str]]:
     a = root.admin()
     assert a.put("/v1/admin/producers/fp", json={"keyspaces": ["fp/"]}).status_code == 201
     c = root.client(a.post("/v1/admin/producers/fp/tokens").json()["token"])
