@@ -13,5 +13,12 @@ def pack_entries(
 ) -> tuple[bytes, bytes]: ...
 def unpack_entries(payload: Any, prev_hash: bytes) -> tuple[list[Entry], bytes]: ...
 def apply_ops(
-    ops: Any, get: Any, put: Any, delete: Any, last_seq: int, rare: Any
+    ops: Any,
+    get: Any,
+    put: Any,
+    delete: Any,
+    last_seq: int,
+    rare: Any,
+    max_key: bytes | None = ...,
+    append: Any = ...,
 ) -> tuple[list[Any], list[tuple[int, bytes, bytes, bytes]], int, dict[str, list[int]]]: ...

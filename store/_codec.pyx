@@ -310,7 +310,7 @@ cdef void _forget(const uint8_t* p, Py_ssize_t key_len, dict delta, object rare)
     d[1] -= key_len + vlen + RECORD_FIXED + len(owner.encode())
 
 
-def apply_ops(ops, get, put, delete, uint64_t last_seq, rare):
+def apply_ops(ops, get, put, delete, uint64_t last_seq, rare, max_key=None, append=None):
     """Process `ops` in order inside the caller's write transaction (see applyloop.py).
 
     `get`/`put`/`delete` act on the data sub-database (the transaction's default)."""
@@ -327,7 +327,7 @@ def apply_ops(ops, get, put, delete, uint64_t last_seq, rare):
     cdef uint64_t cur
     cdef uint32_t ovlen
     cdef int opk
-    cdef bint big, dup
+    cdef bint big, dup, fresh
     cdef list d
     cdef tuple op
     for op_obj in ops:
@@ -357,7 +357,8 @@ def apply_ops(ops, get, put, delete, uint64_t last_seq, rare):
                 raise InvalidOpError("owner name longer than 255 bytes")
             owners[owner_s] = ob
         owner = <bytes>ob
-        old = get(key)
+        fresh = append is not None and (max_key is None or key > max_key)
+        old = None if fresh else get(key)
         cur = 0
         p = NULL
         if old is not None:
@@ -387,7 +388,11 @@ def apply_ops(ops, get, put, delete, uint64_t last_seq, rare):
             big = vn > CHUNK
             if big:
                 rare.put_chunks(seq, value)
-            put(key, _encode_record(seq, owner, value, big))
+            if fresh:
+                append(key, _encode_record(seq, owner, value, big))
+                max_key = key
+            else:
+                put(key, _encode_record(seq, owner, value, big))
             if p != NULL:
                 _forget(p, kn, delta, rare)
             d[0] += 1

@@ -59,8 +59,15 @@ def apply_ops(
     delete: Callable[..., Any],
     last_seq: int,
     rare: Rare,
+    max_key: bytes | None = None,
+    append: Callable[[bytes, bytes], Any] | None = None,
 ) -> tuple[list[Result], list[tuple[int, bytes, bytes, bytes]], int, dict[str, list[int]]]:
-    """Process `ops` in order inside the caller's write transaction (see module doc)."""
+    """Process `ops` in order inside the caller's write transaction (see module doc).
+
+    `max_key` is the largest key in the data sub-database (None when empty or unknown):
+    a set of a greater key cannot overwrite anything, so it skips the lookup and is stored
+    with `append` (LMDB's append mode) — a bulk load in key order runs at append speed.
+    """
     results: list[Result] = []
     entries: list[tuple[int, bytes, bytes, bytes]] = []
     delta: dict[str, list[int]] = {}
@@ -68,7 +75,8 @@ def apply_ops(
     for op in ops:
         validate(op)
         key = op.key
-        old = get(key)
+        fresh = append is not None and (max_key is None or key > max_key)
+        old = None if fresh else get(key)
         h = fmt.decode_record_header(old) if old is not None else None
         cur = h.seq if h is not None else 0
         if op.expect_seq is not None and op.expect_seq != cur:
@@ -93,7 +101,11 @@ def apply_ops(
             big = len(value) > fmt.CHUNK_SIZE
             if big:
                 rare.put_chunks(seq, value)
-            put(key, fmt.encode_record(seq, owner, value, big))
+            if fresh and append is not None:
+                append(key, fmt.encode_record(seq, owner, value, big))
+                max_key = key
+            else:
+                put(key, fmt.encode_record(seq, owner, value, big))
             if h is not None:
                 _forget(h, len(key), delta, rare)
             d[0] += 1

@@ -142,7 +142,7 @@ def decode_record_header(rec: bytes) -> RecordHeader:
     off = RECORD_FIXED + n
     if len(rec) < off or (not flags & FLAG_CHUNKED and len(rec) != off + vlen):
         raise ValueError("malformed value record")
-    return RecordHeader(flags, seq, vlen, crc, rec[19:off].decode("utf-8", "replace"), off)
+    return RecordHeader(flags, seq, vlen, crc, bytes(rec[19:off]).decode("utf-8", "replace"), off)
 
 
 def record_value(rec: bytes) -> bytes | None:
@@ -215,7 +215,7 @@ def unpack_entries(payload: bytes, prev_hash: bytes) -> tuple[list[Entry], bytes
         if end > n or op not in (OP_SET, OP_DELETE):
             raise ValueError("malformed log entry")
         a = pos + hs
-        owner = payload[a : a + on].decode("utf-8", "replace")
+        owner = bytes(payload[a : a + on]).decode("utf-8", "replace")
         key = bytes(payload[a + on : a + on + kn])
         value = bytes(payload[a + on + kn : end])
         h = chain(h, payload[pos:end])

@@ -213,8 +213,16 @@ class Store:
                 meta = dbs.meta
                 last = U64.unpack(txn.get(K_LAST_SEQ, db=meta))[0]
                 head = txn.get(K_HASH_HEAD, db=meta)
+                cur = txn.cursor()
                 results, entries, seq, delta = codec.apply_ops(
-                    ops, txn.get, txn.put, txn.delete, last, _Chunks(txn, dbs.chunks)
+                    ops,
+                    txn.get,
+                    txn.put,
+                    txn.delete,
+                    last,
+                    _Chunks(txn, dbs.chunks),
+                    bytes(cur.key()) if cur.last() else None,
+                    _appender(cur),
                 )
                 put = txn.put
                 if entries:
@@ -606,6 +614,16 @@ class Reader:
             if limit is not None and n >= limit:
                 return
             yield k, None if keys_only else self._store._decode(self._txn, k, v)
+
+
+def _appender(cur: Any) -> Callable[[bytes, bytes], bool]:
+    """Put in LMDB's append mode (key greater than every stored key) through `cur`."""
+    put = cur.put
+
+    def append(key: bytes, value: bytes) -> bool:
+        return bool(put(key, value, True, True, True))
+
+    return append
 
 
 def _bump(delta: dict[str, list[int]], owner: str, idx: int, n: int) -> None:
