@@ -5,7 +5,14 @@ from setuptools import Extension, setup
 
 setup(
     ext_modules=cythonize(
-        [Extension("store._codec", ["store/_codec.pyx"], include_dirs=["store"], depends=["store/mblake2b.h"])],
+        [
+            Extension(
+                "store._codec",
+                ["store/_codec.pyx"],
+                include_dirs=["store"],
+                depends=["store/mblake2b.h"],
+            )
+        ],
         compiler_directives={"language_level": "3", "boundscheck": False, "wraparound": False},
     )
 )

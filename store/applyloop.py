@@ -88,7 +88,7 @@ def apply_ops(
         owner = op.owner.encode()
         if op.op == fmt.OP_SET:
             value = op.value
-            if h is not None and h.vlen == len(value):
+            if old is not None and h is not None and h.vlen == len(value):
                 if h.flags & fmt.FLAG_CHUNKED:
                     dup = rare.chunked_equal(h.seq, h.vlen, value)
                 else:
