@@ -169,8 +169,8 @@ def pct(samples_ns: list[int]) -> dict[str, float]:
     return {"n": n, "p50_ms": at(0.5), "p99_ms": at(0.99), "p999_ms": at(0.999), "max_ms": at(1.0)}
 
 
-def measure(http: HttpConn, mc: McConn, n: int, max_s: float) -> dict[str, dict[str, float]]:
-    """Interleaved HTTP and memcached gets over the 20 keys."""
+def measure(http: HttpConn, mc: McConn, n: int, max_s: float) -> tuple[list[int], list[int]]:
+    """Interleaved HTTP and memcached gets over the 20 keys: latencies in ns."""
     h: list[int] = []
     m: list[int] = []
     clock = time.perf_counter_ns
@@ -186,7 +186,7 @@ def measure(http: HttpConn, mc: McConn, n: int, max_s: float) -> dict[str, dict[
         m.append(clock() - t)
         if i % 256 == 0 and time.monotonic() > deadline:
             break
-    return {"http": pct(h), "memcached": pct(m)}
+    return h, m
 
 
 def noop_vs_get(port: int, n: int) -> dict[str, float]:
@@ -221,6 +221,7 @@ def main() -> int:
     ap.add_argument("--requests", type=int, default=20_000, help="gets per protocol and phase")
     ap.add_argument("--max-seconds", type=float, default=20.0, help="time cap per phase")
     ap.add_argument("--mode", choices=("stream", "local"), default="stream")
+    ap.add_argument("--rounds", type=int, default=4, help="rounds of the three phases")
     ap.add_argument("--role", choices=("source", "writer"), help=argparse.SUPPRESS)
     ap.add_argument("--dir", help=argparse.SUPPRESS)
     ap.add_argument("--port", type=int, help=argparse.SUPPRESS)
@@ -267,6 +268,7 @@ def main() -> int:
         "mode": args.mode,
         "cores": os.cpu_count(),
         "nice_root_side": args.nice_root_side,
+        "rounds": args.rounds,
         "load_avg_at_start": os.getloadavg(),
     }
     try:
@@ -278,8 +280,10 @@ def main() -> int:
         if args.mode == "stream":
             src_port = free_port()
             src = start(
-                [*me, "--role", "source", "--dir", root_dir, "--port", str(src_port)], "source"
-            )
+                [*me, "--role", "source", "--dir", root_dir, "--port", str(src_port),
+                 "--nice-root-side", str(args.nice_root_side)],
+                "source",
+            )  # fmt: skip
             wait_port(src_port, proc=src)
             read_dir = str(tmp / "replica")
             http_port, mc_port = free_port(), free_port()
@@ -320,40 +324,54 @@ def main() -> int:
         out["http_get_vs_noop_asgi_same_server"] = noop_vs_get(y_http, min(args.requests, 20_000))
         http, mc = HttpConn(http_port), McConn(mc_port)
         measure(http, mc, 1000, 10)  # warm up
-        phases: dict[str, object] = {}
-        for writers in (0, 1, 2):
-            ws = [
-                start(
-                    [
-                        *me,
-                        "--role",
-                        "writer",
-                        "--dir",
-                        root_dir,
-                        "--seed",
-                        str(i + 1),
-                        "--mode",
-                        args.mode,
-                    ],
-                    f"writer{i}",
-                )
-                for i in range(writers)
-            ]
-            time.sleep(1.0 if writers else 0.2)  # let the write stream reach steady state
-            seq_before = last_seq(read_dir)
-            t0 = time.monotonic()
-            res: dict[str, object] = dict(measure(http, mc, args.requests, args.max_seconds))
-            dt = time.monotonic() - t0
-            applied = last_seq(read_dir) - seq_before
-            for w in ws:
-                stop(w)
-            res["applied_40kB_writes_per_s"] = round(applied / dt, 1)
-            phases[f"writers_{writers}"] = res
+        # Phases are interleaved over rounds (0, 1, 2 writers, then again...) so that load
+        # drifting on a shared machine falls on every phase alike.
+        samples: dict[int, tuple[list[int], list[int]]] = {w: ([], []) for w in (0, 1, 2)}
+        applied_rate: dict[int, list[float]] = {w: [] for w in (0, 1, 2)}
+        per_round = max(1, args.requests // args.rounds)
+        for _round in range(args.rounds):
+            for writers in (0, 1, 2):
+                ws = [
+                    start(
+                        [
+                            *me,
+                            "--role",
+                            "writer",
+                            "--dir",
+                            root_dir,
+                            "--seed",
+                            str(i + 1),
+                            "--mode",
+                            args.mode,
+                            "--nice-root-side",
+                            str(args.nice_root_side),
+                        ],
+                        f"writer{i}",
+                    )
+                    for i in range(writers)
+                ]
+                time.sleep(1.0 if writers else 0.2)  # let the write stream reach steady state
+                seq_before = last_seq(read_dir)
+                t0 = time.monotonic()
+                h, m = measure(http, mc, per_round, args.max_seconds / args.rounds)
+                dt = time.monotonic() - t0
+                applied_rate[writers].append((last_seq(read_dir) - seq_before) / dt)
+                for w in ws:
+                    stop(w)
+                samples[writers][0].extend(h)
+                samples[writers][1].extend(m)
+        phases: dict[str, dict[str, object]] = {
+            f"writers_{w}": {
+                "http": pct(samples[w][0]),
+                "memcached": pct(samples[w][1]),
+                "applied_40kB_writes_per_s": round(sum(applied_rate[w]) / len(applied_rate[w]), 1),
+            }
+            for w in (0, 1, 2)
+        }
         out["phases"] = phases
-        p99 = {w: phases[f"writers_{w}"] for w in (0, 2)}
         for proto in ("http", "memcached"):
-            idle = p99[0][proto]["p99_ms"]  # type: ignore[index]
-            two = p99[2][proto]["p99_ms"]  # type: ignore[index]
+            idle = pct(samples[0][0 if proto == "http" else 1])["p99_ms"]
+            two = pct(samples[2][0 if proto == "http" else 1])["p99_ms"]
             out[f"{proto}_p99_two_writers_over_idle"] = round(two / idle, 3)
         out["goal"] = (
             "p99 with two writers <= 1.5x idle; HTTP get p50 <= 1.3x no-op; memcached p50 <= 0.1 ms"
