@@ -27,6 +27,7 @@ import cramjam
 import lmdb
 import snappy
 
+from mercury import failpoints
 from mercury.errors import (
     ChainError,
     CorruptionError,
@@ -236,6 +237,7 @@ class Store:
                 self._write_usage(txn, delta)
                 for ikey, answer in idempotency:
                     put(ikey, U64.pack(now_us()) + answer, db=dbs.idem)
+                failpoints.hit("store.apply.before_commit")
         except lmdb.MapFullError as err:
             raise StoreFullError(
                 "store is full: the LMDB map has no room for this batch",
@@ -274,6 +276,7 @@ class Store:
         comp = snappy.compress(payload)
         header = _log_header(first, count, time_us, head, comp)
         self._store_log_record(txn, first, header, comp)
+        failpoints.hit("store.apply.log_written")
 
     def _store_log_record(self, txn: Any, first: int, header: bytes, comp: bytes) -> None:
         if chunks.is_chunked(len(comp)):
