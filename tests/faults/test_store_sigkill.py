@@ -11,6 +11,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from store.store import Store
 from tests.conftest import assert_store_ok
 from tests.faults.store_writer import K
@@ -58,3 +60,26 @@ def test_sigkill_writer_50_times_store_always_consistent(tmp_path: Path) -> None
         finally:
             s.close()
     assert acked > 0
+
+
+@pytest.mark.parametrize("failpoint", ["store.apply.log_written", "store.apply.before_commit"])
+def test_sigkill_inside_the_batch_transaction_leaves_nothing_of_it(
+    tmp_path: Path, failpoint: str
+) -> None:
+    d = str(tmp_path / "s")
+    Store.create(d).close()
+    env = dict(os.environ, MERCURY_FAILPOINTS=f"{failpoint}=kill")
+    p = subprocess.run(
+        [sys.executable, "-m", "tests.faults.store_writer", d],
+        env=env,
+        cwd=REPO,
+        capture_output=True,
+        timeout=60,
+    )
+    assert p.returncode == -signal.SIGKILL and b"committed" not in p.stdout
+    s = Store.open(d)
+    try:
+        assert s.last_seq() == 0 and s.get(b"latest") is None
+        assert_store_ok(s)
+    finally:
+        s.close()
