@@ -37,8 +37,10 @@ KV_PREFIX = b"/v1/kv/"
 NDJSON = "application/x-ndjson"
 #: Keys per `POST /v1/get_bulk`.
 MAX_BULK_KEYS = 10_000
-#: Items read per transaction while streaming NDJSON (bounds memory and txn length).
+#: Items read per transaction while streaming NDJSON (bounds memory and txn length)...
 STREAM_CHUNK = 512
+#: ... and bytes of keys and values per chunk (large values).
+STREAM_CHUNK_BYTES = 4 << 20
 
 _OCTET = b"application/octet-stream"
 
@@ -298,7 +300,9 @@ async def _stream(
         t0 = time.perf_counter()
         try:
             with store.reader() as r:
-                items, more = ranges.read_page(r, spec, after, n, keys_only)
+                items, more = ranges.read_page(
+                    r, spec, after, n, keys_only, max_bytes=STREAM_CHUNK_BYTES
+                )
         except CRCError as err:
             READ_ERRORS.labels("http_range_stream", "crc").inc()
             yield json.dumps({"error": err.message}).encode() + b"\n"

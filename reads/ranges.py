@@ -30,6 +30,8 @@ from store.ops import Value
 CURSOR_VERSION = 1
 DEFAULT_LIMIT = 1000
 MAX_LIMIT = 10_000
+#: A page (or a streamed chunk) ends once its keys and values reach this many bytes.
+MAX_PAGE_BYTES = 16 << 20
 
 
 class RangeReader(Protocol):
@@ -140,19 +142,37 @@ def check_limit(limit: int | None) -> int:
 
 
 def read_page(
-    reader: RangeReader, spec: RangeSpec, after: bytes | None, limit: int, keys_only: bool
+    reader: RangeReader,
+    spec: RangeSpec,
+    after: bytes | None,
+    limit: int,
+    keys_only: bool,
+    *,
+    max_bytes: int = MAX_PAGE_BYTES,
 ) -> tuple[list[tuple[bytes, Value | None]], bool]:
     """Up to `limit` items of `spec` after key `after`, and whether more follow.
 
+    A page also ends once its keys and values reach `max_bytes` (it always holds at least
+    one item), so a page of large values stays bounded in memory; the value after the page
+    is never read (a keys-only probe says whether more follow).
     Raises CRCError (from the reader) when a value fails its CRC.
     """
     start = resume_start(spec, after)
     if spec.end is not None and start >= spec.end:
         return [], False
-    items = list(
-        reader.scan(
-            start=start, end=spec.end, prefix=spec.prefix, limit=limit + 1, keys_only=keys_only
-        )
-    )
-    more = len(items) > limit
-    return items[:limit], more
+    items: list[tuple[bytes, Value | None]] = []
+    size = 0
+    for k, v in reader.scan(
+        start=start, end=spec.end, prefix=spec.prefix, limit=limit, keys_only=keys_only
+    ):
+        items.append((k, v))
+        size += len(k) + (len(v.value) if v is not None else 0)
+        if size >= max_bytes:
+            break
+    if not items:
+        return [], False
+    nxt = resume_start(spec, items[-1][0])
+    if spec.end is not None and nxt >= spec.end:
+        return items, False
+    probe = reader.scan(start=nxt, end=spec.end, prefix=spec.prefix, limit=1, keys_only=True)
+    return items, next(iter(probe), None) is not None

@@ -60,6 +60,8 @@ def test_prefix_end_bounds_exactly_the_prefixed_keys(prefix: bytes) -> None:
     st.one_of(st.none(), st.binary(min_size=1, max_size=2)),
     st.integers(1, 7),
     st.lists(st.tuples(st.booleans(), keys), max_size=40),
+    st.integers(1, 40),
+    st.booleans(),
 )
 @settings(max_examples=150, deadline=None)
 def test_pages_return_every_stable_key_once_in_order_under_writes(
@@ -67,16 +69,24 @@ def test_pages_return_every_stable_key_once_in_order_under_writes(
     prefix: bytes | None,
     limit: int,
     writes: list[tuple[bool, bytes]],
+    max_bytes: int,
+    keys_only: bool,
 ) -> None:
-    data = dict.fromkeys(initial, b"v")
+    data = {k: b"v" * len(k) for k in initial}
     spec = ranges.make_spec(prefix=prefix)
     touched: set[bytes] = set()
     seen: list[bytes] = []
     after: bytes | None = None
     step = 0
     while True:
-        items, more = ranges.read_page(DictReader(data), spec, after, limit, True)
+        items, more = ranges.read_page(
+            DictReader(data), spec, after, limit, keys_only, max_bytes=max_bytes
+        )
         assert len(items) <= limit
+        if more:
+            assert items  # a page that says "more" always makes progress
+        sizes = [len(k) + (0 if keys_only else len(data.get(k, b""))) for k, _ in items]
+        assert sum(sizes[:-1]) < max_bytes  # only the last item may cross the bound
         seen += [k for k, _ in items]
         if not more:
             break

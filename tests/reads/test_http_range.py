@@ -11,6 +11,8 @@ from store.ops import DELETE, SET, Op
 from store.store import Store
 from tests.reads.conftest import StartReads, put
 
+NDJSON = "application/x-ndjson"
+
 
 def _pages(c: httpx.Client, params: dict[str, str]) -> list[list[str]]:
     pages: list[list[str]] = []
@@ -141,3 +143,20 @@ def test_root_refuses_range_reads_pointing_to_consumer_nodes(
         assert r.headers["content-type"] == "application/problem+json"
         assert "consumer node" in r.json()["hint"]
         assert c.get("/v1/kv/a").content == b"1"
+
+
+def test_pages_of_large_values_stop_at_the_byte_bound(
+    store: Store, start_reads: StartReads
+) -> None:
+    big = b"x" * (1 << 20)
+    for i in range(0, 40, 10):
+        put(store, {b"big/%02d" % j: big for j in range(i, i + 10)})
+    srv = start_reads()
+    with httpx.Client(base_url=srv.url, timeout=60) as c:
+        pages = _pages(c, {"prefix": "big/", "limit": "1000"})
+        assert [len(p) for p in pages] == [16, 16, 8]
+        assert [k for p in pages for k in p] == [f"big/{j:02d}" for j in range(40)]
+        with c.stream(
+            "GET", "/v1/range", params={"prefix": "big/"}, headers={"Accept": NDJSON}
+        ) as r:
+            assert sum(1 for line in r.iter_lines() if line) == 40
