@@ -26,17 +26,25 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from mercury.errors import CRCError, InvalidReadError, MercuryError, RangeOnRootError
+from mercury.errors import (
+    CRCError,
+    InvalidReadError,
+    MercuryError,
+    RangeOnRootError,
+    ReadTooLargeError,
+)
 from reads import jsonkv, ranges
 from reads.metrics import READ_ERRORS, READ_SECONDS
 from reads.problems import PROBLEM_JSON, problem, problem_body, problem_for
 from store.format import MAX_KEY
+from store.ops import Value
 from store.store import Store
 
 KV_PREFIX = b"/v1/kv/"
 NDJSON = "application/x-ndjson"
-#: Keys per `POST /v1/get_bulk`.
+#: Keys per `POST /v1/get_bulk`, and bytes of values in one answer.
 MAX_BULK_KEYS = 10_000
+MAX_BULK_BYTES = 64 << 20
 #: Items read per transaction while streaming NDJSON (bounds memory and txn length)...
 STREAM_CHUNK = 512
 #: ... and bytes of keys and values per chunk (large values).
@@ -212,8 +220,18 @@ def create_read_app(store: Store, *, role: str, status: Callable[[], dict[str, o
         for k in (*text_keys, *b64_keys):
             if not 1 <= len(k) <= MAX_KEY:
                 raise InvalidReadError(f"keys must be 1 to {MAX_KEY} bytes", key=k)
+        found: list[Value | None] = []
+        size = 0
         with store.reader() as r:
-            found = r.get_many(text_keys + b64_keys)
+            for k in (*text_keys, *b64_keys):
+                v = r.get(k)
+                found.append(v)
+                size += len(v.value) if v is not None else 0
+                if size > MAX_BULK_BYTES:
+                    raise ReadTooLargeError(
+                        f"the values of these keys exceed {MAX_BULK_BYTES} bytes",
+                        hint="ask for fewer keys per request",
+                    )
         applied = store.last_seq()  # read after the values: always >= their seqs
         values: dict[str, str | None] = {}
         values_b64: dict[str, str | None] = {}

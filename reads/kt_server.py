@@ -26,6 +26,8 @@ from store.store import Store
 MAX_MATCH = 1_000_000
 #: Keys read per read transaction while matching (keeps transactions short).
 MATCH_CHUNK = 10_000
+#: Bytes of values one get_bulk (RPC or binary) may answer; beyond it the call fails.
+MAX_BULK_BYTES = 256 << 20
 
 NO_RECORD = b"DB: 7: no record: no record"
 NO_PERMISSION = b"DB: 4: no permission: permission denied (read-only Mercury node)"
@@ -116,6 +118,7 @@ class KtHandler:
             return b"" if req.no_reply else kt.BINARY_ERROR
         t0 = time.perf_counter()
         hits: list[tuple[int, bytes, bytes]] = []
+        size = 0
         try:
             with self.store.reader() as r:
                 for dbidx, key in req.keys:
@@ -124,6 +127,10 @@ class KtHandler:
                     v = r.get(key) if 1 <= len(key) <= MAX_KEY else None
                     if v is not None:
                         hits.append((dbidx, key, v.value))
+                        size += len(v.value)
+                        if size > MAX_BULK_BYTES:
+                            READ_ERRORS.labels("kt_get_bulk", "too_large").inc()
+                            return kt.BINARY_ERROR
         except CRCError:
             READ_ERRORS.labels("kt_get_bulk", "crc").inc()
             return kt.BINARY_ERROR
@@ -263,11 +270,18 @@ class KtHandler:
     def _rpc_get_bulk(self, params: dict[bytes, bytes]) -> tuple[int, dict[bytes, bytes]]:
         keys = [k[1:] for k in params if k.startswith(b"_")]
         out: dict[bytes, bytes] = {}
+        size = 0
         with self.store.reader() as r:
             for k in keys:
                 v = r.get(k) if 1 <= len(k) <= MAX_KEY else None
                 if v is not None:
                     out[b"_" + k] = v.value
+                    size += len(v.value)
+                    if size > MAX_BULK_BYTES:
+                        return 400, {
+                            b"ERROR": b"invalid parameters: the values exceed %d bytes; "
+                            b"ask for fewer keys" % MAX_BULK_BYTES
+                        }
         self.cnt_get += len(keys)
         self.cnt_get_misses += len(keys) - len(out)
         out[b"num"] = b"%d" % len(out)

@@ -17,6 +17,8 @@ from reads.tcp import Step, TcpService
 from store.store import Store
 
 VERSION = "1.6.0-mercury"
+#: Bytes of values one `get` may answer; beyond it the command fails.
+MAX_REPLY_BYTES = 256 << 20
 
 
 class MemcachedHandler:
@@ -65,12 +67,17 @@ class MemcachedHandler:
     def _get(self, keys: list[bytes], with_cas: bool) -> bytes:
         t0 = time.perf_counter()
         hits: list[tuple[bytes, bytes, int]] = []
+        size = 0
         try:
             with self.store.reader() as r:
                 for k in keys:
                     v = r.get(k)
                     if v is not None:
                         hits.append((k, v.value, v.seq))
+                        size += len(v.value)
+                        if size > MAX_REPLY_BYTES:
+                            READ_ERRORS.labels("memcached_get", "too_large").inc()
+                            return b"SERVER_ERROR reply too large; ask for fewer keys\r\n"
         except CRCError as err:
             READ_ERRORS.labels("memcached_get", "crc").inc()
             return b"SERVER_ERROR " + err.message.encode("ascii", "replace") + b"\r\n"

@@ -14,6 +14,7 @@ from mercury.errors import (
     InvalidReadError,
     MercuryError,
     RangeOnRootError,
+    ReadTooLargeError,
 )
 
 PROBLEM_JSON = "application/problem+json"
@@ -23,6 +24,7 @@ _BASE = "https://mercury.invalid/problems/"
 STATUS_OF: tuple[tuple[type[MercuryError], int, str, str], ...] = (
     (InvalidCursorError, 400, "invalid-cursor", "Invalid range cursor"),
     (InvalidReadError, 400, "invalid-read", "Invalid read request"),
+    (ReadTooLargeError, 413, "read-too-large", "Reply too large"),
     (RangeOnRootError, 421, "range-on-root", "Range reads are served by consumer nodes"),
     (CRCError, 500, "corrupt-value", "Stored value failed its CRC"),
 )

@@ -160,3 +160,20 @@ def test_pages_of_large_values_stop_at_the_byte_bound(
             "GET", "/v1/range", params={"prefix": "big/"}, headers={"Accept": NDJSON}
         ) as r:
             assert sum(1 for line in r.iter_lines() if line) == 40
+
+
+def test_get_bulk_over_the_byte_bound_is_refused_with_413(
+    store: Store, start_reads: StartReads
+) -> None:
+    big = b"y" * (4 << 20)
+    names = [f"huge/{i:02d}" for i in range(17)]  # 68 MiB > 64 MiB
+    for n in names:
+        put(store, {n.encode(): big})
+    srv = start_reads()
+    with httpx.Client(base_url=srv.url, timeout=60) as c:
+        r = c.post("/v1/get_bulk", json={"keys": names})
+        assert r.status_code == 413
+        assert r.headers["content-type"] == "application/problem+json"
+        assert "fewer keys" in r.json()["hint"]
+        r = c.post("/v1/get_bulk", json={"keys": names[:3]})
+        assert r.status_code == 200 and len(r.json()["values"]["huge/02"]) == 4 << 20
