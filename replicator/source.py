@@ -33,7 +33,7 @@ import uuid
 from dataclasses import dataclass, field
 
 from mercury.errors import LogRetentionError, ProtocolError
-from replicator import frames, notify, wire
+from replicator import frames, handshake, notify, wire
 from replicator.heartbeat import HeartbeatSource
 from store import snapshot
 from store.store import Store
@@ -197,33 +197,15 @@ class ReplicationSource:
             await wire.close(writer)
 
     def _refusal(self, hello: frames.Hello) -> tuple[int, str] | None:
-        """The refusal code and message for `hello`, or None to accept it (pure-ish: reads
-        only the log bounds)."""
-        if hello.version != frames.PROTOCOL_VERSION:
-            return frames.REFUSE_PROTOCOL, f"protocol version {hello.version} is not supported"
-        if hello.mode not in (frames.MODE_STREAM, frames.MODE_SNAPSHOT):
-            return frames.REFUSE_PROTOCOL, f"unknown mode {hello.mode}"
-        if self._closing:
-            return frames.REFUSE_NOT_READY, "source is shutting down"
-        if hello.client_id == self.node_id:
-            return frames.REFUSE_SELF, "replicating from itself: the source is this very node"
-        if hello.db_id != self._db_id and not (
-            hello.mode == frames.MODE_SNAPSHOT and hello.db_id == frames.ZERO_ID
-        ):
-            return (
-                frames.REFUSE_DB_ID,
-                f"db id mismatch: source holds {self.store.db_id}, replica holds "
-                f"{_uuid_text(hello.db_id)}",
-            )
-        if hello.mode == frames.MODE_STREAM and not hello.newest_only:
-            first, _ = self.store.log_bounds()
-            if hello.last_seq + 1 < first:
-                return (
-                    frames.REFUSE_BOOTSTRAP,
-                    f"history no longer retained: replica needs seq {hello.last_seq + 1}, "
-                    f"log starts at {first}; bootstrap from a snapshot",
-                )
-        return None
+        """The refusal for `hello`, or None to accept it (see `handshake.decide`)."""
+        first, _ = self.store.log_bounds()
+        return handshake.decide(
+            hello,
+            source_id=self.node_id,
+            db_id=self._db_id,
+            first_retained=first,
+            closing=self._closing,
+        )
 
     async def _stream(self, hello: frames.Hello, writer: asyncio.StreamWriter) -> None:
         pos = self.store.last_seq() + 1 if hello.newest_only else hello.last_seq + 1
@@ -361,7 +343,3 @@ async def send_file(writer: asyncio.StreamWriter, path: str, offset: int, count:
 
 def _uuid_bytes(db_id: str) -> bytes:
     return uuid.UUID(db_id).bytes
-
-
-def _uuid_text(raw: bytes) -> str:
-    return str(uuid.UUID(bytes=raw))

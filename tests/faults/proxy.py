@@ -56,7 +56,7 @@ class FaultProxy:
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
         self._thread.start()
         self._server: asyncio.Server | None = None
-        self._tasks: set[asyncio.Task[Any]] = set()
+        self._handlers: set[asyncio.Task[Any]] = set()
         fut = asyncio.run_coroutine_threadsafe(self._start(port), self._loop)
         self.port: int = fut.result(10)
 
@@ -68,24 +68,36 @@ class FaultProxy:
         self.injected[what] = self.injected.get(what, 0) + 1
 
     async def _handle(self, creader: asyncio.StreamReader, cwriter: asyncio.StreamWriter) -> None:
+        me = asyncio.current_task()
+        assert me is not None
+        self._handlers.add(me)
         self.connections += 1
         n = self.connections
         only = self.faults.only_first
         active = only is None or n <= only
+        swriter: asyncio.StreamWriter | None = None
+        tasks: set[asyncio.Future[None]] = set()
         try:
             sreader, swriter = await asyncio.open_connection("127.0.0.1", self.target)
-        except OSError:
-            cwriter.close()
-            return
-        up = asyncio.ensure_future(self._pipe(creader, swriter))
-        down = asyncio.ensure_future(self._down(sreader, cwriter, active))
-        self._tasks |= {up, down}
-        await asyncio.wait({up, down}, return_when=asyncio.FIRST_COMPLETED)
-        for t in (up, down):
-            t.cancel()
-        for w in (cwriter, swriter):
-            w.close()
-        self._tasks -= {up, down}
+            tasks = {
+                asyncio.ensure_future(self._pipe(creader, swriter)),
+                asyncio.ensure_future(self._down(sreader, cwriter, active)),
+            }
+            await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+        except (OSError, asyncio.CancelledError):
+            pass
+        finally:
+            for t in tasks:
+                t.cancel()
+            for t in tasks:
+                with contextlib.suppress(BaseException):
+                    await t
+            for w in (cwriter, swriter):
+                if w is not None:
+                    w.close()
+                    with contextlib.suppress(Exception):
+                        await w.wait_closed()
+            self._handlers.discard(me)
 
     async def _pipe(self, r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
         while data := await r.read(65536):
@@ -158,8 +170,10 @@ class FaultProxy:
         async def _stop() -> None:
             if self._server is not None:
                 self._server.close()
-            for t in list(self._tasks):
+            handlers = list(self._handlers)
+            for t in handlers:
                 t.cancel()
+            await asyncio.gather(*handlers, return_exceptions=True)
 
         with contextlib.suppress(Exception):
             asyncio.run_coroutine_threadsafe(_stop(), self._loop).result(5)

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from hypothesis import given
 from hypothesis import strategies as st
 
+from replicator import frames
+from replicator.handshake import decide, needs_bootstrap
 from replicator.lag import GRACE_US, lag_seconds
 from replicator.selection import Selector, parse_source
 
@@ -65,3 +69,58 @@ def test_stale_source_moves_to_next() -> None:
 def test_parse_source() -> None:
     assert parse_source("127.0.0.1:7070") == ("127.0.0.1", 7070)
     assert parse_source("[::1]:7070") == ("::1", 7070)
+
+
+# --- handshake -----------------------------------------------------------------------
+
+SRC, DB, OTHER = b"\x01" * 16, b"\x02" * 16, b"\x03" * 16
+
+
+def _hello(**kw: Any) -> frames.Hello:
+    base = frames.Hello(
+        frames.PROTOCOL_VERSION,
+        frames.MODE_STREAM,
+        0,
+        b"\x09" * 16,
+        DB,
+        100,
+        0,
+        0,
+        frames.ZERO_SHA,
+    )
+    return base._replace(**kw)
+
+
+def _code(hello: frames.Hello, first: int = 1, closing: bool = False) -> int | None:
+    r = decide(hello, source_id=SRC, db_id=DB, first_retained=first, closing=closing)
+    return None if r is None else r.code
+
+
+def test_handshake_accepts_a_replica_within_retained_history() -> None:
+    assert _code(_hello()) is None
+    assert _code(_hello(last_seq=99), first=100) is None
+
+
+def test_handshake_refuses_with_named_codes() -> None:
+    assert _code(_hello(version=99)) == frames.REFUSE_PROTOCOL
+    assert _code(_hello(mode=7)) == frames.REFUSE_PROTOCOL
+    assert _code(_hello(), closing=True) == frames.REFUSE_NOT_READY
+    assert _code(_hello(client_id=SRC)) == frames.REFUSE_SELF
+    assert _code(_hello(db_id=OTHER)) == frames.REFUSE_DB_ID
+    assert _code(_hello(last_seq=50), first=52) == frames.REFUSE_BOOTSTRAP
+
+
+def test_unknown_db_id_may_only_fetch_a_snapshot() -> None:
+    assert _code(_hello(db_id=frames.ZERO_ID)) == frames.REFUSE_DB_ID
+    assert _code(_hello(db_id=frames.ZERO_ID, mode=frames.MODE_SNAPSHOT)) is None
+
+
+def test_newest_only_never_needs_history() -> None:
+    assert _code(_hello(last_seq=0, options=frames.OPT_NEWEST_ONLY), first=500) is None
+
+
+def test_needs_bootstrap() -> None:
+    assert needs_bootstrap(False, 0, 1)
+    assert not needs_bootstrap(True, 0, 1)
+    assert needs_bootstrap(True, 10, 12)
+    assert not needs_bootstrap(True, 11, 12)
