@@ -99,6 +99,10 @@ class InvalidCursorError(InvalidReadError):
     """A range cursor that is malformed or was issued for another range."""
 
 
+class ReadTooLargeError(ReadError):
+    """The values asked for in one request exceed the node's per-reply bound."""
+
+
 class RangeOnRootError(ReadError):
     """Range reads are refused on the root: they belong on consumer nodes."""
 
@@ -106,11 +110,16 @@ class RangeOnRootError(ReadError):
 class ReadProtocolError(ReadError):
     """Malformed or oversized input on a KT or memcached listener.
 
-    `close` says whether the connection can no longer be resynchronised and must close.
+    `status` is the HTTP status a KT listener answers (None: close without answering, as
+    KT does for an unknown binary magic); `close` says whether the connection can no longer
+    be resynchronised and must close.
     """
 
-    def __init__(self, message: str, *, close: bool = False, **fields: Any) -> None:
+    def __init__(
+        self, message: str, *, status: int | None = 400, close: bool = False, **fields: Any
+    ) -> None:
         super().__init__(message, **fields)
+        self.status = status
         self.close = close
 
 
