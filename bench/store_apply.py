@@ -21,6 +21,8 @@ import shutil
 import tempfile
 import time
 from collections.abc import Callable
+from functools import partial
+from typing import Any
 
 import lmdb
 
@@ -161,6 +163,44 @@ def amplification(args: argparse.Namespace, tmp: str) -> dict[str, object]:
     return out
 
 
+def codec_speed() -> dict[str, object]:
+    """µs per call of each hot codec function, Cython beside the pure-Python reference."""
+    import timeit
+
+    from store import _codec as cy
+    from store import format as ref
+
+    rnd = random.Random(3)
+    ops = [(1, b"bench", b"key:%012d" % i, rnd.randbytes(VALUE)) for i in range(10_000)]
+    rec = ref.encode_record(5, b"bench", ops[0][3], False)
+    payload, _ = ref.pack_entries(1, ops, ref.ZERO_HASH)
+    out: dict[str, object] = {}
+    cases: dict[str, tuple[Callable[[Any], object], int, int]] = {
+        "encode_record": (
+            lambda m: [m.encode_record(5, b"bench", o[3], False) for o in ops],
+            5,
+            len(ops),
+        ),
+        "record_value": (lambda m: m.record_value(rec), 100_000, 1),
+        "decode_record_header": (lambda m: m.decode_record_header(rec), 100_000, 1),
+        "pack_entries_per_entry": (lambda m: m.pack_entries(1, ops, ref.ZERO_HASH), 5, len(ops)),
+        "unpack_entries_per_entry": (
+            lambda m: m.unpack_entries(payload, ref.ZERO_HASH),
+            5,
+            len(ops),
+        ),
+    }
+    for name, (fn, number, per) in cases.items():
+        t_cy = min(timeit.repeat(partial(fn, cy), number=number, repeat=3)) / number / per
+        t_py = min(timeit.repeat(partial(fn, ref), number=number, repeat=3)) / number / per
+        out[name] = {
+            "cython_us": round(t_cy * 1e6, 3),
+            "python_us": round(t_py * 1e6, 3),
+            "cython_speedup": round(t_py / t_cy, 2),
+        }
+    return out
+
+
 def _ratios(row: dict[str, int]) -> None:
     if "raw" in row:
         for k in ("cython", "python"):
@@ -186,6 +226,7 @@ def main() -> None:
             "bench": "store_apply",
             "value_bytes": VALUE,
             "sync": True,
+            "codec": codec_speed(),
             "throughput": throughput(args, tmp, ["raw", "cython", "python"]),
             "write_amplification": amplification(args, tmp),
         }

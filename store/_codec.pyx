@@ -141,7 +141,7 @@ def decode_record_header(const uint8_t[:] rec):
     if n < off or (not (p[1] & 1) and n != off + vlen):
         raise ValueError("malformed value record")
     owner = (<const char*>p)[19:off].decode("utf-8", "replace")
-    return _header(p[1], _get_u64(p + 2), vlen, _get_u32(p + 14), owner, off)
+    return _tuple_new(_header, (p[1], _get_u64(p + 2), vlen, _get_u32(p + 14), owner, off))
 
 
 def record_value(const uint8_t[:] rec):
