@@ -33,6 +33,7 @@ log = logging.getLogger("mercury.replication.bootstrap")
 _CHUNK = 1 << 20
 _F_SETPIPE_SZ = 1031  # fcntl.F_SETPIPE_SZ, Linux; Python < 3.10 lacks the name
 CONNECT_TIMEOUT = 5.0
+_SOCK_BUF = 4 << 20
 #: No byte for this long (and no WAIT frame: those come every second) = a dead source.
 IDLE_TIMEOUT = 30.0
 
@@ -98,6 +99,21 @@ async def fetch(
     return await asyncio.to_thread(_fetch_blocking, host, port, data_dir, node_id, db_id, state)
 
 
+def _connect(host: str, port: int) -> socket.socket:
+    """A TCP connection with a large receive buffer, set before connecting so that the
+    window scale is negotiated for it (a bulk transfer is window-bound otherwise)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, _SOCK_BUF)
+        sock.settimeout(CONNECT_TIMEOUT)
+        sock.connect((host, port))
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
 def _recv_exact(sock: socket.socket, n: int) -> bytes:
     buf = bytearray(n)
     view = memoryview(buf)
@@ -135,7 +151,7 @@ def _fetch_blocking(
     offer, have = held(data_dir)
     if offer is not None and have == offer.size:
         return offer
-    with socket.create_connection((host, port), timeout=CONNECT_TIMEOUT) as sock:
+    with _connect(host, port) as sock:
         sock.settimeout(IDLE_TIMEOUT)
         hello = frames.Hello(
             frames.PROTOCOL_VERSION,

@@ -28,6 +28,7 @@ import contextlib
 import glob
 import logging
 import os
+import socket
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -286,6 +287,10 @@ class ReplicationSource:
                 bytes.fromhex(info.sha256),
                 offset,
             )
+            sock = writer.get_extra_info("socket")
+            if sock is not None:  # a bulk transfer: let the kernel queue more of it
+                with contextlib.suppress(OSError):
+                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 << 20)
             await wire.send(writer, frames.encode_snapshot(offer))
             self.stats.bytes_sent += await send_file(writer, path, offset, info.size - offset)
             self.stats.served += 1
