@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from mercury import retention
+
 
 def register(sub: Any) -> None:
     """Add the `replica` command to the `mercury` parser."""
@@ -50,9 +52,10 @@ def register(sub: Any) -> None:
     p.add_argument(
         "--no-sync",
         action="store_true",
-        help="do not fsync applied batches (a crash may lose the last ones; they are "
-        "fetched again from the source)",
+        help="do not fsync applied batches: faster catch-up, but a machine crash may lose "
+        "or corrupt the last commits (then re-bootstrap: empty DATA_DIR and restart)",
     )
+    retention.add_arguments(p)
     p.set_defaults(func=_run)
 
 

@@ -23,9 +23,11 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import asdict
 
 import uvicorn
 
+from mercury.retention import policy_from_args
 from replicator.metrics import APPLIED_SEQ, REPLICATION_LAG, WORKER_RESTARTS
 from replicator.selection import parse_source
 from replicator.status import read_status
@@ -113,6 +115,7 @@ def worker_config(args: argparse.Namespace) -> WorkerConfig:
         staleness=float(args.staleness_s),
         max_bootstraps=int(args.max_bootstraps),
         sync=not args.no_sync,
+        retention=asdict(policy_from_args(args)),
     )
 
 

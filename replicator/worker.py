@@ -32,6 +32,7 @@ from mercury.errors import (
     RefusedError,
     SnapshotTransferError,
 )
+from mercury.retention import RetentionPolicy, RetentionService
 from replicator import bootstrap, frames, notify
 from replicator.client import ReplicaClient, ReplicationFailed
 from replicator.heartbeat import RelayedHeartbeat
@@ -58,6 +59,8 @@ class WorkerConfig:
     staleness: float = 30.0
     max_bootstraps: int = 1
     sync: bool = True
+    #: `mercury.retention.RetentionPolicy` fields; None = keep the whole log.
+    retention: dict[str, Any] | None = None
 
     def to_json(self) -> str:
         """Serialised for the worker's command line."""
@@ -112,6 +115,7 @@ async def run(cfg: WorkerConfig, stop: asyncio.Event) -> int:
     selector = Selector(list(cfg.sources))
     store: Store | None = None
     source: ReplicationSource | None = None
+    gc: RetentionService | None = None
     try:
         if not layout.exists(cfg.data_dir):
             board.update(state="bootstrapping")
@@ -140,6 +144,10 @@ async def run(cfg: WorkerConfig, stop: asyncio.Event) -> int:
             )
             await source.start()
             relay.add_listener(source.wake)
+        if cfg.retention is not None:
+            # The worker is this node's only writer, so it also collects the log.
+            gc = RetentionService(store, RetentionPolicy(**cfg.retention))
+            await gc.start()
         client = ReplicaClient(
             store, selector, node_id=node_id, board=board, relay=relay, staleness=cfg.staleness
         )
@@ -160,6 +168,8 @@ async def run(cfg: WorkerConfig, stop: asyncio.Event) -> int:
             await stop.wait()
         return EXIT_OK
     finally:
+        if gc is not None:
+            await gc.stop()
         if source is not None:
             await source.stop()
         if store is not None:
