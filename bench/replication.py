@@ -131,6 +131,45 @@ def propagation(tmp: Path, procs: Procs, window_ms: int, samples: int) -> dict[s
     }
 
 
+def one_hop(tmp: Path, procs: Procs, samples: int) -> dict[str, Any]:
+    """A commit on the source (fsync) -> readable on a tier-1 replica's HTTP API: the
+    notification path alone (no batch window), the "within 10 ms" requirement."""
+    root = RootNode(str(tmp / "hop-root"), sync=True)
+    try:
+        http = free_port()
+        p = procs.start_mercury(
+            "replica",
+            str(tmp / "hop-t1"),
+            "--source",
+            f"127.0.0.1:{root.port}",
+            "--listen",
+            f"127.0.0.1:{http}",
+            name="hop",
+        )
+        wait_http(f"http://127.0.0.1:{http}/healthz", timeout=60, proc=p)
+        reader = httpx.Client(base_url=f"http://127.0.0.1:{http}")
+        lat: list[float] = []
+        for i in range(samples):
+            key, value = f"hop/{i % 20}".encode(), f"v{i}-{time.time_ns()}".encode()
+            root.store.apply([Op(SET, key, value, owner="b")])
+            t_ack = time.perf_counter()
+            while reader.get(f"/v1/kv/{key.decode()}").content != value:
+                if time.perf_counter() - t_ack > 10:
+                    raise TimeoutError("write never reached tier 1")
+            lat.append(time.perf_counter() - t_ack)
+            time.sleep(0.005)
+        reader.close()
+        procs.terminate(p)
+    finally:
+        root.close()
+    return {
+        "samples": samples,
+        "commit_to_tier1_read_p50_ms": pct(lat, 50),
+        "commit_to_tier1_read_p99_ms": pct(lat, 99),
+        "goal_ms": 10,
+    }
+
+
 def catch_up(tmp: Path, procs: Procs, entries: int) -> tuple[dict[str, Any], RootNode]:
     """Root apply rate vs a replica streaming `entries` from scratch."""
     # fsync on, like a real root: the apply rate measured is the durable one.
@@ -245,6 +284,7 @@ def main() -> None:
     root: RootNode | None = None
     try:
         if a.only in (None, "propagation"):
+            out["one_hop"] = one_hop(tmp, procs, a.samples)
             out["propagation"] = [
                 propagation(tmp, procs, 500, max(10, a.samples // 5)),
                 propagation(tmp, procs, 10, a.samples),
