@@ -33,6 +33,7 @@ import random
 import shutil
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import tempfile
@@ -189,6 +190,27 @@ def measure(http: HttpConn, mc: McConn, n: int, max_s: float) -> tuple[list[int]
     return h, m
 
 
+def kt_binary_get_p50_us(port: int, n: int) -> float:
+    """P50 of a KT binary get (get_bulk of one key, as ukt's `get` sends it), one connection."""
+    s = socket.create_connection(("127.0.0.1", port))
+    s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    reqs = [struct.pack(">BIIHI", 0xBA, 0, 1, 0, len(k)) + k for k in KEYS]
+    lat: list[int] = []
+    clock = time.perf_counter_ns
+    # reply: BA, hits (u32), one record header (18 bytes), the key, the value (b"v" + key)
+    want = [5 + 18 + len(k) + len(b"v" + k) for k in KEYS]
+    for i in range(n + 500):
+        t = clock()
+        s.sendall(reqs[i % 20])
+        got = s.recv(4096)
+        while len(got) < want[i % 20]:
+            got += s.recv(4096)
+        if i >= 500:
+            lat.append(clock() - t)
+    s.close()
+    return round(pct(lat)["p50_ms"] * 1000, 1)
+
+
 def noop_vs_get(port: int, n: int) -> dict[str, float]:
     """P50 of a point get and of the raw ASGI no-op, alternating on one connection."""
     c = HttpConn(port)
@@ -306,12 +328,13 @@ def main() -> int:
         else:
             read_dir = root_dir
         # the yardstick server (and, in local mode, the measured one)
-        y_http, y_mc = free_port(), free_port()
+        y_http, y_mc, y_kt = free_port(), free_port(), free_port()
         ys = start(
             [
                 sys.executable, "-m", "reads.serve", read_dir,
                 "--listen", f"127.0.0.1:{y_http}",
                 "--memcached-listen", f"127.0.0.1:{y_mc}",
+                "--kt-listen", f"127.0.0.1:{y_kt}",
                 "--noop-path", "/noop",
             ],
             "reads",
@@ -322,6 +345,10 @@ def main() -> int:
             http_port, mc_port = y_http, y_mc
 
         out["http_get_vs_noop_asgi_same_server"] = noop_vs_get(y_http, min(args.requests, 20_000))
+        wait_port(y_kt, proc=ys)
+        out["kt_binary_get_p50_us_same_server"] = kt_binary_get_p50_us(
+            y_kt, min(args.requests, 20_000)
+        )
         http, mc = HttpConn(http_port), McConn(mc_port)
         measure(http, mc, 1000, 10)  # warm up
         # Phases are interleaved over rounds (0, 1, 2 writers, then again...) so that load
