@@ -310,6 +310,8 @@ local mode = "%(mode)s"
 local value = string.rep("v", 100)
 local counter = 0
 local thread_base = 0
+local delay_ms = %(delay_ms)s
+delay = function() return delay_ms end
 setup = function(thread) end
 init = function(args)
   math.randomseed(os.time() + tonumber(tostring({}):sub(8), 16) %% 100000)
@@ -322,6 +324,9 @@ request = function()
   if mode == "put" then
     local k = string.format("%%012x", math.random(0, 2^40))
     return wrk.format("PUT", "/v1/kv/b/" .. k, hdrs, value)
+  elseif mode == "flood" then
+    local k = string.format("%%012x", math.random(0, 2^40))
+    return wrk.format("PUT", "/v1/kv/a/" .. k, hdrs, value)
   elseif mode == "pydantic" then
     return wrk.format("POST", "/noop/pydantic", hdrs, pair)
   else
@@ -337,27 +342,39 @@ end
 """
 
 
+def wrk_cmd(
+    url: str, conns: int, seconds: float, mode: str, token: str, tmp: Path, delay_ms: int = 0
+) -> list[str]:
+    """argv of a one-thread wrk run of `mode` (see WRK_LUA)."""
+    script = tmp / f"wrk-{mode}.lua"
+    script.write_text(WRK_LUA % {"token": token, "mode": mode, "delay_ms": delay_ms})
+    return [
+        "wrk",
+        "-t1",
+        f"-c{conns}",
+        f"-d{max(1, int(seconds))}s",
+        "--latency",
+        "-s",
+        str(script),
+        url,
+    ]
+
+
 def wrk_run(
     url: str, conns: int, seconds: float, mode: str, token: str, tmp: Path
 ) -> dict[str, Any]:
     """Closed-loop load by wrk (one thread: the server keeps the other core)."""
-    script = tmp / f"wrk-{mode}.lua"
-    script.write_text(WRK_LUA % {"token": token, "mode": mode})
     r = subprocess.run(
-        [
-            "wrk",
-            "-t1",
-            f"-c{conns}",
-            f"-d{max(1, int(seconds))}s",
-            "--latency",
-            "-s",
-            str(script),
-            url,
-        ],
+        wrk_cmd(url, conns, seconds, mode, token, tmp),
         capture_output=True,
         text=True,
         timeout=seconds + 120,
     )
+    return parse_wrk(r)
+
+
+def parse_wrk(r: subprocess.CompletedProcess[str]) -> dict[str, Any]:
+    """Requests/s, non-2xx count and P50/P99 from wrk's output."""
     out: dict[str, Any] = {"client": "wrk -t1", "non_2xx": 0}
     for line in r.stdout.splitlines():
         parts = line.split()
@@ -601,38 +618,53 @@ def preload(url: str, tok: str, n_keys: int) -> None:
     asyncio.run(run())
 
 
-def bench_dup(tmp: Path, seconds: float) -> dict[str, Any]:
+def bench_dup(tmp: Path, seconds: float, rate: float) -> dict[str, Any]:
     data = tmp / "dup"
     admin = init_root(data)
     srv, url = root_server(tmp, data, 500)
     keys = [f"b/{i:06d}" for i in range(1000)]
-    out: dict[str, Any] = {"window_ms": 500, "keys": len(keys), "concurrency": 64}
+    conns = int(rate * 0.8) + 64
+    out: dict[str, Any] = {"window_ms": 500, "keys": len(keys), "rate": rate}
+
+    def disk_rate(p: subprocess.Popen[bytes], run: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+        w0, t0 = write_bytes(p.pid), time.perf_counter()
+        res = run()
+        time.sleep(0.6)  # the last window commits
+        dt = time.perf_counter() - t0
+        return {**res, "disk_bytes_per_s": round((write_bytes(p.pid) - w0) / dt)}
+
     with srv as p:
         tok = add_producer(url, admin, "bench", "b/")
         body = [req("PUT", f"/v1/kv/{k}", VALUE, tok) for k in keys]
         asyncio.run(closed_loop(url, 64, 2.0, lambda i: body[i % len(body)]))  # first writes
         time.sleep(1.0)
-        w0, t0 = write_bytes(p.pid), time.perf_counter()
-        res = asyncio.run(closed_loop(url, 64, seconds, lambda i: body[i % len(body)]))
-        time.sleep(0.6)  # the last window commits
-        dt = time.perf_counter() - t0
-        out["duplicates"] = {
-            **res,
-            "disk_bytes_per_s": round((write_bytes(p.pid) - w0) / dt),
-            "payload_bytes_per_s": round(res["per_s"] * (len(VALUE) + 8)),
-        }
-        w0, t0 = write_bytes(p.pid), time.perf_counter()
-        res = asyncio.run(
-            closed_loop(
-                url,
-                64,
-                seconds,
-                lambda i: req("PUT", f"/v1/kv/{keys[i % len(keys)]}", f"{i:0100d}".encode(), tok),
-            )
+
+        def idle() -> dict[str, Any]:
+            time.sleep(seconds)
+            return {}
+
+        out["idle"] = disk_rate(p, idle)
+        out["duplicates"] = disk_rate(
+            p,
+            lambda: asyncio.run(
+                open_loop(url, rate, seconds, lambda i: body[i % len(body)], conns)
+            ),
         )
-        time.sleep(0.6)
-        dt = time.perf_counter() - t0
-        out["fresh_values"] = {**res, "disk_bytes_per_s": round((write_bytes(p.pid) - w0) / dt)}
+        out["duplicates"]["payload_bytes_per_s"] = round(rate * (len(VALUE) + 8))
+        out["fresh_values"] = disk_rate(
+            p,
+            lambda: asyncio.run(
+                open_loop(
+                    url,
+                    rate,
+                    seconds,
+                    lambda i: req(
+                        "PUT", f"/v1/kv/{keys[i % len(keys)]}", f"{i:0100d}".encode(), tok
+                    ),
+                    conns,
+                )
+            ),
+        )
     return out
 
 
@@ -666,7 +698,20 @@ def bench_fair(tmp: Path, seconds: float) -> dict[str, Any]:
             b = await open_loop(url, 200, seconds - 0.5, b_req, conns=200)
             return b, await a
 
-        out["b_while_a_floods"], out["a_flood"] = asyncio.run(both())
+        if have_wrk():
+            # A floods from its own process (wrk: 1,000 connections, each sending again 1 s
+            # after its answer: about 1,000/s, 10x A's quota): this client measures only B.
+            cmd = wrk_cmd(url, 1000, seconds + 1, "flood", a_tok, tmp, delay_ms=1000)
+            flood = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            time.sleep(1.0)
+            out["b_while_a_floods"] = asyncio.run(
+                open_loop(url, 200, seconds - 0.5, b_req, conns=200)
+            )
+            so, se = flood.communicate(timeout=seconds + 120)
+            out["a_flood"] = parse_wrk(subprocess.CompletedProcess(cmd, 0, so, se))
+            out["a_flood"]["per_s_vs_quota"] = round(out["a_flood"]["per_s"] / 100, 1)
+        else:
+            out["b_while_a_floods"], out["a_flood"] = asyncio.run(both())
     out["b_p99_ratio"] = round(out["b_while_a_floods"]["p99_ms"] / out["b_alone"]["p99_ms"], 3)
     return out
 
@@ -697,7 +742,7 @@ def main() -> int:
         if "ack" in only:
             result["ack"] = bench_ack(tmp, args.seconds, args.keys, args.rate)
         if "dup" in only:
-            result["dup"] = bench_dup(tmp, args.seconds)
+            result["dup"] = bench_dup(tmp, args.seconds, args.rate)
         if "fair" in only:
             result["fair"] = bench_fair(tmp, args.seconds)
     finally:

@@ -296,6 +296,8 @@ def _spread(
     ops: list[Op], kept: list[int], winner: list[int], results: list[Result]
 ) -> list[Result]:
     """Results of the applied ops spread back over every op of the batch."""
+    if len(kept) == len(ops):  # nothing coalesced: results are already in op order
+        return results
     by_index = dict(zip(kept, results, strict=True))
     out = []
     for i, op in enumerate(ops):

@@ -19,7 +19,7 @@ import orjson
 
 from gateway import kv_handlers, problems
 from gateway.writes import Answer, Gateway
-from mercury.errors import MercuryError, TooLargeError
+from mercury.errors import BadRequestError, MercuryError, TooLargeError
 
 log = logging.getLogger("mercury.gateway")
 
@@ -71,7 +71,7 @@ class FastPath:
             while True:
                 msg = await receive()
                 if msg["type"] != "http.request":
-                    raise MercuryError("client disconnected")
+                    raise BadRequestError("the client disconnected before sending the whole body")
                 chunk = msg.get("body", b"")
                 size += len(chunk)
                 if size > limit:

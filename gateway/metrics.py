@@ -7,7 +7,28 @@ from typing import Any
 
 from prometheus_client import REGISTRY, Counter, Gauge, Histogram
 
-_LAT = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.6, 0.75, 1.0, 2.5, 5.0, 10.0)
+# Fine steps just above the default 500 ms window: the ack goal is window + 50 ms.
+_LAT = (
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    0.51,
+    0.525,
+    0.55,
+    0.575,
+    0.6,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+)
 
 
 def _shared_gauge(name: str, doc: str, labels: tuple[str, ...] = ()) -> Any:

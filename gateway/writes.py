@@ -28,6 +28,7 @@ from gateway.quota import Bucket, ProducerBuckets
 from gateway.settings import Settings
 from mercury.errors import (
     AuthError,
+    BadRequestError,
     ForbiddenError,
     MercuryError,
     QuotaExceededError,
@@ -40,6 +41,8 @@ from store.usage import Usage, stored_bytes
 
 log = logging.getLogger("mercury.gateway")
 ADMIN = "\x00admin"  # never a producer name (names cannot hold NUL)
+#: Longest Idempotency-Key: with the producer name (≤ 255 bytes) it must fit an LMDB key.
+MAX_IDEMPOTENCY_KEY = 200
 REPLAYED = {"Idempotent-Replayed": "true"}
 
 
@@ -308,6 +311,10 @@ class Gateway:
         t0 = t0 if t0 is not None else time.perf_counter()
         if idem is None:
             return await self._write(p, ops, nbytes, answer, None, is_async, t0)
+        if not idem or len(idem.encode("utf-8", "surrogatepass")) > MAX_IDEMPOTENCY_KEY:
+            raise BadRequestError(
+                f"Idempotency-Key must be 1 to {MAX_IDEMPOTENCY_KEY} bytes, got {len(idem)}"
+            )
         key = b"i" + p.name.encode() + b"\x00" + idem.encode("utf-8", "surrogatepass")
         waiting = self._inflight.get(key)
         if waiting is not None:

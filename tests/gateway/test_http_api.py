@@ -293,3 +293,15 @@ def test_usage_report_lists_producers(shared_root: Root) -> None:
     assert set(row) >= {"producer", "keys", "bytes", "writes", "duplicates", "throttled"}
     other, _ = shared_root.producer()
     _problem(shared_root.client(tok).get(f"/v1/usage/{other}"), 403)
+
+
+def test_overlong_idempotency_key_is_refused_without_failing_the_batch(
+    shared_root: Root,
+) -> None:
+    name, tok = shared_root.producer()
+    c = shared_root.client(tok)
+    p = _problem(
+        c.put(f"/v1/kv/{name}/ik", content=b"v", headers={"Idempotency-Key": "k" * 300}), 400
+    )
+    assert "Idempotency-Key" in p["detail"]
+    assert c.put(f"/v1/kv/{name}/ik", content=b"v").status_code == 200
