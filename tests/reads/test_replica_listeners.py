@@ -1,5 +1,6 @@
 """End to end: writes through a real `mercury root` gateway, read back from a real
-`mercury replica` over HTTP, Kyoto Tycoon (ukt, REST) and memcached (pymemcache)."""
+`mercury replica` over HTTP, Kyoto Tycoon (ukt, REST) and memcached (pymemcache); the
+root's own KT listener serves point reads only."""
 
 from __future__ import annotations
 
@@ -12,8 +13,6 @@ import pytest
 import ukt
 from pymemcache.client.base import Client
 
-from store.ops import SET, Op
-from tests.replicator.harness import root_node
 from tests.support.procs import Procs, free_port, run_mercury, wait_http, wait_port
 
 
@@ -27,28 +26,48 @@ def _wait_seq(url: str, seq: int, timeout: float = 60.0) -> dict[str, object]:
     raise TimeoutError(f"{url} did not reach seq {seq}")
 
 
-def test_replica_serves_replicated_writes_over_every_protocol(tmp_path: Path, procs: Procs) -> None:
-    # The root side is the replication tests' in-process source (see the report: a
-    # uvloop `mercury root` could not yet send bootstrap snapshots when this was written).
-    with root_node(str(tmp_path / "root")) as root:
-        root.store.apply([Op(SET, b"cfg/%02d" % i, b"v%d" % i, "cfg") for i in range(30)])
-        seq = root.store.apply([Op(SET, b"cfg/bin", b"\x00\xff", "cfg")]).last_seq
-        rhttp, rkt, rmc = free_port(), free_port(), free_port()
-        rep = procs.start_mercury(
-            "replica",
-            str(tmp_path / "replica"),
-            "--source",
-            f"127.0.0.1:{root.port}",
-            "--listen",
-            f"127.0.0.1:{rhttp}",
-            "--kt-listen",
-            f"127.0.0.1:{rkt}",
-            "--memcached-listen",
-            f"127.0.0.1:{rmc}",
-            "--no-sync",
-            name="replica",
-        )
-        rep_url = f"http://127.0.0.1:{rhttp}"
+def test_gateway_writes_are_served_by_a_replica_over_every_protocol(
+    tmp_path: Path, procs: Procs
+) -> None:
+    root_dir = tmp_path / "root"
+    init = run_mercury("init", str(root_dir))
+    assert init.returncode == 0, init.stderr
+    token = (root_dir / "admin.token").read_text().strip()
+    http, repl, root_kt = free_port(), free_port(), free_port()
+    root = procs.start_mercury(
+        "root", str(root_dir),
+        "--listen", f"127.0.0.1:{http}",
+        "--repl-listen", f"127.0.0.1:{repl}",
+        "--kt-listen", f"127.0.0.1:{root_kt}",
+        "--batch-window-ms", "20",
+        "--no-sync",
+        name="root",
+    )  # fmt: skip
+    root_url = f"http://127.0.0.1:{http}"
+    wait_http(root_url + "/healthz", proc=root)
+    wait_port(root_kt, proc=root)
+    admin = {"Authorization": f"Bearer {token}"}
+    gw = httpx.Client(base_url=root_url, timeout=30)
+    r = gw.put("/v1/admin/producers/cfg", json={"keyspaces": ["cfg/"]}, headers=admin)
+    assert r.status_code in (200, 201), r.text
+    ptoken = gw.post("/v1/admin/producers/cfg/tokens", headers=admin).json()["token"]
+    auth = {"Authorization": f"Bearer {ptoken}"}
+    ops = [{"op": "set", "key": f"cfg/{i:02d}", "value": f"v{i}"} for i in range(30)]
+    assert gw.post("/v1/batch", json={"ops": ops}, headers=auth).is_success
+    seq = gw.put("/v1/kv/cfg/bin", content=b"\x00\xff", headers=auth).json()["seq"]
+
+    rhttp, rkt, rmc = free_port(), free_port(), free_port()
+    rep = procs.start_mercury(
+        "replica", str(tmp_path / "replica"),
+        "--source", f"127.0.0.1:{repl}",
+        "--listen", f"127.0.0.1:{rhttp}",
+        "--kt-listen", f"127.0.0.1:{rkt}",
+        "--memcached-listen", f"127.0.0.1:{rmc}",
+        "--no-sync",
+        name="replica",
+    )  # fmt: skip
+    rep_url = f"http://127.0.0.1:{rhttp}"
+    try:
         wait_http(rep_url + "/healthz", timeout=60, proc=rep)
         wait_port(rkt, proc=rep)
         wait_port(rmc, proc=rep)
@@ -60,63 +79,33 @@ def test_replica_serves_replicated_writes_over_every_protocol(tmp_path: Path, pr
             assert r.content == b"v7" and int(r.headers["x-mercury-seq"]) >= seq
             page = c.get("/v1/range", params={"prefix": "cfg/", "limit": "10"}).json()
             assert len(page["items"]) == 10 and page["next_cursor"]
-            # a write streamed after start is visible on every listener
-            seq2 = root.store.apply([Op(SET, b"cfg/late", b"late", "cfg")]).last_seq
+            # a write made after the replica started streams to every listener
+            seq2 = gw.put("/v1/kv/cfg/late", content=b"late", headers=auth).json()["seq"]
             _wait_seq(rep_url, seq2)
             assert c.get("/v1/kv/cfg%2Flate").content == b"late"
+    finally:
+        gw.close()
 
-        kt = ukt.KyotoTycoon("127.0.0.1", rkt, serializer=ukt.KT_NONE)
-        try:
-            assert kt.get("cfg/03") == b"v3"
-            assert kt.get("cfg/late") == b"late"
-            assert kt.get_bulk(["cfg/01", "cfg/bin"]) == {"cfg/01": b"v1", "cfg/bin": b"\x00\xff"}
-            assert len(kt.match_prefix("cfg/")) == 32
-        finally:
-            kt.close_all()
-        with socket.create_connection(("127.0.0.1", rkt), timeout=5) as s:
-            s.sendall(b"GET cfg%2F05 HTTP/1.1\r\n\r\n")  # as python-kyototycoon sends it
-            assert s.recv(4096).endswith(b"\r\n\r\nv5")
+    kt = ukt.KyotoTycoon("127.0.0.1", rkt, serializer=ukt.KT_NONE)
+    try:
+        assert kt.get("cfg/03") == b"v3"
+        assert kt.get("cfg/late") == b"late"
+        assert kt.get_bulk(["cfg/01", "cfg/bin"]) == {"cfg/01": b"v1", "cfg/bin": b"\x00\xff"}
+        assert len(kt.match_prefix("cfg/")) == 32
+    finally:
+        kt.close_all()
+    with socket.create_connection(("127.0.0.1", rkt), timeout=5) as s:
+        s.sendall(b"GET cfg%2F05 HTTP/1.1\r\n\r\n")  # as python-kyototycoon sends it
+        assert s.recv(4096).endswith(b"\r\n\r\nv5")
 
-        mc = Client(("127.0.0.1", rmc), timeout=5)
-        try:
-            got = mc.get_many(["cfg/00", "cfg/29", "cfg/late", "nope"])
-            assert got == {"cfg/00": b"v0", "cfg/29": b"v29", "cfg/late": b"late"}
-        finally:
-            mc.close()
+    mc = Client(("127.0.0.1", rmc), timeout=5)
+    try:
+        got = mc.get_many(["cfg/00", "cfg/29", "cfg/late", "nope"])
+        assert got == {"cfg/00": b"v0", "cfg/29": b"v29", "cfg/late": b"late"}
+    finally:
+        mc.close()
 
-
-def test_root_kt_listener_serves_gateway_writes_as_point_reads_only(
-    tmp_path: Path, procs: Procs
-) -> None:
-    root_dir = tmp_path / "root"
-    init = run_mercury("init", str(root_dir))
-    assert init.returncode == 0, init.stderr
-    token = (root_dir / "admin.token").read_text().strip()
-    http, repl, root_kt = free_port(), free_port(), free_port()
-    root = procs.start_mercury(
-        "root",
-        str(root_dir),
-        "--listen",
-        f"127.0.0.1:{http}",
-        "--repl-listen",
-        f"127.0.0.1:{repl}",
-        "--kt-listen",
-        f"127.0.0.1:{root_kt}",
-        "--batch-window-ms",
-        "20",
-        "--no-sync",
-        name="root",
-    )
-    root_url = f"http://127.0.0.1:{http}"
-    wait_http(root_url + "/healthz", proc=root)
-    wait_port(root_kt, proc=root)
-    admin = {"Authorization": f"Bearer {token}"}
-    with httpx.Client(base_url=root_url, timeout=30) as c:
-        r = c.put("/v1/admin/producers/cfg", json={"keyspaces": ["cfg/"]}, headers=admin)
-        assert r.status_code in (200, 201), r.text
-        ptoken = c.post("/v1/admin/producers/cfg/tokens", headers=admin).json()["token"]
-        auth = {"Authorization": f"Bearer {ptoken}"}
-        assert c.put("/v1/kv/cfg/09", content=b"v9", headers=auth).is_success
+    # the root's KT listener serves point reads, never ranges
     root_db = ukt.KyotoTycoon("127.0.0.1", root_kt, serializer=ukt.KT_NONE)
     try:
         assert root_db.get("cfg/09") == b"v9"
