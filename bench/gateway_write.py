@@ -413,6 +413,12 @@ def pct(lat: list[float]) -> dict[str, float]:
     }
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of process `pid` so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def write_bytes(pid: int) -> int:
     for line in Path(f"/proc/{pid}/io").read_text().splitlines():
         if line.startswith("write_bytes:"):
@@ -680,7 +686,7 @@ def bench_fair(tmp: Path, seconds: float) -> dict[str, Any]:
         "b_rate_per_s": 200,
     }
     rnd = random.Random(5)
-    with srv:
+    with srv as proc:
         a_tok = add_producer(url, admin, "a", "a/", quota=quota)
         b_tok = add_producer(url, admin, "b", "b/")
 
@@ -690,7 +696,11 @@ def bench_fair(tmp: Path, seconds: float) -> dict[str, Any]:
         def a_req(i: int) -> bytes:
             return req("PUT", f"/v1/kv/a/{rnd.getrandbits(32):08x}", VALUE, a_tok)
 
+        c0, t0 = cpu_seconds(proc.pid), time.perf_counter()
         out["b_alone"] = asyncio.run(open_loop(url, 200, seconds, b_req, conns=200))
+        out["b_alone"]["server_cpu"] = round(
+            (cpu_seconds(proc.pid) - c0) / (time.perf_counter() - t0), 3
+        )
 
         async def both() -> tuple[dict[str, Any], dict[str, Any]]:
             a = asyncio.ensure_future(open_loop(url, 1000, seconds, a_req, conns=1200))
@@ -704,8 +714,12 @@ def bench_fair(tmp: Path, seconds: float) -> dict[str, Any]:
             cmd = wrk_cmd(url, 1000, seconds + 1, "flood", a_tok, tmp, delay_ms=1000)
             flood = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
             time.sleep(1.0)
+            c0, t0 = cpu_seconds(proc.pid), time.perf_counter()
             out["b_while_a_floods"] = asyncio.run(
                 open_loop(url, 200, seconds - 0.5, b_req, conns=200)
+            )
+            out["b_while_a_floods"]["server_cpu"] = round(
+                (cpu_seconds(proc.pid) - c0) / (time.perf_counter() - t0), 3
             )
             so, se = flood.communicate(timeout=seconds + 120)
             out["a_flood"] = parse_wrk(subprocess.CompletedProcess(cmd, 0, so, se))

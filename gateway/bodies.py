@@ -18,6 +18,7 @@ from mercury.errors import BadRequestError, TooLargeError
 from store.ops import DELETE, SET, Op
 
 MSGPACK = "application/msgpack"
+_new = tuple.__new__
 _MSGPACK_TYPES = ("application/msgpack", "application/x-msgpack", "application/vnd.msgpack")
 
 
@@ -101,7 +102,8 @@ def batch_ops(doc: Any, owner: str, *, max_ops: int, max_key: int, max_value: in
                 kb = key.encode("utf-8", "surrogatepass")
                 vb = value.encode("utf-8", "surrogatepass")
                 if 0 < len(kb) <= max_key and len(vb) <= max_value:
-                    append(Op(SET, kb, vb, owner))
+                    # tuple.__new__ skips the NamedTuple's Python-level __new__
+                    append(_new(Op, (SET, kb, vb, owner, None)))
                     continue
         append(_slow_op(op, i, owner, max_key, max_value))
     return out

@@ -14,6 +14,7 @@ import hmac
 import logging
 import math
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -399,19 +400,12 @@ def kv_answer(results: list[Result]) -> Answer:
 
 def batch_answer(results: list[Result]) -> Answer:
     """Answer of POST /v1/batch: counts and the highest seq it touched."""
-    written = deleted = dups = absent = 0
-    seq = 0
-    for r in results:
-        s = r.status
-        if s is Status.WRITTEN:
-            written += 1
-        elif s is Status.DUPLICATE:
-            dups += 1
-        elif s is Status.DELETED:
-            deleted += 1
-        elif s is Status.ABSENT:
-            absent += 1
-        seq = max(seq, r.seq)
+    counts = Counter([r[0] for r in results])
+    seq = max([r[1] for r in results], default=0)
+    written = counts[Status.WRITTEN]
+    deleted = counts[Status.DELETED]
+    dups = counts[Status.DUPLICATE]
+    absent = counts[Status.ABSENT]
     return Answer(
         200,
         {"seq": seq, "written": written, "deleted": deleted, "duplicates": dups, "absent": absent},
