@@ -21,8 +21,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import queue
+import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable
+from typing import Any
 
 from mercury.errors import (
     BootstrapNeededError,
@@ -84,7 +87,6 @@ class ReplicaClient:
         self.relay = relay
         self.staleness = staleness
         self._db_id = bytes.fromhex(store.db_id.replace("-", ""))
-        self._exec = ThreadPoolExecutor(1, thread_name_prefix="apply")
         seq, _ = store.head()
         self.applied = seq
         board.update(applied_seq=seq)
@@ -128,8 +130,6 @@ class ReplicaClient:
         except ChainError as err:
             self.board.update(state="failed", error=str(err))
             raise ReplicationFailed(str(err)) from err
-        finally:
-            self._exec.shutdown(wait=True)
 
     async def _session(self, host: str, port: int) -> None:
         self.board.update(state="connecting", source=f"{host}:{port}")
@@ -165,56 +165,37 @@ class ReplicaClient:
 
     async def _stream(self, reader: asyncio.StreamReader) -> None:
         """Read frames and apply them in a pipeline: while one batch commits in the apply
-        thread, the loop already reads and checks the next ones (bounded queue)."""
-        q: asyncio.Queue[LogRecord | frames.Heartbeat | None] = asyncio.Queue(PIPELINE)
-        applier = asyncio.ensure_future(self._apply_loop(q, reader))
+        thread, the loop already reads and checks the next ones (bounded read-ahead)."""
+        applier = _ApplyThread(
+            self.store, asyncio.get_running_loop(), self._applied, self._heartbeat, reader
+        )
         failure: BaseException | None = None
         try:
-            await self._read_loop(reader, q)
+            await self._read_loop(reader, applier)
         except BaseException as err:  # re-raised below, after the applier has settled
             failure = err
         if failure is not None:
-            while not q.empty():  # not applied: the next session streams them again
-                q.get_nowait()
-        if not applier.done():
-            await q.put(None)
-        try:
-            # Never abandon an apply in flight: `applied` must match the store.
-            await asyncio.shield(applier)
-        except Exception as err:
-            raise err from failure
+            applier.drop_pending()  # not applied: the next session streams them again
+        # Never abandon an apply in flight: `applied` must match the store.
+        error = await applier.finish()
+        if error is not None:
+            raise error from failure
         if failure is not None:
             raise failure
 
-    async def _apply_loop(
-        self, q: asyncio.Queue[LogRecord | frames.Heartbeat | None], reader: asyncio.StreamReader
-    ) -> None:
-        loop = asyncio.get_running_loop()
-        try:
-            while (item := await q.get()) is not None:
-                if isinstance(item, LogRecord):
-                    await loop.run_in_executor(self._exec, self.store.apply_log_record, item)
-                    self.applied = item.last_seq
-                    st = self.board.status
-                    self.board.update(
-                        applied_seq=item.last_seq, known_us=max(st.known_us, item.time_us)
-                    )
-                else:
-                    st = self.board.status
-                    known = max(st.known_us, item.time_us) if self.applied >= item.seq else None
-                    self.board.update(
-                        hb_time_us=item.time_us,
-                        hb_seq=item.seq,
-                        hb_interval_ms=item.interval_ms,
-                        known_us=st.known_us if known is None else known,
-                    )
-        except Exception:
-            reader.feed_eof()  # wake the reader: the session ends with this error
-            raise
+    def _applied(self, rec: LogRecord) -> None:
+        self.applied = rec.last_seq
+        st = self.board.status
+        self.board.update(applied_seq=rec.last_seq, known_us=max(st.known_us, rec.time_us))
 
-    async def _read_loop(
-        self, reader: asyncio.StreamReader, q: asyncio.Queue[LogRecord | frames.Heartbeat | None]
-    ) -> None:
+    def _heartbeat(self, hb: frames.Heartbeat) -> None:
+        st = self.board.status
+        known = max(st.known_us, hb.time_us) if self.applied >= hb.seq else st.known_us
+        self.board.update(
+            hb_time_us=hb.time_us, hb_seq=hb.seq, hb_interval_ms=hb.interval_ms, known_us=known
+        )
+
+    async def _read_loop(self, reader: asyncio.StreamReader, applier: _ApplyThread) -> None:
         received = self.applied
         fresh_at = time.monotonic()
         while True:
@@ -222,7 +203,8 @@ class ReplicaClient:
             if left <= 0:
                 raise _Stale()
             try:
-                ftype, body = await asyncio.wait_for(wire.read_frame(reader), left)
+                async with asyncio.timeout(left):  # no task per frame, unlike wait_for
+                    ftype, body = await wire.read_frame(reader)
             except TimeoutError:
                 raise _Stale() from None
             if ftype == frames.RECORD:
@@ -237,7 +219,7 @@ class ReplicaClient:
                 received = rec.last_seq
                 fresh_at = time.monotonic()
                 self.selector.progressed()
-                await q.put(rec)
+                await applier.put(rec)
             elif ftype == frames.HEARTBEAT:
                 hb = frames.decode_heartbeat(body)
                 if hb.sent_seq > received:
@@ -249,7 +231,7 @@ class ReplicaClient:
                 if self.relay.update(hb):  # relayed downstream at once
                     fresh_at = time.monotonic()
                     self.selector.progressed()
-                await q.put(hb)
+                await applier.put(hb)
             elif ftype == frames.REFUSE:
                 raise refusal_error(frames.decode_refuse(body))
             elif ftype == frames.END:
@@ -260,3 +242,79 @@ class ReplicaClient:
 
 class _Stale(Exception):
     """No new record nor new heartbeat for the staleness period."""
+
+
+class _ApplyThread:
+    """Applies a session's records in order in its own thread.
+
+    The loop hands records (and heartbeats, to keep their order) over a thread-safe queue
+    bounded by `PIPELINE`; the thread applies them back to back — no loop round trip between
+    two applies — and reports each one to the loop with `call_soon_threadsafe`. On an apply
+    error the thread stops and wakes the reader (`feed_eof`), so the session ends with it.
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        loop: asyncio.AbstractEventLoop,
+        on_applied: Callable[[LogRecord], None],
+        on_heartbeat: Callable[[frames.Heartbeat], None],
+        reader: asyncio.StreamReader,
+    ) -> None:
+        self._store = store
+        self._loop = loop
+        self._on_applied = on_applied
+        self._on_heartbeat = on_heartbeat
+        self._reader = reader
+        self._q: queue.SimpleQueue[LogRecord | frames.Heartbeat | None] = queue.SimpleQueue()
+        self._space = asyncio.Semaphore(PIPELINE)
+        self._done: asyncio.Future[None] = loop.create_future()
+        self.error: BaseException | None = None
+        threading.Thread(target=self._run, name="apply", daemon=True).start()
+
+    async def put(self, item: LogRecord | frames.Heartbeat) -> None:
+        """Queue `item`, waiting while PIPELINE items are already queued."""
+        await self._space.acquire()
+        self._q.put(item)
+
+    def drop_pending(self) -> None:
+        """Forget queued items not yet taken by the thread."""
+        while True:
+            try:
+                self._q.get_nowait()
+            except queue.Empty:
+                return
+
+    async def finish(self) -> BaseException | None:
+        """Let the thread finish what it holds, stop it, and return its error (if any)."""
+        self._q.put(None)
+        await asyncio.shield(self._done)
+        return self.error
+
+    def _run(self) -> None:
+        call = self._loop.call_soon_threadsafe
+        try:
+            while (item := self._q.get()) is not None:
+                if isinstance(item, LogRecord):
+                    self._store.apply_log_record(item)
+                    call(self._report, self._on_applied, item)
+                else:
+                    call(self._report, self._on_heartbeat, item)
+        except Exception as err:
+            self.error = err
+            call(self._failed)
+        finally:
+            call(self._finished)
+
+    def _report(self, cb: Callable[[Any], None], item: Any) -> None:
+        self._space.release()
+        cb(item)
+
+    def _failed(self) -> None:
+        self._reader.feed_eof()  # the reader's next read ends the session
+        for _ in range(PIPELINE):
+            self._space.release()  # and a reader waiting for room goes on to that read
+
+    def _finished(self) -> None:
+        if not self._done.done():
+            self._done.set_result(None)
