@@ -335,6 +335,20 @@ def _log_batch(
     for producer, counts in per.items():
         for status, n in counts.items():
             metrics.WRITE_OPS.labels(producer, status).inc(n)
+    if log.isEnabledFor(logging.DEBUG):  # one line per request (--log-level debug)
+        for r, res in zip(requests, split, strict=True):
+            for op, x in zip(r.ops, res, strict=True):
+                log.debug(
+                    orjson.dumps(
+                        {
+                            "event": "write",
+                            "producer": r.producer,
+                            "key": op.key.decode("utf-8", "backslashreplace"),
+                            "seq": x.seq,
+                            "result": x.status.value,
+                        }
+                    ).decode()
+                )
     if log.isEnabledFor(logging.INFO):
         doc: dict[str, Any] = {
             "event": "batch",

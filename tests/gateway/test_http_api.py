@@ -305,3 +305,19 @@ def test_overlong_idempotency_key_is_refused_without_failing_the_batch(
     )
     assert "Idempotency-Key" in p["detail"]
     assert c.put(f"/v1/kv/{name}/ik", content=b"v").status_code == 200
+
+
+def test_413_batch_body_refused_from_its_content_length(shared_root: Root) -> None:
+    import socket
+
+    _, tok = shared_root.producer()
+    host, port = shared_root.url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as s:
+        s.sendall(
+            b"POST /v1/batch HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
+            + f"Authorization: Bearer {tok}\r\nContent-Length: {(100 << 20) + 1}\r\n\r\n".encode()
+        )
+        data = b""
+        while b"\r\n\r\n" not in data:
+            data += s.recv(4096)
+    assert data.startswith(b"HTTP/1.1 413"), data[:200]
