@@ -33,7 +33,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
-from mercury.errors import LogRetentionError, ProtocolError
+from mercury.errors import LogRetentionError, MercuryError, ProtocolError
 from replicator import frames, handshake, notify, wire
 from replicator.heartbeat import HeartbeatSource
 from store import snapshot
@@ -191,6 +191,8 @@ class ReplicationSource:
             log.info("replica %s: %s", peer, err)
         except (ConnectionError, OSError) as err:
             log.info("replica %s disconnected: %s", peer, err)
+        except MercuryError as err:  # e.g. a corrupt log record: this stream cannot go on
+            log.error("stream to replica %s stopped: %s", peer, err)
         except asyncio.CancelledError:
             pass
         finally:
