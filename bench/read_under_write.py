@@ -106,6 +106,15 @@ def run_writer(data_dir: str, seed: int, stream: bool) -> None:
     store.close()
 
 
+def children(pid: int) -> list[int]:
+    """Child process ids of `pid` (Linux /proc)."""
+    out: list[int] = []
+    for task in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{task}/children") as f:
+            out += [int(x) for x in f.read().split()]
+    return out
+
+
 def last_seq(data_dir: str) -> int:
     """The store's last applied seq (opened and closed again)."""
     with Store.open(data_dir, readonly=True) as s:
@@ -255,6 +264,12 @@ def main() -> int:
         help="niceness of the writer and source processes, which stand for the root machine "
         "(on a real deployment they do not share the replica's cores); 0 = same priority",
     )
+    ap.add_argument(
+        "--nice-applier",
+        type=int,
+        default=0,
+        help="experiment: renice the replica's applier process (its child) by this much",
+    )
     args = ap.parse_args()
     if args.role in ("source", "writer") and args.nice_root_side:
         os.nice(args.nice_root_side)
@@ -291,6 +306,7 @@ def main() -> int:
         "cores": os.cpu_count(),
         "nice_root_side": args.nice_root_side,
         "rounds": args.rounds,
+        "nice_applier": args.nice_applier,
         "load_avg_at_start": os.getloadavg(),
     }
     try:
@@ -320,6 +336,11 @@ def main() -> int:
             )  # fmt: skip
             wait_http(f"http://127.0.0.1:{http_port}/healthz", timeout=60, proc=rep)
             wait_port(mc_port, proc=rep)
+            if args.nice_applier:
+                # the replica's applier is its child process (`replicator.worker`)
+                for child in children(rep.pid):
+                    os.setpriority(os.PRIO_PROCESS, child, args.nice_applier)
+                out["applier_pids_reniced"] = children(rep.pid)
             deadline = time.monotonic() + 60
             while last_seq(read_dir) < seq0:
                 if time.monotonic() > deadline:
