@@ -44,6 +44,13 @@ def register(sub: Any) -> None:
         "heartbeat (default 30)",
     )
     p.add_argument(
+        "--failback-s",
+        type=float,
+        default=30.0,
+        help="while on a fallback source, check the preferred ones this often and move "
+        "back to the first healthy one (default 30; 0 disables)",
+    )
+    p.add_argument(
         "--max-bootstraps",
         type=int,
         default=1,

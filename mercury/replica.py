@@ -113,6 +113,7 @@ def worker_config(args: argparse.Namespace) -> WorkerConfig:
         sources=[parse_source(s) for s in args.source],
         repl_listen=parse_source(args.repl_listen) if args.repl_listen else None,
         staleness=float(args.staleness_s),
+        failback=float(args.failback_s),
         max_bootstraps=int(args.max_bootstraps),
         sync=not args.no_sync,
         retention=asdict(policy_from_args(args)),

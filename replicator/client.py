@@ -20,6 +20,7 @@ Contract:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import queue
 import threading
@@ -47,6 +48,8 @@ from store.store import Store
 log = logging.getLogger("mercury.replication.client")
 
 CONNECT_TIMEOUT = 5.0
+#: How long a probe of a preferred source may take to show a fresh heartbeat.
+PROBE_TIMEOUT = 3.0
 #: Batches read ahead while one is being applied.
 PIPELINE = 32
 #: Stream buffer: a whole large log record fits, so reading never stops mid-record.
@@ -79,8 +82,10 @@ class ReplicaClient:
         board: StatusBoard,
         relay: RelayedHeartbeat,
         staleness: float = 30.0,
+        failback: float = 30.0,
     ) -> None:
         self.store = store
+        self.failback = failback
         self.selector = selector
         self.node_id = node_id
         self.board = board
@@ -103,6 +108,12 @@ class ReplicaClient:
                     wait = self.selector.retry_same()
                 except BootstrapNeededError:
                     raise
+                except _Failback as fb:
+                    log.info(
+                        "returning to preferred source %s:%d", *self.selector.sources[fb.index]
+                    )
+                    self.selector.index = fb.index
+                    wait = 0.0
                 except RefusedError as err:
                     log.error("source %s: %s", name, err)
                     self.board.count_error("refused", f"{name}: {err}")
@@ -159,7 +170,62 @@ class ReplicaClient:
             self.selector.connected()
             self.board.update(state="streaming", error=None)
             log.info("streaming from %s:%d at seq %d", host, port, self.applied + 1)
-            await self._stream(reader)
+            probe = None
+            if self.selector.index > 0 and self.failback > 0:
+                probe = asyncio.ensure_future(self._probe_preferred(reader))
+            try:
+                await self._stream(reader)
+            finally:
+                if probe is not None:
+                    probe.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await probe
+                    back = probe.result() if probe.done() and not probe.cancelled() else None
+                    if back is not None:
+                        raise _Failback(back)
+        finally:
+            await wire.close(writer)
+
+    async def _probe_preferred(self, reader: asyncio.StreamReader) -> int:
+        """While streaming from a fallback source, every `failback` seconds check the
+        sources listed before it; when one is healthy — it accepts us, is at least as far
+        along, and relays a fresh root heartbeat — end the session to move back to it."""
+        while True:
+            await asyncio.sleep(self.failback)
+            for i in range(self.selector.index):
+                host, port = self.selector.sources[i]
+                with contextlib.suppress(OSError, TimeoutError, ProtocolError, ValueError):
+                    if await self._healthy(host, port):
+                        reader.feed_eof()  # ends the stream; _session raises _Failback
+                        return i
+
+    async def _healthy(self, host: str, port: int) -> bool:
+        reader, writer = await asyncio.wait_for(
+            asyncio.open_connection(host, port), CONNECT_TIMEOUT
+        )
+        try:
+            hello = frames.Hello(
+                frames.PROTOCOL_VERSION,
+                frames.MODE_STREAM,
+                frames.OPT_NEWEST_ONLY,
+                self.node_id,
+                self._db_id,
+                self.applied,
+                0,
+                0,
+                frames.ZERO_SHA,
+            )
+            await wire.send(writer, frames.encode_hello(hello))
+            async with asyncio.timeout(PROBE_TIMEOUT):
+                ftype, body = await wire.read_frame(reader)
+                if ftype != frames.WELCOME or frames.decode_welcome(body).head_seq < self.applied:
+                    return False
+                while True:
+                    ftype, body = await wire.read_frame(reader)
+                    if ftype == frames.HEARTBEAT:
+                        hb = frames.decode_heartbeat(body)
+                        age_us = time.time_ns() // 1000 - hb.time_us
+                        return age_us <= hb.interval_ms * 1000 + 1_000_000
         finally:
             await wire.close(writer)
 
@@ -238,6 +304,14 @@ class ReplicaClient:
                 return
             else:
                 raise ProtocolError(f"unexpected frame type {ftype} in a stream")
+
+
+class _Failback(Exception):
+    """A preferred source is healthy again: move back to it."""
+
+    def __init__(self, index: int) -> None:
+        super().__init__(index)
+        self.index = index
 
 
 class _Stale(Exception):

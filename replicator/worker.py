@@ -57,6 +57,7 @@ class WorkerConfig:
     sources: list[tuple[str, int]]
     repl_listen: tuple[str, int] | None = None
     staleness: float = 30.0
+    failback: float = 30.0
     max_bootstraps: int = 1
     sync: bool = True
     #: `mercury.retention.RetentionPolicy` fields; None = keep the whole log.
@@ -149,7 +150,13 @@ async def run(cfg: WorkerConfig, stop: asyncio.Event) -> int:
             gc = RetentionService(store, RetentionPolicy(**cfg.retention))
             await gc.start()
         client = ReplicaClient(
-            store, selector, node_id=node_id, board=board, relay=relay, staleness=cfg.staleness
+            store,
+            selector,
+            node_id=node_id,
+            board=board,
+            relay=relay,
+            staleness=cfg.staleness,
+            failback=cfg.failback,
         )
         try:
             await _until(stop, client.run())

@@ -159,3 +159,34 @@ def test_four_bootstraps_at_once_never_exceed_the_bound(tmp_path: Path, procs: P
         for r in replicas:
             procs.terminate(r.proc)
         assert_same(root, *(r.data_dir for r in replicas))
+
+
+def test_replica_returns_to_its_preferred_source_once_healthy(tmp_path: Path, procs: Procs) -> None:
+    with root_node(str(tmp_path / "root")) as root:
+        root.write(100)
+        preferred = FaultProxy(root.port)
+        port = preferred.port
+        preferred.close()  # the preferred source is down at start
+        follower_store(root, tmp_path / "r")
+        r = start_replica(
+            procs,
+            tmp_path / "r",
+            [port, root.port],
+            "--failback-s",
+            "0.5",
+            repl=False,
+            name="r",
+        )
+        wait_seq(r.http, 100)
+        assert status(r.http)["source"] == f"127.0.0.1:{root.port}"
+        preferred = FaultProxy(root.port, port=port)  # back up
+        try:
+            wait_for(lambda: status(r.http)["source"] == f"127.0.0.1:{port}", 20, "failback")
+            root.write(100, start=100)
+            st = wait_seq(r.http, 200)
+            assert st["source"] == f"127.0.0.1:{port}"
+            assert not any(
+                k in st["replication_errors"] for k in ("StreamGapError", "ProtocolError")
+            )
+        finally:
+            preferred.close()
