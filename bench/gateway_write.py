@@ -413,6 +413,30 @@ def pct(lat: list[float]) -> dict[str, float]:
     }
 
 
+def ack_histogram(url: str, producer: str) -> dict[float, float]:
+    """Cumulative bucket counts of `mercury_write_ack_seconds{producer=...}` (server side)."""
+    text = httpx.get(url + "/metrics", timeout=30).text
+    out: dict[float, float] = {}
+    prefix = "mercury_write_ack_seconds_bucket{"
+    for line in text.splitlines():
+        if line.startswith(prefix) and f'producer="{producer}"' in line:
+            le = line.split('le="', 1)[1].split('"', 1)[0]
+            out[float("inf") if le == "+Inf" else float(le)] = float(line.rsplit(" ", 1)[1])
+    return out
+
+
+def server_p99_ms(before: dict[float, float], after: dict[float, float]) -> float | None:
+    """Upper bound of the bucket holding the P99 of the acks observed between two reads."""
+    delta = sorted((le, after[le] - before.get(le, 0.0)) for le in after)
+    total = delta[-1][1] if delta else 0.0
+    if not total:
+        return None
+    for le, n in delta:
+        if n >= 0.99 * total:
+            return round(le * 1000, 1)
+    return None
+
+
 def cpu_seconds(pid: int) -> float:
     """User + system CPU time of process `pid` so far."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
@@ -579,6 +603,7 @@ def bench_ack(tmp: Path, seconds: float, n_keys: int, rate: float) -> dict[str, 
     with srv:
         tok = add_producer(url, admin, "bench", "b/")
         preload(url, tok, n_keys)
+        h0 = ack_histogram(url, "bench")
         res = asyncio.run(
             open_loop(
                 url,
@@ -590,6 +615,9 @@ def bench_ack(tmp: Path, seconds: float, n_keys: int, rate: float) -> dict[str, 
                 conns=int(rate * 0.8) + 64,
             )
         )
+        # The server's own view (request received -> ack sent), free of this client's lag
+        # when 1,000 answers arrive at once.
+        res["server_p99_bucket_ms"] = server_p99_ms(h0, ack_histogram(url, "bench"))
     return {
         "window_ms": 500,
         "store_keys": n_keys,
@@ -696,8 +724,9 @@ def bench_fair(tmp: Path, seconds: float) -> dict[str, Any]:
         def a_req(i: int) -> bytes:
             return req("PUT", f"/v1/kv/a/{rnd.getrandbits(32):08x}", VALUE, a_tok)
 
-        c0, t0 = cpu_seconds(proc.pid), time.perf_counter()
+        c0, t0, h0 = cpu_seconds(proc.pid), time.perf_counter(), ack_histogram(url, "b")
         out["b_alone"] = asyncio.run(open_loop(url, 200, seconds, b_req, conns=200))
+        out["b_alone"]["server_p99_bucket_ms"] = server_p99_ms(h0, ack_histogram(url, "b"))
         out["b_alone"]["server_cpu"] = round(
             (cpu_seconds(proc.pid) - c0) / (time.perf_counter() - t0), 3
         )
@@ -714,9 +743,12 @@ def bench_fair(tmp: Path, seconds: float) -> dict[str, Any]:
             cmd = wrk_cmd(url, 1000, seconds + 1, "flood", a_tok, tmp, delay_ms=1000)
             flood = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
             time.sleep(1.0)
-            c0, t0 = cpu_seconds(proc.pid), time.perf_counter()
+            c0, t0, h0 = cpu_seconds(proc.pid), time.perf_counter(), ack_histogram(url, "b")
             out["b_while_a_floods"] = asyncio.run(
                 open_loop(url, 200, seconds - 0.5, b_req, conns=200)
+            )
+            out["b_while_a_floods"]["server_p99_bucket_ms"] = server_p99_ms(
+                h0, ack_histogram(url, "b")
             )
             out["b_while_a_floods"]["server_cpu"] = round(
                 (cpu_seconds(proc.pid) - c0) / (time.perf_counter() - t0), 3

@@ -51,7 +51,10 @@ BATCH_OPS = Histogram(
     buckets=(1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000, 50000),
 )
 WRITE_ACK = Histogram(
-    "mercury_write_ack_seconds", "From request received to durable acknowledgement", buckets=_LAT
+    "mercury_write_ack_seconds",
+    "From request received to durable acknowledgement (quota holds included)",
+    ("producer",),
+    buckets=_LAT,
 )
 QUOTA_DELAY = Histogram(
     "mercury_quota_delay_seconds",

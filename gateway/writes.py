@@ -370,7 +370,7 @@ class Gateway:
             fut.add_done_callback(_retrieve)
             return Answer(202, {"status": "accepted", "ops": len(ops)}, headers)
         results = await fut
-        metrics.WRITE_ACK.observe(time.perf_counter() - t0)
+        metrics.WRITE_ACK.labels(p.name).observe(time.perf_counter() - t0)
         a = answer(results)
         if headers:
             a.headers.update(headers)

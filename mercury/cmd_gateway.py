@@ -44,6 +44,12 @@ def register(sub: Any) -> None:
     )
     p.add_argument("--log-level", default="info", help="log level (default info)")
     p.add_argument(
+        "--switch-interval-ms",
+        type=float,
+        default=0.5,
+        help="Python GIL switch interval (default 0.5 ms; Python's own default is 5)",
+    )
+    p.add_argument(
         "--no-fast-path",
         action="store_true",
         help="serve PUT/DELETE /v1/kv and POST /v1/batch through FastAPI's routing too",

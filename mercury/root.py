@@ -82,6 +82,10 @@ def run_root(args: argparse.Namespace) -> int:
     from replicator import wiring as repl_wiring
 
     setup_logging(args.log_level)
+    # The commit thread and the event loop share the GIL; with the default 5 ms switch
+    # interval a busy loop (a producer flooding) stretches every commit by several 5 ms
+    # waits, which delays every producer's acks. A shorter interval keeps commits short.
+    sys.setswitchinterval(args.switch_interval_ms / 1000.0)
     host, port = split_host_port(args.listen, "--listen")
     split_host_port(args.repl_listen, "--repl-listen")
     if args.kt_listen:
