@@ -17,6 +17,14 @@ from tests.replicator.nodes import restart, start_replica
 from tests.support.procs import Procs
 
 
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
 def assert_same(root_store: Store, *dirs: Path) -> None:
     """Every node: equal seq, hash head and contents; store invariants hold."""
     want = root_store.head()
@@ -52,8 +60,11 @@ def test_root_tier1_tier2_converge_after_20000_writes(tmp_path: Path, procs: Pro
         assert "mercury_replication_lag_seconds 0.0" in metrics
         value = httpx.get(f"http://127.0.0.1:{t2.http}/v1/kv/k00019999")
         assert value.status_code == 200 and value.content.startswith(b"v19999")
-        procs.terminate(t2.proc)
-        procs.terminate(t1.proc)
+        workers = [read_status(str(d)) for d in (t1.data_dir, t2.data_dir)]
+        assert procs.terminate(t2.proc) == 0  # clean SIGTERM shutdown
+        assert procs.terminate(t1.proc) == 0
+        for w in workers:  # the worker children are gone too
+            assert w is not None and not _alive(w.pid)
         assert_same(root.store, t1.data_dir, t2.data_dir)
 
 
