@@ -150,6 +150,22 @@ class ReplicationSource:
             if seq != last:
                 last = seq
                 self.wake()
+            self._expire_snapshot()
+
+    def _expire_snapshot(self) -> None:
+        """Delete the kept snapshot once too old to be offered and no transfer runs (it
+        is as big as the store; a resuming replica then simply starts over)."""
+        kept = self._snapshot
+        if kept is None or self.stats.active or self._snapshot_lock.locked():
+            return
+        path, _info, made = kept
+        if time.monotonic() - made < 2 * SNAPSHOT_MAX_AGE:
+            return
+        self._snapshot = None
+        for p in (path, snapshot.sidecar(path)):
+            with contextlib.suppress(OSError):
+                os.unlink(p)
+        log.info("deleted expired snapshot %s", path)
 
     # --- connections -----------------------------------------------------------------
 

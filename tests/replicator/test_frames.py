@@ -101,3 +101,30 @@ def test_oversized_length_is_refused_before_reading() -> None:
     raw = frames.HEADER.pack(frames.RECORD, 0, frames.MAX_BODY + 1, 0)
     with pytest.raises(ProtocolError, match="exceeds"):
         asyncio.run(_read_all(raw))
+
+
+U64 = st.integers(min_value=0, max_value=2**64 - 1)
+ID = st.binary(min_size=16, max_size=16)
+
+
+@given(
+    st.sampled_from([frames.MODE_STREAM, frames.MODE_SNAPSHOT]),
+    st.integers(0, 255),
+    ID,
+    ID,
+    U64,
+    U64,
+    U64,
+    st.binary(min_size=32, max_size=32),
+)
+def test_hello_round_trips_any_field_values(mode, options, cid, dbid, last, stop, off, sha):
+    h = frames.Hello(frames.PROTOCOL_VERSION, mode, options, cid, dbid, last, stop, off, sha)
+    frame = frames.encode_hello(h)
+    assert frames.decode_hello(frame[frames.HEADER_SIZE :]) == h
+    assert asyncio.run(_read_all(frame)) == [(frames.HELLO, frame[frames.HEADER_SIZE :])]
+
+
+@given(U64, U64, st.integers(0, 2**32 - 1), U64)
+def test_heartbeat_round_trips_any_field_values(t, seq, interval, sent):
+    hb = frames.Heartbeat(t, seq, interval, sent)
+    assert frames.decode_heartbeat(frames.encode_heartbeat(hb)[frames.HEADER_SIZE :]) == hb

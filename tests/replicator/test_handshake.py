@@ -82,3 +82,22 @@ def test_replica_stops_with_clear_error_on_hash_chain_mismatch(
         assert "hash chain mismatch" in st["replication_error"], st
         assert st["seq"] == 10  # nothing of the foreign record was applied
         assert httpx.get(f"http://127.0.0.1:{r.http}/v1/kv/x3").content == b"other"
+
+
+def test_kept_snapshot_is_deleted_once_expired(tmp_path: Path) -> None:
+    with root_node(str(tmp_path / "root")) as root:
+        root.write(100)
+        path, info = root.call(root.source._snapshot_for(""))
+        assert Path(path).exists()
+
+        async def age_and_expire() -> None:
+            kept = root.source._snapshot
+            assert kept is not None
+            root.source._snapshot = (kept[0], kept[1], kept[2] - 10_000)
+            root.source._expire_snapshot()
+
+        root.call(age_and_expire())
+        assert not Path(path).exists() and root.source._snapshot is None
+        # The next bootstrap simply makes a new one.
+        path2, info2 = root.call(root.source._snapshot_for(info.sha256))
+        assert Path(path2).exists() and info2.seq == info.seq
