@@ -33,6 +33,7 @@ from mercury.errors import (
     ChainError,
     CorruptionError,
     DbIdMismatchError,
+    MercuryError,
     ProtocolError,
     RefusedError,
     SelfReplicationError,
@@ -52,6 +53,9 @@ CONNECT_TIMEOUT = 5.0
 PROBE_TIMEOUT = 3.0
 #: Batches read ahead while one is being applied.
 PIPELINE = 32
+#: Bounds of one group of queued records applied in one transaction.
+GROUP_RECORDS = PIPELINE
+GROUP_BYTES = 32 << 20
 #: Stream buffer: a whole large log record fits, so reading never stops mid-record.
 READ_LIMIT = 16 << 20
 
@@ -368,17 +372,48 @@ class _ApplyThread:
     def _run(self) -> None:
         call = self._loop.call_soon_threadsafe
         try:
-            while (item := self._q.get()) is not None:
-                if isinstance(item, LogRecord):
-                    self._store.apply_log_record(item)
-                    call(self._report, self._on_applied, item)
-                else:
+            item = self._q.get()
+            while item is not None:
+                if not isinstance(item, LogRecord):
                     call(self._report, self._on_heartbeat, item)
+                    item = self._q.get()
+                    continue
+                # Records already queued behind this one go into the same transaction: a
+                # replica catching up pays one commit per group, not one per source batch.
+                group, size = [item], len(item.payload)
+                item = None
+                while len(group) < GROUP_RECORDS and size < GROUP_BYTES:
+                    try:
+                        nxt = self._q.get_nowait()
+                    except queue.Empty:
+                        break
+                    if not isinstance(nxt, LogRecord):
+                        item = nxt
+                        break
+                    group.append(nxt)
+                    size += len(nxt.payload)
+                self._apply(group)
+                for rec in group:
+                    call(self._report, self._on_applied, rec)
+                if item is None:
+                    item = self._q.get()
         except Exception as err:
             self.error = err
             call(self._failed)
         finally:
             call(self._finished)
+
+    def _apply(self, group: list[LogRecord]) -> None:
+        """Apply `group` in one transaction; on an error, one by one, so that the records
+        before the bad one are kept and the error names the bad one."""
+        if len(group) == 1:
+            self._store.apply_log_record(group[0])
+            return
+        try:
+            self._store.apply_log_records(group)
+        except MercuryError:
+            for rec in group:
+                self._store.apply_log_record(rec)
 
     def _report(self, cb: Callable[[Any], None], item: Any) -> None:
         self._space.release()

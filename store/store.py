@@ -294,63 +294,87 @@ class Store:
         Raises ChainError (gap, overlap or chain mismatch) or CorruptionError (bad CRC or
         payload) and changes nothing in either case.
         """
-        if not log_crc_ok(rec.header, rec.payload):
-            raise CorruptionError(f"log record at seq {rec.first_seq} fails its CRC")
-        try:
-            raw = cramjam.snappy.decompress_raw(rec.payload)
-        except Exception as err:
-            raise CorruptionError(f"log record at seq {rec.first_seq}: bad payload") from err
+        self.apply_log_records([rec])
+
+    def apply_log_records(self, recs: Sequence[LogRecord]) -> None:
+        """Apply consecutive log records in ONE transaction (a catching-up replica).
+
+        Each record gets the checks of `apply_log_record`; the records stay separate in the
+        log (byte-identical to the source's). All or nothing: on any error nothing of the
+        group is applied — a caller that wants the good prefix applies one by one.
+        """
+        if not recs:
+            return
+        raws = [_payload(rec) for rec in recs]
         dbs = self.dbs
         try:
-            with self.env.begin(write=True) as txn:
+            with self.env.begin(write=True, db=dbs.data) as txn:
                 last = U64.unpack(txn.get(K_LAST_SEQ, db=dbs.meta))[0]
                 head = bytes(txn.get(K_HASH_HEAD, db=dbs.meta))
-                if rec.first_seq != last + 1:
-                    raise ChainError(
-                        f"seq gap: store is at seq {last}, record starts at {rec.first_seq}",
-                        seq=last,
-                        hint="resume replication from the store's last seq",
-                    )
-                try:
-                    entries, new_head = codec.unpack_entries(memoryview(raw), head)
-                except ValueError as err:
-                    raise CorruptionError(f"log record at {rec.first_seq}: {err}") from err
-                if new_head != rec.hash_head:
-                    raise ChainError(
-                        f"hash chain mismatch in record at seq {rec.first_seq}: the source's "
-                        "log differs from this store's",
-                        seq=rec.first_seq,
-                        hint="re-bootstrap this replica from a snapshot",
-                    )
-                if len(entries) != rec.num_entries or any(
-                    e.seq != rec.first_seq + i for i, e in enumerate(entries)
-                ):
-                    raise ChainError(f"log record at {rec.first_seq}: entries not contiguous")
                 delta: dict[str, list[int]] = {}
-                for e in entries:
-                    old = txn.get(e.key, db=dbs.data)
-                    if old is not None:
-                        self._forget(txn, codec.decode_record_header(old), len(e.key), delta)
-                    if e.op == OP_SET:
-                        owner = e.owner.encode()
-                        big = chunks.is_chunked(len(e.value))
-                        if big:
-                            chunks.put(txn, dbs.chunks, chunks.VALUE_NS, e.seq, e.value)
-                        txn.put(e.key, codec.encode_record(e.seq, owner, e.value, big), db=dbs.data)
-                        d = delta.setdefault(e.owner, [0, 0, 0, 0, 0, 0])
-                        d[0] += 1
-                        d[1] += stored_bytes(len(e.key), len(e.value), len(owner))
-                        d[2] += 1
-                    else:
-                        txn.delete(e.key, db=dbs.data)
-                        _bump(delta, e.owner, 3, 1)
+                for rec, raw in zip(recs, raws, strict=True):
+                    self._apply_record(txn, rec, raw, last, head, delta)
+                    last, head = rec.last_seq, rec.hash_head
                 self._write_usage(txn, delta)
-                self._store_log_record(txn, rec.first_seq, rec.header, rec.payload)
-                txn.put(K_LAST_SEQ, U64.pack(rec.last_seq), db=dbs.meta)
-                txn.put(K_HASH_HEAD, rec.hash_head, db=dbs.meta)
+                txn.put(K_LAST_SEQ, U64.pack(last), db=dbs.meta)
+                txn.put(K_HASH_HEAD, head, db=dbs.meta)
         except lmdb.MapFullError as err:
             raise StoreFullError("store is full while applying a replicated batch") from err
-        self._committed(rec.last_seq)
+        self._committed(recs[-1].last_seq)
+
+    def _apply_record(
+        self,
+        txn: Any,
+        rec: LogRecord,
+        raw: Any,
+        last: int,
+        head: bytes,
+        delta: dict[str, list[int]],
+    ) -> None:
+        """Check one record against (last, head) and apply it inside `txn`."""
+        dbs = self.dbs
+        if rec.first_seq != last + 1:
+            raise ChainError(
+                f"seq gap: store is at seq {last}, record starts at {rec.first_seq}",
+                seq=last,
+                hint="resume replication from the store's last seq",
+            )
+        try:
+            entries, new_head = codec.unpack_entries(raw, head)
+        except ValueError as err:
+            raise CorruptionError(f"log record at {rec.first_seq}: {err}") from err
+        if new_head != rec.hash_head:
+            raise ChainError(
+                f"hash chain mismatch in record at seq {rec.first_seq}: the source's "
+                "log differs from this store's",
+                seq=rec.first_seq,
+                hint="re-bootstrap this replica from a snapshot",
+            )
+        if len(entries) != rec.num_entries or any(
+            e.seq != rec.first_seq + i for i, e in enumerate(entries)
+        ):
+            raise ChainError(f"log record at {rec.first_seq}: entries not contiguous")
+        get, put = txn.get, txn.put
+        for e in entries:
+            old = get(e.key)
+            if old is not None:
+                self._forget(txn, codec.decode_record_header(old), len(e.key), delta)
+            if e.op == OP_SET:
+                owner = e.owner.encode()
+                big = chunks.is_chunked(len(e.value))
+                if big:
+                    chunks.put(txn, dbs.chunks, chunks.VALUE_NS, e.seq, e.value)
+                put(e.key, codec.encode_record(e.seq, owner, e.value, big))
+                d = delta.get(e.owner)
+                if d is None:
+                    d = delta[e.owner] = [0, 0, 0, 0, 0, 0]
+                d[0] += 1
+                d[1] += stored_bytes(len(e.key), len(e.value), len(owner))
+                d[2] += 1
+            else:
+                txn.delete(e.key)
+                _bump(delta, e.owner, 3, 1)
+        self._store_log_record(txn, rec.first_seq, rec.header, rec.payload)
 
     # --- reads -----------------------------------------------------------------------
 
@@ -617,6 +641,16 @@ class Reader:
             if limit is not None and n >= limit:
                 return
             yield k, None if keys_only else self._store._decode(self._txn, k, v)
+
+
+def _payload(rec: LogRecord) -> memoryview:
+    """The checked, decompressed payload of `rec` (CorruptionError when it is not)."""
+    if not log_crc_ok(rec.header, rec.payload):
+        raise CorruptionError(f"log record at seq {rec.first_seq} fails its CRC")
+    try:
+        return memoryview(cramjam.snappy.decompress_raw(rec.payload))
+    except Exception as err:  # snappy raises its own error types on garbage
+        raise CorruptionError(f"log record at seq {rec.first_seq}: bad payload") from err
 
 
 def _appender(cur: Any) -> Callable[[bytes, bytes], bool]:

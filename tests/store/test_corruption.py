@@ -160,3 +160,19 @@ def test_lmdb_is_only_imported_by_the_store_layers() -> None:
             text = f.read_text()
             assert "import lmdb" not in text, f"{f} imports lmdb: use the store API"
     assert lmdb.version()
+
+
+def test_group_apply_is_all_or_nothing(tmp_path: Path, store: Store) -> None:
+    _three_batches(store)
+    recs = store.read_log(1)
+    replica = Store.create(str(tmp_path / "r"), db_id=store.db_id, sync=False)
+    try:
+        with pytest.raises(ChainError, match="seq gap"):
+            replica.apply_log_records([recs[0], recs[2]])
+        assert replica.last_seq() == 0  # the good first record went back too
+        replica.apply_log_records(recs)
+        assert replica.head() == store.head()
+        assert [r.header for r in replica.read_log(1)] == [r.header for r in recs]
+        assert_store_ok(replica)
+    finally:
+        replica.close()
