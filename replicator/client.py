@@ -5,9 +5,10 @@ Contract:
 - Streams from the store's last applied seq + 1 (after a restart: no replay, no skip).
 - Each RECORD is checked for continuity before it is applied (a record not starting right
   after the last applied seq is a gap or a repeat: StreamGapError, nothing applied) and
-  applied in one transaction by `Store.apply_log_record`, which checks the CRC and the hash
-  chain. Applies run in one worker thread so the event loop — which also serves this
-  node's downstream replicas — never stalls on a commit.
+  applied by `Store.apply_log_records`, which checks the CRC and the hash chain of each;
+  records already queued behind one another are applied in one transaction (a replica
+  catching up pays one commit per group). Applies run in one worker thread so the event
+  loop — which also serves this node's downstream replicas — never stalls on a commit.
 - A broken stream (bad frame, gap, repeat, cut) is logged with what was expected and what
   came, counted, and the client reconnects and resumes from the last applied seq. A hash
   chain mismatch on a well-formed record means the histories differ: replication stops with
