@@ -48,6 +48,10 @@ def coalesce(ops: Sequence[Op]) -> tuple[list[int], list[int]]:
     state equals applying every op, for conditions that name committed seqs (seqs assigned
     inside the batch are renumbered by coalescing; no client can know them beforehand).
     """
+    n = len(ops)
+    if len({op.key for op in ops}) == n:  # the common case: every key once
+        everything = list(range(n))
+        return everything, everything
     last: dict[bytes, int] = {}
     conditional: set[bytes] = set()
     for i, op in enumerate(ops):

@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterator
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from acl.model import Acl, Producer, key_allowed, overlaps
-from mercury.errors import KeyspaceOverlapError
+from gateway.settings import Settings
+from gateway.writes import Gateway
+from mercury.errors import ForbiddenError, KeyspaceOverlapError
+from store.ops import SET, Op
+from store.store import Store
 
 _alpha = st.text(alphabet="ab/", min_size=1, max_size=4)
 keyspace_lists = st.lists(_alpha, min_size=0, max_size=4, unique=True)
@@ -66,3 +72,29 @@ def test_json_round_trip(k1: list[str], k2: list[str]) -> None:
         acl = acl.put(Producer("b", tuple(k2)))
     acl = acl.add_token("a", "t1", "mct_x")
     assert Acl.from_json(acl.to_json()) == acl
+
+
+@pytest.fixture(scope="module")
+def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
+    """A Gateway over a real (empty) store; only its pure checks are used."""
+    store = Store.create(str(tmp_path_factory.mktemp("acl") / "s"), sync=False)
+    try:
+        yield Gateway(store, Settings())
+    finally:
+        store.close()
+
+
+@given(keyspace_lists, st.lists(keys, min_size=1, max_size=5))
+def test_gateway_admits_a_batch_iff_every_key_is_in_a_keyspace(
+    gateway: Gateway, keyspaces: list[str], batch_keys: list[bytes]
+) -> None:
+    p = Producer("p", tuple(keyspaces))
+    gateway.acl = Acl().put(p)
+    gateway._rebuild()
+    ops = [Op(SET, k, b"v", "p") for k in batch_keys]
+    inside = all(any(k.startswith(ks.encode()) for ks in keyspaces) for k in batch_keys)
+    if inside:
+        gateway.check_keys(p, ops)
+    else:
+        with pytest.raises(ForbiddenError):
+            gateway.check_keys(p, ops)
