@@ -44,8 +44,3 @@ def answer_response(a: Answer) -> Response:
     """An `Answer` of the write path as a response (problem+json for errors)."""
     media = "application/problem+json" if a.status >= 400 else "application/json"
     return Response(orjson.dumps(a.body), status_code=a.status, headers=a.headers, media_type=media)
-
-
-def flag(value: str | None) -> bool:
-    """A boolean query parameter (true/1/yes)."""
-    return value is not None and value.lower() in ("1", "true", "yes")
