@@ -17,6 +17,7 @@ Contract:
 from __future__ import annotations
 
 import os
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -66,6 +67,8 @@ from store.metrics import CRC_FAILURES
 from store.ops import ApplyResult, LogRecord, Op, Value
 from store.usage import USAGE_PREFIX, Usage, stored_bytes, usage_key
 
+#: Longest time duplicate/throttle counters stay in memory before they are committed.
+COUNTER_DEFER_S = 60.0
 #: Format written by this code. Format 1 had no usage counters (see migrations/).
 CURRENT_FORMAT = 2
 _LOG_HDR = LOG_HEADER.size
@@ -86,6 +89,9 @@ class Store:
         self.dbs = dbs
         self.readonly = readonly
         self._listeners: list[Callable[[int], None]] = []
+        self._deferred: dict[str, list[int]] = {}
+        self._deferred_since: float | None = None
+        self._deferred_lock = threading.Lock()
         with env.begin(db=dbs.meta) as txn:
             raw = txn.get(K_DB_ID)
             if raw is None:
@@ -144,8 +150,12 @@ class Store:
         return cls(path, env, dbs, readonly)
 
     def close(self) -> None:
-        """Close the environment; the Store must not be used afterwards."""
-        self.env.close()
+        """Commit deferred counters and close the environment; the Store must not be used
+        afterwards."""
+        try:
+            self.flush_counters()
+        finally:
+            self.env.close()
 
     def __enter__(self) -> Store:
         return self
@@ -207,10 +217,12 @@ class Store:
         Raises InvalidOpError before touching anything, StoreFullError when the map is full.
         """
         dbs = self.dbs
+        idem = list(idempotency)
         try:
             # The data sub-database is the transaction's default: the per-op calls then
             # pass no keyword argument, which is most of their cost.
-            with self.env.begin(write=True, db=dbs.data) as txn:
+            txn = self.env.begin(write=True, db=dbs.data)
+            try:
                 meta = dbs.meta
                 last = U64.unpack(txn.get(K_LAST_SEQ, db=meta))[0]
                 head = txn.get(K_HASH_HEAD, db=meta)
@@ -225,19 +237,34 @@ class Store:
                     bytes(cur.key()) if cur.last() else None,
                     _appender(cur),
                 )
+                for owner_name, n in (throttled or {}).items():
+                    if n:
+                        _bump(delta, owner_name, 5, n)
+                if not entries and not idem and self._defer(delta):
+                    txn.abort()  # nothing but counters changed: write nothing now
+                    return ApplyResult(0, 0, bytes(head), results)
                 put = txn.put
                 if entries:
                     payload, head = codec.pack_entries(last + 1, entries, bytes(head))
                     self._put_log(txn, last + 1, len(entries), time_us or now_us(), head, payload)
                     put(K_LAST_SEQ, U64.pack(seq), db=meta)
                     put(K_HASH_HEAD, head, db=meta)
-                for owner_name, n in (throttled or {}).items():
-                    if n:
-                        _bump(delta, owner_name, 5, n)
-                self._write_usage(txn, delta)
-                for ikey, answer in idempotency:
-                    put(ikey, U64.pack(now_us()) + answer, db=dbs.idem)
-                failpoints.hit("store.apply.before_commit")
+                deferred = self._take_deferred()
+                try:
+                    for owner_name, d in deferred.items():
+                        for i, n in enumerate(d):
+                            _bump(delta, owner_name, i, n)
+                    self._write_usage(txn, delta)
+                    for ikey, answer in idem:
+                        put(ikey, U64.pack(now_us()) + answer, db=dbs.idem)
+                    failpoints.hit("store.apply.before_commit")
+                    txn.commit()
+                except BaseException:
+                    self._restore_deferred(deferred)
+                    raise
+            except BaseException:
+                txn.abort()
+                raise
         except lmdb.MapFullError as err:
             raise StoreFullError(
                 "store is full: the LMDB map has no room for this batch",
@@ -249,6 +276,55 @@ class Store:
         if entries:
             self._committed(seq)
         return ApplyResult(first, seq if entries else 0, bytes(head), results)
+
+    # Counters that change without any data change (duplicates, throttling) are deferred:
+    # a duplicate-only workload must write nothing to disk. They are committed with the
+    # next batch that writes anything, by `flush_counters` (at most `COUNTER_DEFER_S`
+    # late) or on close; a crash loses at most that much of these statistics, never data.
+
+    def _defer(self, delta: dict[str, list[int]]) -> bool:
+        """Keep `delta` in memory when it only holds duplicates/throttled counts."""
+        if any(d[0] or d[1] or d[2] or d[3] for d in delta.values()):
+            return False
+        with self._deferred_lock:
+            if self._deferred_since is not None and (
+                time.monotonic() - self._deferred_since > COUNTER_DEFER_S
+            ):
+                return False  # long enough in memory: commit them with this batch
+            for owner, d in delta.items():
+                for i, n in enumerate(d):
+                    if n:
+                        _bump(self._deferred, owner, i, n)
+                        if self._deferred_since is None:
+                            self._deferred_since = time.monotonic()
+        return True
+
+    def _take_deferred(self) -> dict[str, list[int]]:
+        with self._deferred_lock:
+            out, self._deferred, self._deferred_since = self._deferred, {}, None
+        return out
+
+    def _restore_deferred(self, deferred: dict[str, list[int]]) -> None:
+        with self._deferred_lock:
+            for owner, d in deferred.items():
+                for i, n in enumerate(d):
+                    _bump(self._deferred, owner, i, n)
+            if deferred and self._deferred_since is None:
+                self._deferred_since = time.monotonic()
+
+    def flush_counters(self) -> None:
+        """Commit deferred duplicate/throttle counters now (a no-op when there are none)."""
+        if self.readonly or self.format_version < 2:
+            return
+        deferred = self._take_deferred()
+        if not deferred:
+            return
+        try:
+            with self.env.begin(write=True) as txn:
+                self._write_usage(txn, deferred)
+        except BaseException:
+            self._restore_deferred(deferred)
+            raise
 
     def _forget(self, txn: Any, h: Any, key_len: int, delta: dict[str, list[int]]) -> None:
         """Account for an old record going away (overwritten or deleted)."""
@@ -567,6 +643,9 @@ class Store:
                     if not k.startswith(USAGE_PREFIX):
                         break
                     out[bytes(k[n:]).decode()] = Usage.decode(bytes(v))
+        with self._deferred_lock:
+            for owner, d in self._deferred.items():
+                out.setdefault(owner, Usage()).add(Usage(*d))
         return out
 
     def stat(self) -> dict[str, int]:

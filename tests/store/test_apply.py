@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from mercury.errors import InvalidOpError
 from store.ops import DELETE, SET, Op, Status
 from store.store import Store
+from store.usage import Usage
 
 
 def test_apply_assigns_one_seq_per_change_and_reads_back(store: Store) -> None:
@@ -77,3 +80,31 @@ def test_usage_follows_owner_through_overwrite_and_delete(store: Store) -> None:
     assert u["b"].keys == 1
     store.apply([Op(DELETE, b"k", owner="b")])
     assert store.usage()["b"].keys == 0 and store.usage()["b"].deletes == 1
+
+
+def test_duplicate_only_batch_commits_nothing(tmp_path: Path) -> None:
+    s = Store.create(str(tmp_path / "s"), sync=False)
+    try:
+        s.apply([Op(SET, b"k", b"v", "p")])
+        txnid = s.env.info()["last_txnid"]
+        for _ in range(5):
+            r = s.apply([Op(SET, b"k", b"v", "p")], throttled={"p": 1})
+            assert r.results[0].status is Status.DUPLICATE
+        assert s.env.info()["last_txnid"] == txnid  # not one write transaction committed
+        assert s.usage()["p"].duplicates == 5 and s.usage()["p"].throttled == 5
+    finally:
+        s.close()  # commits the deferred counters
+    s = Store.open(str(tmp_path / "s"))
+    try:
+        assert s.usage()["p"].duplicates == 5 and s.usage()["p"].throttled == 5
+    finally:
+        s.close()
+
+
+def test_deferred_counters_ride_along_with_the_next_write(store: Store) -> None:
+    store.apply([Op(SET, b"k", b"v", "p")])
+    store.apply([Op(SET, b"k", b"v", "p")])
+    store.apply([Op(SET, b"other", b"x", "q")])
+    with store.env.begin(db=store.dbs.meta) as txn:
+        raw = txn.get(b"usage:p")
+    assert Usage.decode(raw).duplicates == 1  # persisted by q's batch
