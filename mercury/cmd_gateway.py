@@ -11,6 +11,7 @@ from urllib.parse import quote
 import httpx
 import orjson
 
+from mercury import retention
 from mercury.errors import GatewayError
 
 
@@ -42,6 +43,19 @@ def register(sub: Any) -> None:
         metavar="URL",
         help="consumer node named in the root's refusal of range reads (repeatable)",
     )
+    p.add_argument(
+        "--heartbeat-ms",
+        type=int,
+        default=1000,
+        help="root heartbeat interval sent down the replication tree (default 1000)",
+    )
+    p.add_argument(
+        "--max-bootstraps",
+        type=int,
+        default=1,
+        help="concurrent snapshot transfers served to bootstrapping replicas (default 1)",
+    )
+    retention.add_arguments(p)
     p.add_argument("--log-level", default="info", help="log level (default info)")
     p.add_argument(
         "--switch-interval-ms",

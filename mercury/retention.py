@@ -48,6 +48,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="drop log records more than N entries behind the head (default: no count bound)",
     )
     p.add_argument(
+        "--log-gc-interval-s",
+        type=float,
+        default=10.0,
+        help="seconds between log retention passes (default 10)",
+    )
+    p.add_argument(
         "--log-min-entries",
         type=int,
         default=100_000,
@@ -62,6 +68,7 @@ def policy_from_args(args: argparse.Namespace) -> RetentionPolicy:
         keep_entries=getattr(args, "log_keep_entries", None),
         keep_seconds=keep_s if keep_s else None,
         min_entries=getattr(args, "log_min_entries", 100_000),
+        interval=getattr(args, "log_gc_interval_s", 10.0),
     )
 
 

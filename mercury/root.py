@@ -20,6 +20,7 @@ from gateway.app import create_app
 from gateway.fastpath import FastPath
 from gateway.settings import Settings
 from mercury.errors import BadRequestError
+from mercury.retention import RetentionService, policy_from_args
 from store.store import Store
 
 
@@ -95,6 +96,7 @@ def run_root(args: argparse.Namespace) -> int:
         services = [
             *repl_wiring.root_services(store, args),
             *reads_wiring.root_services(store, args),
+            RetentionService(store, policy_from_args(args)),
         ]
         app = create_app(settings_from_args(args), store, services)
         config = uvicorn.Config(
