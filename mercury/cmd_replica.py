@@ -44,6 +44,14 @@ def register(sub: Any) -> None:
         "heartbeat (default 30)",
     )
     p.add_argument(
+        "--applier-nice",
+        type=int,
+        default=5,
+        metavar="N",
+        help="run the replication worker N niceness levels below the read server, so reads "
+        "win the CPU on a busy machine (default 5; 0 = same priority)",
+    )
+    p.add_argument(
         "--failback-s",
         type=float,
         default=30.0,

@@ -117,6 +117,7 @@ def worker_config(args: argparse.Namespace) -> WorkerConfig:
         max_bootstraps=int(args.max_bootstraps),
         sync=not args.no_sync,
         retention=asdict(policy_from_args(args)),
+        nice=int(getattr(args, "applier_nice", 0) or 0),
     )
 
 

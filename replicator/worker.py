@@ -62,6 +62,9 @@ class WorkerConfig:
     sync: bool = True
     #: `mercury.retention.RetentionPolicy` fields; None = keep the whole log.
     retention: dict[str, Any] | None = None
+    #: Niceness added to the worker: on a busy machine the readers (the parent) get the
+    #: CPU first, so a heavy stream lags a little instead of slowing reads.
+    nice: int = 0
 
     def to_json(self) -> str:
         """Serialised for the worker's command line."""
@@ -230,6 +233,8 @@ def main(argv: list[str]) -> int:
         level=logging.INFO, format="%(asctime)s worker %(name)s %(levelname)s %(message)s"
     )
     cfg = WorkerConfig.from_json(argv[1])
+    if cfg.nice > 0:
+        os.nice(cfg.nice)
     try:
         import uvloop
 
