@@ -328,7 +328,11 @@ def apply_ops(ops, get, put, delete, uint64_t last_seq, rare, max_key=None, appe
     cdef uint32_t ovlen
     cdef int opk
     cdef bint big, dup, fresh
-    cdef list d
+    cdef list d = None
+    cdef object cur_owner = None
+    # Per-owner counters of the current run of ops by one owner, kept in C and added to
+    # `delta` when the owner changes and at the end (most batches have a single owner).
+    cdef long long c_keys = 0, c_bytes = 0, c_writes = 0
     cdef tuple op
     for op_obj in ops:
         if not isinstance(op_obj, tuple) or len(op_obj) != 5:
@@ -370,7 +374,14 @@ def apply_ops(ops, get, put, delete, uint64_t last_seq, rare, max_key=None, appe
         if expect is not None and <uint64_t>expect != cur:
             results.append(_tuple_new(_Result, (_PF, cur)))
             continue
-        d = _delta_for(delta, owner_s)
+        if owner_s is not cur_owner:
+            if d is not None:
+                d[0] += c_keys
+                d[1] += c_bytes
+                d[2] += c_writes
+                c_keys = c_bytes = c_writes = 0
+            d = _delta_for(delta, owner_s)
+            cur_owner = owner_s
         if opk == 1:
             if p != NULL:
                 ovlen = _get_u32(p + 10)
@@ -389,15 +400,15 @@ def apply_ops(ops, get, put, delete, uint64_t last_seq, rare, max_key=None, appe
             if big:
                 rare.put_chunks(seq, value)
             if fresh:
-                append(key, _encode_record(seq, owner, value, big))
+                append(key, _encode_record(seq, owner, value, big), True, True, True)
                 max_key = key
             else:
                 put(key, _encode_record(seq, owner, value, big))
             if p != NULL:
                 _forget(p, kn, delta, rare)
-            d[0] += 1
-            d[1] += kn + vn + RECORD_FIXED + PyBytes_GET_SIZE(owner)
-            d[2] += 1
+            c_keys += 1
+            c_bytes += kn + vn + RECORD_FIXED + PyBytes_GET_SIZE(owner)
+            c_writes += 1
             entries.append((1, owner, key, value))
             results.append(_tuple_new(_Result, (_WRITTEN, seq)))
         else:
@@ -410,4 +421,8 @@ def apply_ops(ops, get, put, delete, uint64_t last_seq, rare, max_key=None, appe
             d[3] += 1
             entries.append((2, owner, key, b""))
             results.append(_tuple_new(_Result, (_DELETED, seq)))
+    if d is not None:
+        d[0] += c_keys
+        d[1] += c_bytes
+        d[2] += c_writes
     return results, entries, seq, delta

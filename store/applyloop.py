@@ -60,13 +60,14 @@ def apply_ops(
     last_seq: int,
     rare: Rare,
     max_key: bytes | None = None,
-    append: Callable[[bytes, bytes], Any] | None = None,
+    append: Callable[..., Any] | None = None,
 ) -> tuple[list[Result], list[tuple[int, bytes, bytes, bytes]], int, dict[str, list[int]]]:
     """Process `ops` in order inside the caller's write transaction (see module doc).
 
     `max_key` is the largest key in the data sub-database (None when empty or unknown):
     a set of a greater key cannot overwrite anything, so it skips the lookup and is stored
-    with `append` (LMDB's append mode) — a bulk load in key order runs at append speed.
+    with `append` — a `Cursor.put`-like callable, called as ``append(key, value, True,
+    True, True)`` (LMDB's append mode) — so a bulk load in key order runs at append speed.
     """
     results: list[Result] = []
     entries: list[tuple[int, bytes, bytes, bytes]] = []
@@ -102,7 +103,7 @@ def apply_ops(
             if big:
                 rare.put_chunks(seq, value)
             if fresh and append is not None:
-                append(key, fmt.encode_record(seq, owner, value, big))
+                append(key, fmt.encode_record(seq, owner, value, big), True, True, True)
                 max_key = key
             else:
                 put(key, fmt.encode_record(seq, owner, value, big))

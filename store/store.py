@@ -235,7 +235,7 @@ class Store:
                     last,
                     _Chunks(txn, dbs.chunks),
                     bytes(cur.key()) if cur.last() else None,
-                    _appender(cur),
+                    cur.put,  # LMDB append mode for keys past the last one
                 )
                 for owner_name, n in (throttled or {}).items():
                     if n:
@@ -730,16 +730,6 @@ def _payload(rec: LogRecord) -> memoryview:
         return memoryview(cramjam.snappy.decompress_raw(rec.payload))
     except Exception as err:  # snappy raises its own error types on garbage
         raise CorruptionError(f"log record at seq {rec.first_seq}: bad payload") from err
-
-
-def _appender(cur: Any) -> Callable[[bytes, bytes], bool]:
-    """Put in LMDB's append mode (key greater than every stored key) through `cur`."""
-    put = cur.put
-
-    def append(key: bytes, value: bytes) -> bool:
-        return bool(put(key, value, True, True, True))
-
-    return append
 
 
 def _bump(delta: dict[str, list[int]], owner: str, idx: int, n: int) -> None:

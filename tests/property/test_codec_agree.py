@@ -91,7 +91,16 @@ def test_apply_loop_identical(batches: list[list[Op]]) -> None:
         outs = []
         for i, fn in enumerate((cy.apply_ops, applyloop.apply_ops)):
             d = dbs[i]
-            out = fn(batch, d.get, d.__setitem__, d.__delitem__, seqs_[i], _NoChunks())
+            out = fn(
+                batch,
+                d.get,
+                d.__setitem__,
+                d.__delitem__,
+                seqs_[i],
+                _NoChunks(),
+                max(d) if d else None,
+                lambda k, v, *_flags, d=d: d.__setitem__(k, v),  # append mode
+            )
             seqs_[i] = out[2]
             outs.append(out)
         assert outs[0] == outs[1]
