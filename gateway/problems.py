@@ -1,4 +1,4 @@
-"""Errors to HTTP: the ONE table from error class to status, and problem+json bodies.
+"""problem+json bodies of the gateway; the error → status table is `mercury/problems.py`.
 
 Every refusal leaves the gateway as ``application/problem+json`` (RFC 9457) with a precise
 `detail`; anything unexpected becomes a 500 problem without a stack trace (and a log line).
@@ -12,59 +12,7 @@ import orjson
 from starlette.responses import Response
 
 from mercury import errors as e
-
-PROBLEM_TYPE = "https://mercury.invalid/problems/"
-
-#: Most specific class first: the first match wins.
-STATUS_TABLE: tuple[tuple[type[e.MercuryError], int], ...] = (
-    (e.WriteGuardError, 400),
-    (e.BadRequestError, 400),
-    (e.InvalidOpError, 400),
-    (e.AuthError, 401),
-    (e.ForbiddenError, 403),
-    (e.NotFoundError, 404),
-    (e.KeyspaceOverlapError, 409),
-    (e.PreconditionFailedError, 412),
-    (e.TooLargeError, 413),
-    (e.MisdirectedError, 421),
-    (e.QuotaExceededError, 429),
-    (e.ShuttingDownError, 503),
-    (e.StorageQuotaError, 507),
-    (e.StoreFullError, 507),
-    (e.AclDocError, 400),
-    (e.StoreError, 503),
-)
-
-TITLES = {
-    400: "Bad Request",
-    401: "Unauthorized",
-    403: "Forbidden",
-    404: "Not Found",
-    405: "Method Not Allowed",
-    409: "Conflict",
-    412: "Precondition Failed",
-    413: "Content Too Large",
-    415: "Unsupported Media Type",
-    421: "Misdirected Request",
-    422: "Unprocessable Content",
-    429: "Too Many Requests",
-    500: "Internal Server Error",
-    503: "Service Unavailable",
-    507: "Insufficient Storage",
-}
-
-
-def status_of(err: e.MercuryError) -> int:
-    """HTTP status of a Mercury error (500 for one the table does not know)."""
-    for cls, status in STATUS_TABLE:
-        if isinstance(err, cls):
-            return status
-    return 500
-
-
-def _slug(err: e.MercuryError) -> str:
-    name = type(err).__name__.removesuffix("Error")
-    return "".join("-" + c.lower() if c.isupper() else c for c in name).lstrip("-")
+from mercury.problems import PROBLEM_TYPE, TITLES, classify
 
 
 def problem(
@@ -101,4 +49,5 @@ def from_error(err: e.MercuryError, headers: dict[str, str] | None = None) -> Re
         extra[k] = v.decode("utf-8", "backslashreplace") if isinstance(v, bytes) else v
     if err.hint:
         extra["hint"] = err.hint
-    return problem(status_of(err), err.message, kind=_slug(err), headers=headers, **extra)
+    p = classify(err)
+    return problem(p.status, err.message, kind=p.slug, headers=headers, **extra)

@@ -1,0 +1,83 @@
+"""Errors to HTTP: the ONE table from Mercury error classes to statuses and problem types.
+
+Both HTTP faces (the gateway and the replica read API) answer a Mercury error with an
+``application/problem+json`` document (RFC 9457) whose status, type and title come from
+here; each face only formats the body. Rows are tried in order, most specific class first.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import NamedTuple
+
+from mercury import errors as e
+
+PROBLEM_TYPE = "https://mercury.invalid/problems/"
+
+TITLES = {
+    400: "Bad Request",
+    401: "Unauthorized",
+    403: "Forbidden",
+    404: "Not Found",
+    405: "Method Not Allowed",
+    409: "Conflict",
+    412: "Precondition Failed",
+    413: "Content Too Large",
+    415: "Unsupported Media Type",
+    421: "Misdirected Request",
+    422: "Unprocessable Content",
+    429: "Too Many Requests",
+    500: "Internal Server Error",
+    503: "Service Unavailable",
+    507: "Insufficient Storage",
+}
+
+#: (error class, status, type slug or None = from the class name, title or None = status's).
+TABLE: tuple[tuple[type[e.MercuryError], int, str | None, str | None], ...] = (
+    # reads
+    (e.InvalidCursorError, 400, "invalid-cursor", "Invalid range cursor"),
+    (e.InvalidReadError, 400, "invalid-read", "Invalid read request"),
+    (e.ReadTooLargeError, 413, "read-too-large", "Reply too large"),
+    (e.RangeOnRootError, 421, "range-on-root", "Range reads are served by consumer nodes"),
+    # a stored value failed its CRC: a fault of this node, never retried into success
+    (e.CRCError, 500, "corrupt-value", "Stored value failed its CRC"),
+    # writes
+    (e.WriteGuardError, 400, None, None),
+    (e.BadRequestError, 400, None, None),
+    (e.InvalidOpError, 400, None, None),
+    (e.AuthError, 401, None, None),
+    (e.ForbiddenError, 403, None, None),
+    (e.NotFoundError, 404, None, None),
+    (e.KeyspaceOverlapError, 409, None, None),
+    (e.PreconditionFailedError, 412, None, None),
+    (e.TooLargeError, 413, None, None),
+    (e.MisdirectedError, 421, None, None),
+    (e.QuotaExceededError, 429, None, None),
+    (e.ShuttingDownError, 503, None, None),
+    (e.StorageQuotaError, 507, None, None),
+    (e.StoreFullError, 507, None, None),
+    (e.AclDocError, 400, None, None),
+    (e.StoreError, 503, None, None),
+)
+
+
+class Problem(NamedTuple):
+    """How an error leaves over HTTP."""
+
+    status: int
+    slug: str
+    title: str
+
+
+def slug_of(err: e.MercuryError) -> str:
+    """Problem type slug from the class name: KeyspaceOverlapError -> keyspace-overlap."""
+    name = type(err).__name__.removesuffix("Error")
+    return re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "-", name).lower()
+
+
+def classify(err: e.MercuryError) -> Problem:
+    """Status, type slug and title of `err` (500 for a class the table does not know)."""
+    for cls, status, slug, title in TABLE:
+        if isinstance(err, cls):
+            return Problem(status, slug or slug_of(err), title or TITLES.get(status, "Error"))
+    return Problem(500, slug_of(err), TITLES[500])
