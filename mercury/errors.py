@@ -34,6 +34,10 @@ class MercuryError(Exception):
 # --- store -------------------------------------------------------------------------------
 
 
+class ConfigError(MercuryError):
+    """A malformed command-line or configuration value (an address, a size...)."""
+
+
 class StoreError(MercuryError):
     """Something is wrong with a store on disk or with a request made of it."""
 

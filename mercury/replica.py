@@ -27,9 +27,9 @@ from dataclasses import asdict
 
 import uvicorn
 
+from mercury.addr import parse_hostport
 from mercury.retention import policy_from_args
 from replicator.metrics import APPLIED_SEQ, REPLICATION_LAG, WORKER_RESTARTS
-from replicator.selection import parse_source
 from replicator.status import read_status
 from replicator.worker import EXIT_REBOOTSTRAP, WorkerConfig
 from store import layout
@@ -110,8 +110,8 @@ def worker_config(args: argparse.Namespace) -> WorkerConfig:
     """The worker's configuration from `mercury replica`'s arguments."""
     return WorkerConfig(
         data_dir=os.path.abspath(args.data_dir),
-        sources=[parse_source(s) for s in args.source],
-        repl_listen=parse_source(args.repl_listen) if args.repl_listen else None,
+        sources=[parse_hostport(s, "--source") for s in args.source],
+        repl_listen=parse_hostport(args.repl_listen, "--repl-listen") if args.repl_listen else None,
         staleness=float(args.staleness_s),
         failback=float(args.failback_s),
         max_bootstraps=int(args.max_bootstraps),
@@ -174,7 +174,7 @@ async def _serve(args: argparse.Namespace, cfg: WorkerConfig) -> int:
     services = replica_services(store, args)
     for s in services:
         await s.start()
-    host, port = parse_source(args.listen)
+    host, port = parse_hostport(args.listen, "--listen")
     server = _Server(
         uvicorn.Config(
             app, host=host, port=port, access_log=False, log_level="warning", lifespan="off"

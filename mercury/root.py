@@ -19,17 +19,9 @@ import uvicorn
 from gateway.app import create_app
 from gateway.fastpath import FastPath
 from gateway.settings import Settings
-from mercury.errors import BadRequestError
+from mercury.addr import parse_hostport
 from mercury.retention import RetentionService, policy_from_args
 from store.store import Store
-
-
-def split_host_port(value: str, what: str) -> tuple[str, int]:
-    """("host", port) of an ``H:P`` argument."""
-    host, sep, port = value.rpartition(":")
-    if not sep or not port.isdigit():
-        raise BadRequestError(f"{what} must be HOST:PORT, got {value!r}")
-    return host or "127.0.0.1", int(port)
 
 
 class JsonLogFormatter(logging.Formatter):
@@ -87,10 +79,10 @@ def run_root(args: argparse.Namespace) -> int:
     # interval a busy loop (a producer flooding) stretches every commit by several 5 ms
     # waits, which delays every producer's acks. A shorter interval keeps commits short.
     sys.setswitchinterval(args.switch_interval_ms / 1000.0)
-    host, port = split_host_port(args.listen, "--listen")
-    split_host_port(args.repl_listen, "--repl-listen")
+    host, port = parse_hostport(args.listen, "--listen")
+    parse_hostport(args.repl_listen, "--repl-listen")
     if args.kt_listen:
-        split_host_port(args.kt_listen, "--kt-listen")
+        parse_hostport(args.kt_listen, "--kt-listen")
     store = Store.open(args.data_dir, sync=not args.no_sync)
     try:
         services = [

@@ -17,8 +17,9 @@ from collections.abc import Sequence
 
 import uvicorn
 
+from mercury.addr import parse_hostport
 from reads.http_app import create_read_app
-from reads.wiring import replica_services, root_services, split_hostport
+from reads.wiring import replica_services, root_services
 from store.store import Store
 
 
@@ -46,7 +47,7 @@ async def serve(args: argparse.Namespace) -> None:
     services = root_services(store, args) if args.role == "root" else replica_services(store, args)
     for s in services:
         await s.start()
-    host, port = split_hostport(args.listen)
+    host, port = parse_hostport(args.listen, "--listen")
     config = uvicorn.Config(
         asgi, host=host, port=port, access_log=False, log_level="warning", lifespan="off"
     )

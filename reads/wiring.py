@@ -11,16 +11,11 @@ from __future__ import annotations
 
 import argparse
 
+from mercury.addr import parse_hostport
 from mercury.service import Service
 from reads.kt_server import kt_service
 from reads.memcached_server import memcached_service
 from store.store import Store
-
-
-def split_hostport(value: str) -> tuple[str, int]:
-    """`"H:P"` -> (H, P); an empty host means 127.0.0.1."""
-    host, _, port = value.rpartition(":")
-    return host.strip("[]") or "127.0.0.1", int(port)
 
 
 def root_services(store: Store, args: argparse.Namespace) -> list[Service]:
@@ -28,7 +23,7 @@ def root_services(store: Store, args: argparse.Namespace) -> list[Service]:
     out: list[Service] = []
     kt = getattr(args, "kt_listen", None)
     if kt:
-        out.append(kt_service(store, *split_hostport(kt), point_only=True))
+        out.append(kt_service(store, *parse_hostport(kt, "--kt-listen"), point_only=True))
     return out
 
 
@@ -37,8 +32,8 @@ def replica_services(store: Store, args: argparse.Namespace) -> list[Service]:
     out: list[Service] = []
     kt = getattr(args, "kt_listen", None)
     if kt:
-        out.append(kt_service(store, *split_hostport(kt)))
+        out.append(kt_service(store, *parse_hostport(kt, "--kt-listen")))
     mc = getattr(args, "memcached_listen", None)
     if mc:
-        out.append(memcached_service(store, *split_hostport(mc)))
+        out.append(memcached_service(store, *parse_hostport(mc, "--memcached-listen")))
     return out

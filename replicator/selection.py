@@ -57,11 +57,3 @@ class Selector:
         bounded wait that grows if it keeps breaking."""
         self.rounds_failed += 1
         return float(min(self.cap, self.base * 2.0 ** min(self.rounds_failed - 1, 10)))
-
-
-def parse_source(text: str) -> tuple[str, int]:
-    """'host:port' -> (host, port); ValueError when malformed."""
-    host, sep, port = text.rpartition(":")
-    if not sep or not host or not port.isdigit():
-        raise ValueError(f"source must be HOST:PORT, got {text!r}")
-    return host.strip("[]"), int(port)

@@ -5,11 +5,11 @@ from __future__ import annotations
 import argparse
 import uuid
 
+from mercury.addr import parse_hostport
 from mercury.service import Service
 from replicator import notify
 from replicator.heartbeat import RootHeartbeat
 from replicator.metrics import APPLIED_SEQ, REPLICATION_LAG
-from replicator.selection import parse_source
 from replicator.source import ReplicationSource
 from store.store import Store
 
@@ -25,7 +25,7 @@ def root_services(store: Store, args: argparse.Namespace) -> list[Service]:
     listen = getattr(args, "repl_listen", None)
     if not listen:
         return []
-    host, port = parse_source(listen if ":" in listen else f"127.0.0.1:{listen}")
+    host, port = parse_hostport(listen, "--repl-listen")
     notify.install_pinger(store)
     # The root is the reference: no lag by definition; its applied seq is its head.
     REPLICATION_LAG.set_function(lambda: 0.0)

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from replicator import frames
 from replicator.handshake import decide, needs_bootstrap
 from replicator.lag import GRACE_US, lag_seconds
-from replicator.selection import Selector, parse_source
+from replicator.selection import Selector
 
 S = 1_000_000
 
@@ -64,11 +64,6 @@ def test_stale_source_moves_to_next() -> None:
     sel = Selector([("a", 1), ("b", 2), ("c", 3)])
     sel.stale()
     assert sel.current == ("b", 2)
-
-
-def test_parse_source() -> None:
-    assert parse_source("127.0.0.1:7070") == ("127.0.0.1", 7070)
-    assert parse_source("[::1]:7070") == ("::1", 7070)
 
 
 # --- handshake -----------------------------------------------------------------------
