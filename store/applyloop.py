@@ -108,7 +108,7 @@ def apply_ops(
             else:
                 put(key, fmt.encode_record(seq, owner, value, big))
             if h is not None:
-                _forget(h, len(key), delta, rare)
+                forget(h, len(key), delta, rare)
             d[0] += 1
             d[1] += len(key) + len(value) + _META + len(owner)
             d[2] += 1
@@ -120,15 +120,16 @@ def apply_ops(
                 continue
             seq += 1
             delete(key)
-            _forget(h, len(key), delta, rare)
+            forget(h, len(key), delta, rare)
             d[3] += 1
             entries.append((fmt.OP_DELETE, owner, key, b""))
             results.append(Result(Status.DELETED, seq))
     return results, entries, seq, delta
 
 
-def _forget(h: fmt.RecordHeader, key_len: int, delta: dict[str, list[int]], rare: Rare) -> None:
-    """Account for an old record going away (overwritten or deleted)."""
+def forget(h: fmt.RecordHeader, key_len: int, delta: dict[str, list[int]], rare: Rare) -> None:
+    """Account for an old record going away (overwritten or deleted): drop its chunks and
+    take its key and bytes off its owner's usage delta. Shared with the replica's apply."""
     if h.flags & fmt.FLAG_CHUNKED:
         rare.drop_chunks(h.seq, h.vlen)
     d = delta.get(h.owner)

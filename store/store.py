@@ -41,6 +41,7 @@ from mercury.errors import (
     StoreFullError,
 )
 from store import chunks, codec, layout
+from store.applyloop import forget
 from store.format import (
     FLAG_CHUNKED,
     LOG_HEADER,
@@ -326,16 +327,6 @@ class Store:
             self._restore_deferred(deferred)
             raise
 
-    def _forget(self, txn: Any, h: Any, key_len: int, delta: dict[str, list[int]]) -> None:
-        """Account for an old record going away (overwritten or deleted)."""
-        if h.flags & FLAG_CHUNKED:
-            chunks.delete(txn, self.dbs.chunks, chunks.VALUE_NS, h.seq, h.vlen)
-        d = delta.get(h.owner)
-        if d is None:
-            d = delta[h.owner] = [0, 0, 0, 0, 0, 0]
-        d[0] -= 1
-        d[1] -= stored_bytes(key_len, h.vlen, len(h.owner.encode()))
-
     def _write_usage(self, txn: Any, delta: dict[str, list[int]]) -> None:
         if self.format_version < 2:
             return  # format 1 kept no counters; `mercury migrate` backfills them
@@ -431,10 +422,11 @@ class Store:
         ):
             raise ChainError(f"log record at {rec.first_seq}: entries not contiguous")
         get, put = txn.get, txn.put
+        rare = _Chunks(txn, dbs.chunks)
         for e in entries:
             old = get(e.key)
             if old is not None:
-                self._forget(txn, codec.decode_record_header(old), len(e.key), delta)
+                forget(codec.decode_record_header(old), len(e.key), delta, rare)
             if e.op == OP_SET:
                 owner = e.owner.encode()
                 big = chunks.is_chunked(len(e.value))
