@@ -341,7 +341,7 @@ class Store:
         self, txn: Any, first: int, count: int, time_us: int, head: bytes, payload: bytes
     ) -> None:
         comp = snappy.compress(payload)
-        header = _log_header(first, count, time_us, head, comp)
+        header = encode_log_header(0, first, count, time_us, head, comp)
         self._store_log_record(txn, first, header, comp)
         failpoints.hit("store.apply.log_written")
 
@@ -729,10 +729,6 @@ def _bump(delta: dict[str, list[int]], owner: str, idx: int, n: int) -> None:
     if d is None:
         d = delta[owner] = [0, 0, 0, 0, 0, 0]
     d[idx] += n
-
-
-def _log_header(first: int, count: int, time_us: int, head: bytes, comp: bytes) -> bytes:
-    return encode_log_header(0, first, count, time_us, head, comp)
 
 
 def read_format_version(path: str) -> int:
