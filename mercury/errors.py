@@ -1,8 +1,8 @@
 """Mercury's one error hierarchy.
 
 Every error carries structured fields (key, seq, producer, hint) and says whether a retry can
-succeed. Components raise these; the HTTP layer maps them to statuses in one table
-(`gateway/problems.py`); the CLI prints `str(err)` and the hint.
+succeed. Components raise these; both HTTP faces map them to statuses through one table
+(`mercury/problems.py`); the CLI prints `str(err)` and the hint.
 """
 
 from __future__ import annotations
@@ -131,7 +131,7 @@ class ReadProtocolError(ReadError):
 
 
 class GatewayError(MercuryError):
-    """A producer's or admin's request the gateway refuses (mapped in gateway/problems.py)."""
+    """A producer's or admin's request the gateway refuses (mapped in mercury/problems.py)."""
 
 
 class BadRequestError(GatewayError):
