@@ -15,12 +15,14 @@ $(STAMP): pyproject.toml setup.py
 
 install: $(STAMP)
 
-store/_codec.c: store/_codec.pyx store/mblake2b.h $(STAMP)
-	$(PY) setup.py -q build_ext --inplace 2>&1 | grep -vE "^(running|copying|Compiling)" || true
-	@test -f store/_codec.c
+EXT_STAMP := build/.ext-built
 
-build: store/_codec.c
-	@ls store/_codec*.so >/dev/null
+$(EXT_STAMP): store/_codec.pyx store/mblake2b.h gateway/_jsonops.pyx setup.py $(STAMP)
+	$(PY) setup.py -q build_ext --inplace 2>&1 | grep -vE "^(running|copying|Compiling)" || true
+	@ls store/_codec*.so gateway/_jsonops*.so >/dev/null
+	@mkdir -p build && touch $@
+
+build: $(EXT_STAMP)
 
 run: build
 	$(PY) -m mercury.devrun
@@ -41,4 +43,4 @@ bench: build
 	@for b in bench/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
 
 clean:
-	rm -rf $(VENV) build store/_codec.c store/*.so var
+	rm -rf $(VENV) build store/_codec.c store/*.so gateway/_jsonops.c gateway/*.so var

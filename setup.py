@@ -1,4 +1,5 @@
-"""Build the Cython hot path (store/_codec.pyx); everything else is pure Python."""
+"""Build the Cython hot paths (store/_codec.pyx, gateway/_jsonops.pyx); everything else is
+pure Python."""
 
 from Cython.Build import cythonize
 from setuptools import Extension, setup
@@ -11,7 +12,8 @@ setup(
                 ["store/_codec.pyx"],
                 include_dirs=["store"],
                 depends=["store/mblake2b.h"],
-            )
+            ),
+            Extension("gateway._jsonops", ["gateway/_jsonops.pyx"]),
         ],
         compiler_directives={"language_level": "3", "boundscheck": False, "wraparound": False},
     )

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import base64
 import binascii
+import os
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import unquote_to_bytes
 
@@ -16,6 +18,16 @@ import orjson
 
 from mercury.errors import BadRequestError, TooLargeError
 from store.ops import DELETE, SET, Op
+
+#: The compiled decoder of common JSON batch bodies (`gateway/_jsonops.pyx`), or None under
+#: ``MERCURY_PURE=1`` or before `make build`; `batch_body_ops` falls back to the reference.
+_fast_json: Callable[[bytes, str, int, int, int], tuple[list[Op], int] | None] | None = None
+if os.environ.get("MERCURY_PURE") != "1":
+    try:
+        from gateway._jsonops import decode_json_ops as _fast_json
+    except ImportError:  # pragma: no cover - only before `make build`
+        if os.environ.get("MERCURY_REQUIRE_CYTHON") == "1":
+            raise
 
 MSGPACK = "application/msgpack"
 _new = tuple.__new__
@@ -55,6 +67,48 @@ def parse_body(body: bytes, content_type: str | None) -> Any:
         return orjson.loads(body)
     except orjson.JSONDecodeError as err:
         raise BadRequestError(f"body is not valid JSON: {err}") from err
+
+
+def batch_body_ops(
+    body: bytes,
+    content_type: str | None,
+    owner: str,
+    *,
+    max_ops: int,
+    max_key: int,
+    max_value: int,
+) -> tuple[list[Op], int]:
+    """Ops of a ``/v1/batch`` body and their key + value bytes, validated.
+
+    JSON bodies of the common shape go through the compiled decoder; everything else, and
+    every body it declines, through the reference `parse_body` + `batch_ops`, which gives
+    the same ops or the exact reason for refusing.
+    """
+    if _fast_json is not None and not is_msgpack(content_type):
+        fast = _fast_json(body, owner, max_ops, max_key, max_value)
+        if fast is not None:
+            return fast
+    return reference_batch_body_ops(
+        body, content_type, owner, max_ops=max_ops, max_key=max_key, max_value=max_value
+    )
+
+
+def reference_batch_body_ops(
+    body: bytes,
+    content_type: str | None,
+    owner: str,
+    *,
+    max_ops: int,
+    max_key: int,
+    max_value: int,
+) -> tuple[list[Op], int]:
+    """`batch_body_ops` in pure Python: the behaviour the compiled decoder must match."""
+    doc = parse_body(body, content_type)
+    ops = batch_ops(doc, owner, max_ops=max_ops, max_key=max_key, max_value=max_value)
+    nbytes = 0
+    for op in ops:
+        nbytes += len(op.key) + len(op.value)
+    return ops, nbytes
 
 
 def _bytes_field(op: dict[str, Any], name: str, i: int, required: bool) -> bytes | None:

@@ -102,13 +102,14 @@ async def post_batch(
     p = gw.producer(h.get("authorization"))
     s = gw.settings
     body = await read(s.max_batch_body, "batch body")
-    doc = bodies.parse_body(body, h.get("content-type"))
-    ops = bodies.batch_ops(
-        doc, p.name, max_ops=s.max_batch_ops, max_key=s.max_key, max_value=s.max_value
+    ops, nbytes = bodies.batch_body_ops(
+        body,
+        h.get("content-type"),
+        p.name,
+        max_ops=s.max_batch_ops,
+        max_key=s.max_key,
+        max_value=s.max_value,
     )
-    nbytes = 0
-    for op in ops:
-        nbytes += len(op.key) + len(op.value)
     return await gw.write(
         p,
         ops,

@@ -1,0 +1,195 @@
+"""The compiled JSON batch decoder agrees with the reference path.
+
+Whenever `decode_json_ops` returns ops they equal what `parse_body` + `batch_ops` give
+for the same body; whenever the reference refuses a body (or would refuse it), the
+compiled decoder declines it. Bodies of the common shape are actually taken by the
+compiled decoder (otherwise it would be dead code that always declines).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+import orjson
+import pytest
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+
+from gateway import bodies
+from mercury.errors import MercuryError
+from store.ops import Op
+
+try:
+    from gateway._jsonops import decode_json_ops
+except ImportError:  # pragma: no cover - before `make build`
+    if os.environ.get("MERCURY_REQUIRE_CYTHON") == "1":
+        raise
+    pytest.skip("gateway/_jsonops.pyx not built", allow_module_level=True)
+
+Limits = tuple[int, int, int]  # max_ops, max_key, max_value
+DEFAULT: Limits = (10_000, 500, 25 << 20)
+
+# Text that exercises every escape: quotes, backslashes, controls, non-ASCII, astral.
+texts = st.text(
+    alphabet=st.one_of(
+        st.characters(codec="utf-8"),
+        st.sampled_from(['"', "\\", "/", "\n", "\t", "\x00", "\x7f", "é", "😀", "\u2028"]),
+    ),
+    max_size=40,
+)
+plain = st.text(alphabet="abcdefghijklmnop/_-.0123456789", min_size=1, max_size=30)
+limits = st.one_of(
+    st.just(DEFAULT),
+    st.tuples(
+        st.integers(min_value=1, max_value=5),
+        st.integers(min_value=1, max_value=20),
+        st.integers(min_value=0, max_value=30),
+    ),
+)
+
+
+def reference(body: bytes, lim: Limits) -> tuple[list[Op], int] | None:
+    try:
+        return bodies.reference_batch_body_ops(
+            body, "application/json", "p", max_ops=lim[0], max_key=lim[1], max_value=lim[2]
+        )
+    except MercuryError:
+        return None
+
+
+def agree(body: bytes, lim: Limits = DEFAULT) -> tuple[list[Op], int] | None:
+    """Assert agreement; return what the compiled decoder gave."""
+    fast = decode_json_ops(body, "p", *lim)
+    ref = reference(body, lim)
+    if fast is not None:
+        assert ref is not None, f"compiled accepted what the reference refuses: {body!r}"
+        assert fast == ref
+        assert all(type(op) is Op for op in fast[0])
+    return fast
+
+
+@st.composite
+def common_ops(draw: st.DrawFn, text: st.SearchStrategy[str] = texts) -> list[dict[str, str]]:
+    """Ops of the common shape: set with key and value, delete with key only."""
+    out: list[dict[str, str]] = []
+    for _ in range(draw(st.integers(min_value=1, max_value=8))):
+        key = draw(text.filter(bool))
+        if draw(st.booleans()):
+            fields = [("op", "set"), ("key", key), ("value", draw(text))]
+        else:
+            fields = [("op", "delete"), ("key", key)]
+        out.append(dict(draw(st.permutations(fields))))
+    return out
+
+
+def dumps(doc: Any, style: int) -> bytes:
+    """JSON as different clients write it: compact, ASCII-escaped, indented."""
+    if style == 0:
+        return orjson.dumps(doc)
+    if style == 1:
+        return json.dumps(doc).encode()  # \\uXXXX for everything non-ASCII
+    if style == 2:
+        return json.dumps(doc, ensure_ascii=False, indent=2).encode()
+    return (" \r\n\t" + json.dumps(doc, separators=(" , ", " : ")) + "\n ").encode()
+
+
+@settings(suppress_health_check=[HealthCheck.too_slow], max_examples=300)
+@given(common_ops(), st.integers(min_value=0, max_value=3))
+def test_common_shape_is_taken_and_equal(ops: list[dict[str, str]], style: int) -> None:
+    body = dumps({"ops": ops}, style)
+    assume(all(len(op["key"].encode()) <= 500 for op in ops))
+    fast = agree(body)
+    assert fast is not None, f"the compiled decoder declined a common body: {body!r}"
+
+
+@settings(max_examples=300)
+@given(common_ops(plain), limits)
+def test_limits_agree(ops: list[dict[str, str]], lim: Limits) -> None:
+    agree(orjson.dumps({"ops": ops}), lim)
+
+
+# Shapes the compiled decoder must leave to the reference (which may accept them).
+odd_op = st.one_of(
+    st.fixed_dictionaries({"op": st.just("set"), "key_b64": st.just("YQ=="), "value": texts}),
+    st.fixed_dictionaries({"op": st.just("set"), "key": texts, "value_b64": st.just("YQ==")}),
+    st.fixed_dictionaries({"op": st.just("delete"), "key": plain, "value": texts}),
+    st.fixed_dictionaries({"op": st.just("set"), "key": plain}),
+    st.fixed_dictionaries({"op": st.just("put"), "key": plain, "value": texts}),
+    st.fixed_dictionaries({"op": st.just("set"), "key": plain, "value": st.integers()}),
+    st.fixed_dictionaries({"op": st.just("set"), "key": st.just(""), "value": texts}),
+    st.fixed_dictionaries({"op": st.just("set"), "key": plain, "value": texts, "x": st.none()}),
+    st.fixed_dictionaries({"key": plain, "value": texts}),
+    st.none(),
+    st.integers(),
+    st.lists(plain, max_size=2),
+)
+
+
+@settings(max_examples=300)
+@given(st.lists(st.one_of(odd_op, common_ops().map(lambda o: o[0])), max_size=6), limits)
+def test_odd_shapes_agree(ops: list[Any], lim: Limits) -> None:
+    agree(json.dumps({"ops": ops}).encode(), lim)
+
+
+@given(st.dictionaries(st.sampled_from(["ops", "x", "Ops"]), st.lists(st.none(), max_size=2)))
+def test_odd_documents_agree(doc: dict[str, Any]) -> None:
+    agree(orjson.dumps(doc))
+
+
+@settings(max_examples=500)
+@given(common_ops(), st.data())
+def test_mutated_bodies_agree(ops: list[dict[str, str]], data: st.DataObject) -> None:
+    """Bytes flipped, inserted or cut anywhere: never accepted unless the reference agrees."""
+    body = bytearray(orjson.dumps({"ops": ops}))
+    for _ in range(data.draw(st.integers(min_value=1, max_value=3))):
+        i = data.draw(st.integers(min_value=0, max_value=len(body)))
+        how = data.draw(st.sampled_from(["flip", "insert", "cut"]))
+        b = data.draw(st.sampled_from([0x22, 0x5C, 0x7B, 0x7D, 0x2C, 0x3A, 0x00, 0x80, 0xED, 0x20]))
+        if how == "insert":
+            body[i:i] = bytes([b])
+        elif i < len(body):
+            if how == "flip":
+                body[i] = b
+            else:
+                del body[i]
+    agree(bytes(body))
+
+
+@given(st.binary(max_size=300))
+def test_arbitrary_bytes_agree(body: bytes) -> None:
+    agree(body)
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b'{"ops":[{"op":"set","key":"\\ud800","value":""}]}',  # lone high surrogate
+        b'{"ops":[{"op":"set","key":"\\udc00","value":""}]}',  # lone low surrogate
+        b'{"ops":[{"op":"set","key":"\xed\xa0\x80","value":""}]}',  # UTF-8 surrogate
+        b'{"ops":[{"op":"set","key":"\xc0\xaf","value":""}]}',  # overlong
+        b'{"ops":[{"op":"set","key":"\xf4\x90\x80\x80","value":""}]}',  # past U+10FFFF
+        b'{"ops":[{"op":"set","key":"a\tb","value":""}]}',  # raw control byte
+        b'{"ops":[{"op":"set","key":"a","value":"\\x"}]}',  # bad escape
+        b'{"ops":[{"op":"set","key":"a","value":""}]} x',  # trailing bytes
+        b'\xef\xbb\xbf{"ops":[{"op":"set","key":"a","value":""}]}',  # BOM
+        b'{"ops":[]}',
+        b'{"ops":[{"op":"set","key":"a","key":"b","value":""}]}',  # repeated field
+        b'{"ops":[{"op":"set","key":"a","value":""},]}',  # trailing comma
+        b'{"o\\u0070s":[{"op":"set","key":"a","value":""}]}',  # escaped name
+    ],
+)
+def test_refused_or_declined(body: bytes) -> None:
+    assert decode_json_ops(body, "p", *DEFAULT) is None
+    agree(body)
+
+
+def test_large_body_scanned_without_gil_equals_reference() -> None:
+    ops = [{"op": "set", "key": f"k/{i:08d}", "value": "é" * 50} for i in range(2000)]
+    body = orjson.dumps({"ops": ops})
+    from gateway._jsonops import NOGIL_MIN
+
+    assert len(body) > NOGIL_MIN
+    fast = agree(body)
+    assert fast is not None and len(fast[0]) == 2000
