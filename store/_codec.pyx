@@ -227,11 +227,26 @@ def pack_entries(uint64_t first_seq, list ops, bytes prev_hash):
         raise ValueError("prev_hash must be 32 bytes")
     memcpy(h, PyBytes_AS_STRING(prev_hash), HASH_SIZE)
     for t in ops:
-        n = _write_entry(base + pos, seq, t[0], t[1], t[2], t[3])
+        pos += _write_entry(base + pos, seq, t[0], t[1], t[2], t[3])
+        seq += 1
+    # The chain is pure C over the finished buffer: on big batches hash it without the
+    # GIL, so a gateway's event loop runs meanwhile (entries are found again by their
+    # length fields, as unpack_entries reads them).
+    if total >= 65536:
+        with nogil:
+            _chain_buffer(base, total, h)
+    else:  # dropping the GIL costs more than it frees on small batches
+        _chain_buffer(base, total, h)
+    return out, PyBytes_FromStringAndSize(<const char*>h, HASH_SIZE)
+
+
+cdef void _chain_buffer(const uint8_t* base, Py_ssize_t total, uint8_t* h) noexcept nogil:
+    """Fold every entry of a well-formed entry buffer into the chain head `h`."""
+    cdef Py_ssize_t pos = 0, n
+    while pos < total:
+        n = ENTRY_HDR + base[pos + 9] + (base[pos + 10] | (base[pos + 11] << 8)) + _get_u32(base + pos + 12)
         mb2_digest2(h, HASH_SIZE, base + pos, n, h, HASH_SIZE)
         pos += n
-        seq += 1
-    return out, PyBytes_FromStringAndSize(<const char*>h, HASH_SIZE)
 
 
 def unpack_entries(payload, bytes prev_hash):
