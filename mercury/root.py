@@ -19,6 +19,7 @@ import uvicorn
 from gateway.app import create_app
 from gateway.fastpath import FastPath
 from gateway.settings import Settings
+from mercury import gctune
 from mercury.addr import parse_hostport
 from mercury.retention import RetentionService, policy_from_args
 from store.store import Store
@@ -79,6 +80,7 @@ def run_root(args: argparse.Namespace) -> int:
     # interval a busy loop (a producer flooding) stretches every commit by several 5 ms
     # waits, which delays every producer's acks. A shorter interval keeps commits short.
     sys.setswitchinterval(args.switch_interval_ms / 1000.0)
+    gctune.tune_for_batches()
     host, port = parse_hostport(args.listen, "--listen")
     parse_hostport(args.repl_listen, "--repl-listen")
     if args.kt_listen:
