@@ -101,3 +101,47 @@ def diff(
     ]
     creates = [Change("create", n, desired[n]) for n in sorted(desired) if n not in current]
     return removes + updates + creates
+
+
+def steps(
+    current: dict[str, dict[str, Any]], changes: list[Change]
+) -> list[tuple[str, dict[str, Any] | None]]:
+    """The admin API calls that carry out `changes`: (producer, config to PUT, or None to
+    DELETE), ordered so that no intermediate state overlaps keyspaces the final state
+    keeps apart.
+
+    Moving a keyspace from one producer to another must not fail because the receiver
+    is updated while the giver still holds it: first the removals, then every update that
+    gives up keyspaces gives them up (its current config with only the keyspaces it keeps,
+    their shared marks and guards), then the updates that add no keyspace, then the rest
+    and the creations. Only a conflict of the final state itself is refused.
+    """
+    out: list[tuple[str, dict[str, Any] | None]] = []
+    later: list[tuple[str, dict[str, Any]]] = []
+    for ch in changes:
+        if ch.kind == "remove":
+            out.append((ch.name, None))
+    for ch in changes:
+        if ch.kind != "update" or ch.config is None:
+            continue
+        cur = current[ch.name]
+        keep = [k for k in cur.get("keyspaces", []) if k in ch.config.get("keyspaces", [])]
+        if len(keep) < len(cur.get("keyspaces", [])):
+            out.append(
+                (
+                    ch.name,
+                    {
+                        **cur,
+                        "keyspaces": keep,
+                        "shared": [k for k in cur.get("shared", []) if k in keep],
+                        "guards": {k: g for k, g in cur.get("guards", {}).items() if k in keep},
+                    },
+                )
+            )
+    for ch in changes:
+        if ch.kind == "update" and ch.config is not None:
+            adds = set(ch.config.get("keyspaces", [])) - set(current[ch.name].get("keyspaces", []))
+            (later if adds else out).append((ch.name, ch.config))
+    out.extend(later)
+    out.extend((ch.name, ch.config) for ch in changes if ch.kind == "create" and ch.config)
+    return out

@@ -152,12 +152,12 @@ def _acl_apply(args: argparse.Namespace) -> int:
         if args.dry_run:
             print(f"{len(changes)} change(s) not applied (--dry-run)")
             return 0
-        for ch in changes:
-            path = "/v1/admin/producers/" + quote(ch.name, safe="")
-            if ch.kind == "remove":
+        for name, config in doc.steps(current, changes):
+            path = "/v1/admin/producers/" + quote(name, safe="")
+            if config is None:
                 _check(c.delete(path))
             else:
-                _check(c.put(path, content=orjson.dumps(ch.config)))
+                _check(c.put(path, content=orjson.dumps(config)))
         print(f"{len(changes)} change(s) applied")
     return 0
 

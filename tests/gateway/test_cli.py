@@ -72,3 +72,14 @@ def test_usage_table_and_json(shared_root: Root, tmp_path: Path) -> None:
     js = run_mercury("usage", "--url", shared_root.url, "--admin-token-file", str(f), "--json")
     rows = {r["producer"]: r for r in json.loads(js.stdout)["producers"]}
     assert rows[name]["keys"] == 1 and rows[name]["writes"] == 1
+
+
+def test_acl_apply_moves_keyspaces_between_producers(shared_root: Root, tmp_path: Path) -> None:
+    """Two producers swap keyspaces in one apply: no step is refused as an overlap."""
+    before = 'producers:\n  mv-a: {keyspaces: ["mv1/"]}\n  mv-b: {keyspaces: ["mv2/"]}\n'
+    after = 'producers:\n  mv-a: {keyspaces: ["mv2/"]}\n  mv-b: {keyspaces: ["mv1/x/"]}\n'
+    assert _apply(shared_root, tmp_path, before).returncode == 0
+    r = _apply(shared_root, tmp_path, after)
+    assert r.returncode == 0, r.stderr
+    cfg = {p["name"]: p for p in shared_root.admin().get("/v1/admin/producers").json()["producers"]}
+    assert cfg["mv-a"]["keyspaces"] == ["mv2/"] and cfg["mv-b"]["keyspaces"] == ["mv1/x/"]

@@ -6,10 +6,11 @@ import contextlib
 from collections.abc import Iterator
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from acl.model import Acl, Producer, key_allowed, overlaps
+from acl.doc import diff, normalize, steps
+from acl.model import Acl, Producer, key_allowed, overlaps, producer_from_config
 from gateway.settings import Settings
 from gateway.writes import Gateway
 from mercury.errors import ForbiddenError, KeyspaceOverlapError
@@ -98,3 +99,50 @@ def test_gateway_admits_a_batch_iff_every_key_is_in_a_keyspace(
     else:
         with pytest.raises(ForbiddenError):
             gateway.check_keys(p, ops)
+
+
+def _acl_of(configs: dict[str, dict[str, object]]) -> Acl:
+    acl = Acl()
+    for name, cfg in configs.items():
+        acl = acl.put(producer_from_config(name, cfg))
+    return acl
+
+
+@st.composite
+def valid_acls(draw: st.DrawFn) -> dict[str, dict[str, object]]:
+    """Normalized configs of producers p..s whose keyspaces never overlap."""
+    acl = Acl()
+    for name in "pqrs":
+        if draw(st.booleans()):
+            ks = draw(keyspace_lists)
+            shared = tuple(k for k in ks if draw(st.booleans()))
+            with contextlib.suppress(KeyspaceOverlapError):
+                acl = acl.put(Producer(name, tuple(ks), shared))
+    return {n: normalize(n, p.config()) for n, p in acl.producers.items()}
+
+
+@settings(max_examples=300)
+@given(valid_acls(), valid_acls())
+def test_acl_apply_steps_never_pass_through_an_overlap(
+    current: dict[str, dict[str, object]], desired: dict[str, dict[str, object]]
+) -> None:
+    """Any valid ACL turns into any other valid ACL by `doc.steps` without a refused step,
+    and ends equal to the desired one (keyspaces moved between producers included)."""
+    check_steps(current, desired)
+
+
+def test_acl_apply_steps_swap_keyspaces() -> None:
+    """The case a naive order (removals, updates, creations) refuses: two producers swap."""
+    check_steps(
+        {"p": normalize("p", {"keyspaces": ["a"]}), "q": normalize("q", {"keyspaces": ["b"]})},
+        {"p": normalize("p", {"keyspaces": ["b"]}), "q": normalize("q", {"keyspaces": ["a/x"]})},
+    )
+
+
+def check_steps(
+    current: dict[str, dict[str, object]], desired: dict[str, dict[str, object]]
+) -> None:
+    acl = _acl_of(current)
+    for name, cfg in steps(current, diff(current, desired)):
+        acl = acl.remove(name) if cfg is None else acl.put(producer_from_config(name, cfg))
+    assert {n: normalize(n, p.config()) for n, p in acl.producers.items()} == desired
