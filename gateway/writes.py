@@ -70,6 +70,8 @@ class Gateway:
         self._prefixes: dict[str, tuple[bytes, ...]] = {}
         self._buckets: dict[str, ProducerBuckets] = {}
         self._inflight: dict[bytes, asyncio.Future[Answer]] = {}
+        #: Per producer with a storage quota: growth of its admitted, uncommitted writes.
+        self._pending_growth: dict[str, int] = {}
         self.usage: dict[str, Usage] = store.usage()
         self.batcher = Batcher(
             store,
@@ -216,12 +218,18 @@ class Gateway:
                 )
         return deletes
 
-    def check_storage(self, p: Producer, ops: list[Op]) -> None:
-        """507 when the sets would grow `p`'s stored bytes beyond its storage quota."""
+    def check_storage(self, p: Producer, ops: list[Op]) -> int:
+        """507 when the sets would grow `p`'s stored bytes beyond its storage quota.
+
+        Counts what the store holds plus the growth of `p`'s writes admitted but not yet
+        committed (the open batch and the one committing), so a burst inside one window
+        cannot overshoot. Returns this request's growth, which the caller reserves with
+        `_reserve` until its batch is committed.
+        """
         limit = p.quota.max_bytes_stored
         if limit is None:
-            return
-        used = self.usage.get(p.name, Usage()).bytes
+            return 0
+        used = self.usage.get(p.name, Usage()).bytes + self._pending_growth.get(p.name, 0)
         owner_len = len(p.name.encode())
         growth = 0
         for op in ops:
@@ -234,11 +242,21 @@ class Gateway:
             )
         if growth > 0 and used + growth > limit:
             raise StorageQuotaError(
-                f"producer {p.name!r} stores {used} bytes; this write adds {growth} and its "
-                f"storage quota is {limit}",
+                f"producer {p.name!r} stores {used} bytes (writes not yet committed "
+                f"included); this write adds {growth} and its storage quota is {limit}",
                 producer=p.name,
                 hint="delete keys or raise max_bytes_stored",
             )
+        return max(0, growth)
+
+    def _reserve(self, producer: str, growth: int) -> None:
+        """Add (or, negative, release) growth admitted under a storage quota."""
+        if growth:
+            left = self._pending_growth.get(producer, 0) + growth
+            if left:
+                self._pending_growth[producer] = left
+            else:
+                self._pending_growth.pop(producer, None)
 
     # --- quota ------------------------------------------------------------------------------
 
@@ -352,21 +370,30 @@ class Gateway:
     ) -> Answer:
         self.check_keys(p, ops)
         deletes = self.check_guards(p, ops)
-        self.check_storage(p, ops)
-        headers = await self.admit(p, len(ops), nbytes)
+        growth = self.check_storage(p, ops)
+        # Reserved until the batch is committed (the usage counters then hold it) or the
+        # request is refused; no await between the check and the reservation.
+        self._reserve(p.name, growth)
+        try:
+            headers = await self.admit(p, len(ops), nbytes)
 
-        def stored_answer(results: list[Result]) -> bytes:
-            a = answer(results)
-            return orjson.dumps({"status": a.status, "body": a.body})
+            def stored_answer(results: list[Result]) -> bytes:
+                a = answer(results)
+                return orjson.dumps({"status": a.status, "body": a.body})
 
-        fut = self.batcher.submit(
-            ops,
-            nbytes,
-            p.name,
-            idem_key=idem_key,
-            answer=stored_answer if idem_key is not None else None,
-            deletes=deletes,
-        )
+            fut = self.batcher.submit(
+                ops,
+                nbytes,
+                p.name,
+                idem_key=idem_key,
+                answer=stored_answer if idem_key is not None else None,
+                deletes=deletes,
+            )
+        except BaseException:
+            self._reserve(p.name, -growth)
+            raise
+        if growth:
+            fut.add_done_callback(lambda _f: self._reserve(p.name, -growth))
         if is_async:
             fut.add_done_callback(_retrieve)
             return Answer(202, {"status": "accepted", "ops": len(ops)}, headers)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import httpx
@@ -230,6 +231,25 @@ def test_507_storage_quota_for_growing_writes_only(shared_root: Root) -> None:
     # shrinking an existing value and deleting still work
     assert c.put(f"/v1/kv/{name}/a", content=b"x" * 10).status_code == 200
     assert c.delete(f"/v1/kv/{name}/a").status_code == 200
+
+
+def test_storage_quota_counts_writes_not_yet_committed(root_factory: Callable[..., Root]) -> None:
+    """Twenty concurrent writes inside one 500 ms window: only those that fit are
+    admitted, although none is committed when the others are checked."""
+    root = root_factory(window_ms=500)
+    name, tok = root.producer(quota={"max_bytes_stored": 1000})
+    c = root.client(tok)
+    with ThreadPoolExecutor(20) as pool:
+        statuses = list(
+            pool.map(
+                lambda i: c.put(f"/v1/kv/{name}/k{i:02d}", content=b"x" * 100).status_code,
+                range(20),
+            )
+        )
+    assert set(statuses) == {200, 507}
+    usage = root.admin().get(f"/v1/usage/{name}").json()
+    assert usage["keys"] == statuses.count(200)
+    assert usage["bytes"] <= 1000 < usage["bytes"] + usage["bytes"] // usage["keys"]
 
 
 def test_guards_refuse_empty_values_and_cap_deletes(shared_root: Root) -> None:
