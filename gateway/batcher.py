@@ -69,6 +69,29 @@ def coalesce(ops: Sequence[Op]) -> tuple[list[int], list[int]]:
     return kept, winner
 
 
+def key_order(ops: Sequence[Op]) -> list[int] | None:
+    """A stable order of `ops` by key, or None when they are in it already.
+
+    Applying a batch in this order gives every op the same status and leaves the same
+    values (each key's ops keep their order, and an op's status depends only on the earlier
+    ops of its key); only the seqs the batch assigns are numbered differently, and no client
+    can know those beforehand. It lets LMDB append past the last key instead of inserting
+    mid-tree: a bulk load whose requests of consecutive keys arrive out of order otherwise
+    splits pages half-empty, and its commits slow down as the store grows.
+    """
+    keys = [op.key for op in ops]
+    order = sorted(range(len(keys)), key=keys.__getitem__)
+    return None if order == list(range(len(keys))) else order
+
+
+def unsort(results: list[Result], order: list[int]) -> list[Result]:
+    """Results of ops applied in `order` (from `key_order`), back in the ops' own order."""
+    out: list[Result] = [results[0]] * len(results)
+    for pos, j in enumerate(order):
+        out[j] = results[pos]
+    return out
+
+
 def coalesced_result(op: Op, won: Result) -> Result:
     """The answer of an op superseded inside its batch by a later write of the same key:
     it was accepted and then overwritten in the same commit, at the winner's seq."""
@@ -263,11 +286,15 @@ class Batcher:
         ops = [op for r in requests for op in r.ops]
         kept, winner = coalesce(ops)
         applied = [ops[i] for i in kept]
+        order = key_order(applied)
+        if order is not None:
+            applied = [applied[j] for j in order]
         idem: list[tuple[bytes, bytes]] = []
         predicted: list[Result] | None = None
         if any(r.idem_key is not None for r in requests):
             predicted = self._predict(applied)
-            per_op = _spread(ops, kept, winner, predicted)
+            in_kept = predicted if order is None else unsort(predicted, order)
+            per_op = _spread(ops, kept, winner, in_kept)
             for r, res in zip(requests, _split(requests, per_op), strict=True):
                 if r.idem_key is not None and r.answer is not None:
                     idem.append((r.idem_key, r.answer(res)))
@@ -280,7 +307,8 @@ class Batcher:
         metrics.BATCH_OPS.observe(len(applied))
         if out.last_seq:
             metrics.LOG_LAST_SEQ.set(out.last_seq)
-        per_op = _spread(ops, kept, winner, out.results)
+        results = out.results if order is None else unsort(out.results, order)
+        per_op = _spread(ops, kept, winner, results)
         split = _split(requests, per_op)
         _log_batch(requests, split, out.first_seq, out.last_seq, len(applied), dt)
         if self.on_commit is not None:

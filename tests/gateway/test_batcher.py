@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.batcher import Batcher, _spread, coalesce, predict
+from gateway.batcher import Batcher, _spread, coalesce, key_order, predict, unsort
 from mercury.errors import ShuttingDownError
 from store.ops import DELETE, SET, Op
 from store.store import Store
@@ -52,9 +52,18 @@ def test_predict_equals_apply_and_coalescing_keeps_the_final_state(
             ]
             kept, winner = coalesce(batch)
             applied = [batch[i] for i in kept]
+            # Applying in key order (as the batcher does) gives every op the status it
+            # gets in request order; only in-batch seqs are numbered differently.
+            in_order = predict(applied, lookup, co.last_seq())
+            order = key_order(applied)
+            if order is not None:
+                applied = [applied[j] for j in order]
             predicted = predict(applied, lookup, co.last_seq())
             got = co.apply(applied).results
             assert predicted == got
+            if order is not None:
+                got = unsort(got, order)
+            assert [r.status for r in got] == [r.status for r in in_order]
             assert len(_spread(batch, kept, winner, got)) == len(batch)
             full.apply(batch)
             for k in (b"a", b"b", b"c"):
