@@ -358,12 +358,18 @@ def _log_batch(
     dt: float,
 ) -> None:
     """One structured line per batch: seqs and, per producer, how many of each result."""
-    per: dict[str, dict[str, int]] = {}
+    # One Counter per producer over its status column (a Counter per request cost ~2 µs
+    # each: milliseconds per batch of single-key PUTs, in the commit thread, before any ack).
+    statuses: dict[str, list[Status]] = {}
     for r, res in zip(requests, split, strict=True):
-        counts = per.setdefault(r.producer, {})
-        # Counter over the status column runs in C (this is per op, in the commit thread).
-        for st, n in Counter([x[0] for x in res]).items():
-            counts[st.value] = counts.get(st.value, 0) + n
+        col = statuses.get(r.producer)
+        if col is None:
+            col = statuses[r.producer] = []
+        col += [x[0] for x in res]
+    per: dict[str, dict[str, int]] = {
+        producer: {st.value: n for st, n in Counter(col).items()}
+        for producer, col in statuses.items()
+    }
     for producer, counts in per.items():
         for status, n in counts.items():
             metrics.WRITE_OPS.labels(producer, status).inc(n)
