@@ -193,6 +193,11 @@ cdef inline Py_ssize_t _write_entry(uint8_t* p, uint64_t seq, int op, bytes owne
     return ENTRY_HDR + on + kn + vn
 
 
+cdef inline Py_ssize_t _entry_size(const uint8_t* p) noexcept nogil:
+    """Bytes of the entry whose header starts at `p` (header + owner + key + value)."""
+    return ENTRY_HDR + p[9] + (p[10] | (p[11] << 8)) + _get_u32(p + 12)
+
+
 def chain(bytes prev, entry):
     """One link of the hash chain: BLAKE2b-256(prev ++ entry)."""
     cdef const uint8_t[:] e = entry
@@ -220,7 +225,7 @@ def pack_entries(uint64_t first_seq, list ops, bytes prev_hash):
         total += ENTRY_HDR + PyBytes_GET_SIZE(owner) + PyBytes_GET_SIZE(key) + PyBytes_GET_SIZE(value)
     cdef bytes out = PyBytes_FromStringAndSize(NULL, total)
     cdef uint8_t* base = <uint8_t*>PyBytes_AS_STRING(out)
-    cdef Py_ssize_t pos = 0, n
+    cdef Py_ssize_t pos = 0
     cdef uint64_t seq = first_seq
     cdef uint8_t h[HASH_SIZE]
     if PyBytes_GET_SIZE(prev_hash) != HASH_SIZE:
@@ -230,8 +235,7 @@ def pack_entries(uint64_t first_seq, list ops, bytes prev_hash):
         pos += _write_entry(base + pos, seq, t[0], t[1], t[2], t[3])
         seq += 1
     # The chain is pure C over the finished buffer: on big batches hash it without the
-    # GIL, so a gateway's event loop runs meanwhile (entries are found again by their
-    # length fields, as unpack_entries reads them).
+    # GIL, so a gateway's event loop runs meanwhile.
     if total >= 65536:
         with nogil:
             _chain_buffer(base, total, h)
@@ -244,7 +248,7 @@ cdef void _chain_buffer(const uint8_t* base, Py_ssize_t total, uint8_t* h) noexc
     """Fold every entry of a well-formed entry buffer into the chain head `h`."""
     cdef Py_ssize_t pos = 0, n
     while pos < total:
-        n = ENTRY_HDR + base[pos + 9] + (base[pos + 10] | (base[pos + 11] << 8)) + _get_u32(base + pos + 12)
+        n = _entry_size(base + pos)
         mb2_digest2(h, HASH_SIZE, base + pos, n, h, HASH_SIZE)
         pos += n
 
@@ -259,7 +263,7 @@ def unpack_entries(payload, bytes prev_hash):
     cdef Py_ssize_t pos = 0, a, end
     cdef uint64_t seq
     cdef int op
-    cdef Py_ssize_t on, kn, vn
+    cdef Py_ssize_t on, kn
     cdef list out = []
     cdef uint8_t h[HASH_SIZE]
     cdef const uint8_t* p
@@ -276,14 +280,13 @@ def unpack_entries(payload, bytes prev_hash):
         op = p[pos + 8]
         on = p[pos + 9]
         kn = p[pos + 10] | (p[pos + 11] << 8)
-        vn = _get_u32(p + pos + 12)
-        end = pos + ENTRY_HDR + on + kn + vn
+        end = pos + _entry_size(p + pos)
         if end > n or (op != 1 and op != 2):
             raise ValueError("malformed log entry")
         a = pos + ENTRY_HDR
         owner = (<const char*>p)[a:a + on].decode("utf-8", "replace")
         key = PyBytes_FromStringAndSize(<const char*>(p + a + on), kn)
-        value = PyBytes_FromStringAndSize(<const char*>(p + a + on + kn), vn)
+        value = PyBytes_FromStringAndSize(<const char*>(p + a + on + kn), end - a - on - kn)
         mb2_digest2(h, HASH_SIZE, p + pos, end - pos, h, HASH_SIZE)
         out.append(_tuple_new(_entry, (seq, op, owner, key, value)))
         pos = end
