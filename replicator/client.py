@@ -147,17 +147,13 @@ class ReplicaClient:
             self.board.update(state="failed", error=str(err))
             raise ReplicationFailed(str(err)) from err
 
-    async def _session(self, host: str, port: int) -> None:
-        self.board.update(state="connecting", source=f"{host}:{port}")
-        self.applied = self.store.last_seq()
-        reader, writer = await asyncio.wait_for(
-            asyncio.open_connection(host, port, limit=READ_LIMIT), CONNECT_TIMEOUT
-        )
-        try:
-            hello = frames.Hello(
+    def _hello(self, options: int) -> bytes:
+        """The HELLO frame asking to stream from the seq after ours (`options`: flags)."""
+        return frames.encode_hello(
+            frames.Hello(
                 frames.PROTOCOL_VERSION,
                 frames.MODE_STREAM,
-                0,
+                options,
                 self.node_id,
                 self._db_id,
                 self.applied,
@@ -165,7 +161,16 @@ class ReplicaClient:
                 0,
                 frames.ZERO_SHA,
             )
-            await wire.send(writer, frames.encode_hello(hello))
+        )
+
+    async def _session(self, host: str, port: int) -> None:
+        self.board.update(state="connecting", source=f"{host}:{port}")
+        self.applied = self.store.last_seq()
+        reader, writer = await asyncio.wait_for(
+            asyncio.open_connection(host, port, limit=READ_LIMIT), CONNECT_TIMEOUT
+        )
+        try:
+            await wire.send(writer, self._hello(0))
             ftype, body = await asyncio.wait_for(wire.read_frame(reader), CONNECT_TIMEOUT)
             if ftype == frames.REFUSE:
                 raise refusal_error(frames.decode_refuse(body))
@@ -209,18 +214,7 @@ class ReplicaClient:
             asyncio.open_connection(host, port), CONNECT_TIMEOUT
         )
         try:
-            hello = frames.Hello(
-                frames.PROTOCOL_VERSION,
-                frames.MODE_STREAM,
-                frames.OPT_NEWEST_ONLY,
-                self.node_id,
-                self._db_id,
-                self.applied,
-                0,
-                0,
-                frames.ZERO_SHA,
-            )
-            await wire.send(writer, frames.encode_hello(hello))
+            await wire.send(writer, self._hello(frames.OPT_NEWEST_ONLY))
             async with asyncio.timeout(PROBE_TIMEOUT):
                 ftype, body = await wire.read_frame(reader)
                 if ftype != frames.WELCOME or frames.decode_welcome(body).head_seq < self.applied:
