@@ -48,7 +48,7 @@ from starlette.responses import Response
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from tests.support.procs import free_port, wait_http  # noqa: E402
+from tests.support.procs import free_port, mercury_cmd, wait_http  # noqa: E402
 
 VALUE = b"v" * 100
 
@@ -145,7 +145,7 @@ def noop_server(tmp: Path) -> Any:
 
 def init_root(data: Path) -> str:
     r = subprocess.run(
-        [sys.executable, "-m", "mercury", "init", str(data)],
+        mercury_cmd("init", str(data)),
         capture_output=True,
         text=True,
         cwd=REPO,
@@ -157,10 +157,7 @@ def init_root(data: Path) -> str:
 
 def root_server(tmp: Path, data: Path, window_ms: float) -> Any:
     port = free_port()
-    argv = [
-        sys.executable,
-        "-m",
-        "mercury",
+    argv = mercury_cmd(
         "root",
         str(data),
         "--listen",
@@ -171,7 +168,7 @@ def root_server(tmp: Path, data: Path, window_ms: float) -> Any:
         str(window_ms),
         "--log-level",
         "warning",
-    ]
+    )
     url = f"http://127.0.0.1:{port}"
     return server(argv, url, tmp / "root.log"), url
 
