@@ -31,6 +31,7 @@ lint: build
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
+	$(VENV)/bin/lint-imports
 
 # The whole suite on the Cython codec, then the store and codec suites again on the
 # pure-Python reference (MERCURY_PURE=1), so both implementations stay honest.

@@ -23,7 +23,7 @@ from typing import Any
 import yaml
 
 from acl.model import producer_from_config
-from mercury.errors import AclDocError, BadRequestError
+from core.errors import AclDocError, BadRequestError
 
 
 @dataclass(frozen=True, slots=True)

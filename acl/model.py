@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from acl.tokens import hash_token
-from mercury.errors import BadRequestError, KeyspaceOverlapError, NotFoundError
+from core.errors import BadRequestError, KeyspaceOverlapError, NotFoundError
 
 #: Node document holding the ACL (JSON).
 STATE_KEY = "acl"

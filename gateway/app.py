@@ -17,11 +17,11 @@ from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException
 from starlette.responses import Response
 
+from core.errors import MercuryError
+from core.service import Service
 from gateway import problems, routes_admin, routes_info, routes_kv
 from gateway.settings import Settings
 from gateway.writes import Gateway
-from mercury.errors import MercuryError
-from mercury.service import Service
 from store.store import Store
 
 log = logging.getLogger("mercury.gateway")

@@ -25,8 +25,8 @@ from typing import Any
 
 import orjson
 
+from core.errors import ShuttingDownError
 from gateway import metrics
-from mercury.errors import ShuttingDownError
 from store.ops import DELETE, Op, Result, Status
 from store.store import Store
 

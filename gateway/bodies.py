@@ -16,7 +16,7 @@ from urllib.parse import unquote_to_bytes
 import msgpack
 import orjson
 
-from mercury.errors import BadRequestError, TooLargeError
+from core.errors import BadRequestError, TooLargeError
 from store.ops import DELETE, SET, Op
 
 #: The compiled decoder of common JSON batch bodies (`gateway/_jsonops.pyx`), or None under

@@ -17,9 +17,9 @@ from typing import Any
 
 import orjson
 
+from core.errors import BadRequestError, MercuryError, TooLargeError
 from gateway import kv_handlers, problems
 from gateway.writes import Answer, Gateway
-from mercury.errors import BadRequestError, MercuryError, TooLargeError
 
 log = logging.getLogger("mercury.gateway")
 

@@ -8,8 +8,8 @@ import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 
+from core.errors import BadRequestError, TooLargeError
 from gateway.writes import Answer
-from mercury.errors import BadRequestError, TooLargeError
 
 
 async def read_body(request: Request, limit: int, what: str) -> bytes:

@@ -12,9 +12,9 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Mapping
 from urllib.parse import parse_qsl
 
+from core.errors import BadRequestError
 from gateway import bodies
 from gateway.writes import Answer, Gateway, batch_answer, kv_answer
-from mercury.errors import BadRequestError
 from store.ops import DELETE, SET, Op
 
 #: `read(limit, what)`: the request body, 413 beyond `limit` bytes.

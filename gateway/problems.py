@@ -1,4 +1,4 @@
-"""problem+json bodies of the gateway; the error → status table is `mercury/problems.py`.
+"""problem+json bodies of the gateway; the error → status table is `core/problems.py`.
 
 Every refusal leaves the gateway as ``application/problem+json`` (RFC 9457) with a precise
 `detail`; anything unexpected becomes a 500 problem without a stack trace (and a log line).
@@ -11,8 +11,8 @@ from typing import Any
 import orjson
 from starlette.responses import Response
 
-from mercury import errors as e
-from mercury.problems import PROBLEM_TYPE, TITLES, classify
+from core import errors as e
+from core.problems import PROBLEM_TYPE, TITLES, classify
 
 
 def problem(

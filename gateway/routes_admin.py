@@ -9,10 +9,10 @@ from starlette.responses import Response
 
 from acl.model import producer_from_config
 from acl.tokens import new_token
+from core.errors import BadRequestError
 from gateway.bodies import parse_body
 from gateway.http import json_response, read_body
 from gateway.writes import Gateway
-from mercury.errors import BadRequestError
 
 router = APIRouter(tags=["admin"])
 

@@ -7,9 +7,9 @@ from fastapi import APIRouter, Request
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.responses import Response
 
+from core.errors import ForbiddenError, MisdirectedError, NotFoundError
 from gateway.http import json_response
 from gateway.writes import ADMIN, Gateway
-from mercury.errors import ForbiddenError, MisdirectedError, NotFoundError
 from store.usage import Usage
 
 router = APIRouter()

@@ -8,10 +8,10 @@ from typing import Any
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
+from core.errors import NotFoundError
 from gateway import kv_handlers
 from gateway.http import answer_response, read_body
 from gateway.writes import ADMIN, Gateway
-from mercury.errors import NotFoundError
 from store.ops import SET, Op
 
 router = APIRouter(tags=["producer"])

@@ -23,11 +23,7 @@ import orjson
 
 from acl.model import STATE_KEY, Acl, Producer, find_token
 from acl.tokens import hash_token
-from gateway import metrics
-from gateway.batcher import Batcher
-from gateway.quota import Bucket, ProducerBuckets
-from gateway.settings import Settings
-from mercury.errors import (
+from core.errors import (
     AuthError,
     BadRequestError,
     ForbiddenError,
@@ -36,6 +32,10 @@ from mercury.errors import (
     StorageQuotaError,
     WriteGuardError,
 )
+from gateway import metrics
+from gateway.batcher import Batcher
+from gateway.quota import Bucket, ProducerBuckets
+from gateway.settings import Settings
 from store.ops import DELETE, SET, Op, Result, Status
 from store.store import Store
 from store.usage import Usage, stored_bytes

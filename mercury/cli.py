@@ -12,7 +12,7 @@ import importlib
 import sys
 from collections.abc import Sequence
 
-from mercury.errors import MercuryError
+from core.errors import MercuryError
 
 COMMAND_MODULES = ("mercury.cmd_store", "mercury.cmd_gateway", "mercury.cmd_replica")
 

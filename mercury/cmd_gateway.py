@@ -11,8 +11,8 @@ from urllib.parse import quote
 import httpx
 import orjson
 
-from mercury import retention
-from mercury.errors import GatewayError
+from core.errors import GatewayError
+from mercury import retention_flags
 
 
 def register(sub: Any) -> None:
@@ -55,7 +55,7 @@ def register(sub: Any) -> None:
         default=1,
         help="concurrent snapshot transfers served to bootstrapping replicas (default 1)",
     )
-    retention.add_arguments(p)
+    retention_flags.add_arguments(p)
     p.add_argument("--log-level", default="info", help="log level (default info)")
     p.add_argument(
         "--switch-interval-ms",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from mercury import retention
+from mercury import retention_flags
 
 
 def register(sub: Any) -> None:
@@ -70,7 +70,7 @@ def register(sub: Any) -> None:
         help="do not fsync applied batches: faster catch-up, but a machine crash may lose "
         "or corrupt the last commits (then re-bootstrap: empty DATA_DIR and restart)",
     )
-    retention.add_arguments(p)
+    retention_flags.add_arguments(p)
     p.set_defaults(func=_run)
 
 

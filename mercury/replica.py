@@ -27,8 +27,8 @@ from dataclasses import asdict
 
 import uvicorn
 
-from mercury.addr import parse_hostport
-from mercury.retention import policy_from_args
+from core.addr import parse_hostport
+from mercury.retention_flags import policy_from_args
 from replicator.metrics import APPLIED_SEQ, REPLICATION_LAG, WORKER_RESTARTS
 from replicator.status import read_status
 from replicator.worker import EXIT_REBOOTSTRAP, WorkerConfig

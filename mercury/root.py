@@ -16,12 +16,13 @@ import time
 import orjson
 import uvicorn
 
+from core.addr import parse_hostport
 from gateway.app import create_app
 from gateway.fastpath import FastPath
 from gateway.settings import Settings
 from mercury import gctune
-from mercury.addr import parse_hostport
-from mercury.retention import RetentionService, policy_from_args
+from mercury.retention_flags import policy_from_args
+from store.retention import RetentionService
 from store.store import Store
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from mercury import failpoints
+from core import failpoints
 from migrations.plan import Step
 from store import codec
 from store.usage import USAGE_PREFIX, Usage, stored_bytes, usage_key

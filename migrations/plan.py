@@ -6,7 +6,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from mercury.errors import FormatError, NewerFormatError
+from core.errors import FormatError, NewerFormatError
 
 #: `apply(store, txn, progress)` runs inside the step's write transaction.
 StepFn = Callable[[Any, Any, Callable[[int], object]], None]

@@ -26,7 +26,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from mercury.errors import (
+from core.errors import (
     CRCError,
     InvalidReadError,
     MercuryError,

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from email.utils import formatdate
 from urllib.parse import unquote_to_bytes
 
-from mercury.errors import ReadProtocolError
+from core.errors import ReadProtocolError
 
 # --- limits ---------------------------------------------------------------------------
 

@@ -13,7 +13,7 @@ import os
 import time
 from collections.abc import Callable
 
-from mercury.errors import CRCError, ReadProtocolError
+from core.errors import CRCError, ReadProtocolError
 from reads import kt_protocol as kt
 from reads.metrics import READ_ERRORS, READ_SECONDS
 from reads.ranges import make_spec, read_page

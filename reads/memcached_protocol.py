@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from mercury.errors import ReadProtocolError
+from core.errors import ReadProtocolError
 from store.format import MAX_KEY
 
 #: Longest command line (a `get` of hundreds of keys fits).

@@ -10,7 +10,7 @@ import os
 import time
 from collections.abc import Callable
 
-from mercury.errors import CRCError, ReadProtocolError
+from core.errors import CRCError, ReadProtocolError
 from reads import memcached_protocol as mc
 from reads.metrics import READ_ERRORS, READ_SECONDS
 from reads.tcp import Step, TcpService

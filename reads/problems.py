@@ -1,5 +1,5 @@
 """problem+json (RFC 9457) answers of the read API; the error → status table is
-`mercury/problems.py`."""
+`core/problems.py`."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from typing import Any
 
 from starlette.responses import Response
 
-from mercury.errors import MercuryError
-from mercury.problems import PROBLEM_TYPE, classify
+from core.errors import MercuryError
+from core.problems import PROBLEM_TYPE, classify
 
 PROBLEM_JSON = "application/problem+json"
 

@@ -23,7 +23,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Protocol
 
-from mercury.errors import InvalidCursorError, InvalidReadError
+from core.errors import InvalidCursorError, InvalidReadError
 from store.format import MAX_KEY
 from store.ops import Value
 

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 
 import uvicorn
 
-from mercury.addr import parse_hostport
+from core.addr import parse_hostport
 from reads.http_app import create_read_app
 from reads.wiring import replica_services, root_services
 from store.store import Store

@@ -76,7 +76,7 @@ class _Conn(asyncio.Protocol):
 class TcpService:
     """Listen on host:port; each connection gets a fresh `Step` from `make_step()`.
 
-    Implements `mercury.service.Service`.
+    Implements `core.service.Service`.
     """
 
     def __init__(self, name: str, host: str, port: int, make_step: Callable[[], Step]) -> None:

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import argparse
 
-from mercury.addr import parse_hostport
-from mercury.service import Service
+from core.addr import parse_hostport
+from core.service import Service
 from reads.kt_server import kt_service
 from reads.memcached_server import memcached_service
 from store.store import Store

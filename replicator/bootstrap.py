@@ -21,7 +21,7 @@ import struct
 import uuid
 from collections.abc import Callable
 
-from mercury.errors import CorruptionError, ProtocolError, SnapshotTransferError
+from core.errors import CorruptionError, ProtocolError, SnapshotTransferError
 from replicator import frames
 from replicator.client import refusal_error
 from replicator.status import StatusBoard

@@ -29,7 +29,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from mercury.errors import (
+from core.errors import (
     BootstrapNeededError,
     ChainError,
     CorruptionError,

@@ -33,7 +33,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
-from mercury.errors import LogRetentionError, MercuryError, ProtocolError
+from core.errors import LogRetentionError, MercuryError, ProtocolError
 from replicator import frames, handshake, notify, wire
 from replicator.heartbeat import HeartbeatSource
 from store import snapshot

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
-from mercury.errors import ProtocolError
+from core.errors import ProtocolError
 from replicator import frames
 from store.format import LOG_HEADER, decode_log_header
 from store.ops import LogRecord

@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 import uuid
 
-from mercury.addr import parse_hostport
-from mercury.service import Service
+from core.addr import parse_hostport
+from core.service import Service
 from replicator import notify
 from replicator.heartbeat import RootHeartbeat
 from replicator.metrics import APPLIED_SEQ, REPLICATION_LAG

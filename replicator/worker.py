@@ -25,14 +25,13 @@ from collections.abc import Coroutine
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from mercury.errors import (
+from core.errors import (
     BootstrapNeededError,
     CorruptionError,
     ProtocolError,
     RefusedError,
     SnapshotTransferError,
 )
-from mercury.retention import RetentionPolicy, RetentionService
 from replicator import bootstrap, frames, notify
 from replicator.client import ReplicaClient, ReplicationFailed
 from replicator.heartbeat import RelayedHeartbeat
@@ -40,6 +39,7 @@ from replicator.selection import Selector
 from replicator.source import ReplicationSource
 from replicator.status import StatusBoard
 from store import layout
+from store.retention import RetentionPolicy, RetentionService
 from store.store import Store
 
 log = logging.getLogger("mercury.replication.worker")
@@ -60,7 +60,7 @@ class WorkerConfig:
     failback: float = 30.0
     max_bootstraps: int = 1
     sync: bool = True
-    #: `mercury.retention.RetentionPolicy` fields; None = keep the whole log.
+    #: `store.retention.RetentionPolicy` fields; None = keep the whole log.
     retention: dict[str, Any] | None = None
     #: Niceness added to the worker: on a busy machine the readers (the parent) get the
     #: CPU first, so a heavy stream lags a little instead of slowing reads.

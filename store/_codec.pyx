@@ -295,7 +295,7 @@ def unpack_entries(payload, bytes prev_hash):
 
 # --- the per-op loop of Store.apply (reference: store/applyloop.py) ------------------------
 
-from mercury.errors import InvalidOpError
+from core.errors import InvalidOpError
 from store.ops import Result, Status
 
 cdef object _Result = Result

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
-from mercury.errors import InvalidOpError
+from core.errors import InvalidOpError
 from store import format as fmt
 from store.ops import Op, Result, Status
 

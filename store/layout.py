@@ -21,7 +21,7 @@ from typing import Any
 
 import lmdb
 
-from mercury.errors import StoreNotFoundError
+from core.errors import StoreNotFoundError
 
 DATA = b"data"
 CHUNKS = b"chunks"

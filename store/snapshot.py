@@ -17,7 +17,7 @@ import os
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
-from mercury.errors import CorruptionError, StoreError, StoreExistsError
+from core.errors import CorruptionError, StoreError, StoreExistsError
 from store import layout
 from store.layout import K_FORMAT, K_HASH_HEAD, K_LAST_SEQ, K_LOG_FIRST, U32, U64
 from store.store import Store, now_us

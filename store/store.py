@@ -28,8 +28,8 @@ import cramjam
 import lmdb
 import snappy
 
-from mercury import failpoints
-from mercury.errors import (
+from core import failpoints
+from core.errors import (
     ChainError,
     CorruptionError,
     CRCError,

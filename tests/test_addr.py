@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from mercury.addr import parse_hostport
-from mercury.errors import ConfigError
+from core.addr import parse_hostport
+from core.errors import ConfigError
 
 
 def test_forms_accepted() -> None:

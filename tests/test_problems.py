@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from mercury import errors as e
-from mercury.problems import TABLE, classify, slug_of
+from core import errors as e
+from core.problems import TABLE, classify, slug_of
 
 
 def test_most_specific_class_wins_and_slugs_follow_class_names() -> None:

@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from core.errors import ShuttingDownError
 from gateway.batcher import Batcher, _spread, coalesce, key_order, predict, unsort
-from mercury.errors import ShuttingDownError
 from store.ops import DELETE, SET, Op
 from store.store import Store
 from tests.conftest import assert_store_ok

@@ -11,9 +11,9 @@ from hypothesis import strategies as st
 
 from acl.doc import diff, normalize, steps
 from acl.model import Acl, Producer, key_allowed, overlaps, producer_from_config
+from core.errors import ForbiddenError, KeyspaceOverlapError
 from gateway.settings import Settings
 from gateway.writes import Gateway
-from mercury.errors import ForbiddenError, KeyspaceOverlapError
 from store.ops import SET, Op
 from store.store import Store
 

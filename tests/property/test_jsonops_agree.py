@@ -17,8 +17,8 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
+from core.errors import MercuryError
 from gateway import bodies
-from mercury.errors import MercuryError
 from store.ops import Op
 
 try:

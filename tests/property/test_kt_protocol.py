@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mercury.errors import ReadProtocolError
+from core.errors import ReadProtocolError
 from reads import kt_protocol as kt
 from reads.kt_server import KtHandler
 from store.ops import SET, Op

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mercury.errors import ReadProtocolError
+from core.errors import ReadProtocolError
 from reads import memcached_protocol as mc
 from reads.memcached_server import MemcachedHandler
 from store.ops import SET, Op

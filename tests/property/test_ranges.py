@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mercury.errors import InvalidCursorError, InvalidReadError
+from core.errors import InvalidCursorError, InvalidReadError
 from reads import ranges
 from store.ops import Value
 

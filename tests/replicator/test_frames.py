@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from mercury.errors import ProtocolError
+from core.errors import ProtocolError
 from replicator import frames, wire
 
 DATA = Path(__file__).resolve().parents[1] / "data"

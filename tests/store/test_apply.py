@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from mercury.errors import InvalidOpError
+from core.errors import InvalidOpError
 from store.ops import DELETE, SET, Op, Status
 from store.store import Store
 from store.usage import Usage

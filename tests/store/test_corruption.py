@@ -10,7 +10,7 @@ import cramjam
 import lmdb
 import pytest
 
-from mercury.errors import ChainError, CRCError, StoreFullError
+from core.errors import ChainError, CRCError, StoreFullError
 from store import chunks, layout
 from store.check import check
 from store.format import encode_log_header

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from mercury.errors import CorruptionError, LogRetentionError
+from core.errors import CorruptionError, LogRetentionError
 from store.ops import SET, Op
 from store.snapshot import SnapshotInfo, install_snapshot, make_snapshot, sidecar
 from store.store import Store

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from mercury.errors import FormatError, NewerFormatError, PendingMigrationsError
+from core.errors import FormatError, NewerFormatError, PendingMigrationsError
 from migrations.plan import Step, plan
 from migrations.runner import STEPS, migrate, pending
 from store.layout import K_FORMAT, U32

@@ -5,8 +5,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 
-from mercury.retention import RetentionPolicy, RetentionService, add_arguments, policy_from_args
+from mercury.retention_flags import add_arguments, policy_from_args
 from store.ops import SET, Op
+from store.retention import RetentionPolicy, RetentionService
 from store.store import Store
 
 

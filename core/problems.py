@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from typing import NamedTuple
 
-from mercury import errors as e
+from core import errors as e
 
 PROBLEM_TYPE = "https://mercury.invalid/problems/"
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from mercury.errors import ConfigError
+from core.errors import ConfigError
 
 
 def parse_hostport(value: str, what: str = "address") -> tuple[str, int]:

@@ -2,7 +2,7 @@
 
 Every error carries structured fields (key, seq, producer, hint) and says whether a retry can
 succeed. Components raise these; both HTTP faces map them to statuses through one table
-(`mercury/problems.py`); the CLI prints `str(err)` and the hint.
+(`core/problems.py`); the CLI prints `str(err)` and the hint.
 """
 
 from __future__ import annotations
@@ -131,7 +131,7 @@ class ReadProtocolError(ReadError):
 
 
 class GatewayError(MercuryError):
-    """A producer's or admin's request the gateway refuses (mapped in mercury/problems.py)."""
+    """A producer's or admin's request the gateway refuses (mapped in core/problems.py)."""
 
 
 class BadRequestError(GatewayError):

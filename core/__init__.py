@@ -1,0 +1,7 @@
+"""The shared vocabulary every component speaks: errors, the error -> HTTP table, failpoints,
+address parsing and the service protocol.
+
+A leaf: nothing here imports any other Mercury package, so the store, the gateway, the
+replicator and the read servers can all depend on it without depending on each other or on
+the process wiring in `mercury/`.
+"""
