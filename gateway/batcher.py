@@ -1,8 +1,9 @@
 """Batching: which writes go into one store transaction, and when it commits.
 
 Pure part (no I/O): `coalesce` (several unconditional writes to one key inside one batch:
-the last one wins) and `predict` (the results `Store.apply` will give, used to store
-idempotent answers in the batch's own transaction).
+the last one wins) and `key_order` (apply a batch in key order, same statuses).
+Idempotent answers are built from the store's real results inside the batch's own
+transaction (`Store.apply(..., answers=...)`), so a saved answer is what the store did.
 
 Async adapter: `Batcher` collects requests on the event loop; a batch opens with its first
 request and commits `window` seconds later, or as soon as it reaches `max_ops` ops or
@@ -98,36 +99,6 @@ def coalesced_result(op: Op, won: Result) -> Result:
     if op.op == DELETE:
         return Result(Status.DELETED, won.seq)
     return Result(Status.WRITTEN, won.seq)
-
-
-def predict(
-    ops: Sequence[Op], lookup: Callable[[bytes], tuple[int, bytes] | None], last_seq: int
-) -> list[Result]:
-    """The results `Store.apply(ops)` gives on a store at `last_seq` where `lookup(key)`
-    returns (seq, value) or None — the same rules: conditions first, then duplicates."""
-    state: dict[bytes, tuple[int, bytes] | None] = {}
-    seq = last_seq
-    out: list[Result] = []
-    for op in ops:
-        cur = state[op.key] if op.key in state else lookup(op.key)
-        cur_seq = cur[0] if cur is not None else 0
-        if op.expect_seq is not None and op.expect_seq != cur_seq:
-            out.append(Result(Status.PRECONDITION_FAILED, cur_seq))
-            continue
-        if op.op == DELETE:
-            if cur is None:
-                out.append(Result(Status.ABSENT, 0))
-                continue
-            seq += 1
-            state[op.key] = None
-            out.append(Result(Status.DELETED, seq))
-        elif cur is not None and cur[1] == op.value:
-            out.append(Result(Status.DUPLICATE, cur_seq))
-        else:
-            seq += 1
-            state[op.key] = (seq, op.value)
-            out.append(Result(Status.WRITTEN, seq))
-    return out
 
 
 def should_flush(n_ops: int, n_bytes: int, max_ops: int, max_bytes: int) -> bool:
@@ -289,20 +260,23 @@ class Batcher:
         order = key_order(applied)
         if order is not None:
             applied = [applied[j] for j in order]
-        idem: list[tuple[bytes, bytes]] = []
-        predicted: list[Result] | None = None
-        if any(r.idem_key is not None for r in requests):
-            predicted = self._predict(applied)
-            in_kept = predicted if order is None else unsort(predicted, order)
-            per_op = _spread(ops, kept, winner, in_kept)
-            for r, res in zip(requests, _split(requests, per_op), strict=True):
-                if r.idem_key is not None and r.answer is not None:
-                    idem.append((r.idem_key, r.answer(res)))
+
+        def answers(applied_results: list[Result]) -> list[tuple[bytes, bytes]]:
+            # Called by the store inside the batch transaction with its real results.
+            res = applied_results if order is None else unsort(applied_results, order)
+            per_req = _split(requests, _spread(ops, kept, winner, res))
+            return [
+                (r.idem_key, r.answer(rs))
+                for r, rs in zip(requests, per_req, strict=True)
+                if r.idem_key is not None and r.answer is not None
+            ]
+
+        wants_answers = any(r.idem_key is not None for r in requests)
         t0 = time.perf_counter()
-        out = self.store.apply(applied, throttled=throttled, idempotency=idem)
+        out = self.store.apply(
+            applied, throttled=throttled, answers=answers if wants_answers else None
+        )
         dt = time.perf_counter() - t0
-        if predicted is not None and predicted != out.results:
-            log.error("idempotent answers predicted %s but the batch gave %s", predicted, out)
         metrics.BATCH_COMMIT.observe(dt)
         metrics.BATCH_OPS.observe(len(applied))
         if out.last_seq:
@@ -314,15 +288,6 @@ class Batcher:
         if self.on_commit is not None:
             self.on_commit()
         return split
-
-    def _predict(self, ops: list[Op]) -> list[Result]:
-        with self.store.reader() as r:
-
-            def lookup(key: bytes) -> tuple[int, bytes] | None:
-                v = r.get(key)
-                return None if v is None else (v.seq, v.value)
-
-            return predict(ops, lookup, self.store.last_seq())
 
 
 def _spread(

@@ -65,13 +65,15 @@ from store.layout import (
     U64,
 )
 from store.metrics import CRC_FAILURES
-from store.ops import ApplyResult, LogRecord, Op, Value
+from store.ops import ApplyResult, LogRecord, Op, Result, Value
 from store.usage import USAGE_PREFIX, Usage, stored_bytes, usage_key
 
 #: Longest time duplicate/throttle counters stay in memory before they are committed.
 COUNTER_DEFER_S = 60.0
 #: Format written by this code. Format 1 had no usage counters (see migrations/).
 CURRENT_FORMAT = 2
+#: Given a batch's real results, the (idempotency key, answer) records to store with it.
+AnswersFn = Callable[[list[Result]], Iterable[tuple[bytes, bytes]]]
 _LOG_HDR = LOG_HEADER.size
 
 
@@ -206,19 +208,20 @@ class Store:
         ops: Sequence[Op],
         *,
         throttled: Mapping[str, int] | None = None,
-        idempotency: Iterable[tuple[bytes, bytes]] = (),
+        answers: AnswersFn | None = None,
         time_us: int | None = None,
     ) -> ApplyResult:
         """Apply `ops` in order in one write transaction; return one Result per op.
 
         A set whose value equals the stored one is a duplicate: not written, not logged.
         Conditional ops (`expect_seq`) are evaluated here, inside the transaction. Later ops
-        see earlier ones of the same batch. `throttled` adds to owners' throttled counters
-        and `idempotency` stores (key, answer) pairs, both in the same transaction.
+        see earlier ones of the same batch. `throttled` adds to owners' throttled counters.
+        `answers`, when given, is called inside the transaction with the real results (one
+        per op, in order) and returns the (idempotency key, answer) records to store in that
+        same transaction: a saved answer is what the store did, durable with the batch.
         Raises InvalidOpError before touching anything, StoreFullError when the map is full.
         """
         dbs = self.dbs
-        idem = list(idempotency)
         try:
             # The data sub-database is the transaction's default: the per-op calls then
             # pass no keyword argument, which is most of their cost.
@@ -241,6 +244,7 @@ class Store:
                 for owner_name, n in (throttled or {}).items():
                     if n:
                         _bump(delta, owner_name, 5, n)
+                idem = list(answers(results)) if answers is not None else []
                 if not entries and not idem and self._defer(delta):
                     txn.abort()  # nothing but counters changed: write nothing now
                     return ApplyResult(0, 0, bytes(head), results)

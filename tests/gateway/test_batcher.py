@@ -10,8 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from core.errors import ShuttingDownError
-from gateway.batcher import Batcher, _spread, coalesce, key_order, predict, unsort
-from store.ops import DELETE, SET, Op
+from gateway.batcher import Batcher, _spread, coalesce, key_order, unsort
+from store.ops import DELETE, SET, Op, Result
 from store.store import Store
 from tests.conftest import assert_store_ok
 
@@ -28,21 +28,21 @@ ops_strategy = st.lists(
 
 @settings(max_examples=60, deadline=None)
 @given(ops_strategy, ops_strategy)
-def test_predict_equals_apply_and_coalescing_keeps_the_final_state(
+def test_coalescing_and_key_order_keep_statuses_and_the_final_state(
     setup: list[Op], batch: list[Op]
 ) -> None:
-    with tempfile.TemporaryDirectory() as d1, tempfile.TemporaryDirectory() as d2:
+    with (
+        tempfile.TemporaryDirectory() as d1,
+        tempfile.TemporaryDirectory() as d2,
+        tempfile.TemporaryDirectory() as d3,
+    ):
         full = Store.create(d1 + "/s", sync=False, map_size=1 << 24)
         co = Store.create(d2 + "/s", sync=False, map_size=1 << 24)
+        in_order = Store.create(d3 + "/s", sync=False, map_size=1 << 24)
         try:
             plain = [op._replace(expect_seq=None) for op in setup]
-            full.apply(plain)
-            co.apply(plain)
-
-            def lookup(key: bytes) -> tuple[int, bytes] | None:
-                v = co.get(key)
-                return None if v is None else (v.seq, v.value)
-
+            for s in (full, co, in_order):
+                s.apply(plain)
             # A condition names a committed seq (a client learns seqs from acks); seqs the
             # batch itself assigns are unknowable, and coalescing renumbers them.
             last = co.last_seq()
@@ -54,25 +54,58 @@ def test_predict_equals_apply_and_coalescing_keeps_the_final_state(
             applied = [batch[i] for i in kept]
             # Applying in key order (as the batcher does) gives every op the status it
             # gets in request order; only in-batch seqs are numbered differently.
-            in_order = predict(applied, lookup, co.last_seq())
+            want = in_order.apply(applied).results
             order = key_order(applied)
             if order is not None:
                 applied = [applied[j] for j in order]
-            predicted = predict(applied, lookup, co.last_seq())
             got = co.apply(applied).results
-            assert predicted == got
             if order is not None:
                 got = unsort(got, order)
-            assert [r.status for r in got] == [r.status for r in in_order]
+            assert [r.status for r in got] == [r.status for r in want]
             assert len(_spread(batch, kept, winner, got)) == len(batch)
             full.apply(batch)
             for k in (b"a", b"b", b"c"):
-                a, b = full.get(k), co.get(k)
-                assert (a and a.value) == (b and b.value)
+                a, b, c = full.get(k), co.get(k), in_order.get(k)
+                assert (a and a.value) == (b and b.value) == (c and c.value)
             assert_store_ok(co)
         finally:
             full.close()
             co.close()
+            in_order.close()
+
+
+def _encode(results: list[Result]) -> bytes:
+    return repr([(r.status.value, r.seq) for r in results]).encode()
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(ops_strategy, min_size=1, max_size=6))
+def test_saved_answers_are_what_the_store_did(requests: list[list[Op]]) -> None:
+    """Every request of one batch carries an Idempotency-Key: the answer stored durably with
+    the batch equals the results its future resolves with (coalesced, key-ordered,
+    duplicates and failed conditions included)."""
+
+    async def run(store: Store) -> list[list[Result]]:
+        b = Batcher(store, window_s=5.0, max_ops=1 << 20, max_bytes=1 << 30)
+        b.start()
+        futs = [
+            b.submit(ops, 1, "p", idem_key=b"idem-%d" % i, answer=_encode)
+            for i, ops in enumerate(requests)
+        ]
+        await b.close()  # commits the one open batch
+        return [await f for f in futs]
+
+    with tempfile.TemporaryDirectory() as d:
+        store = Store.create(d + "/s", sync=False, map_size=1 << 24)
+        try:
+            store.apply([Op(SET, b"a", b"1", "p"), Op(SET, b"b", b"2", "p")])
+            got = asyncio.run(run(store))
+            for i, res in enumerate(got):
+                saved = store.get_idempotent(b"idem-%d" % i)
+                assert saved is not None
+                assert saved[1] == _encode(res)
+        finally:
+            store.close()
 
 
 def test_submit_after_close_is_refused_with_503(store: Store) -> None:
