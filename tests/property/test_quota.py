@@ -48,3 +48,80 @@ def test_requests_over_the_burst_are_held_not_refused_when_delay_allows() -> Non
     assert pb.take(0.0, 1, 0, 1.0).delay == 0
     d = pb.take(0.0, 1, 0, 1.0)
     assert d.admitted and abs(d.delay - 0.1) < 1e-9 and d.excess
+
+
+# --- the production path: ProducerBuckets.take (what the gateway's `admit` calls) -----------
+
+_limits = st.one_of(st.none(), st.tuples(st.floats(0.5, 200), st.floats(1, 100)))
+#: Arrival gaps: often none at all, so requests pile up and are held behind each other.
+_gaps = st.one_of(st.just(0.0), st.floats(0, 0.05), st.floats(0, 0.5))
+_mixed = st.lists(
+    st.tuples(_gaps, st.integers(1, 20), st.integers(0, 5000)), min_size=1, max_size=120
+)
+
+
+def _assert_within_budget(arrivals: list[tuple[float, float, float, int]], rate: float) -> None:
+    """For every arrival i and every later admitted request j: the cost of the requests
+    that arrived from i to j is at most the tokens the bucket held when i arrived plus the
+    refill until j is released (``tokens(s_i) + rate * (r_j - s_i)``).
+
+    `arrivals` holds (arrival s, tokens before it at s, release r or NaN if refused, cost).
+    A held request that reserved nothing would let the next one be released as early as
+    itself, and the two together would overdraw this budget."""
+    for i, (s_i, tokens_i, _, _) in enumerate(arrivals):
+        total = 0.0
+        for _, _, r_j, cost in arrivals[i:]:
+            if r_j != r_j:  # refused: reserved nothing, released nothing
+                continue
+            total += cost
+            budget = tokens_i + rate * (r_j - s_i)
+            assert total <= budget + 1e-6 * (1 + total), (i, total, budget)
+
+
+@given(_limits, _limits, st.floats(0, 2), _mixed)
+def test_producer_buckets_never_over_admit(
+    ops_limit: tuple[float, float] | None,
+    bytes_limit: tuple[float, float] | None,
+    max_delay: float,
+    reqs: list[tuple[float, int, int]],
+) -> None:
+    """Held requests run at now + delay; neither bucket ever releases more than it held
+    plus its refill, and a refusal reserves nothing in either bucket."""
+    pb = ProducerBuckets(
+        Bucket.full(*ops_limit, 0.0) if ops_limit else None,
+        Bucket.full(*bytes_limit, 0.0) if bytes_limit else None,
+    )
+    now = 0.0
+    ops_seen: list[tuple[float, float, float, int]] = []
+    bytes_seen: list[tuple[float, float, float, int]] = []
+    for dt, n_ops, n_bytes in reqs:
+        now += dt
+        expected = pb.peek(now, n_ops, n_bytes)  # also refills both buckets to `now`
+        ops_tokens, bytes_tokens = pb.remaining()
+        d = pb.take(now, n_ops, n_bytes, max_delay)
+        if d.admitted:
+            assert abs(d.delay - expected) <= 1e-9 and 0 <= d.delay <= max_delay + 1e-9
+            assert d.excess == (d.delay > 0)
+            release = now + d.delay
+        else:
+            assert d.delay == 0 and d.retry_after > 0 and d.excess
+            assert pb.remaining() == (ops_tokens, bytes_tokens)  # nothing reserved
+            release = float("nan")
+        ops_seen.append((now, ops_tokens, release, n_ops))
+        bytes_seen.append((now, bytes_tokens, release, n_bytes))
+    if ops_limit:
+        _assert_within_budget(ops_seen, ops_limit[0])
+    if bytes_limit:
+        _assert_within_budget(bytes_seen, bytes_limit[0])
+
+
+def test_successive_held_requests_queue_behind_each_other() -> None:
+    """Each held request reserves its tokens, so the next one waits for it too: at 10 ops/s
+    with a burst of 1, four requests at once run at 0, .1, .2, .3 s (not 0, .1, .1, .1)."""
+    pb = ProducerBuckets(Bucket.full(10, 1, 0.0), Bucket.full(1000, 100, 0.0))
+    delays = [pb.take(0.0, 1, 10, 1.0).delay for _ in range(4)]
+    assert [round(d, 9) for d in delays] == [0.0, 0.1, 0.2, 0.3]
+    # the bytes bucket alone holds too: 100 bytes of burst at 1,000 B/s
+    pb = ProducerBuckets(None, Bucket.full(1000, 100, 0.0))
+    delays = [pb.take(0.0, 1, 100, 1.0).delay for _ in range(3)]
+    assert [round(d, 9) for d in delays] == [0.0, 0.1, 0.2]
