@@ -27,7 +27,7 @@ def _apply(store: Any, txn: Any, progress: Callable[[int], object]) -> None:
         h = codec.decode_record_header(rec)
         u = counts.setdefault(h.owner, Usage())
         u.keys += 1
-        u.bytes += stored_bytes(len(key), h.vlen, len(h.owner.encode()))
+        u.bytes += stored_bytes(len(key), h.vlen, h.owner_len)
         if n % 10_000 == 0:
             progress(10_000)
             failpoints.hit("migrate.0002.mid_scan")

@@ -22,3 +22,7 @@ def apply_ops(
     max_key: bytes | None = ...,
     append: Any = ...,
 ) -> tuple[list[Any], list[tuple[int, bytes, bytes, bytes]], int, dict[str, list[int]]]: ...
+
+CONSTANTS: dict[str, int]
+
+def stored_bytes(key_len: int, value_len: int, owner_len: int) -> int: ...

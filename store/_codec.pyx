@@ -17,9 +17,49 @@ cdef object _entry = Entry
 cdef object _header = RecordHeader
 cdef object _tuple_new = tuple.__new__
 
+# The byte constants of `store/format.py` (the reference). Cython needs them at compile
+# time; `CONSTANTS` below exposes them so tests/property/test_codec_agree.py compares every
+# one with format.py.
 DEF HASH_SIZE = 32
 DEF ENTRY_HDR = 16
 DEF RECORD_FIXED = 19
+DEF RECORD_TAG = 0x01
+DEF LOG_TAG = 0x01
+DEF FLAG_CHUNKED = 0x01
+DEF OP_SET = 1
+DEF OP_DELETE = 2
+DEF MAX_KEY = 500
+DEF MAX_OWNER = 255
+DEF MAX_ENTRY_KEY = 65535
+DEF MAX_VALUE = 25 << 20
+DEF CHUNK_SIZE = 4080
+
+CONSTANTS = {
+    "HASH_SIZE": HASH_SIZE,
+    "ENTRY_FIXED": ENTRY_HDR,
+    "RECORD_FIXED": RECORD_FIXED,
+    "RECORD_TAG": RECORD_TAG,
+    "LOG_TAG": LOG_TAG,
+    "FLAG_CHUNKED": FLAG_CHUNKED,
+    "OP_SET": OP_SET,
+    "OP_DELETE": OP_DELETE,
+    "MAX_KEY": MAX_KEY,
+    "MAX_OWNER": MAX_OWNER,
+    "MAX_ENTRY_KEY": MAX_ENTRY_KEY,
+    "MAX_VALUE": MAX_VALUE,
+    "CHUNK_SIZE": CHUNK_SIZE,
+}
+
+
+cdef inline long long _stored_bytes(Py_ssize_t key_len, Py_ssize_t value_len,
+                                    Py_ssize_t owner_len) noexcept nogil:
+    # The usage formula of `store/usage.py:stored_bytes` (tested equal there).
+    return key_len + value_len + RECORD_FIXED + owner_len
+
+
+def stored_bytes(Py_ssize_t key_len, Py_ssize_t value_len, Py_ssize_t owner_len):
+    """What one key costs its owner (same as `store.usage.stored_bytes`)."""
+    return _stored_bytes(key_len, value_len, owner_len)
 
 cdef uint32_t _table[8][256]
 
@@ -109,13 +149,13 @@ cdef bytes _encode_record(uint64_t seq, bytes owner, bytes value, bint chunked):
     cdef Py_ssize_t on = PyBytes_GET_SIZE(owner)
     cdef Py_ssize_t vn = PyBytes_GET_SIZE(value)
     cdef Py_ssize_t total = RECORD_FIXED + on + (0 if chunked else vn)
-    if on > 255:
+    if on > MAX_OWNER:
         raise ValueError("owner too long")
     cdef bytes out = PyBytes_FromStringAndSize(NULL, total)
     cdef uint8_t* p = <uint8_t*>PyBytes_AS_STRING(out)
     cdef const uint8_t* v = <const uint8_t*>PyBytes_AS_STRING(value)
-    p[0] = 0x01
-    p[1] = 0x01 if chunked else 0
+    p[0] = RECORD_TAG
+    p[1] = FLAG_CHUNKED if chunked else 0
     _put_u64(p + 2, seq)
     _put_u32(p + 10, <uint32_t>vn)
     p[18] = <uint8_t>on
@@ -132,13 +172,13 @@ cdef bytes _encode_record(uint64_t seq, bytes owner, bytes value, bint chunked):
 def decode_record_header(const uint8_t[:] rec):
     """Decode the fixed part of a record; raises ValueError on a malformed record."""
     cdef Py_ssize_t n = rec.shape[0]
-    if n < RECORD_FIXED or rec[0] != 0x01:
+    if n < RECORD_FIXED or rec[0] != RECORD_TAG:
         raise ValueError("malformed value record")
     cdef const uint8_t* p = &rec[0]
     cdef uint32_t vlen = _get_u32(p + 10)
     cdef Py_ssize_t on = p[18]
     cdef Py_ssize_t off = RECORD_FIXED + on
-    if n < off or (not (p[1] & 1) and n != off + vlen):
+    if n < off or (not (p[1] & FLAG_CHUNKED) and n != off + vlen):
         raise ValueError("malformed value record")
     owner = (<const char*>p)[19:off].decode("utf-8", "replace")
     return _tuple_new(_header, (p[1], _get_u64(p + 2), vlen, _get_u32(p + 14), owner, off))
@@ -147,10 +187,10 @@ def decode_record_header(const uint8_t[:] rec):
 def record_value(const uint8_t[:] rec):
     """The inline value of `rec` after checking its CRC; None when the CRC fails."""
     cdef Py_ssize_t n = rec.shape[0]
-    if n < RECORD_FIXED or rec[0] != 0x01:
+    if n < RECORD_FIXED or rec[0] != RECORD_TAG:
         raise ValueError("malformed value record")
     cdef const uint8_t* p = &rec[0]
-    if p[1] & 1:
+    if p[1] & FLAG_CHUNKED:
         raise ValueError("record is chunked")
     cdef uint32_t vlen = _get_u32(p + 10)
     cdef Py_ssize_t off = RECORD_FIXED + p[18]
@@ -168,7 +208,7 @@ def encode_entry(uint64_t seq, int op, bytes owner, bytes key, bytes value):
     cdef Py_ssize_t on = PyBytes_GET_SIZE(owner)
     cdef Py_ssize_t kn = PyBytes_GET_SIZE(key)
     cdef Py_ssize_t vn = PyBytes_GET_SIZE(value)
-    if on > 255 or kn > 65535:
+    if on > MAX_OWNER or kn > MAX_ENTRY_KEY:
         raise ValueError("owner or key too long")
     cdef bytes out = PyBytes_FromStringAndSize(NULL, ENTRY_HDR + on + kn + vn)
     cdef uint8_t* p = <uint8_t*>PyBytes_AS_STRING(out)
@@ -220,7 +260,7 @@ def pack_entries(uint64_t first_seq, list ops, bytes prev_hash):
         owner = t[1]
         key = t[2]
         value = t[3]
-        if PyBytes_GET_SIZE(owner) > 255 or PyBytes_GET_SIZE(key) > 65535:
+        if PyBytes_GET_SIZE(owner) > MAX_OWNER or PyBytes_GET_SIZE(key) > MAX_ENTRY_KEY:
             raise ValueError("owner or key too long")
         total += ENTRY_HDR + PyBytes_GET_SIZE(owner) + PyBytes_GET_SIZE(key) + PyBytes_GET_SIZE(value)
     cdef bytes out = PyBytes_FromStringAndSize(NULL, total)
@@ -281,7 +321,7 @@ def unpack_entries(payload, bytes prev_hash):
         on = p[pos + 9]
         kn = p[pos + 10] | (p[pos + 11] << 8)
         end = pos + _entry_size(p + pos)
-        if end > n or (op != 1 and op != 2):
+        if end > n or (op != OP_SET and op != OP_DELETE):
             raise ValueError("malformed log entry")
         a = pos + ENTRY_HDR
         owner = (<const char*>p)[a:a + on].decode("utf-8", "replace")
@@ -304,8 +344,6 @@ cdef object _DUP = Status.DUPLICATE
 cdef object _WRITTEN = Status.WRITTEN
 cdef object _ABSENT = Status.ABSENT
 cdef object _DELETED = Status.DELETED
-DEF MAX_VALUE = 25 << 20
-DEF CHUNK = 4080
 
 
 cdef inline list _delta_for(dict delta, str owner):
@@ -320,12 +358,12 @@ cdef void _forget(const uint8_t* p, Py_ssize_t key_len, dict delta, object rare)
     cdef uint64_t oseq = _get_u64(p + 2)
     cdef uint32_t vlen = _get_u32(p + 10)
     cdef Py_ssize_t on = p[18]
-    if p[1] & 1:
+    if p[1] & FLAG_CHUNKED:
         rare.drop_chunks(oseq, vlen)
     owner = (<const char*>p)[19:19 + on].decode("utf-8", "replace")
     cdef list d = _delta_for(delta, owner)
     d[0] -= 1
-    d[1] -= key_len + vlen + RECORD_FIXED + len(owner.encode())
+    d[1] -= _stored_bytes(key_len, vlen, on)
 
 
 def apply_ops(ops, get, put, delete, uint64_t last_seq, rare, max_key=None, append=None):
@@ -366,17 +404,17 @@ def apply_ops(ops, get, put, delete, uint64_t last_seq, rare, max_key=None, appe
             value = bytes(value)
         kn = PyBytes_GET_SIZE(key)
         vn = PyBytes_GET_SIZE(value)
-        if kn < 1 or kn > 500:
-            raise InvalidOpError(f"key must be 1 to 500 bytes, got {kn}")
-        if opk != 1 and opk != 2:
+        if kn < 1 or kn > MAX_KEY:
+            raise InvalidOpError(f"key must be 1 to {MAX_KEY} bytes, got {kn}")
+        if opk != OP_SET and opk != OP_DELETE:
             raise InvalidOpError(f"unknown op {opk}")
         if vn > MAX_VALUE:
             raise InvalidOpError(f"value of {vn} bytes exceeds {MAX_VALUE}")
         ob = owners.get(owner_s)
         if ob is None:
             ob = owner_s.encode()
-            if PyBytes_GET_SIZE(ob) > 255:
-                raise InvalidOpError("owner name longer than 255 bytes")
+            if PyBytes_GET_SIZE(ob) > MAX_OWNER:
+                raise InvalidOpError(f"owner name longer than {MAX_OWNER} bytes")
             owners[owner_s] = ob
         owner = <bytes>ob
         fresh = append is not None and (max_key is None or key > max_key)
@@ -386,7 +424,7 @@ def apply_ops(ops, get, put, delete, uint64_t last_seq, rare, max_key=None, appe
         if old is not None:
             n = PyBytes_GET_SIZE(old)
             p = <const uint8_t*>PyBytes_AS_STRING(old)
-            if n < RECORD_FIXED or p[0] != 1:
+            if n < RECORD_FIXED or p[0] != RECORD_TAG:
                 raise ValueError("malformed value record")
             cur = _get_u64(p + 2)
         if expect is not None and <uint64_t>expect != cur:
@@ -400,11 +438,11 @@ def apply_ops(ops, get, put, delete, uint64_t last_seq, rare, max_key=None, appe
                 c_keys = c_bytes = c_writes = 0
             d = _delta_for(delta, owner_s)
             cur_owner = owner_s
-        if opk == 1:
+        if opk == OP_SET:
             if p != NULL:
                 ovlen = _get_u32(p + 10)
                 if ovlen == vn:
-                    if p[1] & 1:
+                    if p[1] & FLAG_CHUNKED:
                         dup = rare.chunked_equal(cur, ovlen, value)
                     else:
                         off = RECORD_FIXED + p[18]
@@ -414,7 +452,7 @@ def apply_ops(ops, get, put, delete, uint64_t last_seq, rare, max_key=None, appe
                         results.append(_tuple_new(_Result, (_DUP, cur)))
                         continue
             seq += 1
-            big = vn > CHUNK
+            big = vn > CHUNK_SIZE
             if big:
                 rare.put_chunks(seq, value)
             if fresh:
@@ -425,9 +463,9 @@ def apply_ops(ops, get, put, delete, uint64_t last_seq, rare, max_key=None, appe
             if p != NULL:
                 _forget(p, kn, delta, rare)
             c_keys += 1
-            c_bytes += kn + vn + RECORD_FIXED + PyBytes_GET_SIZE(owner)
+            c_bytes += _stored_bytes(kn, vn, PyBytes_GET_SIZE(owner))
             c_writes += 1
-            entries.append((1, owner, key, value))
+            entries.append((OP_SET, owner, key, value))
             results.append(_tuple_new(_Result, (_WRITTEN, seq)))
         else:
             if p == NULL:
@@ -437,7 +475,7 @@ def apply_ops(ops, get, put, delete, uint64_t last_seq, rare, max_key=None, appe
             delete(key)
             _forget(p, kn, delta, rare)
             d[3] += 1
-            entries.append((2, owner, key, b""))
+            entries.append((OP_DELETE, owner, key, b""))
             results.append(_tuple_new(_Result, (_DELETED, seq)))
     if d is not None:
         d[0] += c_keys

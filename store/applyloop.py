@@ -21,10 +21,7 @@ from typing import Any, Protocol
 from core.errors import InvalidOpError
 from store import format as fmt
 from store.ops import Op, Result, Status
-
-#: Largest value accepted (SPEC: 25 MiB by default).
-MAX_VALUE = 25 << 20
-_META = fmt.RECORD_FIXED
+from store.usage import stored_bytes
 
 
 class Rare(Protocol):
@@ -46,10 +43,10 @@ def validate(op: Op) -> None:
         raise InvalidOpError(f"key must be 1 to {fmt.MAX_KEY} bytes, got {len(op.key)}")
     if op.op != fmt.OP_SET and op.op != fmt.OP_DELETE:
         raise InvalidOpError(f"unknown op {op.op}")
-    if len(op.value) > MAX_VALUE:
-        raise InvalidOpError(f"value of {len(op.value)} bytes exceeds {MAX_VALUE}")
+    if len(op.value) > fmt.MAX_VALUE:
+        raise InvalidOpError(f"value of {len(op.value)} bytes exceeds {fmt.MAX_VALUE}")
     if len(op.owner.encode()) > fmt.MAX_OWNER:
-        raise InvalidOpError("owner name longer than 255 bytes")
+        raise InvalidOpError(f"owner name longer than {fmt.MAX_OWNER} bytes")
 
 
 def apply_ops(
@@ -110,7 +107,7 @@ def apply_ops(
             if h is not None:
                 forget(h, len(key), delta, rare)
             d[0] += 1
-            d[1] += len(key) + len(value) + _META + len(owner)
+            d[1] += stored_bytes(len(key), len(value), len(owner))
             d[2] += 1
             entries.append((fmt.OP_SET, owner, key, value))
             results.append(Result(Status.WRITTEN, seq))
@@ -136,4 +133,4 @@ def forget(h: fmt.RecordHeader, key_len: int, delta: dict[str, list[int]], rare:
     if d is None:
         d = delta[h.owner] = [0, 0, 0, 0, 0, 0]
     d[0] -= 1
-    d[1] -= key_len + h.vlen + _META + len(h.owner.encode())
+    d[1] -= stored_bytes(key_len, h.vlen, h.owner_len)

@@ -115,7 +115,7 @@ def _check_data(store: Store, txn: Any, report: CheckReport, tick: Progress) -> 
             report.add(f"key {key!r}: CRC mismatch")
         u = recount.setdefault(h.owner, Usage())
         u.keys += 1
-        u.bytes += stored_bytes(len(key), h.vlen, len(h.owner.encode()))
+        u.bytes += stored_bytes(len(key), h.vlen, h.owner_len)
     if store.format_version >= 2:
         stored = store.usage()
         for owner in set(recount) | set(stored):

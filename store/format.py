@@ -76,10 +76,15 @@ HASH_SIZE = 32
 ZERO_HASH = b"\x00" * HASH_SIZE
 MAX_KEY = 500
 MAX_OWNER = 255
+#: Largest value accepted by `Store.apply` (25 MiB).
+MAX_VALUE = 25 << 20
+#: Largest key a log entry can carry (its u16 length field).
+MAX_ENTRY_KEY = 65535
 
 RECORD_HEADER = struct.Struct("<BBQII")  # tag, flags, seq, vlen, crc
 RECORD_FIXED = RECORD_HEADER.size + 1  # + owner length byte = 19
 ENTRY_HEADER = struct.Struct("<QBBHI")  # seq, op, owner len, key len, value len
+ENTRY_FIXED = ENTRY_HEADER.size  # 16
 LOG_HEADER = struct.Struct("<BBQIQ32sII")  # tag, flags, first, count, time, head, plen, crc
 _PREFIX = struct.Struct("<BBQI")
 
@@ -94,6 +99,11 @@ class RecordHeader(NamedTuple):
     owner: str
     #: Offset of the inline value in the record (meaningless when chunked).
     value_offset: int
+
+    @property
+    def owner_len(self) -> int:
+        """Length in bytes of the stored owner (as written, whatever its UTF-8)."""
+        return self.value_offset - RECORD_FIXED
 
 
 class Entry(NamedTuple):

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from store import applyloop, codec
+from store import applyloop, codec, usage
 from store import format as ref
 from store.ops import Op
 from tests.strategies import entry_ops, owner_bytes, seqs, store_ops
@@ -19,6 +19,20 @@ if codec.IMPLEMENTATION != "cython":
     pytest.skip("Cython codec not in use (MERCURY_PURE=1)", allow_module_level=True)
 
 from store import _codec as cy
+
+
+def test_every_compiled_constant_equals_the_reference() -> None:
+    """Cython needs its byte constants at compile time; each must equal format.py's."""
+    assert cy.CONSTANTS
+    for name, value in cy.CONSTANTS.items():
+        assert getattr(ref, name) == value, name
+
+
+@given(st.integers(0, 65535), st.integers(0, 25 << 20), st.integers(0, 255))
+def test_usage_formula_is_the_one_in_usage(key_len: int, value_len: int, owner_len: int) -> None:
+    assert cy.stored_bytes(key_len, value_len, owner_len) == usage.stored_bytes(
+        key_len, value_len, owner_len
+    )
 
 
 @given(st.binary(max_size=3000), st.integers(min_value=0, max_value=2**32 - 1))
