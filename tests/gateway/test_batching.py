@@ -94,11 +94,12 @@ def test_idempotent_answer_survives_restart(root: Root) -> None:
 
 
 def test_held_producer_does_not_block_another(shared_root: Root) -> None:
-    """A floods far over its quota (its requests are held for up to 3 s); B's writes
-    complete meanwhile, each well before A's held requests are released."""
+    """A floods far over its quota: its requests are held for 0.5, 1, ... 3 s (the 8th is
+    refused). B, unthrottled, is acknowledged within about one batch window (20 ms) plus a
+    commit while A's requests are still held: a hold is a sleep of the held request only,
+    never of the batch or of the event loop."""
     a_name, a_tok = shared_root.producer(quota={"ops_per_s": 2, "burst": 1, "max_delay_ms": 3000})
     b_name, b_tok = shared_root.producer()
-    stop = threading.Event()
     a_done: list[int] = []
 
     def flood(i: int) -> None:
@@ -108,17 +109,25 @@ def test_held_producer_does_not_block_another(shared_root: Root) -> None:
             )
             a_done.append(r.status_code)
 
+    b = shared_root.client(b_tok)
+    assert b.put(f"/v1/kv/{b_name}/warm", content=b"v").status_code == 200  # connection open
     with ThreadPoolExecutor(8) as ex:
         for i in range(8):
             ex.submit(flood, i)
         time.sleep(0.2)  # A's requests are now held
-        b = shared_root.client(b_tok)
-        statuses = [b.put(f"/v1/kv/{b_name}/k{i}", content=b"v").status_code for i in range(5)]
-        b_finished_while_a_held = len(a_done) < 8
-        stop.set()
+        latencies, statuses = [], []
+        for i in range(5):
+            t = time.monotonic()
+            statuses.append(b.put(f"/v1/kv/{b_name}/k{i}", content=b"v").status_code)
+            latencies.append(time.monotonic() - t)
+        a_done_when_b_finished = len(a_done)
     assert statuses == [200] * 5
-    assert b_finished_while_a_held
-    assert set(a_done) <= {200, 429}
+    # One window + one fsync'd commit is tens of ms; 1 s is generous for a loaded 2-core
+    # machine and still far below A's holds (a B queued behind A would wait up to 3 s).
+    assert max(latencies) < 1.0, latencies
+    # A's requests held for 2, 2.5 and 3 s were still held when B was done.
+    assert a_done_when_b_finished <= 5, (a_done_when_b_finished, latencies)
+    assert sorted(a_done) == [200] * 7 + [429]
 
 
 def test_sigterm_commits_and_acknowledges_the_open_batch(root_factory: Any, procs: Procs) -> None:
