@@ -9,9 +9,14 @@ Frame::
     off  size  field
     0    1     type (below)
     1    1     flags: reserved, 0
-    2    4     body length L (u32; at most MAX_BODY)
+    2    4     body length L (u32; at most MAX_BODY_OF[type], checked before the body is read)
     6    4     CRC-32 over bytes [0:6] ++ body
     10   L     body
+
+Every type has its own body bound (`MAX_BODY_OF`): HELLO, WELCOME, HEARTBEAT, SNAPSHOT,
+WAIT and END are fixed-size, REFUSE carries a short message, only RECORD may be large (one
+stored log record, up to MAX_BODY). A receiver rejects a header claiming more before reading
+a byte of the body, so a peer cannot make it buffer 256 MiB with a forged HELLO.
 
 Every frame carries its own CRC so a corrupted, truncated or spliced stream is detected at
 the first bad frame (the receiver drops the connection and resumes from its last applied
@@ -76,6 +81,8 @@ SNAPSHOT = 6
 WAIT = 7
 END = 8
 TYPES = frozenset({HELLO, WELCOME, REFUSE, RECORD, HEARTBEAT, SNAPSHOT, WAIT, END})
+#: Longest REFUSE message accepted (the source sends one line).
+MAX_REFUSE_MESSAGE = 4096
 
 MODE_STREAM = 1
 MODE_SNAPSHOT = 2
@@ -97,6 +104,18 @@ _HEARTBEAT = struct.Struct("<QQIQ")
 _SNAPSHOT = struct.Struct("<Q32s16sQ32sQ")
 _U32 = struct.Struct("<I")
 _U64 = struct.Struct("<Q")
+
+#: The largest body each frame type may claim (see the module docstring).
+MAX_BODY_OF: dict[int, int] = {
+    HELLO: _HELLO.size,
+    WELCOME: _WELCOME.size,
+    REFUSE: _REFUSE.size + MAX_REFUSE_MESSAGE,
+    RECORD: MAX_BODY,
+    HEARTBEAT: _HEARTBEAT.size,
+    SNAPSHOT: _SNAPSHOT.size,
+    WAIT: _U32.size,
+    END: _U64.size,
+}
 
 
 class Hello(NamedTuple):
@@ -172,13 +191,17 @@ def encode_frame(ftype: int, body: bytes) -> bytes:
     return prefix + _U32.pack(crc) + body
 
 
-def decode_header(raw: bytes) -> FrameHeader:
-    """Decode a frame header; raises ValueError on an unknown type or an oversized body."""
+def decode_header(raw: bytes, allowed: frozenset[int] | None = None) -> FrameHeader:
+    """Decode a frame header; raises ValueError on an unknown type, a type not in `allowed`
+    (None: any) or a body longer than its type's bound (`MAX_BODY_OF`)."""
     ftype, flags, length, crc = HEADER.unpack(raw)
     if ftype not in TYPES:
         raise ValueError(f"unknown frame type {ftype}")
-    if length > MAX_BODY:
-        raise ValueError(f"frame body of {length} bytes exceeds {MAX_BODY}")
+    if allowed is not None and ftype not in allowed:
+        raise ValueError(f"unexpected frame type {ftype}")
+    bound = MAX_BODY_OF[ftype]
+    if length > bound:
+        raise ValueError(f"frame of type {ftype}: body of {length} bytes exceeds {bound}")
     return FrameHeader(ftype, flags, length, crc)
 
 

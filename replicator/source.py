@@ -31,6 +31,7 @@ import os
 import socket
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from core.errors import LogRetentionError, MercuryError, ProtocolError
@@ -44,10 +45,21 @@ log = logging.getLogger("mercury.replication.source")
 #: Bounds of one log read (and so of one burst of frames between two drains).
 READ_RECORDS = 256
 READ_BYTES = 4 << 20
+#: The handshake: a connection that has not sent its whole HELLO by then is closed.
 HELLO_TIMEOUT = 10.0
+#: A snapshot transfer (or a WAIT frame) that makes no progress for this long is closed
+#: and frees its bootstrap slot: a replica that asks for a snapshot and never reads must
+#: not block every other one.
+STALL_TIMEOUT = 30.0
+#: Bytes per sendfile call; each must go out within the stall timeout.
+_STALL_BLOCK = 4 << 20
+#: Connections served at once (streams, bootstraps and handshakes); more are closed at once.
+MAX_CONNECTIONS = 256
 #: A kept snapshot is reused for new bootstraps while younger than this.
 SNAPSHOT_MAX_AGE = 300.0
 _FILE_BLOCK = 1 << 20
+#: A replica's first frame must be a HELLO (92 bytes): anything else closes at its header.
+_FIRST_FRAME = frozenset({frames.HELLO})
 
 
 @dataclass
@@ -60,6 +72,8 @@ class BootstrapStats:
     #: (sha256 hex, offset) of every transfer started.
     transfers: list[tuple[str, int]] = field(default_factory=list)
     bytes_sent: int = 0
+    #: Transfers closed because the replica stopped reading.
+    stalled: int = 0
 
 
 class ReplicationSource:
@@ -77,6 +91,8 @@ class ReplicationSource:
         heartbeat: HeartbeatSource,
         max_bootstraps: int = 1,
         snapshot_dir: str | None = None,
+        max_connections: int = MAX_CONNECTIONS,
+        stall_timeout: float = STALL_TIMEOUT,
     ) -> None:
         self.store = store
         self.host = host
@@ -87,9 +103,14 @@ class ReplicationSource:
         # is made fresh each time and sent once per interval.
         self._relays = hasattr(heartbeat, "update")
         self.stats = BootstrapStats()
+        self.max_connections = max_connections
+        self.stall_timeout = stall_timeout
+        self.refused_connections = 0
         self._db_id = _uuid_bytes(store.db_id)
         self._slots = asyncio.Semaphore(max_bootstraps)
         self._queue: list[object] = []
+        #: Transfers holding a slot: token -> (peer, bytes sent so far), for the logs.
+        self._holders: dict[object, tuple[object, int]] = {}
         self._snapshot_dir = snapshot_dir or os.path.join(store.path, "snapshots")
         self._snapshot: tuple[str, snapshot.SnapshotInfo, float] | None = None
         self._snapshot_lock = asyncio.Lock()
@@ -172,10 +193,20 @@ class ReplicationSource:
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
         assert task is not None
-        self._conns.add(task)
         peer = writer.get_extra_info("peername")
+        if len(self._conns) >= self.max_connections:
+            # Every connection costs buffers and a task: past the cap, close before reading.
+            self.refused_connections += 1
+            log.warning(
+                "refused replica %s: %d connections open (the cap)", peer, self.max_connections
+            )
+            await wire.close(writer)
+            return
+        self._conns.add(task)
         try:
-            ftype, body = await asyncio.wait_for(wire.read_frame(reader), HELLO_TIMEOUT)
+            ftype, body = await asyncio.wait_for(
+                wire.read_frame(reader, _FIRST_FRAME), HELLO_TIMEOUT
+            )
             if ftype != frames.HELLO:
                 raise ProtocolError(f"expected HELLO, got frame type {ftype}")
             hello = frames.decode_hello(body)
@@ -280,6 +311,7 @@ class ReplicationSource:
         self, hello: frames.Hello, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
     ) -> None:
         token = object()
+        peer = writer.get_extra_info("peername")
         self._queue.append(token)
         try:
             while True:
@@ -287,9 +319,20 @@ class ReplicationSource:
                     await asyncio.wait_for(self._slots.acquire(), 1.0)
                     break
                 except TimeoutError:
-                    await wire.send(writer, frames.encode_wait(self._queue.index(token)))
+                    pos = self._queue.index(token)
+                    if pos == 0:
+                        log.info(
+                            "replica %s waits for a bootstrap slot; held by %s",
+                            peer,
+                            ", ".join(f"{p} ({n} bytes sent)" for p, n in self._holders.values())
+                            or "nobody",
+                        )
+                    await asyncio.wait_for(
+                        wire.send(writer, frames.encode_wait(pos)), self.stall_timeout
+                    )
         finally:
             self._queue.remove(token)
+        self._holders[token] = (peer, 0)
         self.stats.active += 1
         self.stats.peak = max(self.stats.peak, self.stats.active)
         try:
@@ -310,9 +353,35 @@ class ReplicationSource:
                 with contextlib.suppress(OSError):
                     sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 << 20)
             await wire.send(writer, frames.encode_snapshot(offer))
-            self.stats.bytes_sent += await send_file(writer, path, offset, info.size - offset)
+
+            def progress(n: int) -> None:
+                self._holders[token] = (peer, n)
+
+            try:
+                sent = await send_file(
+                    writer,
+                    path,
+                    offset,
+                    info.size - offset,
+                    stall_timeout=self.stall_timeout,
+                    progress=progress,
+                )
+            except TimeoutError:
+                self.stats.stalled += 1
+                log.warning(
+                    "bootstrap to %s stalled: no progress for %gs after %d of %d bytes; "
+                    "closing it to free its slot",
+                    peer,
+                    self.stall_timeout,
+                    self._holders[token][1],
+                    info.size - offset,
+                )
+                writer.transport.abort()  # unsent bytes would hold the socket open
+                return
+            self.stats.bytes_sent += sent
             self.stats.served += 1
         finally:
+            self._holders.pop(token, None)
             self.stats.active -= 1
             self._slots.release()
 
@@ -340,27 +409,49 @@ class ReplicationSource:
             return path, info
 
 
-async def send_file(writer: asyncio.StreamWriter, path: str, offset: int, count: int) -> int:
+async def send_file(
+    writer: asyncio.StreamWriter,
+    path: str,
+    offset: int,
+    count: int,
+    *,
+    stall_timeout: float = STALL_TIMEOUT,
+    progress: Callable[[int], None] = lambda _n: None,
+) -> int:
     """Send `count` bytes of file `path` from `offset`: zero-copy sendfile where the loop
-    has it (asyncio), else 1 MiB reads written with backpressure (uvloop, on the root)."""
+    has it (asyncio), else 1 MiB reads written with backpressure (uvloop, on the root).
+
+    Sent in blocks, each of which must leave within `stall_timeout` seconds (TimeoutError
+    otherwise: the peer stopped reading); `progress` gets the bytes sent after each block.
+    """
+    loop = asyncio.get_running_loop()
+    done = 0
     with open(path, "rb") as f:
         try:
-            sent = await asyncio.get_running_loop().sendfile(
-                writer.transport, f, offset, count, fallback=False
-            )
-            await writer.drain()
-            return int(sent)
+            while done < count:
+                n = min(_STALL_BLOCK, count - done)
+                sent = await asyncio.wait_for(
+                    loop.sendfile(writer.transport, f, offset + done, n, fallback=False),
+                    stall_timeout,
+                )
+                done += int(sent)
+                progress(done)
+                if not sent:
+                    break
+            await asyncio.wait_for(writer.drain(), stall_timeout)
+            return done
         except (NotImplementedError, asyncio.SendfileNotAvailableError):
             pass
-        f.seek(offset)
-        left = count
+        f.seek(offset + done)
+        left = count - done
         while left:
             block = f.read(min(_FILE_BLOCK, left))
             if not block:
                 break
             writer.write(block)
-            await writer.drain()
+            await asyncio.wait_for(writer.drain(), stall_timeout)
             left -= len(block)
+            progress(count - left)
         return count - left
 
 

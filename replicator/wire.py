@@ -11,8 +11,11 @@ from store.format import LOG_HEADER, decode_log_header
 from store.ops import LogRecord
 
 
-async def read_frame(reader: asyncio.StreamReader) -> tuple[int, bytes]:
-    """Read one frame; return (type, body).
+async def read_frame(
+    reader: asyncio.StreamReader, allowed: frozenset[int] | None = None
+) -> tuple[int, bytes]:
+    """Read one frame; return (type, body). `allowed`: the frame types acceptable here
+    (None: any); the header is checked (type, its body bound) before any body byte is read.
 
     Raises ProtocolError on a bad header or CRC, and on a connection closed mid-frame or
     before any frame (`EOFError` semantics folded in: the caller reconnects either way).
@@ -22,7 +25,7 @@ async def read_frame(reader: asyncio.StreamReader) -> tuple[int, bytes]:
     except asyncio.IncompleteReadError as err:
         raise ProtocolError("connection closed by the peer") from err
     try:
-        h = frames.decode_header(raw)
+        h = frames.decode_header(raw, allowed)
     except ValueError as err:
         raise ProtocolError(f"bad frame header: {err}") from err
     try:

@@ -32,6 +32,7 @@ class RootNode:
         max_bootstraps: int = 1,
         sync: bool = False,
         map_size: int = 4 << 30,
+        **source_kw: Any,
     ) -> None:
         self.store = Store.create(path, sync=sync, map_size=map_size)
         self._loop = asyncio.new_event_loop()
@@ -44,6 +45,7 @@ class RootNode:
             node_id=uuid.uuid4().bytes,
             heartbeat=RootHeartbeat(self.store, heartbeat_ms),
             max_bootstraps=max_bootstraps,
+            **source_kw,
         )
         self.call(self.source.start())
         self.port = self.source.port
