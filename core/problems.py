@@ -8,7 +8,7 @@ here; each face only formats the body. Rows are tried in order, most specific cl
 from __future__ import annotations
 
 import re
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from core import errors as e
 
@@ -81,3 +81,35 @@ def classify(err: e.MercuryError) -> Problem:
         if isinstance(err, cls):
             return Problem(status, slug or slug_of(err), title or TITLES.get(status, "Error"))
     return Problem(500, slug_of(err), TITLES[500])
+
+
+def problem_document(
+    status: int, detail: str, *, slug: str | None = None, title: str | None = None, **extra: Any
+) -> dict[str, Any]:
+    """The one problem+json body shape (RFC 9457) of both HTTP faces:
+    ``{"type", "title", "status", "detail", ...extension members}``."""
+    doc: dict[str, Any] = {
+        "type": PROBLEM_TYPE + (slug or str(status)),
+        "title": title or TITLES.get(status, "Error"),
+        "status": status,
+        "detail": detail,
+    }
+    _add_members(doc, extra)
+    return doc
+
+
+def error_document(err: e.MercuryError) -> tuple[int, dict[str, Any], dict[str, str]]:
+    """Status, problem body and headers of a Mercury error: its fields become extension
+    members, its hint a ``hint`` member; a ``headers`` field travels as HTTP headers."""
+    p = classify(err)
+    doc = problem_document(p.status, err.message, slug=p.slug, title=p.title)
+    _add_members(doc, {k: v for k, v in err.fields.items() if k != "headers"})
+    _add_members(doc, {"hint": err.hint})
+    return p.status, doc, dict(err.fields.get("headers", {}))
+
+
+def _add_members(doc: dict[str, Any], extra: dict[str, Any]) -> None:
+    """Extension members: None omitted, bytes as text, the four standard members kept."""
+    for k, v in extra.items():
+        if v is not None and k not in ("type", "title", "status", "detail"):
+            doc[k] = v.decode("utf-8", "backslashreplace") if isinstance(v, bytes) else v

@@ -19,7 +19,8 @@ import orjson
 
 from core.errors import BadRequestError, MercuryError, TooLargeError
 from gateway import kv_handlers, problems
-from gateway.writes import Answer, Gateway
+from gateway.answers import Answer
+from gateway.writes import Gateway
 
 log = logging.getLogger("mercury.gateway")
 

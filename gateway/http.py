@@ -9,7 +9,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from core.errors import BadRequestError, TooLargeError
-from gateway.writes import Answer
+from gateway.answers import Answer
 
 
 async def read_body(request: Request, limit: int, what: str) -> bytes:

@@ -14,7 +14,8 @@ from urllib.parse import parse_qsl
 
 from core.errors import BadRequestError
 from gateway import bodies
-from gateway.writes import Answer, Gateway, batch_answer, kv_answer
+from gateway.answers import Answer, batch_answer, kv_answer
+from gateway.writes import Gateway
 from store.ops import DELETE, SET, Op
 
 #: `read(limit, what)`: the request body, 413 beyond `limit` bytes.

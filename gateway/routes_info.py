@@ -8,8 +8,9 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.responses import Response
 
 from core.errors import ForbiddenError, MisdirectedError, NotFoundError
+from gateway.auth import ADMIN
 from gateway.http import json_response
-from gateway.writes import ADMIN, Gateway
+from gateway.writes import Gateway
 from store.usage import Usage
 
 router = APIRouter()

@@ -10,8 +10,9 @@ from starlette.responses import Response
 
 from core.errors import NotFoundError
 from gateway import kv_handlers
+from gateway.auth import ADMIN
 from gateway.http import answer_response, read_body
-from gateway.writes import ADMIN, Gateway
+from gateway.writes import Gateway
 from store.ops import SET, Op
 
 router = APIRouter(tags=["producer"])

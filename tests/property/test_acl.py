@@ -90,8 +90,7 @@ def test_gateway_admits_a_batch_iff_every_key_is_in_a_keyspace(
     gateway: Gateway, keyspaces: list[str], batch_keys: list[bytes]
 ) -> None:
     p = Producer("p", tuple(keyspaces))
-    gateway.acl = Acl().put(p)
-    gateway._rebuild()
+    gateway.auth.rebuild(Acl().put(p))
     ops = [Op(SET, k, b"v", "p") for k in batch_keys]
     inside = all(any(k.startswith(ks.encode()) for ks in keyspaces) for k in batch_keys)
     if inside:
