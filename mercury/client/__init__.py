@@ -1,0 +1,54 @@
+"""The Mercury SDK: `Client` (blocking) and `AsyncClient` (asyncio) over HTTP.
+
+It speaks only HTTP to a root and to replicas: it imports no server component (an
+import-linter contract in pyproject.toml says so). See docs/client.md.
+"""
+
+from mercury.client.aio import AsyncClient
+from mercury.client.errors import (
+    BadRequest,
+    Conflict,
+    Forbidden,
+    Gone,
+    MercuryClientError,
+    NotFound,
+    PreconditionFailed,
+    QuotaExceeded,
+    RateLimited,
+    Refused,
+    ServerError,
+    StorageFull,
+    TooLarge,
+    Unauthorized,
+    Unavailable,
+    Unprocessable,
+)
+from mercury.client.retry import RetryPolicy
+from mercury.client.sync import Client
+from mercury.client.wire import BatchResult, Change, Item, WriteResult
+
+__all__ = [
+    "AsyncClient",
+    "BadRequest",
+    "BatchResult",
+    "Change",
+    "Client",
+    "Conflict",
+    "Forbidden",
+    "Gone",
+    "Item",
+    "MercuryClientError",
+    "NotFound",
+    "PreconditionFailed",
+    "QuotaExceeded",
+    "RateLimited",
+    "Refused",
+    "RetryPolicy",
+    "ServerError",
+    "StorageFull",
+    "TooLarge",
+    "Unauthorized",
+    "Unavailable",
+    "Unprocessable",
+    "WriteResult",
+]

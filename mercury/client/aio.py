@@ -1,0 +1,277 @@
+"""`AsyncClient`: the asyncio twin of `mercury.client.sync.Client` (same calls, same
+retry policy, same answers; see docs/client.md). Keep the two in step: they share every
+request and decision through `calls`, `wire` and `retry` and differ only in awaiting."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
+from types import TracebackType
+from typing import Any
+
+import httpx
+
+from mercury.client import calls, wire
+from mercury.client.calls import READ, Call
+from mercury.client.errors import ServerError, TooLarge, Unavailable
+from mercury.client.retry import RETRY_STATUSES, RetryPolicy
+
+
+class AsyncClient:
+    """A connection pool to one root (writes) and optionally one read node (asyncio).
+
+    `token`: the producer's bearer token (writes, and reads on the root); `read_token`:
+    the bearer sent to `read_url` (none by default, so a producer token never leaves for
+    another node). `verify`: True (system CAs), False, or a CA bundle path; `cert`: a
+    client certificate path, or (cert, key) paths. `timeout`: seconds per network wait.
+    `retries`: tries in all, or a `RetryPolicy`. `idempotent`: send an Idempotency-Key with
+    every write (on by default; without it a write is retried only when the connection was
+    refused, i.e. when the request surely never arrived).
+    """
+
+    def __init__(
+        self,
+        url: str,
+        token: str | None = None,
+        *,
+        read_url: str | None = None,
+        read_token: str | None = None,
+        verify: bool | str = True,
+        cert: str | tuple[str, str] | None = None,
+        timeout: float = 30.0,
+        retries: int | RetryPolicy = 6,
+        idempotent: bool = True,
+        batch_ops: int = wire.DEFAULT_BATCH_OPS,
+        batch_bytes: int = wire.DEFAULT_BATCH_BYTES,
+        rand: Callable[[], float] = random.random,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    ) -> None:
+        self.policy = retries if isinstance(retries, RetryPolicy) else RetryPolicy(retries)
+        self.idempotent = idempotent
+        self.batch_ops = batch_ops
+        self.batch_bytes = batch_bytes
+        self._rand = rand
+        self._sleep = sleep
+        tls = calls.ssl_context(verify, cert)
+        auth = {"Authorization": f"Bearer {token}"} if token else {}
+        self._write = httpx.AsyncClient(base_url=url, headers=auth, verify=tls, timeout=timeout)
+        if read_url is None:
+            self._read = self._write
+        else:
+            rauth = {"Authorization": f"Bearer {read_token}"} if read_token else {}
+            self._read = httpx.AsyncClient(
+                base_url=read_url, headers=rauth, verify=tls, timeout=timeout
+            )
+
+    # --- lifecycle ------------------------------------------------------------------------
+
+    async def aclose(self) -> None:
+        await self._write.aclose()
+        if self._read is not self._write:
+            await self._read.aclose()
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    # --- the one retry loop ---------------------------------------------------------------
+
+    def _idem(self, idempotency_key: str | None) -> str | None:
+        if idempotency_key is not None:
+            return idempotency_key
+        return calls.new_idempotency_key() if self.idempotent else None
+
+    async def _send(self, call: Call, *, safe: bool = True, ok404: bool = False) -> httpx.Response:
+        """Send `call`, retrying what may be retried; the answer (2xx, or 404 when
+        `ok404`) or the typed exception. `safe`: repeating the request cannot do harm
+        (reads, writes with an Idempotency-Key)."""
+        http = self._read if call.node == READ else self._write
+        attempt = 0
+        while True:
+            try:
+                r = await http.request(
+                    call.method, call.path, headers=call.headers, content=call.content
+                )
+            except httpx.TransportError as err:
+                if not safe and not isinstance(err, httpx.ConnectError):
+                    raise _unavailable(err) from err
+                wait = self.policy.wait(attempt, {}, self._rand)
+                if wait is None:
+                    raise _unavailable(err) from err
+            else:
+                if r.status_code < 400 or (ok404 and r.status_code == 404):
+                    return r
+                wait = (
+                    self.policy.wait(attempt, r.headers, self._rand)
+                    if r.status_code in RETRY_STATUSES
+                    else None
+                )
+                if wait is None:
+                    raise calls.error(r)
+            await self._sleep(wait)
+            attempt += 1
+
+    # --- keys -----------------------------------------------------------------------------
+
+    async def put(
+        self, key: wire.Key, value: str | bytes, *, idempotency_key: str | None = None
+    ) -> wire.WriteResult:
+        """Write one key; answered after the root's durable commit."""
+        idem = self._idem(idempotency_key)
+        r = await self._send(calls.put(key, value, idem), safe=idem is not None)
+        return calls.write_result(r)
+
+    async def delete(
+        self, key: wire.Key, *, idempotency_key: str | None = None
+    ) -> wire.WriteResult:
+        """Delete one key (status "absent" when it was not there)."""
+        idem = self._idem(idempotency_key)
+        r = await self._send(calls.delete(key, idem), safe=idem is not None)
+        return calls.write_result(r)
+
+    async def get(self, key: wire.Key) -> bytes | None:
+        """The value of `key`, or None when it is absent."""
+        r = await self._send(calls.get(key), ok404=True)
+        return None if r.status_code == 404 else r.content
+
+    async def batch(
+        self,
+        ops: Iterable[Sequence[Any]],
+        *,
+        idempotency_key: str | None = None,
+        split: bool = True,
+    ) -> wire.BatchResult:
+        """Apply ``("set", key, value)`` / ``("delete", key)`` ops in order.
+
+        Ops are sent in requests of at most `batch_ops` ops and `batch_bytes` key + value
+        bytes; a 413 naming the largest admissible batch (``max_ops``/``max_bytes``) re-cuts
+        the rest to fit. Each request is atomic on the root; a batch that takes several is
+        not (pieces apply in order; on an error the earlier ones stay applied). With
+        ``split=False`` a batch that does not fit one request raises `TooLarge` instead.
+        """
+        wops = [wire.encode_op(op) for op in ops]
+        idem = self._idem(idempotency_key)
+        plan = wire.BatchPlan(wops, idem or "", self.batch_ops, self.batch_bytes)
+        if not split and len(plan.pending) > 1:
+            raise TooLarge(
+                413,
+                "Content Too Large",
+                f"{len(wops)} ops do not fit one request ({self.batch_ops} ops, "
+                f"{self.batch_bytes} bytes)",
+            )
+        total = wire.BatchResult()
+        while (piece := plan.next()) is not None:
+            call = calls.batch(plan.body(piece), plan.key(piece) if idem else None)
+            try:
+                r = await self._send(call, safe=idem is not None)
+            except TooLarge as err:
+                if not split or not plan.too_large(err.max_ops, err.max_bytes):
+                    raise
+                continue
+            total.add(r.json(), calls.replayed(r))
+            plan.done()
+        return total
+
+    # --- reads from a replica -------------------------------------------------------------
+
+    async def range(
+        self,
+        prefix: wire.Key | None = None,
+        *,
+        start: wire.Key | None = None,
+        end: wire.Key | None = None,
+        keys_only: bool = False,
+        page_size: int = 1000,
+        stream: bool = False,
+    ) -> AsyncIterator[wire.Item]:
+        """Every key of a prefix, or of ``[start, end)``, in key order (from `read_url`).
+
+        Paged by default: one request per `page_size` keys, each retried on its own, so a
+        dropped connection resumes at the page it was reading. ``stream=True`` reads the
+        whole range as one NDJSON stream (fewer round trips; a dropped stream raises
+        `Unavailable`)."""
+        if stream:
+            async for it in self._range_stream(
+                wire.range_query(prefix, start, end, keys_only=keys_only)
+            ):
+                yield it
+            return
+        cursor: str | None = None
+        while True:
+            q = wire.range_query(
+                prefix, start, end, keys_only=keys_only, limit=page_size, cursor=cursor
+            )
+            doc = (await self._send(calls.range_page(q))).json()
+            for it in doc["items"]:
+                yield wire.item(it)
+            cursor = doc.get("next_cursor")
+            if not cursor:
+                return
+
+    async def _range_stream(self, query: str) -> AsyncIterator[wire.Item]:
+        call = calls.range_stream(query)
+        try:
+            async with self._read.stream("GET", call.path, headers=call.headers) as r:
+                if r.status_code >= 400:
+                    await r.aread()
+                    raise calls.error(r)
+                async for line in r.aiter_lines():
+                    if line.strip():
+                        doc = json.loads(line)
+                        if "error" in doc:
+                            raise ServerError(500, "Range stream failed", str(doc["error"]), doc)
+                        yield wire.item(doc)
+        except httpx.TransportError as err:
+            raise _unavailable(err) from err
+
+    async def watch(self, prefix: wire.Key, *, from_seq: int = 0) -> AsyncIterator[wire.Change]:
+        """Changes under `prefix` from log seq `from_seq` on, as they happen (NDJSON from
+        ``GET /v1/watch`` on `read_url`). A dropped connection is re-opened from the last
+        seq seen, without repeating a change; `Gone` when `from_seq` is no longer
+        retained. Endless: stop iterating (or close the generator) to end it."""
+        resume = wire.Resume(from_seq)
+        attempt = 0
+        while True:
+            call = calls.watch(prefix, resume.restart())
+            try:
+                async with self._read.stream("GET", call.path, headers=call.headers) as r:
+                    if r.status_code >= 400:
+                        await r.aread()
+                        wait = (
+                            self.policy.wait(attempt, r.headers, self._rand)
+                            if r.status_code in RETRY_STATUSES
+                            else None
+                        )
+                        if wait is None:
+                            raise calls.error(r)
+                    else:
+                        wait = None
+                        async for line in r.aiter_lines():
+                            if not line.strip():
+                                continue
+                            attempt = 0  # the stream is alive: failures count afresh
+                            c = wire.change(json.loads(line))
+                            if c is not None and resume.fresh(c):
+                                yield c
+                        wait = self.policy.wait(attempt, {}, self._rand)
+            except httpx.TransportError as err:
+                wait = self.policy.wait(attempt, {}, self._rand)
+                if wait is None:
+                    raise _unavailable(err) from err
+            if wait is None:
+                raise Unavailable(0, "Watch ended", "the node closed the watch stream")
+            await self._sleep(wait)
+            attempt += 1
+
+
+def _unavailable(err: httpx.TransportError) -> Unavailable:
+    return Unavailable(0, type(err).__name__, str(err) or "connection failed")

@@ -1,0 +1,115 @@
+"""The requests of the SDK and how their answers read (pure: no sockets).
+
+`Client` and `AsyncClient` send the same `Call`s and decode the answers with the same
+functions, so the two differ only in how they wait for the network.
+"""
+
+from __future__ import annotations
+
+import json
+import ssl
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from mercury.client import wire
+from mercury.client.errors import MercuryClientError, from_answer
+
+WRITE = "write"
+READ = "read"
+
+
+@dataclass(frozen=True, slots=True)
+class Call:
+    """One HTTP request: on the write node (`WRITE`, the root) or the read node (`READ`)."""
+
+    node: str
+    method: str
+    path: str
+    headers: dict[str, str] = field(default_factory=dict)
+    content: bytes | None = None
+
+
+def new_idempotency_key() -> str:
+    """A fresh random Idempotency-Key (one per logical write)."""
+    return uuid.uuid4().hex
+
+
+def idem_headers(idempotency_key: str | None) -> dict[str, str]:
+    return {"Idempotency-Key": idempotency_key} if idempotency_key else {}
+
+
+def put(key: wire.Key, value: str | bytes, idempotency_key: str | None) -> Call:
+    return Call(
+        WRITE,
+        "PUT",
+        wire.kv_path(key),
+        {"Content-Type": "application/octet-stream", **idem_headers(idempotency_key)},
+        wire.as_bytes(value),
+    )
+
+
+def delete(key: wire.Key, idempotency_key: str | None) -> Call:
+    return Call(WRITE, "DELETE", wire.kv_path(key), idem_headers(idempotency_key))
+
+
+def get(key: wire.Key) -> Call:
+    return Call(READ, "GET", wire.kv_path(key))
+
+
+def batch(body: dict[str, Any], idempotency_key: str | None) -> Call:
+    return Call(
+        WRITE,
+        "POST",
+        "/v1/batch",
+        {"Content-Type": "application/json", **idem_headers(idempotency_key)},
+        json.dumps(body, separators=(",", ":")).encode(),
+    )
+
+
+def range_page(query: str) -> Call:
+    return Call(READ, "GET", "/v1/range?" + query)
+
+
+def range_stream(query: str) -> Call:
+    return Call(READ, "GET", "/v1/range?" + query, {"Accept": "application/x-ndjson"})
+
+
+def watch(prefix: wire.Key, from_seq: int) -> Call:
+    q = wire.range_query(prefix, None, None)
+    return Call(READ, "GET", f"/v1/watch?{q}&from_seq={int(from_seq)}", {"Accept": wire.NDJSON})
+
+
+def replayed(r: httpx.Response) -> bool:
+    return str(r.headers.get("idempotent-replayed", "")).lower() == "true"
+
+
+def write_result(r: httpx.Response) -> wire.WriteResult:
+    doc = r.json()
+    return wire.WriteResult(int(doc.get("seq") or 0), str(doc.get("status")), replayed(r))
+
+
+def error(r: httpx.Response) -> MercuryClientError:
+    """The typed exception of an error answer (its body already read)."""
+    return from_answer(r.status_code, r.headers, r.content)
+
+
+def ssl_context(verify: bool | str, cert: str | tuple[str, str] | None) -> ssl.SSLContext | bool:
+    """What httpx verifies the server with: `verify` False (no check), True (system CAs) or
+    a CA bundle path; `cert` a client certificate file (key inside) or (cert, key) paths."""
+    if verify is False:
+        if cert is not None:
+            raise ValueError("a client certificate needs a verified server (verify=True or a CA)")
+        return False
+    ctx = (
+        ssl.create_default_context(cafile=verify)
+        if isinstance(verify, str)
+        else ssl.create_default_context()
+    )
+    if isinstance(cert, tuple):
+        ctx.load_cert_chain(cert[0], cert[1])
+    elif cert is not None:
+        ctx.load_cert_chain(cert)
+    return ctx

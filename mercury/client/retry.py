@@ -1,0 +1,76 @@
+"""When to retry and how long to wait: pure decisions, the clock and the dice passed in.
+
+Backoff is exponential with full jitter (a uniformly random wait between 0 and
+``min(cap, base * 2**attempt)``), so a crowd of clients that failed together does not come
+back together. When the node says how long to wait (``Retry-After`` on 429/503, or the
+reset time ``t=`` of the ``RateLimit`` header), that wait is honoured: the client waits at
+least that long, plus up to 10 % so the crowd still spreads out.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import re
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+#: Answers worth retrying unchanged: over quota now, or the node is passing through trouble.
+RETRY_STATUSES = frozenset({429, 502, 503, 504})
+
+_T = re.compile(r"(?:^|;)\s*t=(\d+(?:\.\d+)?)")
+
+
+@dataclass(frozen=True, slots=True)
+class RetryPolicy:
+    """`attempts` tries in all (1 = no retry); backoff between `base` and `cap` seconds;
+    a server-advised wait longer than `max_wait` is not waited for (the error is raised)."""
+
+    attempts: int = 6
+    base: float = 0.1
+    cap: float = 10.0
+    max_wait: float = 120.0
+
+    def backoff(self, attempt: int, rand: Callable[[], float]) -> float:
+        """Full-jitter wait after failed try number `attempt` (0-based)."""
+        return rand() * min(self.cap, self.base * (2.0 ** min(attempt, 60)))
+
+    def wait(
+        self, attempt: int, headers: Mapping[str, str], rand: Callable[[], float]
+    ) -> float | None:
+        """Seconds to wait before the next try, or None when no retry is left (or the
+        server asks for more than `max_wait`)."""
+        if attempt + 1 >= self.attempts:
+            return None
+        hint = server_wait(headers)
+        if hint is None:
+            return self.backoff(attempt, rand)
+        if hint > self.max_wait:
+            return None
+        return hint * (1.0 + 0.1 * rand())
+
+
+def server_wait(headers: Mapping[str, str], now: float | None = None) -> float | None:
+    """The wait the server asked for: ``Retry-After`` (seconds or an HTTP date), else the
+    longest reset ``t=`` of the ``RateLimit`` header; None when it said nothing usable.
+    Header names are matched case-insensitively."""
+    lower = {k.lower(): v for k, v in headers.items()}
+    ra = lower.get("retry-after")
+    if ra is not None:
+        ra = ra.strip()
+        try:
+            return max(0.0, float(ra))
+        except ValueError:
+            pass
+        try:
+            when = email.utils.parsedate_to_datetime(ra).timestamp()
+        except (TypeError, ValueError):
+            when = None
+        if when is not None:
+            return max(0.0, when - (time.time() if now is None else now))
+    rl = lower.get("ratelimit")
+    if rl:
+        resets = [float(m.group(1)) for item in rl.split(",") if (m := _T.search(item))]
+        if resets:
+            return max(resets)
+    return None

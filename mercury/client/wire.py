@@ -1,0 +1,281 @@
+"""How the SDK's values travel over HTTP (pure, no I/O): key paths, batch bodies, range
+items, watch events, and the plan that cuts a large batch into admissible requests.
+
+Keys and values are bytes on the wire's terms: text members (``key``, ``value``) when they
+are valid UTF-8, base64 members (``key_b64``, ``value_b64``) otherwise.
+"""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+from urllib.parse import quote
+
+#: Ops and key + value bytes per `POST /v1/batch` the client sends unless told otherwise
+#: (well under the gateway's defaults of 10,000 ops and 100 MiB bodies).
+DEFAULT_BATCH_OPS = 1000
+DEFAULT_BATCH_BYTES = 8 << 20
+
+Key = str | bytes
+#: One batch op: ("set", key, value) or ("delete", key) / ("delete", key, None).
+BatchOp = tuple[str, Key] | tuple[str, Key, "str | bytes | None"]
+
+
+class Item(NamedTuple):
+    """One key of a range read; `value` is None for a keys-only read."""
+
+    key: bytes
+    value: bytes | None
+
+
+@dataclass(frozen=True, slots=True)
+class Change:
+    """One change of a watch stream: `op` is "set" or "delete" (value None)."""
+
+    seq: int
+    op: str
+    key: bytes
+    value: bytes | None
+
+
+@dataclass(frozen=True, slots=True)
+class WriteResult:
+    """Answer of one PUT or DELETE: the log `seq` and "written" / "duplicate" / "deleted" /
+    "absent"; `replayed` when the node answered a retry with the first answer."""
+
+    seq: int
+    status: str
+    replayed: bool = False
+
+
+@dataclass(slots=True)
+class BatchResult:
+    """Totals of a batch over every request it took (`requests`; `replayed` of them were
+    answered from an earlier try); `seq` is the highest log seq touched."""
+
+    seq: int = 0
+    written: int = 0
+    deleted: int = 0
+    duplicates: int = 0
+    absent: int = 0
+    requests: int = 0
+    replayed: int = 0
+
+    def add(self, doc: dict[str, Any], replayed: bool) -> None:
+        """Count one request's answer (`{"seq", "written", "deleted", ...}`)."""
+        self.seq = max(self.seq, int(doc.get("seq") or 0))
+        self.written += int(doc.get("written") or 0)
+        self.deleted += int(doc.get("deleted") or 0)
+        self.duplicates += int(doc.get("duplicates") or 0)
+        self.absent += int(doc.get("absent") or 0)
+        self.requests += 1
+        self.replayed += int(replayed)
+
+
+def as_bytes(x: str | bytes) -> bytes:
+    """Text as UTF-8; bytes as they are."""
+    return x.encode() if isinstance(x, str) else bytes(x)
+
+
+def kv_path(key: Key) -> str:
+    """``/v1/kv/{key}`` with every byte of the key percent-encoded except unreserved ones
+    (so ``/``, ``?``, ``%`` and non-UTF-8 bytes arrive as sent)."""
+    k = as_bytes(key)
+    if not k:
+        raise ValueError("a key is 1 to 500 bytes")
+    return "/v1/kv/" + quote(k, safe="")
+
+
+def put_bytes(doc: dict[str, Any], name: str, raw: bytes) -> None:
+    """``doc[name]`` as text, or ``doc[name + "_b64"]`` when `raw` is not UTF-8."""
+    try:
+        doc[name] = raw.decode()
+    except UnicodeDecodeError:
+        doc[name + "_b64"] = base64.b64encode(raw).decode()
+
+
+def get_bytes(doc: dict[str, Any], name: str) -> bytes | None:
+    """``doc[name]`` (text) or ``doc[name + "_b64"]`` as bytes; None when neither."""
+    if name in doc and doc[name] is not None:
+        return str(doc[name]).encode()
+    b64 = doc.get(name + "_b64")
+    return base64.b64decode(b64) if b64 is not None else None
+
+
+@dataclass(frozen=True, slots=True)
+class WireOp:
+    """A batch op as it will be sent, with its cost (key + value bytes, as the gateway
+    counts it) known up front."""
+
+    doc: dict[str, Any]
+    cost: int
+
+
+def encode_op(op: Sequence[Any]) -> WireOp:
+    """A (kind, key[, value]) tuple as a batch body member."""
+    if not op or op[0] not in ("set", "delete"):
+        raise ValueError(f"a batch op is ('set', key, value) or ('delete', key), got {op!r}")
+    kind = op[0]
+    if len(op) < 2:
+        raise ValueError(f"op {op!r} has no key")
+    key = as_bytes(op[1])
+    doc: dict[str, Any] = {"op": kind}
+    put_bytes(doc, "key", key)
+    cost = len(key)
+    if kind == "set":
+        if len(op) < 3 or op[2] is None:
+            raise ValueError(f"a set op needs a value: {op!r}")
+        value = as_bytes(op[2])
+        put_bytes(doc, "value", value)
+        cost += len(value)
+    return WireOp(doc, cost)
+
+
+def split(ops: Sequence[WireOp], max_ops: int, max_bytes: int) -> list[tuple[int, int]]:
+    """Cut `ops` into consecutive pieces ``[start, stop)`` of at most `max_ops` ops and
+    `max_bytes` cost each, in order. An op costlier than `max_bytes` alone makes a piece of
+    its own (the node then says whether it is admissible at all)."""
+    if max_ops < 1 or max_bytes < 1:
+        raise ValueError("max_ops and max_bytes must be at least 1")
+    pieces: list[tuple[int, int]] = []
+    start, cost = 0, 0
+    for i, op in enumerate(ops):
+        n = i - start
+        if n and (n >= max_ops or cost + op.cost > max_bytes):
+            pieces.append((start, i))
+            start, cost = i, 0
+        cost += op.cost
+    if start < len(ops):
+        pieces.append((start, len(ops)))
+    return pieces
+
+
+@dataclass(slots=True)
+class BatchPlan:
+    """The requests of one logical batch, re-planned when the node answers 413.
+
+    Each piece's Idempotency-Key is ``<base>:<start>+<count>``: a retry of a piece sends
+    the same key with the same body, and a piece cut differently after a 413 (a different
+    body) gets a different key, so a key is never reused for another request.
+    """
+
+    ops: list[WireOp]
+    base_key: str
+    max_ops: int = DEFAULT_BATCH_OPS
+    max_bytes: int = DEFAULT_BATCH_BYTES
+    pending: list[tuple[int, int]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.pending = split(self.ops, self.max_ops, self.max_bytes)[::-1]
+
+    def next(self) -> tuple[int, int] | None:
+        """The next piece to send (None when every piece was acknowledged)."""
+        return self.pending[-1] if self.pending else None
+
+    def body(self, piece: tuple[int, int]) -> dict[str, Any]:
+        return {"ops": [op.doc for op in self.ops[piece[0] : piece[1]]]}
+
+    def key(self, piece: tuple[int, int]) -> str:
+        return f"{self.base_key}:{piece[0]}+{piece[1] - piece[0]}"
+
+    def done(self) -> None:
+        """The next piece was acknowledged."""
+        self.pending.pop()
+
+    def too_large(self, max_ops: int | None, max_bytes: int | None) -> bool:
+        """The next piece got 413: cut it (and every later piece) to the node's limits, or
+        in half when the node gave none. False when it cannot be cut any smaller."""
+        start, stop = self.pending[-1]
+        if max_ops is None and max_bytes is None:
+            if stop - start <= 1:
+                return False
+            max_ops = (stop - start) // 2
+        if max_ops is not None:
+            self.max_ops = max(1, min(self.max_ops, max_ops))
+        if max_bytes is not None:
+            self.max_bytes = max(1, min(self.max_bytes, max_bytes))
+        rest = split(self.ops[start:], self.max_ops, self.max_bytes)
+        replanned = [(a + start, b + start) for a, b in rest]
+        if replanned[0] == (start, stop):
+            return False
+        self.pending = replanned[::-1]
+        return True
+
+
+def range_query(
+    prefix: Key | None,
+    start: Key | None,
+    end: Key | None,
+    *,
+    keys_only: bool = False,
+    limit: int | None = None,
+    cursor: str | None = None,
+) -> str:
+    """The query string of ``GET /v1/range``: every bound percent-encoded byte by byte, so
+    any key (also non-UTF-8) round-trips."""
+    if prefix is not None and (start is not None or end is not None):
+        raise ValueError("give either prefix or start/end, not both")
+    parts: list[str] = []
+    for name, v in (("prefix", prefix), ("start", start), ("end", end)):
+        if v is not None:
+            parts.append(f"{name}={quote(as_bytes(v), safe='')}")
+    if keys_only:
+        parts.append("keys_only=true")
+    if limit is not None:
+        parts.append(f"limit={int(limit)}")
+    if cursor is not None:
+        parts.append(f"cursor={quote(cursor, safe='')}")
+    return "&".join(parts)
+
+
+def item(doc: dict[str, Any]) -> Item:
+    """A range item from its JSON form."""
+    key = get_bytes(doc, "key")
+    if key is None:
+        raise ValueError(f"range item without a key: {doc!r}")
+    return Item(key, get_bytes(doc, "value"))
+
+
+def change(doc: dict[str, Any]) -> Change | None:
+    """A watch line as a Change; None for a heartbeat (a line without an op)."""
+    op = doc.get("op")
+    if op is None:
+        return None
+    key = get_bytes(doc, "key")
+    if key is None or not isinstance(doc.get("seq"), int):
+        raise ValueError(f"watch change without key or seq: {doc!r}")
+    return Change(int(doc["seq"]), str(op), key, get_bytes(doc, "value") if op == "set" else None)
+
+
+class Resume:
+    """Where a dropped watch resumes: from the last seq seen, skipping the changes of
+    that seq already delivered (one log seq can carry many changes, sent in order)."""
+
+    def __init__(self, from_seq: int) -> None:
+        self.from_seq = from_seq
+        self._seq = -1
+        self._seen = 0
+        self._skip = 0
+
+    def restart(self) -> int:
+        """The `from_seq` to ask for on (re)connecting."""
+        if self._seq >= 0:
+            self._skip = self._seen
+            self._seen = 0
+            return self._seq
+        return self.from_seq
+
+    def fresh(self, c: Change) -> bool:
+        """Whether `c` is new (False for a change redelivered after a resume)."""
+        if c.seq != self._seq:
+            self._seq, self._seen, self._skip = c.seq, 0, 0
+        self._seen += 1
+        if self._skip:
+            self._skip -= 1
+            return False
+        return True
+
+
+NDJSON = "application/x-ndjson"

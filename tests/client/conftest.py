@@ -1,0 +1,64 @@
+"""A real root and a replica following it, shared by the SDK tests of a module."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import httpx
+import pytest
+
+from tests.gateway.conftest import Root, make_root
+from tests.replicator.nodes import Replica, start_replica
+from tests.support.procs import Procs
+
+
+@dataclass
+class Cluster:
+    """A root (writes) and one replica (reads) on 127.0.0.1."""
+
+    root: Root
+    replica: Replica
+
+    @property
+    def read_url(self) -> str:
+        return f"http://127.0.0.1:{self.replica.http}"
+
+    def repl_port(self) -> int:
+        return int(self.root.args[self.root.args.index("--repl-listen") + 1].rsplit(":", 1)[1])
+
+    def caught_up(self, timeout: float = 30.0) -> None:
+        """Wait until the replica applied everything the root committed."""
+        want = httpx.get(self.root.url + "/v1/status", timeout=5).json()["seq"]
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if httpx.get(self.read_url + "/v1/status", timeout=5).json()["seq"] >= want:
+                return
+            time.sleep(0.05)
+        raise TimeoutError(f"replica did not reach seq {want} in {timeout}s")
+
+
+def make_cluster(procs: Procs, tmp: object) -> Cluster:
+    from pathlib import Path
+
+    base = Path(str(tmp))
+    root = make_root(procs, base / "root")
+    c = Cluster(root, None)  # type: ignore[arg-type]
+    c.replica = start_replica(procs, base / "replica", [c.repl_port()], repl=False)
+    return c
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    """One root + one replica per test module; every process stopped by PID at teardown."""
+    tmp = tmp_path_factory.mktemp("cluster")
+    logs = tmp / "logs"
+    logs.mkdir()
+    procs = Procs(logs)
+    try:
+        c = make_cluster(procs, tmp)
+        yield c
+        c.root.close_clients()
+    finally:
+        procs.stop_all()
