@@ -14,7 +14,12 @@ from collections.abc import Sequence
 
 from core.errors import MercuryError
 
-COMMAND_MODULES = ("mercury.cmd_store", "mercury.cmd_gateway", "mercury.cmd_replica")
+COMMAND_MODULES = (
+    "mercury.cmd_store",
+    "mercury.cmd_gateway",
+    "mercury.cmd_replica",
+    "mercury.cmd_kv",
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
