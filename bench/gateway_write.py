@@ -3,12 +3,20 @@
 Servers run as separate processes (uvicorn, uvloop + httptools, no access log), one at a
 time; the load comes from this process (an asyncio HTTP/1.1 keep-alive client on uvloop).
 
-- ``put``: single-key PUTs/s at concurrency 64 with a 5 ms batch window (fsync on), beside a
-  no-op FastAPI PUT that reads the same body, and a no-op FastAPI POST with a pydantic body.
-- ``batch``: pairs/s through ``POST /v1/batch`` with 1,000 pairs per request — new keys in
-  ascending order (a bulk load) and random overwrites of an N-key store — beside a no-op
-  FastAPI endpoint that parses the same bodies with pydantic, and beside raw py-lmdb doing
-  the same overwrites with the same sync in 10,000-key transactions.
+- ``put``: single-key PUTs/s with a 5 ms batch window (fsync on) at ``--put-conns``
+  connections (default 256: the window then bounds the gateway at conns / window = 51,200/s,
+  far above what it reaches), beside the same server stack doing nothing — a raw-ASGI no-op
+  under the same uvicorn settings that reads the body and checks the Authorization header
+  (the headline ratio: the gateway's raw-ASGI fast path against it) — and beside a no-op
+  FastAPI PUT reading the body and a no-op FastAPI POST with a pydantic body.
+- ``batch``: pairs/s through ``POST /v1/batch`` with 1,000 pairs per request, new keys in
+  ascending order (a bulk load), beside a raw-ASGI no-op that checks the Authorization
+  header and decodes the same bodies with orjson (the decoder family the gateway uses) and
+  a FastAPI no-op decoding them with pydantic. Then random overwrites of a fresh N-key
+  store through the gateway, beside raw py-lmdb loaded the same way (same keys, values and
+  transaction sizes) applying the very same requests in the same order, grouped into
+  transactions of the gateway's measured mean batch size, each sorted by key as the
+  batcher sorts a batch.
 - ``ack``: ack latency P50/P99 with the 500 ms window at a steady rate (default 2,000
   single-key PUTs/s of random keys into the N-key store).
 - ``dup``: bytes the root process wrote to disk per second (/proc/PID/io) under a
@@ -16,7 +24,7 @@ time; the load comes from this process (an asyncio HTTP/1.1 keep-alive client on
 - ``fair``: producer B's ack P99 alone and while producer A floods at 10× its quota.
 
 Usage: .venv/bin/python bench/gateway_write.py [--keys N] [--seconds S] [--quick]
-       [--only put,batch,ack,dup,fair]
+       [--only put,batch,ack,dup,fair] [--put-conns N] [--switch-interval-ms MS]
 """
 
 from __future__ import annotations
@@ -24,6 +32,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import hashlib
 import json
 import os
 import random
@@ -49,6 +58,9 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from tests.support.procs import free_port, mercury_cmd, wait_http  # noqa: E402
+
+#: Extra `mercury root` flags of every root this run starts (``--switch-interval-ms``).
+ROOT_ARGS: list[str] = []
 
 VALUE = b"v" * 100
 
@@ -101,11 +113,65 @@ def noop_app() -> Any:
     return app
 
 
-def serve_noop(port: int) -> None:
+#: The no-op's only token ("x"), stored as the gateway stores tokens: a SHA-256 → producer map.
+_NOOP_TOKENS = {hashlib.sha256(b"x").digest(): "bench"}
+
+
+def raw_noop_app() -> Any:
+    """Raw ASGI, like the gateway's fast path: ``PUT /v1/kv/*`` reads the body and checks
+    the bearer token; ``POST /v1/batch`` also decodes the body with orjson and counts its
+    ops. No framework, no store."""
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            if scope["type"] == "lifespan":
+                while (await receive())["type"] != "lifespan.shutdown":
+                    await send({"type": "lifespan.startup.complete"})
+                await send({"type": "lifespan.shutdown.complete"})
+            return
+        auth = b""
+        for k, v in scope["headers"]:
+            if k == b"authorization":
+                auth = v
+        chunks = []
+        while True:
+            msg = await receive()
+            chunks.append(msg.get("body", b""))
+            if not msg.get("more_body"):
+                break
+        body = b"".join(chunks)
+        path = scope["path"]
+        if path == "/healthz":
+            status, out = 200, b'{"ok":true}'
+        elif not auth.startswith(b"Bearer ") or (
+            hashlib.sha256(auth[7:]).digest() not in _NOOP_TOKENS
+        ):
+            status, out = 401, b'{"title":"unauthorized"}'
+        elif path == "/v1/batch":
+            ops = orjson.loads(body)["ops"]
+            status, out = 200, b'{"seq":0,"written":%d}' % len(ops)
+        else:
+            status, out = 200, b'{"seq":0,"status":"written"}'
+        await send(
+            {
+                "type": "http.response.start",
+                "status": status,
+                "headers": [
+                    (b"content-type", b"application/json"),
+                    (b"content-length", b"%d" % len(out)),
+                ],
+            }
+        )
+        await send({"type": "http.response.body", "body": out})
+
+    return app
+
+
+def serve_noop(port: int, kind: str) -> None:
     import uvicorn
 
     uvicorn.run(
-        noop_app(),
+        raw_noop_app() if kind == "raw" else noop_app(),
         host="127.0.0.1",
         port=port,
         loop="uvloop",
@@ -137,10 +203,12 @@ def server(argv: list[str], url: str, log: Path) -> Iterator[subprocess.Popen[by
                 p.wait(10)
 
 
-def noop_server(tmp: Path) -> Any:
+def noop_server(tmp: Path, kind: str = "fastapi") -> Any:
+    """A no-op server process: ``raw`` (raw ASGI, orjson) or ``fastapi`` (pydantic)."""
     port = free_port()
-    argv = [sys.executable, str(Path(__file__).resolve()), "--serve-noop", str(port)]
-    return server(argv, f"http://127.0.0.1:{port}", tmp / "noop.log"), f"http://127.0.0.1:{port}"
+    argv = [sys.executable, str(Path(__file__).resolve()), "--serve-noop", str(port), kind]
+    url = f"http://127.0.0.1:{port}"
+    return server(argv, url, tmp / f"noop-{kind}.log"), url
 
 
 def init_root(data: Path) -> str:
@@ -168,6 +236,7 @@ def root_server(tmp: Path, data: Path, window_ms: float) -> Any:
         str(window_ms),
         "--log-level",
         "warning",
+        *ROOT_ARGS,
     )
     url = f"http://127.0.0.1:{port}"
     return server(argv, url, tmp / "root.log"), url
@@ -450,11 +519,17 @@ def write_bytes(pid: int) -> int:
 # --- scenarios -----------------------------------------------------------------------------------
 
 
-def bench_put(tmp: Path, seconds: float) -> dict[str, Any]:
+def bench_put(tmp: Path, seconds: float, conns: int) -> dict[str, Any]:
     data = tmp / "put"
     admin = init_root(data)
     rnd = random.Random(1)
-    out: dict[str, Any] = {"concurrency": 64, "window_ms": 5, "value_bytes": len(VALUE)}
+    out: dict[str, Any] = {
+        "concurrency": conns,
+        "window_ms": 5,
+        # each connection gets at most one ack per window: the window's ceiling on PUT/s
+        "window_bound_per_s": round(conns / 0.005),
+        "value_bytes": len(VALUE),
+    }
     pair = orjson.dumps({"key": "b/000000000000", "value": VALUE.decode()})
 
     def put(tok: str) -> Callable[[int], bytes]:
@@ -462,33 +537,39 @@ def bench_put(tmp: Path, seconds: float) -> dict[str, Any]:
 
     def load(url: str, mode: str, tok: str) -> dict[str, Any]:
         if have_wrk():
-            return wrk_run(url, 64, seconds, mode, tok, tmp)
+            return wrk_run(url, conns, seconds, mode, tok, tmp)
         make = (
             put(tok)
             if mode == "put"
             else (lambda i: req("POST", "/noop/pydantic", pair, tok, "application/json"))
         )
-        return asyncio.run(closed_loop(url, 64, seconds, make))
+        return asyncio.run(closed_loop(url, conns, seconds, make))
 
     srv, url = root_server(tmp, data, 5)
-    nsrv, nurl = noop_server(tmp)
+    rsrv, rurl = noop_server(tmp, "raw")
+    nsrv, nurl = noop_server(tmp, "fastapi")
     runs: dict[str, list[dict[str, Any]]] = {
         "gateway": [],
-        "noop_put": [],
-        "noop_pydantic_post": [],
+        "noop_raw_asgi_put": [],
+        "noop_fastapi_put": [],
+        "noop_fastapi_pydantic_post": [],
     }
-    with srv, nsrv:
+    # Only one server is loaded at a time; the idle ones cost nothing.
+    with srv, rsrv, nsrv:
         tok = add_producer(url, admin, "bench", "b/")
         # Interleaved rounds, medians: the machine is shared and noisy.
         for _ in range(ROUNDS):
             runs["gateway"].append(load(url, "put", tok))
-            runs["noop_put"].append(load(nurl, "put", "x"))
-            runs["noop_pydantic_post"].append(load(nurl, "pydantic", "x"))
+            runs["noop_raw_asgi_put"].append(load(rurl, "put", "x"))
+            runs["noop_fastapi_put"].append(load(nurl, "put", "x"))
+            runs["noop_fastapi_pydantic_post"].append(load(nurl, "pydantic", "x"))
     for name, rs in runs.items():
         out[name] = median_run(rs)
-    out["ratio_vs_noop_put"] = round(out["gateway"]["per_s"] / out["noop_put"]["per_s"], 3)
-    out["ratio_vs_noop_pydantic_post"] = round(
-        out["gateway"]["per_s"] / out["noop_pydantic_post"]["per_s"], 3
+    gw = out["gateway"]["per_s"]
+    out["ratio_vs_noop_raw_asgi_put"] = round(gw / out["noop_raw_asgi_put"]["per_s"], 3)
+    out["ratio_vs_noop_fastapi_put"] = round(gw / out["noop_fastapi_put"]["per_s"], 3)
+    out["ratio_vs_noop_fastapi_pydantic_post"] = round(
+        gw / out["noop_fastapi_pydantic_post"]["per_s"], 3
     )
     return out
 
@@ -501,12 +582,50 @@ BATCH_CONNS = 32
 
 def median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
     """The run with the median throughput, with every round's throughput beside it."""
+    for r in runs:
+        check_2xx(r)
     ordered = sorted(runs, key=lambda r: float(r["per_s"]))
     return {**ordered[len(ordered) // 2], "rounds_per_s": [r["per_s"] for r in runs]}
 
 
+def check_2xx(run: dict[str, Any]) -> None:
+    """Refuse a run with any answer other than 2xx: a baseline answering 401 (or a gateway
+    answering 429) measures nothing comparable."""
+    bad = {s: n for s, n in run.get("statuses", {}).items() if not 200 <= int(s) < 300}
+    if bad or run.get("non_2xx"):
+        raise RuntimeError(f"non-2xx answers in a measured run: {run}")
+
+
 def batch_body(keys: list[str]) -> bytes:
     return orjson.dumps({"ops": [{"op": "set", "key": k, "value": VALUE.decode()} for k in keys]})
+
+
+def batch_metrics(url: str) -> tuple[float, float]:
+    """(sum, count) of `mercury_batch_ops`: ops committed and batches so far."""
+    total = count = 0.0
+    for line in httpx.get(url + "/metrics", timeout=30).text.splitlines():
+        if line.startswith("mercury_batch_ops_sum"):
+            total = float(line.rsplit(" ", 1)[1])
+        elif line.startswith("mercury_batch_ops_count"):
+            count = float(line.rsplit(" ", 1)[1])
+    return total, count
+
+
+def mean_batch(before: tuple[float, float], after: tuple[float, float]) -> int:
+    """Mean ops per committed batch between two `batch_metrics` readings."""
+    n = after[1] - before[1]
+    return max(1, round((after[0] - before[0]) / n)) if n else 1
+
+
+def overwrite_keys(i: int, n_keys: int) -> list[str]:
+    """The keys of overwrite request `i`: 1,000 random existing keys, sorted (a fixed
+    sequence, so the gateway and raw LMDB apply the very same requests)."""
+    r = random.Random(i)
+    return sorted(f"b/{r.randrange(n_keys):012d}" for _ in range(1000))
+
+
+def overwrite_value(i: int) -> bytes:
+    return b"%0100d" % i
 
 
 def bench_batch(tmp: Path, seconds: float, n_keys: int) -> dict[str, Any]:
@@ -515,81 +634,130 @@ def bench_batch(tmp: Path, seconds: float, n_keys: int) -> dict[str, Any]:
     out: dict[str, Any] = {"pairs_per_request": 1000, "value_bytes": 100}
     srv, url = root_server(tmp, data, 500)
     seq = iter(range(1 << 40))
-    rnd = random.Random(2)
 
-    def ascending(i: int) -> bytes:
-        base = next(seq) * 1000
-        return req(
-            "POST",
-            "/v1/batch",
-            batch_body([f"b/a{base + j:012d}" for j in range(1000)]),
-            tok,
-            "application/json",
-        )
+    def ascending(tok: str) -> Callable[[int], bytes]:
+        def make(i: int) -> bytes:
+            base = next(seq) * 1000
+            keys = [f"b/a{base + j:012d}" for j in range(1000)]
+            return req("POST", "/v1/batch", batch_body(keys), tok, "application/json")
+
+        return make
 
     def bulk(url: str, tok: str) -> dict[str, Any]:
         if have_wrk():
             r = wrk_run(url, BATCH_CONNS, seconds, "batch", tok, tmp)
         else:
-            r = asyncio.run(closed_loop(url, BATCH_CONNS, seconds, ascending))
+            r = asyncio.run(closed_loop(url, BATCH_CONNS, seconds, ascending(tok)))
         return {**r, "connections": BATCH_CONNS, "pairs_per_s": round(r["per_s"] * 1000)}
 
-    nsrv, nurl = noop_server(tmp)
-    with srv, nsrv:
+    rsrv, rurl = noop_server(tmp, "raw")
+    nsrv, nurl = noop_server(tmp, "fastapi")
+    with srv, rsrv, nsrv:
         tok = add_producer(url, admin, "bench", "b/")
-        gw_runs, noop_runs = [], []
+        gw_runs, raw_runs, pyd_runs = [], [], []
         for _ in range(ROUNDS):  # interleaved rounds, medians
             gw_runs.append(bulk(url, tok))
-            noop_runs.append(bulk(nurl, "x"))
+            raw_runs.append(bulk(rurl, "x"))
+            pyd_runs.append(bulk(nurl, "x"))
         out["bulk_load_ascending"] = median_run(gw_runs)
-        out["noop_batch"] = median_run(noop_runs)
+        out["noop_raw_asgi_orjson_batch"] = median_run(raw_runs)
+        out["noop_fastapi_pydantic_batch"] = median_run(pyd_runs)
+    gw = out["bulk_load_ascending"]["pairs_per_s"]
+    out["ratio_bulk_vs_noop_raw_asgi_orjson"] = round(
+        gw / out["noop_raw_asgi_orjson_batch"]["pairs_per_s"], 3
+    )
+    out["ratio_bulk_vs_noop_fastapi_pydantic"] = round(
+        gw / out["noop_fastapi_pydantic_batch"]["pairs_per_s"], 3
+    )
+    out.update(bench_overwrites(tmp, seconds, n_keys))
+    return out
+
+
+def bench_overwrites(tmp: Path, seconds: float, n_keys: int) -> dict[str, Any]:
+    """Random overwrites of a fresh `n_keys` store: the gateway, then raw py-lmdb from the
+    same state applying the same requests in the same order (see `overwrite_keys`)."""
+    data = tmp / "overwrite"
+    admin = init_root(data)
+    srv, url = root_server(tmp, data, 500)
+    with srv:
+        tok = add_producer(url, admin, "bench", "b/")
+        m0 = batch_metrics(url)
         t0 = time.perf_counter()
         preload(url, tok, n_keys)
-        out["preload_pairs_per_s"] = round(n_keys / (time.perf_counter() - t0))
+        preload_s = time.perf_counter() - t0
+        m1 = batch_metrics(url)
+        sent = iter(range(1 << 40))
 
-        def overwrite(i: int) -> bytes:
-            keys = sorted(f"b/{rnd.randrange(n_keys):012d}" for _ in range(1000))
+        def overwrite(_: int) -> bytes:
+            i = next(sent)
             body = orjson.dumps(
-                {"ops": [{"op": "set", "key": k, "value": f"{i:0100d}"} for k in keys]}
+                {
+                    "ops": [
+                        {"op": "set", "key": k, "value": overwrite_value(i).decode()}
+                        for k in overwrite_keys(i, n_keys)
+                    ]
+                }
             )
             return req("POST", "/v1/batch", body, tok, "application/json")
 
         ow = asyncio.run(closed_loop(url, BATCH_CONNS, seconds, overwrite))
-        out["random_overwrites"] = {
+        check_2xx(ow)
+        m2 = batch_metrics(url)
+    load_txn, ow_txn = mean_batch(m0, m1), mean_batch(m1, m2)
+    out: dict[str, Any] = {
+        "preload_pairs_per_s": round(n_keys / preload_s),
+        "random_overwrites": {
             **ow,
-            "connections": 8,
+            "connections": BATCH_CONNS,
             "store_keys": n_keys,
+            "mean_batch_ops": ow_txn,
             "pairs_per_s": round(ow["per_s"] * 1000),
-        }
-    out["raw_lmdb_overwrites"] = raw_lmdb_overwrites(tmp, n_keys)
-    out["ratio_bulk_vs_noop"] = round(
-        out["bulk_load_ascending"]["pairs_per_s"] / out["noop_batch"]["pairs_per_s"], 3
-    )
+        },
+        "raw_lmdb_overwrites": raw_lmdb_overwrites(tmp, n_keys, load_txn, ow_txn, seconds),
+    }
     out["ratio_overwrites_vs_raw_lmdb"] = round(
         out["random_overwrites"]["pairs_per_s"] / out["raw_lmdb_overwrites"]["pairs_per_s"], 3
     )
     return out
 
 
-def raw_lmdb_overwrites(tmp: Path, n_keys: int) -> dict[str, Any]:
-    """py-lmdb, fsync on, random overwrites of an n_keys store in 10,000-key txns."""
+def raw_lmdb_overwrites(
+    tmp: Path, n_keys: int, load_txn: int, txn_ops: int, seconds: float
+) -> dict[str, Any]:
+    """py-lmdb, fsync on: load the keys as the gateway's preload did (ascending, its mean
+    batch size per transaction), then apply overwrite requests 0, 1, 2, ... in groups of
+    the gateway's mean batch size, each group sorted by key (stable) as the batcher sorts."""
     path = tmp / "raw"
     env = lmdb.open(str(path), map_size=8 << 30, sync=True, metasync=True, readahead=False)
-    with env.begin(write=True) as txn:
-        for i in range(n_keys):
-            txn.put(f"b/{i:012d}".encode(), VALUE, append=True)
-    rnd = random.Random(3)
-    n = 0
-    t0 = time.perf_counter()
-    while time.perf_counter() - t0 < 5.0:
+    keys = [f"b/{i:012d}".encode() for i in range(n_keys)]
+    for a in range(0, n_keys, load_txn):
         with env.begin(write=True) as txn:
-            for _ in range(10_000):
-                txn.put(f"b/{rnd.randrange(n_keys):012d}".encode(), b"w" * 100)
-        n += 10_000
+            for k in keys[a : a + load_txn]:
+                txn.put(k, VALUE, append=True)
+    per_txn = max(1, round(txn_ops / 1000))  # requests per transaction
+    i = n = 0
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        pairs: list[tuple[bytes, bytes]] = []
+        for r in range(i, i + per_txn):
+            v = overwrite_value(r)
+            pairs.extend((k.encode(), v) for k in overwrite_keys(r, n_keys))
+        pairs.sort(key=lambda kv: kv[0])
+        with env.begin(write=True) as txn:
+            for k, v in pairs:
+                txn.put(k, v)
+        i += per_txn
+        n += len(pairs)
     dt = time.perf_counter() - t0
     env.close()
     shutil.rmtree(path)
-    return {"pairs_per_s": round(n / dt), "txn_keys": 10_000, "store_keys": n_keys}
+    return {
+        "pairs_per_s": round(n / dt),
+        "load_txn_keys": load_txn,
+        "txn_keys": per_txn * 1000,
+        "store_keys": n_keys,
+        "note": "same requests, order and values as the gateway's run; keys built in the loop",
+    }
 
 
 def bench_ack(tmp: Path, seconds: float, n_keys: int, rate: float) -> dict[str, Any]:
@@ -778,19 +946,38 @@ def main() -> int:
     ap.add_argument("--rate", type=float, default=2000.0, help="PUTs/s of the ack scenario")
     ap.add_argument("--quick", action="store_true", help="small store, short runs")
     ap.add_argument("--only", default="put,batch,ack,dup,fair")
+    ap.add_argument(
+        "--put-conns", type=int, default=256, help="connections of the single-PUT scenario"
+    )
+    ap.add_argument(
+        "--switch-interval-ms",
+        type=float,
+        default=None,
+        help="pass --switch-interval-ms to every root (default: the root's own default)",
+    )
+    ap.add_argument("noop_kind", nargs="?", default="fastapi", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.serve_noop:
-        serve_noop(args.serve_noop)
+        serve_noop(args.serve_noop, args.noop_kind)
         return 0
+    if args.switch_interval_ms is not None:
+        ROOT_ARGS.extend(["--switch-interval-ms", str(args.switch_interval_ms)])
     uvloop.install()
     if args.quick:
         args.keys, args.seconds = min(args.keys, 100_000), min(args.seconds, 3.0)
     only = set(args.only.split(","))
     tmp = Path(tempfile.mkdtemp(prefix="mercury-bench-gw-"))
-    result: dict[str, Any] = {"bench": "gateway_write", "cpus": os.cpu_count()}
+    result: dict[str, Any] = {
+        "bench": "gateway_write",
+        "cpus": os.cpu_count(),
+        "seconds": args.seconds,
+        "rounds": ROUNDS,
+        "client": "wrk -t1" if have_wrk() else "asyncio (this process)",
+        "root_args": ROOT_ARGS,
+    }
     try:
         if "put" in only:
-            result["put"] = bench_put(tmp, args.seconds)
+            result["put"] = bench_put(tmp, args.seconds, args.put_conns)
         if "batch" in only:
             result["batch"] = bench_batch(tmp, args.seconds, args.keys)
         if "ack" in only:
