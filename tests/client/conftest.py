@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import httpx
 import pytest
@@ -25,9 +26,6 @@ class Cluster:
     def read_url(self) -> str:
         return f"http://127.0.0.1:{self.replica.http}"
 
-    def repl_port(self) -> int:
-        return int(self.root.args[self.root.args.index("--repl-listen") + 1].rsplit(":", 1)[1])
-
     def caught_up(self, timeout: float = 30.0) -> None:
         """Wait until the replica applied everything the root committed."""
         want = httpx.get(self.root.url + "/v1/status", timeout=5).json()["seq"]
@@ -39,14 +37,12 @@ class Cluster:
         raise TimeoutError(f"replica did not reach seq {want} in {timeout}s")
 
 
-def make_cluster(procs: Procs, tmp: object) -> Cluster:
-    from pathlib import Path
-
-    base = Path(str(tmp))
+def make_cluster(procs: Procs, base: Path) -> Cluster:
+    """A root in `base`/root and a replica following it in `base`/replica."""
     root = make_root(procs, base / "root")
-    c = Cluster(root, None)  # type: ignore[arg-type]
-    c.replica = start_replica(procs, base / "replica", [c.repl_port()], repl=False)
-    return c
+    repl = root.args[root.args.index("--repl-listen") + 1]
+    replica = start_replica(procs, base / "replica", [int(repl.rsplit(":", 1)[1])], repl=False)
+    return Cluster(root, replica)
 
 
 @pytest.fixture(scope="module")

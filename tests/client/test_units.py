@@ -1,0 +1,154 @@
+"""The SDK's pure parts: batch cutting, 413 re-planning, retry waits, error mapping, watch
+resumption. No sockets here; the behaviour against real nodes is in the other modules."""
+
+from __future__ import annotations
+
+import email.utils
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from mercury.client import errors, wire
+from mercury.client.retry import RetryPolicy, server_wait
+
+costs = st.lists(st.integers(min_value=0, max_value=50), max_size=60)
+
+
+def _ops(cs: list[int]) -> list[wire.WireOp]:
+    return [wire.WireOp({"op": "set", "key": str(i)}, c) for i, c in enumerate(cs)]
+
+
+@given(costs, st.integers(1, 10), st.integers(1, 120))
+def test_split_covers_every_op_in_order_within_bounds(
+    cs: list[int], max_ops: int, max_bytes: int
+) -> None:
+    ops = _ops(cs)
+    pieces = wire.split(ops, max_ops, max_bytes)
+    # consecutive, in order, covering everything exactly once
+    assert [i for a, b in pieces for i in range(a, b)] == list(range(len(ops)))
+    for a, b in pieces:
+        assert 1 <= b - a <= max_ops
+        cost = sum(cs[a:b])
+        # over the byte bound only when one op alone is
+        assert cost <= max_bytes or b - a == 1
+
+
+@given(costs, st.integers(1, 8), st.integers(1, 100))
+def test_a_413_recut_never_reuses_an_idempotency_key_for_another_body(
+    cs: list[int], max_ops: int, max_bytes: int
+) -> None:
+    plan = wire.BatchPlan(_ops(cs), "k", max_ops=20, max_bytes=10_000)
+    sent: dict[str, object] = {}
+    acked: list[int] = []
+    rounds = 0
+    while (piece := plan.next()) is not None and rounds < 500:
+        rounds += 1
+        key, body = plan.key(piece), plan.body(piece)
+        assert sent.setdefault(key, body) == body, "one key, two different bodies"
+        a, b = piece
+        admissible = b - a <= max_ops and (sum(cs[a:b]) <= max_bytes or b - a == 1)
+        if admissible:
+            acked.extend(range(a, b))
+            plan.done()
+        elif not plan.too_large(max_ops, max_bytes):
+            raise AssertionError("a piece the node would admit was not produced")
+    assert acked == list(range(len(cs)))
+
+
+def test_413_without_limits_halves_until_one_op() -> None:
+    plan = wire.BatchPlan(_ops([1] * 8), "k")
+    assert plan.next() == (0, 8)
+    assert plan.too_large(None, None)
+    assert plan.next() == (0, 4)
+    assert plan.too_large(None, None) and plan.too_large(None, None)
+    assert plan.next() == (0, 1)
+    assert not plan.too_large(None, None)  # one op cannot be cut: the 413 stands
+
+
+def test_encode_op_uses_b64_members_for_non_utf8() -> None:
+    w = wire.encode_op(("set", b"k\xff", b"\x00\xfe"))
+    assert w.doc == {"op": "set", "key_b64": "a/8=", "value_b64": "AP4="}
+    assert w.cost == 4
+    assert wire.encode_op(("delete", "é")).doc == {"op": "delete", "key": "é"}
+
+
+def test_kv_path_percent_encodes_every_reserved_byte() -> None:
+    assert wire.kv_path("a/b?c%d e") == "/v1/kv/a%2Fb%3Fc%25d%20e"
+    assert wire.kv_path(b"\xff") == "/v1/kv/%FF"
+
+
+@given(st.integers(0, 40), st.floats(0, 1))
+def test_backoff_is_full_jitter_under_the_cap(attempt: int, r: float) -> None:
+    p = RetryPolicy(attempts=100, base=0.1, cap=5.0)
+    w = p.wait(attempt, {}, lambda: r)
+    assert w is not None
+    assert 0 <= w <= min(5.0, 0.1 * 2**attempt)
+
+
+def test_server_wait_honours_retry_after_and_ratelimit() -> None:
+    assert server_wait({"Retry-After": "3"}) == 3.0
+    date = email.utils.formatdate(1_000_010, usegmt=True)
+    assert server_wait({"retry-after": date}, now=1_000_000) == 10.0
+    assert server_wait({"RateLimit": '"ops";r=0;t=2, "bytes";r=5;t=4'}) == 4.0
+    assert server_wait({}) is None
+    p = RetryPolicy(attempts=3, max_wait=60)
+    w = p.wait(0, {"Retry-After": "2"}, lambda: 1.0)
+    assert w is not None and 2.0 <= w <= 2.2
+    assert p.wait(0, {"Retry-After": "61"}, lambda: 0.0) is None  # longer than we wait
+    assert p.wait(2, {"Retry-After": "1"}, lambda: 0.0) is None  # no tries left
+
+
+def test_problem_json_maps_to_typed_errors() -> None:
+    body = b'{"type":"t","title":"Content Too Large","status":413,"detail":"d","max_ops":7}'
+    err = errors.from_answer(413, {"Content-Type": "application/problem+json"}, body)
+    assert isinstance(err, errors.TooLarge) and isinstance(err, errors.Refused)
+    assert (err.status, err.title, err.detail, err.max_ops, err.max_bytes) == (
+        413,
+        "Content Too Large",
+        "d",
+        7,
+        None,
+    )
+    q = errors.from_answer(429, {"Retry-After": "5"}, b"{}")
+    assert isinstance(q, errors.QuotaExceeded) and q.retry_after == 5.0
+    assert errors.RateLimited is errors.QuotaExceeded
+    for status, cls in [
+        (401, errors.Unauthorized),
+        (403, errors.Forbidden),
+        (404, errors.NotFound),
+        (409, errors.Conflict),
+        (410, errors.Gone),
+        (412, errors.PreconditionFailed),
+        (422, errors.Unprocessable),
+        (418, errors.Refused),
+        (503, errors.Unavailable),
+        (507, errors.StorageFull),
+        (500, errors.ServerError),
+    ]:
+        assert type(errors.from_answer(status, {}, b"not json")) is cls
+    assert errors.from_answer(500, {}, b"oops").detail == "oops"
+
+
+def _change(seq: int, k: str) -> wire.Change:
+    return wire.Change(seq, "set", k.encode(), b"v")
+
+
+def test_watch_resume_skips_changes_of_the_last_seq_already_delivered() -> None:
+    r = wire.Resume(5)
+    assert r.restart() == 5
+    assert r.fresh(_change(5, "a")) and r.fresh(_change(6, "b")) and r.fresh(_change(6, "c"))
+    # dropped: ask again from seq 6, whose first two changes were delivered
+    assert r.restart() == 6
+    assert not r.fresh(_change(6, "b")) and not r.fresh(_change(6, "c"))
+    assert r.fresh(_change(6, "d")) and r.fresh(_change(7, "e"))
+    # dropped during a redelivery too
+    assert r.restart() == 7
+    assert not r.fresh(_change(7, "e"))
+    assert r.restart() == 7
+    assert not r.fresh(_change(7, "e")) and r.fresh(_change(8, "f"))
+
+
+def test_watch_lines() -> None:
+    assert wire.change({"heartbeat": True, "seq": 9}) is None
+    c = wire.change({"seq": 3, "op": "delete", "key_b64": "/w=="})
+    assert c == wire.Change(3, "delete", b"\xff", None)
