@@ -233,6 +233,16 @@ class BootstrapNeededError(RefusedError):
     retryable = True
 
 
+class DivergedError(ReplicationError):
+    """This replica's history and its source's differ at the same seq (e.g. the root was
+    restored from an older copy): no retry can succeed, only a re-bootstrap."""
+
+
+class InvalidRecordError(ReplicationError):
+    """A replicated log record holds what no store accepts (key length, value size, op
+    code, entry numbering): replication stops rather than crash on it."""
+
+
 class SnapshotTransferError(ReplicationError):
     """A snapshot transfer was cut or failed verification; retrying resumes it."""
 

@@ -29,8 +29,8 @@ import uvicorn
 
 from core.addr import parse_hostport
 from mercury.retention_flags import policy_from_args
-from replicator.metrics import APPLIED_SEQ, REPLICATION_LAG, WORKER_RESTARTS
-from replicator.status import read_status
+from replicator.metrics import APPLIED_SEQ, DIVERGED, REPLICATION_LAG, WORKER_RESTARTS
+from replicator.status import diverged, read_status
 from replicator.worker import EXIT_REBOOTSTRAP, WorkerConfig
 from store import layout
 from store.store import Store
@@ -169,6 +169,7 @@ async def _serve(args: argparse.Namespace, cfg: WorkerConfig) -> int:
         return math.nan if value is None else value
 
     REPLICATION_LAG.set_function(lag)
+    DIVERGED.set_function(lambda: diverged(cfg.data_dir))
     APPLIED_SEQ.set_function(lambda: float(store.last_seq()))
     app = create_read_app(store, role="replica", status=lambda: replica_status(cfg.data_dir))
     services = replica_services(store, args)

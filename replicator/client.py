@@ -5,14 +5,18 @@ Contract:
 - Streams from the store's last applied seq + 1 (after a restart: no replay, no skip).
 - Each RECORD is checked for continuity before it is applied (a record not starting right
   after the last applied seq is a gap or a repeat: StreamGapError, nothing applied) and
-  applied by `Store.apply_log_records`, which checks the CRC and the hash chain of each;
+  applied by `Store.apply_log_records`, which checks the CRC and the hash chain of each
+  (`replicator/validate.py` first checks every entry is one a store accepts);
   records already queued behind one another are applied in one transaction (a replica
   catching up pays one commit per group). Applies run in one worker thread so the event
   loop — which also serves this node's downstream replicas — never stalls on a commit.
 - A broken stream (bad frame, gap, repeat, cut) is logged with what was expected and what
-  came, counted, and the client reconnects and resumes from the last applied seq. A hash
-  chain mismatch on a well-formed record means the histories differ: replication stops with
-  a clear error (`state = "failed"`); reads keep being served.
+  came, counted, and the client reconnects and resumes from the last applied seq.
+- Terminal states (the worker stops retrying; reads keep being served): `diverged` when
+  the source's history differs from this replica's at the same seq — a record continuing
+  from our last seq whose hash chain does not hold, or a repeated record whose hash (or
+  boundaries) differ from our own log's — with both hashes and the way out (re-bootstrap)
+  in the error; `failed` when a record holds entries no store accepts (`InvalidRecordError`).
 - Ordered sources with a staleness rule (no new record nor new root heartbeat for
   `staleness` seconds: move to the next source) and bounded backoff (`selection.py`).
 - `BootstrapNeededError` (source lost the history) ends `run()`: the caller bootstraps.
@@ -34,13 +38,16 @@ from core.errors import (
     ChainError,
     CorruptionError,
     DbIdMismatchError,
+    DivergedError,
+    InvalidRecordError,
+    LogRetentionError,
     MercuryError,
     ProtocolError,
     RefusedError,
     SelfReplicationError,
     StreamGapError,
 )
-from replicator import frames, wire
+from replicator import frames, validate, wire
 from replicator.heartbeat import RelayedHeartbeat
 from replicator.selection import Selector
 from replicator.status import StatusBoard
@@ -62,7 +69,28 @@ READ_LIMIT = 16 << 20
 
 
 class ReplicationFailed(Exception):
-    """Replication cannot continue without an operator (diverged history)."""
+    """Replication cannot continue without an operator (diverged history, invalid record)."""
+
+
+#: What the operator does about a diverged replica (also in docs/operations.md).
+REBOOTSTRAP_HINT = (
+    "re-bootstrap this replica: stop it, `rm -r DATA_DIR`, start it again (it fetches a "
+    "snapshot of its source)"
+)
+
+
+def diverged_error(seq: int, ours: str, theirs: str) -> DivergedError:
+    """The named error of a diverged history: what this replica and the source hold."""
+    return DivergedError(
+        f"diverged history at seq {seq}: this replica holds {ours}, the source holds "
+        f"{theirs} (the source was restored from an older copy or is another history)",
+        seq=seq,
+        hint=REBOOTSTRAP_HINT,
+    )
+
+
+def _describe(rec: LogRecord) -> str:
+    return f"seq {rec.first_seq}..{rec.last_seq} with hash head {rec.hash_head.hex()}"
 
 
 def refusal_error(r: frames.Refuse) -> RefusedError:
@@ -130,7 +158,7 @@ class ReplicaClient:
                     wait = self.selector.stale()
                 except (StreamGapError, ProtocolError, CorruptionError) as err:
                     if isinstance(err, ChainError):
-                        raise  # gaps are caught before apply: this is a chain mismatch
+                        raise  # gaps are caught before apply: terminal below
                     log.warning(
                         "stream from %s broken: %s; resuming at seq %d", name, err, self.applied + 1
                     )
@@ -143,7 +171,13 @@ class ReplicaClient:
                 self.board.update(state="reconnecting")
                 if wait:
                     await asyncio.sleep(wait)
-        except ChainError as err:
+        except (DivergedError, ChainError) as err:
+            log.error("replication stopped: %s", err)
+            self.board.update(state="diverged", error=str(err))
+            raise ReplicationFailed(str(err)) from err
+        except InvalidRecordError as err:
+            log.error("replication stopped: %s", err)
+            self.board.count_error("invalid_record", str(err))
             self.board.update(state="failed", error=str(err))
             raise ReplicationFailed(str(err)) from err
 
@@ -275,6 +309,8 @@ class ReplicaClient:
             if ftype == frames.RECORD:
                 rec = wire.parse_record(body)
                 if rec.first_seq != received + 1:
+                    if rec.first_seq <= self.applied:
+                        self._check_same_history(rec)
                     kind = "repeat" if rec.first_seq <= received else "gap"
                     raise StreamGapError(
                         f"seq {kind}: expected a record starting at seq {received + 1}, "
@@ -303,6 +339,24 @@ class ReplicaClient:
                 return
             else:
                 raise ProtocolError(f"unexpected frame type {ftype} in a stream")
+
+    def _check_same_history(self, rec: LogRecord) -> None:
+        """Raise DivergedError when `rec`, a record this replica already applied a version
+        of, is not byte-for-byte its own (a log is shipped byte-identical, so the same
+        history has the same record boundaries and hash heads)."""
+        try:
+            local = self.store.read_log(rec.first_seq, max_records=1)
+        except LogRetentionError:
+            return  # collected here: nothing to compare with, a plain repeat
+        if not local:
+            return
+        mine = local[0]
+        if (mine.first_seq, mine.num_entries, mine.hash_head) != (
+            rec.first_seq,
+            rec.num_entries,
+            rec.hash_head,
+        ):
+            raise diverged_error(rec.first_seq, _describe(mine), _describe(rec))
 
 
 class _Failback(Exception):
@@ -400,15 +454,46 @@ class _ApplyThread:
 
     def _apply(self, group: list[LogRecord]) -> None:
         """Apply `group` in one transaction; on an error, one by one, so that the records
-        before the bad one are kept and the error names the bad one."""
-        if len(group) == 1:
-            self._store.apply_log_record(group[0])
+        before the bad one are kept and the error names the bad one. Records are checked
+        (`validate.check_record`) first: the valid prefix is applied, then the error."""
+        for i, rec in enumerate(group):
+            try:
+                validate.check_record(rec)
+            except InvalidRecordError:
+                self._apply_checked(group[:i])
+                raise
+        self._apply_checked(group)
+
+    def _apply_checked(self, group: list[LogRecord]) -> None:
+        if not group:
             return
+        if len(group) > 1:
+            try:
+                self._store.apply_log_records(group)
+                return
+            except MercuryError:
+                pass
+        for rec in group:
+            self._apply_one(rec)
+
+    def _apply_one(self, rec: LogRecord) -> None:
         try:
-            self._store.apply_log_records(group)
+            self._store.apply_log_record(rec)
+        except ChainError as err:
+            seq, head = self._store.head()
+            if rec.first_seq == seq + 1:  # continuity held: the hash chain does not
+                raise diverged_error(
+                    seq, f"hash head {head.hex()} at seq {seq}", _describe(rec)
+                ) from err
+            raise
         except MercuryError:
-            for rec in group:
-                self._store.apply_log_record(rec)
+            raise
+        except Exception as err:  # e.g. lmdb.BadValsizeError: never a crash loop
+            raise InvalidRecordError(
+                f"log record at seq {rec.first_seq} could not be applied: "
+                f"{type(err).__name__}: {err}",
+                seq=rec.first_seq,
+            ) from err
 
     def _report(self, cb: Callable[[Any], None], item: Any) -> None:
         self._space.release()

@@ -1,4 +1,4 @@
-"""Replication metrics (SPEC §3.4). Values are computed at scrape time (`set_function`)."""
+"""Replication metrics. Values are computed at scrape time (`set_function`)."""
 
 from __future__ import annotations
 
@@ -13,4 +13,9 @@ APPLIED_SEQ = Gauge(
 )
 WORKER_RESTARTS = Counter(
     "mercury_replication_worker_restarts_total", "Replication worker processes restarted"
+)
+DIVERGED = Gauge(
+    "mercury_replication_diverged",
+    "1 when this replica's history differs from its source's (replication stopped; "
+    "re-bootstrap: see docs/operations.md), else 0",
 )

@@ -115,3 +115,10 @@ class StatusBoard:
                 await self._task
         with contextlib.suppress(OSError):
             self.flush()
+
+
+def diverged(data_dir: str) -> float:
+    """1.0 when the replica in `data_dir` stopped on a diverged history, else 0.0 (for the
+    `mercury_replication_diverged` gauge)."""
+    st = read_status(data_dir)
+    return 1.0 if st is not None and st.state == "diverged" else 0.0

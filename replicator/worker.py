@@ -184,7 +184,7 @@ async def run(cfg: WorkerConfig, stop: asyncio.Event) -> int:
             await source.stop()
         if store is not None:
             store.close()
-        if board.status.state not in ("failed", "rebootstrap-ready"):
+        if board.status.state not in ("failed", "diverged", "rebootstrap-ready"):
             board.update(state="stopped")
         await board.stop()
 

@@ -6,15 +6,19 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import socket
+import threading
 import time
 import uuid
 from pathlib import Path
 
 import httpx
 import pytest
+import snappy
 
 from replicator import frames
+from store import format as fmt
 from store.ops import SET, Op
 from tests.replicator.harness import root_node, status, wait_for
 from tests.replicator.nodes import start_replica
@@ -130,3 +134,110 @@ def test_bootstrap_client_that_never_reads_loses_its_slot(
     assert "stalled: no progress for 6s" in text, text
     assert "waits for a bootstrap slot; held by" in text, text
     assert took < 60  # generous: bounded by the stall timeout, not by the hostile client
+
+
+def _metric(http: int, name: str) -> str:
+    text = httpx.get(f"http://127.0.0.1:{http}/metrics", timeout=5).text
+    return next((ln for ln in text.splitlines() if ln.startswith(name + " ")), "")
+
+
+@pytest.mark.parametrize("batch", [10, 7], ids=["continues-at-next-seq", "repeats-a-seq"])
+def test_replica_of_a_root_restored_from_an_older_copy_stops_as_diverged(
+    tmp_path: Path, procs: Procs, batch: int
+) -> None:
+    live, old = tmp_path / "root", tmp_path / "root-old"
+    with root_node(str(live)) as root:
+        root.write(50, batch=10)
+        port = root.port
+    shutil.copytree(live, old)  # the "backup" the root is later restored from
+    with root_node(str(live), port=port, reopen=True) as root:
+        root.write(50, start=50, batch=10)
+        r = start_replica(procs, tmp_path / "r1", [port], repl=False, name="r1")
+        wait_for(lambda: status(r.http)["seq"] >= 100, 60, "replica at seq 100")
+    replica_head = status(r.http)["hash_head"]
+    # The root comes back from the older copy and takes other writes past seq 100.
+    with root_node(str(old), port=port, reopen=True) as root:
+        root.write(84, start=50, batch=batch, prefix="other")
+        wait_for(lambda: status(r.http)["replication_state"] == "diverged", 60, "state diverged")
+        st = status(r.http)
+        err = st["replication_error"]
+        assert "diverged history" in err and "rm -r DATA_DIR" in err, err
+        if batch == 10:  # the record at 101 does not chain from the replica's head
+            assert replica_head in err, err
+        assert _metric(r.http, "mercury_replication_diverged") == "mercury_replication_diverged 1.0"
+        # Terminal: no more retries, and reads keep being served.
+        errors = st["replication_errors"]
+        time.sleep(2.0)
+        st2 = status(r.http)
+        assert st2["replication_state"] == "diverged"
+        assert st2["replication_errors"] == errors
+        assert st2["seq"] == 100
+        got = httpx.get(f"http://127.0.0.1:{r.http}/v1/kv/k00000099", timeout=5)
+        assert got.status_code == 200
+
+
+class _ForgingSource:
+    """A replication source on a real socket that answers any HELLO with a WELCOME and
+    one well-formed RECORD (CRC and hash chain hold) whose key is `key`."""
+
+    def __init__(self, port: int, last_seq: int, head: bytes, db_id: bytes, key: bytes) -> None:
+        payload, new_head = fmt.pack_entries(last_seq + 1, [(fmt.OP_SET, b"t", key, b"v")], head)
+        comp = snappy.compress(payload)
+        header = fmt.encode_log_header(0, last_seq + 1, 1, time.time_ns() // 1000, new_head, comp)
+        welcome = frames.Welcome(
+            frames.PROTOCOL_VERSION, uuid.uuid4().bytes, db_id, last_seq + 1, 1, 1000
+        )
+        self.reply = frames.encode_welcome(welcome) + frames.encode_record(header, comp)
+        self.sock = socket.create_server(("127.0.0.1", port))
+        self.sock.settimeout(0.2)
+        self.connections = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        while not self._stop.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except TimeoutError:
+                continue
+            self.connections += 1
+            with conn:
+                conn.settimeout(5)
+                try:
+                    conn.recv(frames.HEADER_SIZE + 92)
+                    conn.sendall(self.reply)
+                    conn.recv(1)  # until the replica closes
+                except OSError:
+                    pass
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+        self.sock.close()
+
+
+def test_record_with_an_oversized_key_stops_replication_with_a_named_error(
+    tmp_path: Path, procs: Procs
+) -> None:
+    with root_node(str(tmp_path / "root")) as root:
+        root.write(20, batch=10)
+        port = root.port
+        r = start_replica(procs, tmp_path / "r1", [port], repl=False, name="r1")
+        wait_for(lambda: status(r.http)["seq"] >= 20, 60, "replica at seq 20")
+        seq, head = root.store.head()
+        db_id = uuid.UUID(root.store.db_id).bytes
+    forger = _ForgingSource(port, seq, head, db_id, b"x" * 600)
+    try:
+        wait_for(lambda: status(r.http)["replication_state"] == "failed", 60, "state failed")
+        st = status(r.http)
+        assert "invalid log record at seq 21" in st["replication_error"], st
+        assert "600 bytes" in st["replication_error"], st
+        seen = forger.connections
+        time.sleep(2.0)
+        assert forger.connections == seen, "the worker keeps reconnecting"
+        assert r.proc.poll() is None
+        assert status(r.http)["replication_state"] == "failed"
+        assert status(r.http)["seq"] == 20
+    finally:
+        forger.close()

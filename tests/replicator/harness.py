@@ -32,9 +32,15 @@ class RootNode:
         max_bootstraps: int = 1,
         sync: bool = False,
         map_size: int = 4 << 30,
+        reopen: bool = False,
         **source_kw: Any,
     ) -> None:
-        self.store = Store.create(path, sync=sync, map_size=map_size)
+        # `reopen`: serve the store already in `path` (a restarted or restored root).
+        self.store = (
+            Store.open(path, sync=sync)
+            if reopen
+            else Store.create(path, sync=sync, map_size=map_size)
+        )
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
         self._thread.start()
