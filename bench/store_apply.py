@@ -8,14 +8,21 @@
 - write amplification: bytes this process wrote to disk (/proc/self/io write_bytes) per
   logical byte (key + value) for overwrites of random existing keys in batches of 1, 100 and
   10,000, beside raw py-lmdb doing the same overwrites.
+- ``--shuffled-runs S`` (off by default): why the batcher sorts a batch by key. For S seconds
+  each, `Store.apply` (Cython codec) of 16,000-op batches made of 16 runs of 1,000
+  consecutive new keys in shuffled order (what 16 concurrent bulk loaders produce in one
+  window), applied as they come and sorted by key: pairs/s per 5-second slice and bytes of
+  LMDB file per stored pair.
 
 Usage: .venv/bin/python bench/store_apply.py [--keys N] [--pairs N] [--quick]
+       [--shuffled-runs SECONDS]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import shutil
 import tempfile
@@ -166,6 +173,53 @@ def amplification(args: argparse.Namespace, tmp: str) -> dict[str, object]:
     return out
 
 
+def dir_bytes(path: str) -> int:
+    """Bytes of the files in directory `path` (the LMDB data and lock files)."""
+    return sum(e.stat().st_size for e in os.scandir(path) if e.is_file())
+
+
+def shuffled_runs(seconds: float, tmp: str) -> dict[str, object]:
+    """16,000-op batches of 16 shuffled runs of 1,000 new consecutive keys, unsorted vs
+    sorted by key (same keys, values and batches for both: one seed)."""
+    out: dict[str, object] = {"batch_ops": 16_000, "runs_per_batch": 16, "seconds": seconds}
+    codec.use("cython")
+    for label, sort in (("unsorted", False), ("sorted_by_key", True)):
+        d = tempfile.mkdtemp(dir=tmp)
+        store = Store.create(d, map_size=MAP, sync=True)
+        rnd = random.Random(4)
+        first_run = n = slice_n = 0
+        slices: list[int] = []
+        t0 = slice_t = time.perf_counter()
+        while time.perf_counter() - t0 < seconds:
+            runs = list(range(first_run, first_run + 16))
+            first_run += 16
+            rnd.shuffle(runs)
+            ops = [
+                Op(SET, b"key:%012d" % (r * 1000 + j), rnd.randbytes(VALUE), "bench")
+                for r in runs
+                for j in range(1000)
+            ]
+            if sort:
+                ops.sort(key=lambda o: o.key)
+            store.apply(ops)
+            n += len(ops)
+            slice_n += len(ops)
+            now = time.perf_counter()
+            if now - slice_t >= 5.0:
+                slices.append(round(slice_n / (now - slice_t)))
+                slice_t, slice_n = now, 0
+        dt = time.perf_counter() - t0
+        store.close()
+        out[label] = {
+            "pairs": n,
+            "pairs_per_s": round(n / dt),
+            "pairs_per_s_per_5s_slice": slices,
+            "file_bytes_per_pair": round(dir_bytes(d) / n, 1),
+        }
+        shutil.rmtree(d)
+    return out
+
+
 def codec_speed() -> dict[str, object]:
     """µs per call of each hot codec function, Cython beside the pure-Python reference."""
     import timeit
@@ -220,6 +274,13 @@ def main() -> None:
     ap.add_argument("--over", type=int, default=100_000, help="overwrites per run")
     ap.add_argument("--wa-keys", type=int, default=200_000, help="store size for amplification")
     ap.add_argument("--quick", action="store_true", help="small sizes (a smoke run)")
+    ap.add_argument(
+        "--shuffled-runs",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="also run the shuffled-runs batches, unsorted vs sorted, SECONDS each (e.g. 30)",
+    )
     args = ap.parse_args()
     if args.quick:
         args.pairs, args.keys, args.over, args.wa_keys = 20_000, 50_000, 20_000, 20_000
@@ -233,6 +294,8 @@ def main() -> None:
             "throughput": throughput(args, tmp, ["raw", "cython", "python"]),
             "write_amplification": amplification(args, tmp),
         }
+        if args.shuffled_runs:
+            result["shuffled_runs"] = shuffled_runs(args.shuffled_runs, tmp)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
         codec.use("cython")
