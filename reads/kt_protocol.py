@@ -1,9 +1,9 @@
 """Kyoto Tycoon wire protocols, pure parsing and encoding (no I/O).
 
 One port serves HTTP/1.x (RESTful and TSV-RPC) and the binary protocol; the first byte of
-each request decides (0x00 or >= 0x80: binary). See
-`/work/shared/reference/kyoto-tycoon-protocol.md` (also summarised in docs/reads.md); where
-that reference gives KT's code behaviour, this module follows it.
+each request decides (0x00 or >= 0x80: binary). The protocol is summarised in
+docs/reads.md; where Kyoto Tycoon's server behaves otherwise than its documentation says,
+this module follows the server's behaviour (what existing clients were written against).
 
 Parsers take the bytes received so far and return ``(request, bytes consumed)`` or None when
 more bytes are needed; malformed or oversized input raises `ReadProtocolError` carrying the

@@ -3,7 +3,8 @@
 A snapshot file is an LMDB data file (``data.mdb`` image) written by LMDB's compacting copy
 inside ONE read transaction, so it holds exactly the state at one seq. The read transaction
 lives only while the copy is written — never while the file is transferred — because a
-reader held across many commits makes LMDB grow the file (shared/reference/ceilings.md).
+reader held across many commits makes LMDB grow the file (pages that reader may still see
+cannot be reused by the commits meanwhile).
 
 Beside it, ``<file>.json`` records what it holds: ``{"db_id", "format_version", "seq",
 "hash_head", "log_first_seq", "sha256", "size", "created_us"}``.
