@@ -1,4 +1,4 @@
-"""Write-side Prometheus metrics (SPEC §3.4). Metric objects are the only module globals
+"""Write-side Prometheus metrics (docs/api.md). Metric objects are the only module globals
 the style guide allows: Prometheus clients are process-wide by design."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Commands of the gateway side: `root`, `acl apply`, `usage` (SPEC §3.1)."""
+"""Commands of the gateway side: `root`, `acl apply`, `usage` (docs/api.md lists every command)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Store commands: init, status, verify, migrate, snapshot (SPEC §3.1)."""
+"""Store commands: init, status, verify, migrate, snapshot (docs/api.md lists every command)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """How keys and values travel in the read API's JSON: UTF-8 text when they are valid
-UTF-8, otherwise base64 under a ``_b64`` name (SPEC §3.2)."""
+UTF-8, otherwise base64 under a ``_b64`` name (docs/api.md)."""
 
 from __future__ import annotations
 

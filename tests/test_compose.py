@@ -1,6 +1,6 @@
 """docker-compose.yml validates with a real Compose implementation and runs the same
 commands as `make run` (mercury/topology.py); Prometheus scrapes every node; the Grafana
-dashboard charts the SPEC's metrics."""
+dashboard charts the metrics of docs/api.md."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Every status code of SPEC §3.2 from a real `mercury root` over HTTP."""
+"""Every status code of the root's HTTP API (docs/api.md) from a real `mercury root`."""
 
 from __future__ import annotations
 
