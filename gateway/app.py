@@ -79,7 +79,7 @@ def create_app(settings: Settings, store: Store, services: Sequence[Service] = (
         detail = "; ".join(
             f"{'.'.join(str(x) for x in e.get('loc', ()))}: {e.get('msg')}" for e in err.errors()
         )
-        return problems.problem(400, detail or "invalid request")
+        return problems.problem(400, detail or "invalid request", slug="invalid-request")
 
     @app.exception_handler(Exception)
     async def on_unexpected(request: Request, err: Exception) -> Response:

@@ -17,9 +17,10 @@ from typing import Any
 
 import orjson
 
-from core.errors import BadRequestError, MercuryError, TooLargeError
+from core.errors import MercuryError
 from gateway import kv_handlers, problems
 from gateway.answers import Answer
+from gateway.http import body_reader
 from gateway.writes import Gateway
 
 log = logging.getLogger("mercury.gateway")
@@ -63,25 +64,7 @@ class FastPath:
         t0 = time.perf_counter()
         headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
 
-        async def read(limit: int, what: str) -> bytes:
-            cl = headers.get("content-length")
-            if cl is not None and cl.isdigit() and int(cl) > limit:
-                raise TooLargeError(f"{what} is {cl} bytes; at most {limit} bytes")
-            chunks = []
-            size = 0
-            while True:
-                msg = await receive()
-                if msg["type"] != "http.request":
-                    raise BadRequestError("the client disconnected before sending the whole body")
-                chunk = msg.get("body", b"")
-                size += len(chunk)
-                if size > limit:
-                    raise TooLargeError(f"{what} exceeds {limit} bytes")
-                chunks.append(chunk)
-                if not msg.get("more_body", False):
-                    break
-            return chunks[0] if len(chunks) == 1 else b"".join(chunks)
-
+        read = body_reader(receive, headers.get("content-length"))
         raw = scope.get("raw_path") or scope["path"].encode()
         try:
             a: Answer = await handler(gw, headers, raw, scope["query_string"], read, t0)

@@ -1,36 +1,59 @@
-"""Small HTTP helpers shared by the routes: bounded body reads, JSON responses."""
+"""Small HTTP helpers shared by the routes and the fast path: the one bounded body reader,
+JSON responses, and an `Answer` as a response."""
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
 import orjson
-from starlette.requests import Request
 from starlette.responses import Response
 
 from core.errors import BadRequestError, TooLargeError
 from gateway.answers import Answer
 
+Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
+#: `read(limit, what)`: the request body, 413 beyond `limit` bytes (see `body_reader`).
+BodyReader = Callable[[int, str], Awaitable[bytes]]
 
-async def read_body(request: Request, limit: int, what: str) -> bytes:
-    """The request body, refused with 413 as soon as it exceeds `limit` bytes (before
-    reading anything when Content-Length already says so)."""
-    cl = request.headers.get("content-length")
-    if cl is not None:
+
+async def read_body(receive: Receive, content_length: str | None, limit: int, what: str) -> bytes:
+    """The request body from ASGI `receive`, refused with 413 as soon as it exceeds `limit`
+    bytes (before reading anything when Content-Length already says so).
+
+    The one body reader of the gateway: the FastAPI routes (``request.receive``) and the
+    raw-ASGI fast path call it alike, so both refuse the same bodies the same way.
+    """
+    if content_length is not None:
         try:
-            n = int(cl)
+            n = int(content_length)
         except ValueError as err:
             raise BadRequestError("Content-Length is not a number") from err
         if n > limit:
             raise TooLargeError(f"{what} is {n} bytes; at most {limit} bytes")
     chunks: list[bytes] = []
     size = 0
-    async for chunk in request.stream():
+    while True:
+        msg = await receive()
+        if msg["type"] != "http.request":
+            raise BadRequestError("the client disconnected before sending the whole body")
+        chunk = msg.get("body", b"")
         size += len(chunk)
         if size > limit:
             raise TooLargeError(f"{what} exceeds {limit} bytes")
         chunks.append(chunk)
-    return b"".join(chunks)
+        if not msg.get("more_body", False):
+            break
+    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+def body_reader(receive: Receive, content_length: str | None) -> BodyReader:
+    """A `BodyReader` over one request's `receive` (what the kv handlers are given)."""
+
+    async def read(limit: int, what: str) -> bytes:
+        return await read_body(receive, content_length, limit, what)
+
+    return read
 
 
 def json_response(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:

@@ -1,25 +1,24 @@
 """The producer write handlers, independent of the HTTP framework.
 
 Each handler takes plain inputs — lower-case header dict, raw path, raw query string and an
-async body reader with a size limit — and returns an `Answer`. The FastAPI routes (which
-document the endpoints in OpenAPI) and the raw-ASGI fast path (`gateway/fastpath.py`,
-which serves them in production without FastAPI's per-request machinery) both call these,
-so both give byte-identical answers.
+async body reader with a size limit (`gateway.http.body_reader`, the one reader) — and
+returns an `Answer`. The FastAPI routes (which document the endpoints in OpenAPI) and the
+raw-ASGI fast path (`gateway/fastpath.py`, which serves them in production without
+FastAPI's per-request machinery) both call these, so both give byte-identical answers.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Mapping
 from urllib.parse import parse_qsl
 
 from core.errors import BadRequestError
 from gateway import bodies
 from gateway.answers import Answer, batch_answer, kv_answer
+from gateway.http import BodyReader
 from gateway.writes import Gateway
 from store.ops import DELETE, SET, Op
 
-#: `read(limit, what)`: the request body, 413 beyond `limit` bytes.
-BodyReader = Callable[[int, str], Awaitable[bytes]]
 KV_PREFIX = b"/v1/kv/"
 
 

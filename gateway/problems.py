@@ -1,4 +1,5 @@
-"""problem+json bodies of the gateway; the error → status table is `core/problems.py`.
+"""problem+json responses of the gateway. The error → status table and the body shape are
+`core/problems.py` (shared with the read API); this module only makes them responses.
 
 Every refusal leaves the gateway as ``application/problem+json`` (RFC 9457) with a precise
 `detail`; anything unexpected becomes a 500 problem without a stack trace (and a log line).
@@ -12,42 +13,33 @@ import orjson
 from starlette.responses import Response
 
 from core import errors as e
-from core.problems import PROBLEM_TYPE, TITLES, classify
+from core.problems import error_document, problem_document
+
+PROBLEM_JSON = "application/problem+json"
 
 
 def problem(
     status: int,
     detail: str,
     *,
-    kind: str | None = None,
+    slug: str | None = None,
     headers: dict[str, str] | None = None,
     **extra: Any,
 ) -> Response:
     """A problem+json response."""
-    body: dict[str, Any] = {
-        "type": PROBLEM_TYPE + (kind or str(status)),
-        "title": TITLES.get(status, "Error"),
-        "status": status,
-        "detail": detail,
-    }
-    body.update({k: v for k, v in extra.items() if v is not None})
+    return _response(status, problem_document(status, detail, slug=slug, **extra), headers)
+
+
+def from_error(err: e.MercuryError) -> Response:
+    """The problem+json response for a Mercury error (fields become extension members)."""
+    status, doc, headers = error_document(err)
+    return _response(status, doc, headers)
+
+
+def _response(status: int, doc: dict[str, Any], headers: dict[str, str] | None) -> Response:
     return Response(
-        orjson.dumps(body, default=str),
+        orjson.dumps(doc, default=str),
         status_code=status,
         headers=headers,
-        media_type="application/problem+json",
+        media_type=PROBLEM_JSON,
     )
-
-
-def from_error(err: e.MercuryError, headers: dict[str, str] | None = None) -> Response:
-    """The problem+json response for a Mercury error (fields become extension members)."""
-    extra: dict[str, Any] = {}
-    headers = {**(headers or {}), **err.fields.get("headers", {})}
-    for k, v in err.fields.items():
-        if k == "headers":
-            continue
-        extra[k] = v.decode("utf-8", "backslashreplace") if isinstance(v, bytes) else v
-    if err.hint:
-        extra["hint"] = err.hint
-    p = classify(err)
-    return problem(p.status, err.message, kind=p.slug, headers=headers, **extra)

@@ -67,7 +67,9 @@ async def put_producer(name: str, request: Request) -> Response:
     """200 with the producer's configuration; 409 when a keyspace overlaps another
     producer's and is not shared by both."""
     gw = _admin(request)
-    doc = parse_body(await read_body(request, 1 << 20, "producer body"), None)
+    doc = parse_body(await read_body(
+        request.receive, request.headers.get("content-length"), 1 << 20, "producer body"
+    ), None)
     if not isinstance(doc, dict):
         raise BadRequestError("body must be a JSON object")
     unknown = set(doc) - {"keyspaces", "shared", "quota", "guards", "name"}

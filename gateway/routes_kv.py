@@ -11,7 +11,7 @@ from starlette.responses import Response
 from core.errors import NotFoundError
 from gateway import kv_handlers
 from gateway.auth import ADMIN
-from gateway.http import answer_response, read_body
+from gateway.http import answer_response, body_reader
 from gateway.writes import Gateway
 from store.ops import SET, Op
 
@@ -87,9 +87,7 @@ async def _call(request: Request, handler: Any) -> Response:
     """Run a framework-free handler of `kv_handlers` for a FastAPI request."""
     t0 = time.perf_counter()
 
-    async def read(limit: int, what: str) -> bytes:
-        return await read_body(request, limit, what)
-
+    read = body_reader(request.receive, request.headers.get("content-length"))
     raw: bytes = request.scope.get("raw_path") or request.scope["path"].encode()
     headers = {k: v for k, v in request.headers.items()}
     a = await handler(_gw(request), headers, raw, request.scope["query_string"], read, t0)

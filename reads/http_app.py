@@ -86,7 +86,10 @@ class ReadApp(FastAPI):
             status, body = (
                 400,
                 problem_body(
-                    400, "invalid-read", "Invalid read request", f"key must be 1 to {MAX_KEY} bytes"
+                    400,
+                    "invalid-read",
+                    f"key must be 1 to {MAX_KEY} bytes",
+                    title="Invalid read request",
                 ),
             )
             headers = [(b"content-type", PROBLEM_JSON.encode())]
@@ -97,7 +100,9 @@ class ReadApp(FastAPI):
                 if found is None:
                     status, body = (
                         404,
-                        problem_body(404, "not-found", "No such key", f"key {key!r} is not stored"),
+                        problem_body(
+                            404, "not-found", f"key {key!r} is not stored", title="No such key"
+                        ),
                     )
                     headers = [(b"content-type", PROBLEM_JSON.encode())]
                 else:
@@ -115,8 +120,8 @@ class ReadApp(FastAPI):
                     problem_body(
                         500,
                         "corrupt-value",
-                        "Stored value failed its CRC",
                         err.message,
+                        title="Stored value failed its CRC",
                         hint=err.hint,
                     ),
                 )
@@ -161,12 +166,12 @@ def create_read_app(store: Store, *, role: str, status: Callable[[], dict[str, o
         # A bug: logged with its stack here, never shown to the client.
         log.exception("read request failed", exc_info=err)
         READ_ERRORS.labels("http", "internal").inc()
-        return problem(500, "internal", "Internal error", "the read failed; see the node's log")
+        return problem(500, "internal", "the read failed; see the node's log")
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(_request: Request, err: StarletteHTTPException) -> Response:
         slug = {404: "not-found", 405: "method-not-allowed"}.get(err.status_code, "http-error")
-        return problem(err.status_code, slug, str(err.detail), str(err.detail))
+        return problem(err.status_code, slug, str(err.detail))
 
     @app.exception_handler(RequestValidationError)
     async def _invalid_body(_request: Request, err: RequestValidationError) -> Response:
@@ -174,15 +179,15 @@ def create_read_app(store: Store, *, role: str, status: Callable[[], dict[str, o
             f"{'.'.join(str(p) for p in e.get('loc', ()))}: {e.get('msg', '')}"
             for e in err.errors()
         )
-        return problem(400, "invalid-read", "Invalid read request", detail)
+        return problem(400, "invalid-read", detail, title="Invalid read request")
 
     @app.api_route("/v1/kv/{key:path}", methods=["PUT", "POST", "DELETE", "PATCH"])
     async def write_refused(key: str) -> Response:
         return problem(
             405,
             "read-only",
-            "This node is read-only",
             f"{role} nodes serve reads only; key {key!r} was not changed",
+            title="This node is read-only",
             hint="write through the gateway on the root (PUT /v1/kv/{key} there)",
         )
 

@@ -1,35 +1,33 @@
-"""problem+json (RFC 9457) answers of the read API; the error → status table is
-`core/problems.py`."""
+"""problem+json (RFC 9457) answers of the read API. The error → status table and the body
+shape are `core/problems.py` (shared with the gateway); this module only makes them bytes
+and responses."""
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
+import orjson
 from starlette.responses import Response
 
 from core.errors import MercuryError
-from core.problems import PROBLEM_TYPE, classify
+from core.problems import error_document, problem_document
 
 PROBLEM_JSON = "application/problem+json"
 
 
-def problem_body(status: int, slug: str, title: str, detail: str, **extra: Any) -> bytes:
-    """The JSON bytes of one problem document."""
-    doc: dict[str, Any] = {"type": PROBLEM_TYPE + slug, "title": title, "status": status}
-    doc["detail"] = detail
-    doc.update({k: v for k, v in extra.items() if v is not None})
-    return json.dumps(doc).encode()
+def problem_body(status: int, slug: str, detail: str, **extra: Any) -> bytes:
+    """The JSON bytes of one problem document (for the raw-ASGI point get)."""
+    return orjson.dumps(problem_document(status, detail, slug=slug, **extra), default=str)
 
 
-def problem(status: int, slug: str, title: str, detail: str, **extra: Any) -> Response:
+def problem(status: int, slug: str, detail: str, **extra: Any) -> Response:
     """A problem+json response."""
-    return Response(
-        problem_body(status, slug, title, detail, **extra), status, media_type=PROBLEM_JSON
-    )
+    return Response(problem_body(status, slug, detail, **extra), status, media_type=PROBLEM_JSON)
 
 
 def problem_for(err: MercuryError) -> Response:
     """The problem+json response of a Mercury error (never a stack trace)."""
-    status, slug, title = classify(err)
-    return problem(status, slug, title, err.message, hint=err.hint)
+    status, doc, headers = error_document(err)
+    return Response(
+        orjson.dumps(doc, default=str), status, headers=headers, media_type=PROBLEM_JSON
+    )
