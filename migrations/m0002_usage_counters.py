@@ -8,22 +8,18 @@ recover and start at zero.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
-
 from core import failpoints
 from migrations.plan import Step
 from store import codec
+from store.migration import MigrationTxn, Progress
 from store.usage import USAGE_PREFIX, Usage, stored_bytes, usage_key
 
 
-def _apply(store: Any, txn: Any, progress: Callable[[int], object]) -> None:
-    meta = store.dbs.meta
-    stale = [bytes(k) for k, _v in txn.cursor(db=meta) if bytes(k).startswith(USAGE_PREFIX)]
-    for k in stale:  # a clean slate, whatever an interrupted earlier run left
-        txn.delete(k, db=meta)
+def _apply(mtx: MigrationTxn, progress: Progress) -> None:
+    for k in mtx.meta_keys(USAGE_PREFIX):  # a clean slate, whatever an interrupted run left
+        mtx.delete_meta(k)
     counts: dict[str, Usage] = {}
-    for n, (key, rec) in enumerate(txn.cursor(db=store.dbs.data), 1):
+    for n, (key, rec) in enumerate(mtx.data_records(), 1):
         h = codec.decode_record_header(rec)
         u = counts.setdefault(h.owner, Usage())
         u.keys += 1
@@ -32,7 +28,7 @@ def _apply(store: Any, txn: Any, progress: Callable[[int], object]) -> None:
             progress(10_000)
             failpoints.hit("migrate.0002.mid_scan")
     for owner, u in counts.items():
-        txn.put(usage_key(owner), u.encode(), db=meta)
+        mtx.put_meta(usage_key(owner), u.encode())
     failpoints.hit("migrate.0002.before_commit")
 
 

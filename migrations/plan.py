@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from core.errors import FormatError, NewerFormatError
+from store.migration import StepFn
 
-#: `apply(store, txn, progress)` runs inside the step's write transaction.
-StepFn = Callable[[Any, Any, Callable[[int], object]], None]
+# A step's `apply(mtx, progress)` runs inside the step's one write transaction and sees
+# only the `store.migration.MigrationTxn` seam.
 
 
 @dataclass(frozen=True)

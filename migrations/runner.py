@@ -11,8 +11,8 @@ from collections.abc import Callable
 
 from migrations import m0002_usage_counters
 from migrations.plan import Step, plan
-from store.layout import K_FORMAT, U32
-from store.store import CURRENT_FORMAT, Store, read_format_version
+from store.migration import data_entries, run_step
+from store.version import CURRENT_FORMAT, read_format_version
 
 #: Every known step, in order. Format 1 is the initial format.
 STEPS: tuple[Step, ...] = (m0002_usage_counters.STEP,)
@@ -26,14 +26,7 @@ def pending(path: str) -> list[Step]:
 def work_units(path: str) -> int:
     """Progress units of a full migration (data records scanned per step)."""
     steps = pending(path)
-    if not steps:
-        return 0
-    store = Store.open(path, check_format=False)
-    try:
-        with store.env.begin() as txn:
-            return int(txn.stat(store.dbs.data)["entries"]) * len(steps)
-    finally:
-        store.close()
+    return data_entries(path) * len(steps) if steps else 0
 
 
 def migrate(
@@ -48,14 +41,5 @@ def migrate(
     for step in steps:
         if on_step:
             on_step(step)
-        store = Store.open(path, check_format=False)
-        try:
-            with store.env.begin(write=True) as txn:
-                current = U32.unpack(txn.get(K_FORMAT, db=store.dbs.meta))[0]
-                if current != step.from_version:
-                    continue  # another process migrated meanwhile
-                step.apply(store, txn, tick)
-                txn.put(K_FORMAT, U32.pack(step.to_version), db=store.dbs.meta)
-        finally:
-            store.close()
+        run_step(path, step.from_version, step.to_version, step.apply, tick)
     return steps

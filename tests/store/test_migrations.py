@@ -19,7 +19,7 @@ from tests.conftest import assert_store_ok
 from tests.support.procs import mercury_cmd, run_mercury
 
 
-def _noop(store: object, txn: object, progress: object) -> None:
+def _noop(mtx: object, progress: object) -> None:
     return None
 
 

@@ -1,0 +1,145 @@
+"""The root's write path: one batch of ops -> ONE LMDB write transaction.
+
+The transaction holds the data changes (decided op by op by `codec.apply_ops`), their log
+record (one seq per change, hash chain), the usage counters and, when the caller asks, the
+idempotency answers built from the real results — all committed together (fsync unless the
+store was opened with ``sync=False``). A batch that changes nothing but duplicate/throttled
+counters writes nothing (`store.counters.DeferredCounters`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+import lmdb
+
+from core import failpoints
+from core.errors import StoreError, StoreFullError
+from store import chunks, codec, layout, txlog
+from store.counters import DeferredCounters, bump, write_usage
+from store.layout import K_HASH_HEAD, K_LAST_SEQ, U64
+from store.ops import ApplyResult, Op, Result
+
+#: Given a batch's real results, the (idempotency key, answer) records to store with it.
+AnswersFn = Callable[[list[Result]], Iterable[tuple[bytes, bytes]]]
+
+
+def now_us() -> int:
+    """Wall clock in microseconds since the epoch (the log's commit time)."""
+    return time.time_ns() // 1000
+
+
+class BatchWriter:
+    """Applies batches to one environment; one `apply` at a time (the caller's job)."""
+
+    def __init__(self, env: Any, dbs: layout.Dbs, *, counted: bool) -> None:
+        self._env = env
+        self._dbs = dbs
+        #: Format 1 kept no usage counters (`mercury migrate` backfills them).
+        self._counted = counted
+        self.deferred = DeferredCounters()
+
+    def apply(
+        self,
+        ops: Sequence[Op],
+        *,
+        throttled: Mapping[str, int] | None,
+        answers: AnswersFn | None,
+        time_us: int | None,
+    ) -> ApplyResult:
+        """See `Store.apply`."""
+        dbs = self._dbs
+        try:
+            # The data sub-database is the transaction's default: the per-op calls then
+            # pass no keyword argument, which is most of their cost.
+            txn = self._env.begin(write=True, db=dbs.data)
+            try:
+                meta = dbs.meta
+                last = U64.unpack(txn.get(K_LAST_SEQ, db=meta))[0]
+                head = bytes(txn.get(K_HASH_HEAD, db=meta))
+                cur = txn.cursor()
+                results, entries, seq, delta = codec.apply_ops(
+                    ops,
+                    txn.get,
+                    txn.put,
+                    txn.delete,
+                    last,
+                    ValueChunks(txn, dbs.chunks),
+                    bytes(cur.key()) if cur.last() else None,
+                    cur.put,  # LMDB append mode for keys past the last one
+                )
+                for owner_name, n in (throttled or {}).items():
+                    if n:
+                        bump(delta, owner_name, 5, n)
+                idem = list(answers(results)) if answers is not None else []
+                if not entries and not idem and self.deferred.defer(delta):
+                    txn.abort()  # nothing but counters changed: write nothing now
+                    return ApplyResult(0, 0, head, results)
+                put = txn.put
+                if entries:
+                    payload, head = codec.pack_entries(last + 1, entries, head)
+                    txlog.put_batch(
+                        txn, dbs, last + 1, len(entries), time_us or now_us(), head, payload
+                    )
+                    put(K_LAST_SEQ, U64.pack(seq), db=meta)
+                    put(K_HASH_HEAD, head, db=meta)
+                taken = self.deferred.take()
+                try:
+                    for owner_name, d in taken.items():
+                        for i, n in enumerate(d):
+                            bump(delta, owner_name, i, n)
+                    if self._counted:
+                        write_usage(txn, meta, delta)
+                    for ikey, answer in idem:
+                        put(ikey, U64.pack(now_us()) + answer, db=dbs.idem)
+                    failpoints.hit("store.apply.before_commit")
+                    txn.commit()
+                except BaseException:
+                    self.deferred.restore(taken)
+                    raise
+            except BaseException:
+                txn.abort()
+                raise
+        except lmdb.MapFullError as err:
+            raise StoreFullError(
+                "store is full: the LMDB map has no room for this batch",
+                hint="raise the map size or free space; nothing of the batch was applied",
+            ) from err
+        except lmdb.Error as err:
+            raise StoreError(f"LMDB error while applying a batch: {err}") from err
+        if not entries:
+            return ApplyResult(0, 0, head, results)
+        return ApplyResult(last + 1, seq, head, results)
+
+    def flush_counters(self) -> None:
+        """Commit deferred duplicate/throttle counters now (a no-op when there are none)."""
+        if not self._counted:
+            return
+        taken = self.deferred.take()
+        if not taken:
+            return
+        try:
+            with self._env.begin(write=True) as txn:
+                write_usage(txn, self._dbs.meta, taken)
+        except BaseException:
+            self.deferred.restore(taken)
+            raise
+
+
+class ValueChunks:
+    """`applyloop.Rare` over one write transaction: the chunked-value paths of apply."""
+
+    def __init__(self, txn: Any, db: Any) -> None:
+        self._txn = txn
+        self._db = db
+
+    def chunked_equal(self, seq: int, vlen: int, value: bytes) -> bool:
+        return chunks.get(self._txn, self._db, chunks.VALUE_NS, seq, vlen) == value
+
+    def put_chunks(self, seq: int, value: bytes) -> None:
+        chunks.put(self._txn, self._db, chunks.VALUE_NS, seq, value)
+
+    def drop_chunks(self, seq: int, vlen: int) -> None:
+        chunks.delete(self._txn, self._db, chunks.VALUE_NS, seq, vlen)

@@ -1,0 +1,87 @@
+"""The seam between the store and its format migrations.
+
+A migration step (`migrations/`) never sees the LMDB environment or its sub-database
+handles: `run_step` opens the store, starts ONE write transaction, hands the step a
+`MigrationTxn` offering just what a migration needs, bumps the format version in the same
+transaction and commits. A crash leaves the old version and none of the step's changes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from store import layout
+from store.layout import K_FORMAT, U32
+
+Progress = Callable[[int], object]
+
+
+class MigrationTxn:
+    """A migration's view of its one write transaction: the value records to read and the
+    ``meta`` sub-database to change."""
+
+    def __init__(self, txn: Any, dbs: layout.Dbs) -> None:
+        self._txn = txn
+        self._dbs = dbs
+
+    def data_records(self) -> Iterator[tuple[bytes, bytes]]:
+        """(user key, value record) of every key, in key order."""
+        for k, v in self._txn.cursor(db=self._dbs.data):
+            yield bytes(k), bytes(v)
+
+    def meta_keys(self, prefix: bytes) -> list[bytes]:
+        """The keys of ``meta`` starting with `prefix`."""
+        cur = self._txn.cursor(db=self._dbs.meta)
+        out: list[bytes] = []
+        if cur.set_range(prefix):
+            for k in cur.iternext(values=False):
+                if not bytes(k).startswith(prefix):
+                    break
+                out.append(bytes(k))
+        return out
+
+    def get_meta(self, key: bytes) -> bytes | None:
+        """A value of ``meta``, or None."""
+        raw = self._txn.get(key, db=self._dbs.meta)
+        return None if raw is None else bytes(raw)
+
+    def put_meta(self, key: bytes, value: bytes) -> None:
+        """Set a value of ``meta``."""
+        self._txn.put(key, value, db=self._dbs.meta)
+
+    def delete_meta(self, key: bytes) -> None:
+        """Delete a key of ``meta`` (no-op when absent)."""
+        self._txn.delete(key, db=self._dbs.meta)
+
+
+StepFn = Callable[[MigrationTxn, Progress], None]
+
+
+def run_step(path: str, from_version: int, to_version: int, apply: StepFn, tick: Progress) -> bool:
+    """Apply one step to the store at `path` in one transaction with its version bump.
+
+    Returns False (changing nothing) when the store is not at `from_version` any more
+    (another process migrated meanwhile).
+    """
+    env, dbs = layout.open_env(path)
+    try:
+        with env.begin(write=True) as txn:
+            current = U32.unpack(txn.get(K_FORMAT, db=dbs.meta))[0]
+            if current != from_version:
+                return False
+            apply(MigrationTxn(txn, dbs), tick)
+            txn.put(K_FORMAT, U32.pack(to_version), db=dbs.meta)
+        return True
+    finally:
+        env.close()
+
+
+def data_entries(path: str) -> int:
+    """How many keys the store at `path` holds (a migration's progress units)."""
+    env, dbs = layout.open_env(path, readonly=True)
+    try:
+        with env.begin() as txn:
+            return int(txn.stat(dbs.data)["entries"])
+    finally:
+        env.close()
