@@ -6,10 +6,10 @@ thousands of ops are alive at once while a batch fills and commits, so with the 
 the collector runs many times per request and its older-generation passes walk every live
 op, plus every object of the imported libraries. Measured on the root under sixteen
 concurrent 1,000-pair bulk loaders: 226k pairs/s with the defaults, 311k with a 100,000
-young threshold (docs/gateway.md). Our objects are acyclic, so collecting less often
-frees nothing later than it would have been. The price: a young collection may now walk up
-to 100,000 live objects, about 4 ms on this machine (0.1 ms for the default's 700), so the
-event loop pauses rarely but a little longer.
+young threshold (docs/notes/2026-gateway-measurements.md). Our objects are acyclic, so
+collecting less often frees nothing later than it would have been. The price: a young
+collection may now walk up to 100,000 live objects, about 4 ms on this machine (0.1 ms for
+the default's 700), so the event loop pauses rarely but a little longer.
 """
 
 from __future__ import annotations
