@@ -13,6 +13,7 @@ import orjson
 
 from core.errors import GatewayError
 from mercury import retention_flags
+from reads.tcp import add_listener_flags
 
 
 def register(sub: Any) -> None:
@@ -28,6 +29,7 @@ def register(sub: Any) -> None:
     p.add_argument("--listen", default="127.0.0.1:8080", help="gateway HTTP H:P")
     p.add_argument("--repl-listen", default="127.0.0.1:7070", help="replication source H:P")
     p.add_argument("--kt-listen", default=None, help="Kyoto Tycoon protocol listener H:P")
+    add_listener_flags(p)
     p.add_argument(
         "--batch-window-ms", type=float, default=500.0, help="batch window (default 500)"
     )

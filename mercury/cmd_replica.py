@@ -6,6 +6,7 @@ import argparse
 from typing import Any
 
 from mercury import retention_flags
+from reads.tcp import add_listener_flags
 
 
 def register(sub: Any) -> None:
@@ -36,6 +37,7 @@ def register(sub: Any) -> None:
     )
     p.add_argument("--kt-listen", default=None, metavar="H:P", help="Kyoto Tycoon protocol")
     p.add_argument("--memcached-listen", default=None, metavar="H:P", help="memcached protocol")
+    add_listener_flags(p)
     p.add_argument(
         "--staleness-s",
         type=float,

@@ -51,7 +51,7 @@ _SET_REC = struct.Struct(">HIIq")
 _U32U32 = struct.Struct(">II")
 _SCRIPT_HDR = struct.Struct(">BIII")
 _REPL = struct.Struct(">BIQH")
-_GET_REPLY_REC = struct.Struct(">HIIq")
+GET_REPLY_REC = struct.Struct(">HIIq")
 _MAGIC_HITS = struct.Struct(">BI")
 
 
@@ -78,68 +78,156 @@ class BinaryRequest:
         )
 
 
-def _need(buf: bytes | bytearray, end: int) -> bool:
+#: Records one `BinaryParser.feed` call parses at most (a slice of a big request).
+PARSE_SLICE = 8192
+
+
+class BinaryParser:
+    """Parses one binary request at the front of a buffer incrementally: where it stopped
+    (offset, records left, keys so far) is kept across calls, so a request arriving in
+    many TCP segments is parsed once in all — not again from byte 0 on every segment —
+    and each call parses at most `budget` records.
+
+    `feed(buf)` returns (request, bytes consumed) when the request is complete (the
+    parser is then ready for the next one), else None: `starved` says whether it needs
+    more bytes (True) or only stopped at its budget (False: call again). Malformed or
+    oversized input raises ReadProtocolError(status=None): KT closes silently.
+    """
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget the request in progress (after it completed or failed)."""
+        self.magic = -1
+        self.flags = 0
+        self.left = 0  # records still to parse
+        self.pos = 0  # offset of the next unparsed byte
+        self.keys: list[tuple[int, bytes]] = []
+        self.starved = True
+
+    @property
+    def busy(self) -> bool:
+        """True while a request is partly parsed."""
+        return self.magic >= 0
+
+    def feed(
+        self, buf: bytes | bytearray, budget: int = PARSE_SLICE
+    ) -> tuple[BinaryRequest, int] | None:
+        self.starved = True
+        if not buf:
+            return None
+        if self.magic < 0 and not self._start(buf):
+            return None
+        magic = self.magic
+        if magic == MAGIC_REPLICATION:
+            return self._done(BinaryRequest(magic, self.flags))
+        pos, left = self.pos, self.left
+        n = len(buf)
+        try:
+            if magic == MAGIC_PLAY_SCRIPT:
+                while left and budget:
+                    if pos + 8 > n:
+                        return None
+                    ksiz, vsiz = _U32U32.unpack_from(buf, pos)
+                    end = pos + 8 + ksiz + vsiz
+                    _limit(end)
+                    if end > n:
+                        return None
+                    pos, left, budget = end, left - 1, budget - 1
+            elif magic == MAGIC_SET_BULK:
+                keys = self.keys
+                while left and budget:
+                    if pos + _SET_REC.size > n:
+                        return None
+                    dbidx, ksiz, vsiz, _xt = _SET_REC.unpack_from(buf, pos)
+                    a = pos + _SET_REC.size
+                    end = a + ksiz + vsiz
+                    _limit(end)
+                    if end > n:
+                        return None
+                    keys.append((dbidx, bytes(buf[a : a + ksiz])))
+                    pos, left, budget = end, left - 1, budget - 1
+            else:
+                keys = self.keys
+                while left and budget:
+                    if pos + _U16U32.size > n:
+                        return None
+                    dbidx, ksiz = _U16U32.unpack_from(buf, pos)
+                    a = pos + _U16U32.size
+                    end = a + ksiz
+                    _limit(end)
+                    if end > n:
+                        return None
+                    keys.append((dbidx, bytes(buf[a:end])))
+                    pos, left, budget = end, left - 1, budget - 1
+        finally:
+            self.pos, self.left = pos, left
+        if left:
+            self.starved = False
+            return None
+        if magic == MAGIC_PLAY_SCRIPT:
+            return self._done(BinaryRequest(magic, self.flags))
+        return self._done(BinaryRequest(magic, self.flags, self.keys))
+
+    def _start(self, buf: bytes | bytearray) -> bool:
+        """Parse the fixed header of a new request; False when it is not all here."""
+        magic = buf[0]
+        if magic == MAGIC_REPLICATION:
+            if len(buf) < _REPL.size:
+                return False
+            _, flags, _ts, _sid = _REPL.unpack_from(buf)
+            self.magic, self.flags, self.pos = magic, flags, _REPL.size
+            return True
+        if magic == MAGIC_PLAY_SCRIPT:
+            if len(buf) < _SCRIPT_HDR.size:
+                return False
+            _, flags, nsiz, rnum = _SCRIPT_HDR.unpack_from(buf)
+            _check_rnum(rnum)
+            _limit(_SCRIPT_HDR.size + nsiz)
+            self.magic, self.flags, self.left = magic, flags, rnum
+            self.pos = _SCRIPT_HDR.size + nsiz
+            return True
+        if magic not in (MAGIC_SET_BULK, MAGIC_REMOVE_BULK, MAGIC_GET_BULK):
+            raise ReadProtocolError(f"unknown binary magic 0x{magic:02x}", status=None, close=True)
+        if len(buf) < _HDR.size:
+            return False
+        _, flags, rnum = _HDR.unpack_from(buf)
+        _check_rnum(rnum)
+        self.magic, self.flags, self.left, self.pos = magic, flags, rnum, _HDR.size
+        return True
+
+    def _done(self, req: BinaryRequest) -> tuple[BinaryRequest, int] | None:
+        pos = self.pos
+        self.reset()
+        self.starved = False
+        return req, pos
+
+
+def _limit(end: int) -> None:
     if end > MAX_BODY:
         raise ReadProtocolError("binary request too large", status=None, close=True)
-    return end <= len(buf)
 
 
 def parse_binary(buf: bytes | bytearray) -> tuple[BinaryRequest, int] | None:
-    """Parse one binary request at the start of `buf`.
+    """Parse one binary request at the start of `buf` (None: incomplete), from scratch.
 
-    Unknown magic bytes raise ReadProtocolError(status=None): KT closes silently.
+    Unknown magic bytes raise ReadProtocolError(status=None): KT closes silently. A
+    listener keeps a `BinaryParser` per connection instead (parsing each byte once).
     """
     if not buf:
         return None
-    magic = buf[0]
-    if magic == MAGIC_REPLICATION:
-        if not _need(buf, _REPL.size):
-            return None
-        _, flags, _ts, _sid = _REPL.unpack_from(buf)
-        return BinaryRequest(magic, flags), _REPL.size
-    if magic == MAGIC_PLAY_SCRIPT:
-        if not _need(buf, _SCRIPT_HDR.size):
-            return None
-        _, flags, nsiz, rnum = _SCRIPT_HDR.unpack_from(buf)
-        _check_rnum(rnum)
-        pos = _SCRIPT_HDR.size + nsiz
-        for _ in range(rnum):
-            if not _need(buf, pos + 8):
-                return None
-            ksiz, vsiz = _U32U32.unpack_from(buf, pos)
-            pos += 8 + ksiz + vsiz
-        if not _need(buf, pos):
-            return None
-        return BinaryRequest(magic, flags), pos
-    if magic not in (MAGIC_SET_BULK, MAGIC_REMOVE_BULK, MAGIC_GET_BULK):
-        raise ReadProtocolError(f"unknown binary magic 0x{magic:02x}", status=None, close=True)
-    if not _need(buf, _HDR.size):
-        return None
-    _, flags, rnum = _HDR.unpack_from(buf)
-    _check_rnum(rnum)
-    pos = _HDR.size
-    keys: list[tuple[int, bytes]] = []
-    if magic == MAGIC_SET_BULK:
-        for _ in range(rnum):
-            if not _need(buf, pos + _SET_REC.size):
-                return None
-            dbidx, ksiz, vsiz, _xt = _SET_REC.unpack_from(buf, pos)
-            pos += _SET_REC.size
-            if not _need(buf, pos + ksiz + vsiz):
-                return None
-            keys.append((dbidx, bytes(buf[pos : pos + ksiz])))
-            pos += ksiz + vsiz
-    else:
-        for _ in range(rnum):
-            if not _need(buf, pos + _U16U32.size):
-                return None
-            dbidx, ksiz = _U16U32.unpack_from(buf, pos)
-            pos += _U16U32.size
-            if not _need(buf, pos + ksiz):
-                return None
-            keys.append((dbidx, bytes(buf[pos : pos + ksiz])))
-            pos += ksiz
-    return BinaryRequest(magic, flags, keys), pos
+    return BinaryParser().feed(buf, budget=MAX_RECORDS + 1)
+
+
+def binary_phase(buf: bytes | bytearray) -> str:
+    """ "header" while a binary request's fixed header is incomplete, else "body"."""
+    magic = buf[0] if buf else 0
+    size = {
+        MAGIC_REPLICATION: _REPL.size,
+        MAGIC_PLAY_SCRIPT: _SCRIPT_HDR.size,
+    }.get(magic, _HDR.size)
+    return "header" if len(buf) < size else "body"
 
 
 def _check_rnum(rnum: int) -> None:
@@ -150,13 +238,18 @@ def _check_rnum(rnum: int) -> None:
 def encode_get_bulk_reply(hits: list[tuple[int, bytes, bytes]]) -> bytes:
     """``BA | hits | {dbidx, ksiz, vsiz, xt, key, value}...`` for (dbidx, key, value) hits;
     xt is always "none" (Mercury values do not expire)."""
-    parts = [_MAGIC_HITS.pack(MAGIC_GET_BULK, len(hits))]
-    pack = _GET_REPLY_REC.pack
+    parts = [get_bulk_reply_head(len(hits))]
+    pack = GET_REPLY_REC.pack
     for dbidx, key, value in hits:
         parts.append(pack(dbidx, len(key), len(value), XT_NONE))
         parts.append(key)
         parts.append(value)
     return b"".join(parts)
+
+
+def get_bulk_reply_head(hits: int) -> bytes:
+    """The first 5 bytes of a get_bulk reply: magic and the number of hits."""
+    return _MAGIC_HITS.pack(MAGIC_GET_BULK, hits)
 
 
 BINARY_ERROR = bytes([MAGIC_ERROR])
@@ -261,6 +354,11 @@ def parse_http(buf: bytes | bytearray) -> tuple[HttpRequest, int] | None:
             body = bytes(buf[pos : pos + n])
             pos += n
     return HttpRequest(method, target, version_b.decode(), headers, body), pos
+
+
+def http_phase(buf: bytes | bytearray) -> str:
+    """ "header" while an HTTP request's head (up to its empty line) is incomplete."""
+    return "body" if b"\r\n\r\n" in buf or b"\n\n" in buf else "header"
 
 
 def _parse_chunked(buf: bytes | bytearray, pos: int) -> tuple[bytes, int] | None:

@@ -1,8 +1,12 @@
 """The Kyoto Tycoon protocol listener (`--kt-listen`): RESTful GET/HEAD, TSV-RPC reads and
 the binary get_bulk, over the store. Writes get KT's own error shapes.
 
-`KtHandler` turns one parsed request into reply bytes (synchronous, one short read
-transaction); `kt_service()` wraps it in a `TcpService`. On the root (`point_only`), only
+`KtHandler` turns one parsed request into reply bytes (synchronous, short read
+transactions); `KtSession` is one connection's state (its incremental binary parser) and
+runs the handler in slices (see `reads.tcp`): a binary get_bulk is parsed `PARSE_SLICE`
+records and read `BULK_SLICE` keys at a time, each slice in its own read transaction, so
+other connections are served in between (as in KT, a get_bulk is not one snapshot).
+`kt_service()` wraps it in a `TcpService`. On the root (`point_only`), only
 point and bulk reads are served: `match_prefix` is refused (range reads belong on consumer
 nodes).
 """
@@ -11,13 +15,13 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 
 from core.errors import CRCError, ReadProtocolError
 from reads import kt_protocol as kt
 from reads.metrics import READ_ERRORS, READ_SECONDS
 from reads.ranges import make_spec, read_page
-from reads.tcp import Step, TcpService
+from reads.tcp import ListenerLimits, Run, TcpService, drain
 from store.format import MAX_KEY
 from store.store import Store
 
@@ -28,6 +32,8 @@ MAX_MATCH = 1_000_000
 MATCH_CHUNK = 10_000
 #: Bytes of values one get_bulk (RPC or binary) may answer; beyond it the call fails.
 MAX_BULK_BYTES = 256 << 20
+#: Keys of a binary get_bulk read per slice (one read transaction, then other clients).
+BULK_SLICE = 4096
 
 NO_RECORD = b"DB: 7: no record: no record"
 NO_PERMISSION = b"DB: 4: no permission: permission denied (read-only Mercury node)"
@@ -60,46 +66,14 @@ class KtHandler:
 
     # --- connection step -------------------------------------------------------------
 
+    def session(self) -> KtSession:
+        """A new connection's state."""
+        return KtSession(self)
+
     def step(self, buf: bytearray) -> tuple[bytes, bool]:
-        """Answer every complete request in `buf`, deleting them (see `reads.tcp.Step`)."""
-        out: list[bytes] = []
-        while buf:
-            try:
-                if kt.is_binary(buf[0]):
-                    got_b = kt.parse_binary(buf)
-                    if got_b is None:
-                        break
-                    breq, n = got_b
-                    del buf[:n]
-                    reply = self.handle_binary(breq)
-                    if reply:
-                        out.append(reply)
-                    continue
-                got_h = kt.parse_http(buf)
-                if got_h is None:
-                    break
-                hreq, n = got_h
-                del buf[:n]
-                reply, keep = self.handle_http(hreq)
-                out.append(reply)
-                if not keep:
-                    return b"".join(out), True
-            except ReadProtocolError as err:
-                READ_ERRORS.labels("kt", "protocol").inc()
-                if err.status is not None:
-                    body = kt.error_body(err.status, err.message)
-                    out.append(
-                        kt.encode_http_response(
-                            err.status,
-                            body,
-                            headers=[("Content-Type", "text/plain")],
-                            keep_alive=False,
-                            date=self._http_date(),
-                        )
-                    )
-                buf.clear()
-                return b"".join(out), True
-        return b"".join(out), False
+        """Answer every complete request in `buf` at once (tests and tools; a listener runs
+        a `KtSession` in slices instead)."""
+        return drain(self.session().run(buf))
 
     def _http_date(self) -> str:
         now = int(time.time())
@@ -111,32 +85,45 @@ class KtHandler:
 
     def handle_binary(self, req: kt.BinaryRequest) -> bytes:
         """Reply bytes of a binary request (empty when the client asked for none)."""
+        return drain_value(self.binary_slices(req))
+
+    def binary_slices(self, req: kt.BinaryRequest) -> Generator[bytes, None, bytes]:
+        """A binary request in slices: yields b"" between slices, returns the reply."""
         if req.magic != kt.MAGIC_GET_BULK:
             # set/remove_bulk and play_script are writes or scripts; replication is not
             # offered by this listener (Mercury replicates with its own protocol).
             self.cnt_misc += 1
             return b"" if req.no_reply else kt.BINARY_ERROR
         t0 = time.perf_counter()
-        hits: list[tuple[int, bytes, bytes]] = []
+        parts: list[bytes] = []
+        nhits = 0
         size = 0
-        try:
-            with self.store.reader() as r:
-                for dbidx, key in req.keys:
-                    if dbidx != 0:
-                        continue  # KT skips unknown databases silently
-                    v = r.get(key) if 1 <= len(key) <= MAX_KEY else None
-                    if v is not None:
-                        hits.append((dbidx, key, v.value))
-                        size += len(v.value)
+        keys = req.keys
+        pack = kt.GET_REPLY_REC.pack
+        for start in range(0, len(keys), BULK_SLICE):
+            if start:
+                yield b""  # other connections run before the next slice
+            try:
+                with self.store.reader() as r:
+                    for dbidx, key in keys[start : start + BULK_SLICE]:
+                        if dbidx != 0:
+                            continue  # KT skips unknown databases silently
+                        v = r.get(key) if 1 <= len(key) <= MAX_KEY else None
+                        if v is None:
+                            continue
+                        value = v.value
+                        parts += (pack(dbidx, len(key), len(value), kt.XT_NONE), key, value)
+                        nhits += 1
+                        size += len(value)
                         if size > MAX_BULK_BYTES:
                             READ_ERRORS.labels("kt_get_bulk", "too_large").inc()
                             return kt.BINARY_ERROR
-        except CRCError:
-            READ_ERRORS.labels("kt_get_bulk", "crc").inc()
-            return kt.BINARY_ERROR
-        self.cnt_get += len(req.keys)
-        self.cnt_get_misses += len(req.keys) - len(hits)
-        reply = kt.encode_get_bulk_reply(hits)
+            except CRCError:
+                READ_ERRORS.labels("kt_get_bulk", "crc").inc()
+                return kt.BINARY_ERROR
+        self.cnt_get += len(keys)
+        self.cnt_get_misses += len(keys) - nhits
+        reply = kt.get_bulk_reply_head(nhits) + b"".join(parts)
         READ_SECONDS.labels("kt_get_bulk").observe(time.perf_counter() - t0)
         return reply
 
@@ -363,14 +350,82 @@ class KtHandler:
         }
 
 
-def kt_service(store: Store, host: str, port: int, *, point_only: bool = False) -> TcpService:
+class KtSession:
+    """One KT connection: its incremental binary parser and the request loop."""
+
+    def __init__(self, handler: KtHandler) -> None:
+        self.h = handler
+        self.parser = kt.BinaryParser()
+
+    def phase(self, buf: bytearray) -> str:
+        """Where the partial request in `buf` is (see `reads.tcp.Session`)."""
+        if self.parser.busy:
+            return "body"
+        return kt.binary_phase(buf) if kt.is_binary(buf[0]) else kt.http_phase(buf)
+
+    def run(self, buf: bytearray) -> Run:
+        """Answer the complete requests at the front of `buf` in slices."""
+        h = self.h
+        while buf:
+            try:
+                if self.parser.busy or kt.is_binary(buf[0]):
+                    got_b = self.parser.feed(buf)
+                    if got_b is None:
+                        if self.parser.starved:
+                            return False
+                        yield b""  # a slice of a big request parsed
+                        continue
+                    breq, n = got_b
+                    del buf[:n]
+                    reply = yield from h.binary_slices(breq)
+                    yield reply
+                    continue
+                got_h = kt.parse_http(buf)
+                if got_h is None:
+                    return False
+                hreq, n = got_h
+                del buf[:n]
+                reply, keep = h.handle_http(hreq)
+                yield reply
+                if not keep:
+                    return True
+            except ReadProtocolError as err:
+                self.parser.reset()
+                READ_ERRORS.labels("kt", "protocol").inc()
+                buf.clear()
+                if err.status is not None:
+                    body = kt.error_body(err.status, err.message)
+                    yield kt.encode_http_response(
+                        err.status,
+                        body,
+                        headers=[("Content-Type", "text/plain")],
+                        keep_alive=False,
+                        date=h._http_date(),
+                    )
+                return True
+        return False
+
+
+def drain_value(gen: Generator[bytes, None, bytes]) -> bytes:
+    """Run a sliced computation to its end; its return value."""
+    while True:
+        try:
+            next(gen)
+        except StopIteration as stop:
+            return bytes(stop.value)
+
+
+def kt_service(
+    store: Store,
+    host: str,
+    port: int,
+    *,
+    point_only: bool = False,
+    limits: ListenerLimits | None = None,
+) -> TcpService:
     """The KT listener as a `Service` (all connections share one handler and its counters)."""
     holder: list[TcpService] = []
     handler = KtHandler(store, point_only=point_only, connections=lambda: holder[0].connections)
-
-    def make_step() -> Step:
-        return handler.step
-
-    svc = TcpService("kt", host, port, make_step)
+    svc = TcpService("kt", host, port, handler.session, limits=limits)
     holder.append(svc)
     return svc

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from core.errors import CRCError, ReadProtocolError
 from reads import memcached_protocol as mc
 from reads.metrics import READ_ERRORS, READ_SECONDS
-from reads.tcp import Step, TcpService
+from reads.tcp import ListenerLimits, Run, TcpService, drain
 from store.store import Store
 
 VERSION = "1.6.0-mercury"
@@ -33,36 +33,46 @@ class MemcachedHandler:
         self.get_misses = 0
 
     def step(self, buf: bytearray) -> tuple[bytes, bool]:
-        """Answer every complete command in `buf`, deleting them (see `reads.tcp.Step`)."""
-        out: list[bytes] = []
+        """Answer every complete command in `buf` at once (tests and tools)."""
+        return drain(self.run(buf))
+
+    def run(self, buf: bytearray) -> Run:
+        """Answer the complete commands at the front of `buf`, one per step, deleting them
+        (see `reads.tcp.Session`; a command line is at most 64 KiB, so one step is small)."""
         while buf:
             try:
                 got = mc.parse_command(buf)
             except ReadProtocolError as err:
                 READ_ERRORS.labels("memcached", "protocol").inc()
-                out.append(mc.client_error(err.message))
                 buf.clear()
-                return b"".join(out), True
+                yield mc.client_error(err.message)
+                return True
             if got is None:
-                break
+                return False
             cmd, n = got
             del buf[:n]
             if cmd.reply is not None:
                 READ_ERRORS.labels("memcached", "protocol").inc()
-                out.append(cmd.reply)
+                yield cmd.reply
             elif cmd.name in (b"get", b"gets"):
-                out.append(self._get(cmd.keys, cmd.name == b"gets"))
+                yield self._get(cmd.keys, cmd.name == b"gets")
             elif cmd.name == b"quit":
-                return b"".join(out), True
+                return True
             elif cmd.name == b"version":
-                out.append(b"VERSION " + VERSION.encode() + b"\r\n")
+                yield b"VERSION " + VERSION.encode() + b"\r\n"
             elif cmd.name == b"stats":
-                out.append(self._stats())
+                yield self._stats()
             elif cmd.name == b"verbosity":
-                out.append(b"OK\r\n")
+                yield b"OK\r\n"
             elif not cmd.noreply:  # a write: this node is read-only
-                out.append(mc.READ_ONLY)
-        return b"".join(out), False
+                yield mc.READ_ONLY
+        return False
+
+    @staticmethod
+    def phase(buf: bytearray) -> str:
+        """ "header" until the command line is complete, then "body" (a storage command's
+        data block; see `reads.tcp.Session`)."""
+        return "body" if b"\n" in buf else "header"
 
     def _get(self, keys: list[bytes], with_cas: bool) -> bytes:
         t0 = time.perf_counter()
@@ -106,14 +116,17 @@ class MemcachedHandler:
         )
 
 
-def memcached_service(store: Store, host: str, port: int) -> TcpService:
-    """The memcached listener as a `Service` (one handler shared by all connections)."""
+#: What memcached itself answers a connection over its limit.
+BUSY = b"SERVER_ERROR Too many open connections\r\n"
+
+
+def memcached_service(
+    store: Store, host: str, port: int, *, limits: ListenerLimits | None = None
+) -> TcpService:
+    """The memcached listener as a `Service` (one handler shared by all connections: the
+    protocol keeps no per-connection state beyond the buffer)."""
     holder: list[TcpService] = []
     handler = MemcachedHandler(store, connections=lambda: holder[0].connections)
-
-    def make_step() -> Step:
-        return handler.step
-
-    svc = TcpService("memcached", host, port, make_step)
+    svc = TcpService("memcached", host, port, lambda: handler, limits=limits, busy_reply=BUSY)
     holder.append(svc)
     return svc

@@ -1,6 +1,6 @@
 """Prometheus metrics of the read side (process-wide, as Prometheus clients are)."""
 
-from prometheus_client import Counter, Histogram
+from prometheus_client import Counter, Gauge, Histogram
 
 #: Server-side time of one read request, from parsed request to the answer handed to the
 #: transport. `op` names the protocol and call (`http_get`, `kt_get_bulk`, `memcached_get`...).
@@ -27,4 +27,16 @@ READ_SECONDS = Histogram(
 #: Read requests that ended in an error answer, by op and reason (`crc`, `protocol`, ...).
 READ_ERRORS = Counter(
     "mercury_read_errors_total", "Read requests answered with an error", ["op", "reason"]
+)
+
+#: Connections open now on each TCP read listener (`kt`, `memcached`).
+LISTENER_CONNECTIONS = Gauge(
+    "mercury_listener_connections", "Connections open on a TCP read listener", ["listener"]
+)
+#: Connections refused (over the cap) or closed by a limit, by reason: `max_connections`,
+#: `idle_timeout`, `header_timeout`, `body_timeout`, `write_timeout`.
+LISTENER_REFUSED = Counter(
+    "mercury_listener_refused_total",
+    "Connections a TCP read listener refused or closed on a limit, by reason",
+    ["listener", "reason"],
 )

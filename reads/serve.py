@@ -19,6 +19,7 @@ import uvicorn
 
 from core.addr import parse_hostport
 from reads.http_app import create_read_app
+from reads.tcp import add_listener_flags
 from reads.wiring import replica_services, root_services
 from store.store import Store
 
@@ -30,6 +31,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--listen", default="127.0.0.1:8081", help="HTTP read API H:P")
     p.add_argument("--kt-listen", default=None, help="Kyoto Tycoon protocol listener H:P")
     p.add_argument("--memcached-listen", default=None, help="memcached text protocol H:P")
+    add_listener_flags(p)
     p.add_argument("--role", default="replica", choices=("replica", "consumer", "root"))
     p.add_argument(
         "--noop-path",

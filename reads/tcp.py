@@ -2,40 +2,147 @@
 
 Built on `asyncio.Protocol` callbacks rather than streams: a request is parsed and answered
 inside `data_received`, with no coroutine switch, which is most of a small read's cost.
-Each connection keeps a buffer; a synchronous `Step` answers the complete requests it holds
-(one short LMDB read transaction per request, never held across a callback) and the answers
-are written in order, so pipelined requests work. Backpressure: when the transport's write
-buffer is full, the connection stops reading until it drains.
+
+Each connection keeps a buffer and a `Session` (per-connection protocol state). The
+session's `run(buf)` is a generator: each step does a bounded slice of work (one small
+request, or a slice of a big one) and yields the reply bytes ready so far; it returns —
+True to close — once the buffer holds no complete request. The connection runs a few steps
+per loop turn and schedules the rest with `call_soon`, so one connection's huge request
+(a binary get_bulk of a million keys) never holds the event loop: every other connection
+is served between its slices. Replies are written in request order, so pipelining works.
+While a request is being worked on, the connection stops reading once its buffer is large.
+Backpressure: when the transport's write buffer is full, work and reading pause until it
+drains.
+
+Limits (`ListenerLimits`, one per listener): a connection cap (over it, new connections get
+the protocol's busy reply, if any, and are closed), a header timeout (a request's head must
+arrive within it from its first byte), a body timeout (the whole request within it), an
+idle timeout (no request for that long), and a write timeout (a client that reads none of
+its replies for that long). One sweep per second checks every connection; metrics
+`mercury_listener_connections{listener}` and `mercury_listener_refused_total{listener,
+reason}` count what was refused or closed and why.
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import logging
 import socket
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Generator
+from dataclasses import dataclass
+from typing import Protocol
 
-from reads.metrics import READ_ERRORS
+from reads.metrics import LISTENER_CONNECTIONS, LISTENER_REFUSED, READ_ERRORS
 
 log = logging.getLogger(__name__)
 
-#: A connection's protocol step: answer as many complete requests as the buffer holds,
-#: deleting them from its front. Returns (reply bytes, close after writing).
-Step = Callable[[bytearray], tuple[bytes, bool]]
+#: Steps of a session run per loop turn before yielding to other connections.
+STEPS_PER_TURN = 16
+#: While a request is being worked on, stop reading once this much is buffered.
+MAX_BUFFER_WHILE_BUSY = 1 << 20
+#: How often every connection's timeouts are checked.
+SWEEP_SECONDS = 1.0
+
+#: A session's run: yields reply bytes (b"" = a slice of work done, nothing to send yet),
+#: returns True when the connection must close after what was written.
+Run = Generator[bytes, None, bool]
+
+
+class Session(Protocol):
+    """A connection's protocol state."""
+
+    def run(self, buf: bytearray) -> Run:
+        """Answer the complete requests at the front of `buf`, deleting them."""
+        ...
+
+    def phase(self, buf: bytearray) -> str:
+        """Where the partial request in `buf` is: "header" or "body" (for the timeouts)."""
+        ...
+
+
+@dataclass(frozen=True)
+class ListenerLimits:
+    """Bounds of one TCP listener (flags `--listener-*`; see docs/reads.md)."""
+
+    max_connections: int = 1024
+    idle_timeout: float = 300.0
+    header_timeout: float = 10.0
+    body_timeout: float = 60.0
+    #: Reply bytes not taken by the client for this long close the connection.
+    write_timeout: float = 60.0
+
+
+def add_listener_flags(p: argparse.ArgumentParser) -> None:
+    """The `--listener-*` flags bounding the KT and memcached listeners."""
+    d = ListenerLimits()
+    p.add_argument(
+        "--listener-max-connections",
+        type=int,
+        default=d.max_connections,
+        metavar="N",
+        help=f"connections each KT/memcached listener serves at once; more are refused "
+        f"(default {d.max_connections})",
+    )
+    for name, what in (
+        ("idle", "with no request in progress"),
+        ("header", "for a request's head (HTTP headers, binary header, command line)"),
+        ("body", "for a whole request (its body)"),
+        ("write", "for a client to take any of its replies"),
+    ):
+        default = getattr(d, f"{name}_timeout")
+        p.add_argument(
+            f"--listener-{name}-timeout-s",
+            type=float,
+            default=default,
+            metavar="S",
+            help=f"KT/memcached: close a connection after S seconds {what} (default {default:g})",
+        )
+
+
+def listener_limits(args: argparse.Namespace) -> ListenerLimits:
+    """`ListenerLimits` from the `--listener-*` flags (defaults where absent)."""
+    d = ListenerLimits()
+    return ListenerLimits(
+        max_connections=int(getattr(args, "listener_max_connections", d.max_connections)),
+        idle_timeout=float(getattr(args, "listener_idle_timeout_s", d.idle_timeout)),
+        header_timeout=float(getattr(args, "listener_header_timeout_s", d.header_timeout)),
+        body_timeout=float(getattr(args, "listener_body_timeout_s", d.body_timeout)),
+        write_timeout=float(getattr(args, "listener_write_timeout_s", d.write_timeout)),
+    )
 
 
 class _Conn(asyncio.Protocol):
     def __init__(self, service: TcpService) -> None:
         self.service = service
-        self.step = service.make_step()
+        self.session = service.make_session()
         self.buf = bytearray()
         self.transport: asyncio.Transport | None = None
+        self.work: Run | None = None
+        self.write_paused_at: float | None = None
+        self.scheduled = False
+        now = time.monotonic()
+        self.active_at = now  # last byte received or request answered
+        self.request_at = now  # first byte of the partial request in `buf`
+        self.received = 0  # bytes received in all
+        self.partial_id = -1  # `received - len(buf)` when the partial request began
+        self.reading = True
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's transports implement asyncio.Transport without subclassing it
-        self.transport = transport  # type: ignore[assignment]
-        self.service.conns.add(self)
+        t: asyncio.Transport = transport  # type: ignore[assignment]
+        svc = self.service
+        if len(svc.conns) >= svc.limits.max_connections:
+            svc.refuse("max_connections")
+            if svc.busy_reply:
+                t.write(svc.busy_reply)
+            t.close()
+            return
+        self.transport = t
+        svc.conns.add(self)
+        LISTENER_CONNECTIONS.labels(svc.name).inc()
         sock = transport.get_extra_info("socket")
         if sock is not None:
             with contextlib.suppress(OSError):
@@ -45,52 +152,148 @@ class _Conn(asyncio.Protocol):
         t = self.transport
         if t is None or t.is_closing():
             return
+        self.active_at = time.monotonic()
+        self.received += len(data)
         self.buf += data
+        if self.work is None:
+            self.work = self.session.run(self.buf)
+            self._drive()
+        elif len(self.buf) > MAX_BUFFER_WHILE_BUSY:
+            self._pause_reading()
+
+    def _drive(self) -> None:
+        self.scheduled = False
+        t = self.transport
+        work = self.work
+        if t is None or t.is_closing() or work is None:
+            return
+        out: list[bytes] = []
+        close = False
         try:
-            reply, close = self.step(self.buf)
+            for _ in range(STEPS_PER_TURN):
+                chunk = next(work)
+                if chunk:
+                    out.append(chunk)
+        except StopIteration as stop:
+            self.work = None
+            close = bool(stop.value)
         except Exception:
             # A bug must cost one connection, never the listener or the process.
             log.exception("%s listener: request failed; closing the connection", self.service.name)
             READ_ERRORS.labels(self.service.name, "internal").inc()
+            self.work = None
             t.close()
             return
-        if reply:
-            t.write(reply)
+        if out:
+            t.write(b"".join(out))
         if close:
             t.close()
+            return
+        if self.work is not None:
+            # More to do: let every other connection run first.
+            if self.write_paused_at is None:
+                self._schedule()
+            return
+        self._idle_again()
 
-    def pause_writing(self) -> None:
-        if self.transport is not None:
+    def _schedule(self) -> None:
+        if not self.scheduled:
+            self.scheduled = True
+            asyncio.get_running_loop().call_soon(self._drive)
+
+    def _idle_again(self) -> None:
+        """The buffer holds no complete request: note when a partial one began, read on."""
+        now = time.monotonic()
+        if not self.buf:
+            self.active_at = now
+        else:
+            pid = self.received - len(self.buf)
+            if pid != self.partial_id:  # a new request began since the last check
+                self.partial_id = pid
+                self.request_at = now
+        if self.write_paused_at is None:
+            self._resume_reading()
+
+    def _pause_reading(self) -> None:
+        if self.reading and self.transport is not None:
+            self.reading = False
             self.transport.pause_reading()
 
-    def resume_writing(self) -> None:
-        if self.transport is not None and not self.transport.is_closing():
+    def _resume_reading(self) -> None:
+        if not self.reading and self.transport is not None and not self.transport.is_closing():
+            self.reading = True
             self.transport.resume_reading()
 
+    def pause_writing(self) -> None:
+        self.write_paused_at = time.monotonic()
+        self._pause_reading()
+
+    def resume_writing(self) -> None:
+        self.write_paused_at = None
+        if self.transport is None or self.transport.is_closing():
+            return
+        if self.work is not None:
+            self._schedule()
+        else:
+            self._resume_reading()
+
     def connection_lost(self, exc: Exception | None) -> None:
-        self.service.conns.discard(self)
+        if self in self.service.conns:
+            self.service.conns.discard(self)
+            LISTENER_CONNECTIONS.labels(self.service.name).dec()
         self.transport = None
+        self.work = None
         self.buf = bytearray()
+
+    def expired(self, now: float) -> str | None:
+        """The timeout this connection has run out of, or None."""
+        lim = self.service.limits
+        if self.write_paused_at is not None:
+            return "write_timeout" if now - self.write_paused_at > lim.write_timeout else None
+        if self.work is not None:
+            return None  # the server is working on it
+        if self.buf:
+            if self.session.phase(self.buf) == "header":
+                return "header_timeout" if now - self.request_at > lim.header_timeout else None
+            return "body_timeout" if now - self.request_at > lim.body_timeout else None
+        return "idle_timeout" if now - self.active_at > lim.idle_timeout else None
 
 
 class TcpService:
-    """Listen on host:port; each connection gets a fresh `Step` from `make_step()`.
+    """Listen on host:port; each connection gets a fresh `Session` from `make_session()`.
 
+    `busy_reply`: bytes sent to a connection refused over the cap (None: just close).
     Implements `core.service.Service`.
     """
 
-    def __init__(self, name: str, host: str, port: int, make_step: Callable[[], Step]) -> None:
+    def __init__(
+        self,
+        name: str,
+        host: str,
+        port: int,
+        make_session: Callable[[], Session],
+        *,
+        limits: ListenerLimits | None = None,
+        busy_reply: bytes | None = None,
+    ) -> None:
         self.name = name
         self.host = host
         self.port = port
-        self.make_step = make_step
+        self.make_session = make_session
+        self.limits = limits or ListenerLimits()
+        self.busy_reply = busy_reply
         self.conns: set[_Conn] = set()
         self._server: asyncio.Server | None = None
+        self._sweeper: asyncio.TimerHandle | None = None
 
     @property
     def connections(self) -> int:
         """Connections open now."""
         return len(self.conns)
+
+    def refuse(self, reason: str) -> None:
+        """Count one connection refused or closed by a limit."""
+        LISTENER_REFUSED.labels(self.name, reason).inc()
 
     async def start(self) -> None:
         """Bind and listen; returns once connections are accepted."""
@@ -98,9 +301,25 @@ class TcpService:
         self._server = await loop.create_server(
             lambda: _Conn(self), self.host, self.port, reuse_address=True
         )
+        if self.port == 0:
+            self.port = self._server.sockets[0].getsockname()[1]
+        self._sweeper = loop.call_later(SWEEP_SECONDS, self._sweep)
+
+    def _sweep(self) -> None:
+        now = time.monotonic()
+        for c in list(self.conns):
+            reason = c.expired(now)
+            if reason is not None and c.transport is not None:
+                self.refuse(reason)
+                log.info("%s listener: closing a connection (%s)", self.name, reason)
+                c.transport.abort()  # unsent replies to a slow reader are dropped too
+        self._sweeper = asyncio.get_running_loop().call_later(SWEEP_SECONDS, self._sweep)
 
     async def stop(self) -> None:
         """Stop listening and close every open connection."""
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            self._sweeper = None
         if self._server is None:
             return
         self._server.close()
@@ -110,3 +329,14 @@ class TcpService:
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(self._server.wait_closed(), 5)
         self._server = None
+
+
+def drain(run: Run) -> tuple[bytes, bool]:
+    """Run a session step to its end at once: (all reply bytes, close). For tests and
+    tools that call a handler directly, without a connection."""
+    out: list[bytes] = []
+    while True:
+        try:
+            out.append(next(run))
+        except StopIteration as stop:
+            return b"".join(out), bool(stop.value)

@@ -15,6 +15,7 @@ from core.addr import parse_hostport
 from core.service import Service
 from reads.kt_server import kt_service
 from reads.memcached_server import memcached_service
+from reads.tcp import listener_limits
 from store.store import Store
 
 
@@ -23,7 +24,14 @@ def root_services(store: Store, args: argparse.Namespace) -> list[Service]:
     out: list[Service] = []
     kt = getattr(args, "kt_listen", None)
     if kt:
-        out.append(kt_service(store, *parse_hostport(kt, "--kt-listen"), point_only=True))
+        out.append(
+            kt_service(
+                store,
+                *parse_hostport(kt, "--kt-listen"),
+                point_only=True,
+                limits=listener_limits(args),
+            )
+        )
     return out
 
 
@@ -32,8 +40,14 @@ def replica_services(store: Store, args: argparse.Namespace) -> list[Service]:
     out: list[Service] = []
     kt = getattr(args, "kt_listen", None)
     if kt:
-        out.append(kt_service(store, *parse_hostport(kt, "--kt-listen")))
+        out.append(
+            kt_service(store, *parse_hostport(kt, "--kt-listen"), limits=listener_limits(args))
+        )
     mc = getattr(args, "memcached_listen", None)
     if mc:
-        out.append(memcached_service(store, *parse_hostport(mc, "--memcached-listen")))
+        out.append(
+            memcached_service(
+                store, *parse_hostport(mc, "--memcached-listen"), limits=listener_limits(args)
+            )
+        )
     return out

@@ -77,9 +77,10 @@ def test_replica_stops_with_clear_error_on_hash_chain_mismatch(
         forked.apply([Op(SET, f"x{i}".encode(), b"other", owner="t") for i in range(10)])
         forked.close()
         r = start_replica(procs, tmp_path / "fork", [root.port], repl=False, name="fork")
-        wait_for(lambda: status(r.http)["replication_state"] == "failed", 20, "replication failed")
+        wait_for(lambda: status(r.http)["replication_state"] == "diverged", 20, "diverged")
         st = status(r.http)
-        assert "hash chain mismatch" in st["replication_error"], st
+        assert "diverged history at seq 10" in st["replication_error"], st
+        assert "rm -r DATA_DIR" in st["replication_error"], st
         assert st["seq"] == 10  # nothing of the foreign record was applied
         assert httpx.get(f"http://127.0.0.1:{r.http}/v1/kv/x3").content == b"other"
 
