@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from types import TracebackType
 from typing import Any
@@ -182,6 +183,20 @@ class AsyncClient:
         return total
 
     # --- reads from a replica -------------------------------------------------------------
+
+    async def applied_seq(self) -> int:
+        """The log seq the read node has applied (``GET /v1/status``)."""
+        r = await self._send(Call(READ, "GET", "/v1/status"))
+        return int(r.json()["seq"])
+
+    async def wait_applied(self, seq: int, timeout: float = 30.0) -> None:
+        """Wait until the read node has applied `seq` (e.g. a write's `seq`), so a read
+        there sees that write; `Unavailable` after `timeout` seconds."""
+        deadline = time.monotonic() + timeout
+        while await self.applied_seq() < seq:
+            if time.monotonic() > deadline:
+                raise Unavailable(0, "Lagging", f"the read node has not applied seq {seq}")
+            await asyncio.sleep(0.02)
 
     async def range(
         self,

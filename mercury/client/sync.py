@@ -181,6 +181,20 @@ class Client:
 
     # --- reads from a replica -------------------------------------------------------------
 
+    def applied_seq(self) -> int:
+        """The log seq the read node has applied (``GET /v1/status``)."""
+        r = self._send(Call(READ, "GET", "/v1/status"))
+        return int(r.json()["seq"])
+
+    def wait_applied(self, seq: int, timeout: float = 30.0) -> None:
+        """Wait until the read node has applied `seq` (e.g. a write's `seq`), so a read
+        there sees that write; `Unavailable` after `timeout` seconds."""
+        deadline = time.monotonic() + timeout
+        while self.applied_seq() < seq:
+            if time.monotonic() > deadline:
+                raise Unavailable(0, "Lagging", f"the read node has not applied seq {seq}")
+            time.sleep(0.02)
+
     def range(
         self,
         prefix: wire.Key | None = None,
