@@ -18,7 +18,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 from urllib.parse import parse_qsl, quote, unquote_to_bytes
 
-from fastapi import FastAPI, Request
+from fastapi import APIRouter, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, Field
@@ -146,7 +146,8 @@ def create_read_app(store: Store, *, role: str, status: Callable[[], dict[str, o
 
     `status()` adds node facts to `GET /v1/status` (a replica gives "source" and
     "lag_seconds"). The root refuses range reads (421 problem+json pointing to consumer
-    nodes). The app never writes to `store` and never closes it.
+    nodes). The app never writes to `store` and never closes it. The routes are this
+    module's functions; they reach the store, role and status through ``app.state``.
     """
     app = ReadApp(
         title=f"Mercury {role} reads", docs_url=None, redoc_url=None, redirect_slashes=False
@@ -154,147 +155,184 @@ def create_read_app(store: Store, *, role: str, status: Callable[[], dict[str, o
     app.store = store
     app.state.store = store
     app.state.role = role
-
-    @app.exception_handler(MercuryError)
-    async def _mercury_error(_request: Request, err: MercuryError) -> Response:
-        if isinstance(err, CRCError):
-            READ_ERRORS.labels("http", "crc").inc()
-        return problem_for(err)
-
-    @app.exception_handler(Exception)
-    async def _unexpected(_request: Request, err: Exception) -> Response:
-        # A bug: logged with its stack here, never shown to the client.
-        log.exception("read request failed", exc_info=err)
-        READ_ERRORS.labels("http", "internal").inc()
-        return problem(500, "internal", "the read failed; see the node's log")
-
-    @app.exception_handler(StarletteHTTPException)
-    async def _http_error(_request: Request, err: StarletteHTTPException) -> Response:
-        slug = {404: "not-found", 405: "method-not-allowed"}.get(err.status_code, "http-error")
-        return problem(err.status_code, slug, str(err.detail))
-
-    @app.exception_handler(RequestValidationError)
-    async def _invalid_body(_request: Request, err: RequestValidationError) -> Response:
-        detail = "; ".join(
-            f"{'.'.join(str(p) for p in e.get('loc', ()))}: {e.get('msg', '')}"
-            for e in err.errors()
-        )
-        return problem(400, "invalid-read", detail, title="Invalid read request")
-
-    @app.api_route("/v1/kv/{key:path}", methods=["PUT", "POST", "DELETE", "PATCH"])
-    async def write_refused(key: str) -> Response:
-        return problem(
-            405,
-            "read-only",
-            f"{role} nodes serve reads only; key {key!r} was not changed",
-            title="This node is read-only",
-            hint="write through the gateway on the root (PUT /v1/kv/{key} there)",
-        )
-
-    @app.get("/healthz")
-    async def healthz() -> dict[str, str]:
-        return {"status": "ok"}
-
-    @app.get("/metrics")
-    async def metrics() -> Response:
-        return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
-
-    @app.get("/v1/status")
-    async def get_status() -> dict[str, object]:
-        seq, head = store.head()
-        doc: dict[str, object] = {
-            "db_id": store.db_id,
-            "role": role,
-            "seq": seq,
-            "hash_head": head.hex(),
-        }
-        doc.update(status())
-        return doc
-
-    @app.post("/v1/get_bulk")
-    async def get_bulk(body: GetBulkBody) -> Response:
-        t0 = time.perf_counter()
-        n = len(body.keys) + len(body.keys_b64)
-        if n > MAX_BULK_KEYS:
-            raise InvalidReadError(f"at most {MAX_BULK_KEYS} keys per get_bulk, got {n}")
-        text_keys = [k.encode() for k in body.keys]
-        try:
-            b64_keys = [base64.b64decode(k, validate=True) for k in body.keys_b64]
-        except (binascii.Error, ValueError) as err:
-            raise InvalidReadError("keys_b64 holds invalid base64") from err
-        for k in (*text_keys, *b64_keys):
-            if not 1 <= len(k) <= MAX_KEY:
-                raise InvalidReadError(f"keys must be 1 to {MAX_KEY} bytes", key=k)
-        found: list[Value | None] = []
-        size = 0
-        with store.reader() as r:
-            for k in (*text_keys, *b64_keys):
-                v = r.get(k)
-                found.append(v)
-                size += len(v.value) if v is not None else 0
-                if size > MAX_BULK_BYTES:
-                    raise ReadTooLargeError(
-                        f"the values of these keys exceed {MAX_BULK_BYTES} bytes",
-                        hint="ask for fewer keys per request",
-                    )
-        applied = store.last_seq()  # read after the values: always >= their seqs
-        values: dict[str, str | None] = {}
-        values_b64: dict[str, str | None] = {}
-        for name, v in zip(body.keys, found[: len(text_keys)], strict=True):
-            if v is None:
-                values[name] = None
-            else:
-                try:
-                    values[name] = v.value.decode()
-                except UnicodeDecodeError:
-                    values_b64[name] = base64.b64encode(v.value).decode()
-        for name, v in zip(body.keys_b64, found[len(text_keys) :], strict=True):
-            values_b64[name] = None if v is None else base64.b64encode(v.value).decode()
-        doc: dict[str, Any] = {"values": values}
-        if values_b64:
-            doc["values_b64"] = values_b64
-        READ_SECONDS.labels("http_get_bulk").observe(time.perf_counter() - t0)
-        return JSONResponse(doc, headers={"X-Mercury-Seq": str(applied)})
-
-    @app.get("/v1/range")
-    async def get_range(request: Request) -> Response:
-        if role == "root":
-            raise RangeOnRootError(
-                "the root does not serve range reads; large reads must never load the root",
-                hint="send GET /v1/range to a consumer node or a replica (default :8081)",
-            )
-        t0 = time.perf_counter()
-        q = _raw_query(request.scope["query_string"])
-        spec = ranges.make_spec(prefix=q.get("prefix"), start=q.get("start"), end=q.get("end"))
-        keys_only = q.get("keys_only", b"false").lower() in (b"true", b"1", b"yes")
-        after = (
-            ranges.decode_cursor(spec, q["cursor"].decode("latin-1")) if q.get("cursor") else None
-        )
-        limit_raw = q.get("limit")
-        try:
-            limit = int(limit_raw) if limit_raw is not None else None
-        except ValueError as err:
-            raise InvalidReadError("limit must be an integer") from err
-        if NDJSON in request.headers.get("accept", ""):
-            # A stream serves the whole range (or `limit` items when given).
-            if limit is not None and limit < 1:
-                raise InvalidReadError("limit must be at least 1 (omit it to stream every item)")
-            total = limit
-            return StreamingResponse(
-                _stream(store, spec, after, total, keys_only), media_type=NDJSON
-            )
-        limit = ranges.check_limit(limit)
-        with store.reader() as r:
-            items, more = ranges.read_page(r, spec, after, limit, keys_only)
-        applied = store.last_seq()
-        doc = {
-            "items": [jsonkv.item(k, v) for k, v in items],
-            "next_cursor": ranges.encode_cursor(spec, items[-1][0]) if more else None,
-        }
-        READ_SECONDS.labels("http_range").observe(time.perf_counter() - t0)
-        return JSONResponse(doc, headers={"X-Mercury-Seq": str(applied)})
-
+    app.state.status = status
+    app.add_exception_handler(MercuryError, _mercury_error)
+    app.add_exception_handler(Exception, _unexpected)
+    app.add_exception_handler(StarletteHTTPException, _http_error)
+    app.add_exception_handler(RequestValidationError, _invalid_body)
+    app.include_router(router)
     return app
+
+
+def _store(request: Request) -> Store:
+    store: Store = request.app.state.store
+    return store
+
+
+def _role(request: Request) -> str:
+    role: str = request.app.state.role
+    return role
+
+
+async def _mercury_error(_request: Request, err: Exception) -> Response:
+    assert isinstance(err, MercuryError)
+    if isinstance(err, CRCError):
+        READ_ERRORS.labels("http", "crc").inc()
+    return problem_for(err)
+
+
+async def _unexpected(_request: Request, err: Exception) -> Response:
+    # A bug: logged with its stack here, never shown to the client.
+    log.exception("read request failed", exc_info=err)
+    READ_ERRORS.labels("http", "internal").inc()
+    return problem(500, "internal", "the read failed; see the node's log")
+
+
+async def _http_error(_request: Request, err: Exception) -> Response:
+    assert isinstance(err, StarletteHTTPException)
+    slug = {404: "not-found", 405: "method-not-allowed"}.get(err.status_code, "http-error")
+    return problem(err.status_code, slug, str(err.detail))
+
+
+async def _invalid_body(_request: Request, err: Exception) -> Response:
+    assert isinstance(err, RequestValidationError)
+    detail = "; ".join(
+        f"{'.'.join(str(p) for p in e.get('loc', ()))}: {e.get('msg', '')}" for e in err.errors()
+    )
+    return problem(400, "invalid-read", detail, title="Invalid read request")
+
+
+router = APIRouter()
+
+
+@router.api_route("/v1/kv/{key:path}", methods=["PUT", "POST", "DELETE", "PATCH"])
+async def write_refused(key: str, request: Request) -> Response:
+    """405: every node but the root's gateway is read-only."""
+    role = _role(request)
+    return problem(
+        405,
+        "read-only",
+        f"{role} nodes serve reads only; key {key!r} was not changed",
+        title="This node is read-only",
+        hint="write through the gateway on the root (PUT /v1/kv/{key} there)",
+    )
+
+
+@router.get("/healthz")
+async def healthz(request: Request) -> dict[str, object]:
+    """The node's liveness, in the shape every node answers (`health_body`)."""
+    store = _store(request)
+    return health_body(_role(request), store.last_seq())
+
+
+def health_body(role: str, seq: int) -> dict[str, object]:
+    """`GET /healthz` of every node, root and replicas alike: ``{"status", "role", "seq"}``."""
+    return {"status": "ok", "role": role, "seq": seq}
+
+
+@router.get("/metrics")
+async def metrics() -> Response:
+    """Prometheus text exposition."""
+    return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
+
+
+@router.get("/v1/status")
+async def get_status(request: Request) -> dict[str, object]:
+    """`{"db_id", "role", "seq", "hash_head"}` and the node's own facts."""
+    store = _store(request)
+    seq, head = store.head()
+    doc: dict[str, object] = {
+        "db_id": store.db_id,
+        "role": _role(request),
+        "seq": seq,
+        "hash_head": head.hex(),
+    }
+    doc.update(request.app.state.status())
+    return doc
+
+
+@router.post("/v1/get_bulk")
+async def get_bulk(body: GetBulkBody, request: Request) -> Response:
+    """Values of up to `MAX_BULK_KEYS` keys, read in one transaction."""
+    store = _store(request)
+    t0 = time.perf_counter()
+    n = len(body.keys) + len(body.keys_b64)
+    if n > MAX_BULK_KEYS:
+        raise InvalidReadError(f"at most {MAX_BULK_KEYS} keys per get_bulk, got {n}")
+    text_keys = [k.encode() for k in body.keys]
+    try:
+        b64_keys = [base64.b64decode(k, validate=True) for k in body.keys_b64]
+    except (binascii.Error, ValueError) as err:
+        raise InvalidReadError("keys_b64 holds invalid base64") from err
+    for k in (*text_keys, *b64_keys):
+        if not 1 <= len(k) <= MAX_KEY:
+            raise InvalidReadError(f"keys must be 1 to {MAX_KEY} bytes", key=k)
+    found: list[Value | None] = []
+    size = 0
+    with store.reader() as r:
+        for k in (*text_keys, *b64_keys):
+            v = r.get(k)
+            found.append(v)
+            size += len(v.value) if v is not None else 0
+            if size > MAX_BULK_BYTES:
+                raise ReadTooLargeError(
+                    f"the values of these keys exceed {MAX_BULK_BYTES} bytes",
+                    hint="ask for fewer keys per request",
+                )
+    applied = store.last_seq()  # read after the values: always >= their seqs
+    values: dict[str, str | None] = {}
+    values_b64: dict[str, str | None] = {}
+    for name, v in zip(body.keys, found[: len(text_keys)], strict=True):
+        if v is None:
+            values[name] = None
+        else:
+            try:
+                values[name] = v.value.decode()
+            except UnicodeDecodeError:
+                values_b64[name] = base64.b64encode(v.value).decode()
+    for name, v in zip(body.keys_b64, found[len(text_keys) :], strict=True):
+        values_b64[name] = None if v is None else base64.b64encode(v.value).decode()
+    doc: dict[str, Any] = {"values": values}
+    if values_b64:
+        doc["values_b64"] = values_b64
+    READ_SECONDS.labels("http_get_bulk").observe(time.perf_counter() - t0)
+    return JSONResponse(doc, headers={"X-Mercury-Seq": str(applied)})
+
+
+@router.get("/v1/range")
+async def get_range(request: Request) -> Response:
+    """One page of a key range (JSON), or the whole range as NDJSON."""
+    if _role(request) == "root":
+        raise RangeOnRootError(
+            "the root does not serve range reads; large reads must never load the root",
+            hint="send GET /v1/range to a consumer node or a replica (default :8081)",
+        )
+    store = _store(request)
+    t0 = time.perf_counter()
+    q = _raw_query(request.scope["query_string"])
+    spec = ranges.make_spec(prefix=q.get("prefix"), start=q.get("start"), end=q.get("end"))
+    keys_only = q.get("keys_only", b"false").lower() in (b"true", b"1", b"yes")
+    after = ranges.decode_cursor(spec, q["cursor"].decode("latin-1")) if q.get("cursor") else None
+    limit_raw = q.get("limit")
+    try:
+        limit = int(limit_raw) if limit_raw is not None else None
+    except ValueError as err:
+        raise InvalidReadError("limit must be an integer") from err
+    if NDJSON in request.headers.get("accept", ""):
+        # A stream serves the whole range (or `limit` items when given).
+        if limit is not None and limit < 1:
+            raise InvalidReadError("limit must be at least 1 (omit it to stream every item)")
+        return StreamingResponse(_stream(store, spec, after, limit, keys_only), media_type=NDJSON)
+    limit = ranges.check_limit(limit)
+    with store.reader() as r:
+        items, more = ranges.read_page(r, spec, after, limit, keys_only)
+    applied = store.last_seq()
+    doc = {
+        "items": [jsonkv.item(k, v) for k, v in items],
+        "next_cursor": ranges.encode_cursor(spec, items[-1][0]) if more else None,
+    }
+    READ_SECONDS.labels("http_range").observe(time.perf_counter() - t0)
+    return JSONResponse(doc, headers={"X-Mercury-Seq": str(applied)})
 
 
 def _raw_query(qs: bytes) -> dict[str, bytes]:
@@ -340,4 +378,4 @@ async def _stream(
             return
 
 
-__all__ = ["MAX_BULK_KEYS", "ReadApp", "create_read_app", "problem"]
+__all__ = ["MAX_BULK_KEYS", "ReadApp", "create_read_app", "health_body", "problem"]
