@@ -17,7 +17,7 @@ import httpx
 from mercury.client import calls, wire
 from mercury.client.calls import READ, Call
 from mercury.client.errors import ServerError, TooLarge, Unavailable
-from mercury.client.retry import RETRY_STATUSES, RetryPolicy
+from mercury.client.retry import RetryPolicy, retryable
 
 
 class AsyncClient:
@@ -113,7 +113,7 @@ class AsyncClient:
                     return r
                 wait = (
                     self.policy.wait(attempt, r.headers, self._rand)
-                    if r.status_code in RETRY_STATUSES
+                    if retryable(r.status_code, safe)
                     else None
                 )
                 if wait is None:
@@ -263,7 +263,7 @@ class AsyncClient:
                         await r.aread()
                         wait = (
                             self.policy.wait(attempt, r.headers, self._rand)
-                            if r.status_code in RETRY_STATUSES
+                            if retryable(r.status_code, True)
                             else None
                         )
                         if wait is None:

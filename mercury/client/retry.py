@@ -17,6 +17,17 @@ from dataclasses import dataclass
 
 #: Answers worth retrying unchanged: over quota now, or the node is passing through trouble.
 RETRY_STATUSES = frozenset({429, 502, 503, 504})
+#: ... of which the ones that say the request was not applied (the root refused it before
+#: any write): the only ones retried for a write sent without an Idempotency-Key. A 502 or
+#: 504 comes from a proxy that may have passed the request on.
+RETRY_UNAPPLIED = frozenset({429, 503})
+
+
+def retryable(status: int, safe: bool) -> bool:
+    """Whether an answer with `status` may be retried; `safe`: repeating the request can do
+    no harm (a read, or a write carrying an Idempotency-Key)."""
+    return status in (RETRY_STATUSES if safe else RETRY_UNAPPLIED)
+
 
 _T = re.compile(r"(?:^|;)\s*t=(\d+(?:\.\d+)?)")
 

@@ -20,7 +20,7 @@ import httpx
 from mercury.client import calls, wire
 from mercury.client.calls import READ, Call
 from mercury.client.errors import ServerError, TooLarge, Unavailable
-from mercury.client.retry import RETRY_STATUSES, RetryPolicy
+from mercury.client.retry import RetryPolicy, retryable
 
 
 class Client:
@@ -112,7 +112,7 @@ class Client:
                     return r
                 wait = (
                     self.policy.wait(attempt, r.headers, self._rand)
-                    if r.status_code in RETRY_STATUSES
+                    if retryable(r.status_code, safe)
                     else None
                 )
                 if wait is None:
@@ -257,7 +257,7 @@ class Client:
                         r.read()
                         wait = (
                             self.policy.wait(attempt, r.headers, self._rand)
-                            if r.status_code in RETRY_STATUSES
+                            if retryable(r.status_code, True)
                             else None
                         )
                         if wait is None:

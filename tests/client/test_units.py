@@ -152,3 +152,15 @@ def test_watch_lines() -> None:
     assert wire.change({"heartbeat": True, "seq": 9}) is None
     c = wire.change({"seq": 3, "op": "delete", "key_b64": "/w=="})
     assert c == wire.Change(3, "delete", b"\xff", None)
+
+
+def test_writes_without_idempotency_retry_only_answers_that_applied_nothing() -> None:
+    from mercury.client.retry import retryable
+
+    assert [s for s in (429, 500, 502, 503, 504, 507) if retryable(s, True)] == [
+        429,
+        502,
+        503,
+        504,
+    ]
+    assert [s for s in (429, 500, 502, 503, 504, 507) if retryable(s, False)] == [429, 503]

@@ -155,9 +155,9 @@ async def _answer(send: Any, status: int, doc: dict[str, Any]) -> None:
 
 
 class Served:
-    """`app` served over mutual TLS on 127.0.0.1 in a thread; `stop()` ends it."""
+    """ASGI `app` served over mutual TLS on 127.0.0.1 in a thread; `stop()` ends it."""
 
-    def __init__(self, app: WatchApp, pki: Pki) -> None:
+    def __init__(self, app: Any, pki: Pki) -> None:
         sock = socket.socket()
         sock.bind(("127.0.0.1", 0))
         self.port = int(sock.getsockname()[1])
