@@ -41,18 +41,39 @@ def idem_headers(idempotency_key: str | None) -> dict[str, str]:
     return {"Idempotency-Key": idempotency_key} if idempotency_key else {}
 
 
-def put(key: wire.Key, value: str | bytes, idempotency_key: str | None) -> Call:
+def condition(if_seq: int | None, if_absent: bool) -> dict[str, str]:
+    """Condition headers: the key's current seq must be `if_seq` (If-Match), or the key
+    must be absent (If-None-Match: *)."""
+    if if_seq is not None and if_absent:
+        raise ValueError("give if_seq or if_absent, not both")
+    if if_absent:
+        return {"If-None-Match": "*"}
+    return {"If-Match": f'"{int(if_seq)}"'} if if_seq is not None else {}
+
+
+def put(
+    key: wire.Key,
+    value: str | bytes,
+    idempotency_key: str | None,
+    cond: dict[str, str] | None = None,
+) -> Call:
     return Call(
         WRITE,
         "PUT",
         wire.kv_path(key),
-        {"Content-Type": "application/octet-stream", **idem_headers(idempotency_key)},
+        {
+            "Content-Type": "application/octet-stream",
+            **idem_headers(idempotency_key),
+            **(cond or {}),
+        },
         wire.as_bytes(value),
     )
 
 
-def delete(key: wire.Key, idempotency_key: str | None) -> Call:
-    return Call(WRITE, "DELETE", wire.kv_path(key), idem_headers(idempotency_key))
+def delete(key: wire.Key, idempotency_key: str | None, cond: dict[str, str] | None = None) -> Call:
+    return Call(
+        WRITE, "DELETE", wire.kv_path(key), {**idem_headers(idempotency_key), **(cond or {})}
+    )
 
 
 def get(key: wire.Key) -> Call:

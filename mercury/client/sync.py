@@ -123,17 +123,33 @@ class Client:
     # --- keys -----------------------------------------------------------------------------
 
     def put(
-        self, key: wire.Key, value: str | bytes, *, idempotency_key: str | None = None
+        self,
+        key: wire.Key,
+        value: str | bytes,
+        *,
+        if_seq: int | None = None,
+        if_absent: bool = False,
+        idempotency_key: str | None = None,
     ) -> wire.WriteResult:
-        """Write one key; answered after the root's durable commit."""
+        """Write one key; answered after the root's durable commit. `if_seq`: only if the
+        key's current seq is this one; `if_absent`: only if the key is absent (otherwise
+        `PreconditionFailed`, carrying the key's `current_seq`)."""
         idem = self._idem(idempotency_key)
-        r = self._send(calls.put(key, value, idem), safe=idem is not None)
+        call = calls.put(key, value, idem, calls.condition(if_seq, if_absent))
+        r = self._send(call, safe=idem is not None)
         return calls.write_result(r)
 
-    def delete(self, key: wire.Key, *, idempotency_key: str | None = None) -> wire.WriteResult:
-        """Delete one key (status "absent" when it was not there)."""
+    def delete(
+        self,
+        key: wire.Key,
+        *,
+        if_seq: int | None = None,
+        idempotency_key: str | None = None,
+    ) -> wire.WriteResult:
+        """Delete one key (status "absent" when it was not there); `if_seq` as for `put`."""
         idem = self._idem(idempotency_key)
-        r = self._send(calls.delete(key, idem), safe=idem is not None)
+        call = calls.delete(key, idem, calls.condition(if_seq, False))
+        r = self._send(call, safe=idem is not None)
         return calls.write_result(r)
 
     def get(self, key: wire.Key) -> bytes | None:

@@ -13,6 +13,7 @@ from mercury.client import (
     AsyncClient,
     Client,
     Forbidden,
+    PreconditionFailed,
     QuotaExceeded,
     RetryPolicy,
     TooLarge,
@@ -191,3 +192,23 @@ def test_tls_options_reach_httpx() -> None:
     with pytest.raises(ValueError):
         Client("https://127.0.0.1:1", verify=False, cert="c.pem")
     assert httpx  # httpx is the transport (imported for the type only)
+
+
+def test_conditional_writes(cluster: Cluster) -> None:
+    name, token = cluster.root.producer()
+    k = f"{name}/cas"
+    with Client(cluster.root.url, token) as c:
+        first = c.put(k, "1", if_absent=True)
+        assert first.status == "written"
+        with pytest.raises(PreconditionFailed) as err:
+            c.put(k, "again", if_absent=True)
+        assert err.value.status == 412
+        second = c.put(k, "2", if_seq=first.seq)
+        assert second.status == "written" and second.seq > first.seq
+        with pytest.raises(PreconditionFailed) as stale:
+            c.put(k, "3", if_seq=first.seq)
+        assert stale.value.current_seq == second.seq
+        with pytest.raises(PreconditionFailed):
+            c.delete(k, if_seq=first.seq)
+        assert c.delete(k, if_seq=second.seq).status == "deleted"
+        assert c.get(k) is None
