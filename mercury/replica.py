@@ -23,12 +23,10 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import asdict
 
 import uvicorn
 
-from core.addr import parse_hostport
-from mercury.retention_flags import policy_from_args
+from mercury.settings import ReplicaConfig
 from replicator.metrics import APPLIED_SEQ, DIVERGED, REPLICATION_LAG, WORKER_RESTARTS
 from replicator.status import diverged, read_status
 from replicator.worker import EXIT_REBOOTSTRAP, WorkerConfig
@@ -106,21 +104,6 @@ class WorkerSupervisor:
                 await self._task
 
 
-def worker_config(args: argparse.Namespace) -> WorkerConfig:
-    """The worker's configuration from `mercury replica`'s arguments."""
-    return WorkerConfig(
-        data_dir=os.path.abspath(args.data_dir),
-        sources=[parse_hostport(s, "--source") for s in args.source],
-        repl_listen=parse_hostport(args.repl_listen, "--repl-listen") if args.repl_listen else None,
-        staleness=float(args.staleness_s),
-        failback=float(args.failback_s),
-        max_bootstraps=int(args.max_bootstraps),
-        sync=not args.no_sync,
-        retention=asdict(policy_from_args(args)),
-        nice=int(getattr(args, "applier_nice", 0) or 0),
-    )
-
-
 def replica_status(data_dir: str) -> dict[str, object]:
     """Replication facts for `GET /v1/status` (`source`, `lag_seconds`, worker state)."""
     st = read_status(data_dir)
@@ -142,10 +125,11 @@ class _Server(uvicorn.Server):
         return contextlib.nullcontext()
 
 
-async def _serve(args: argparse.Namespace, cfg: WorkerConfig) -> int:
+async def _serve(config: ReplicaConfig) -> int:
     from reads.http_app import create_read_app
     from reads.wiring import replica_services
 
+    cfg = config.worker
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -172,10 +156,10 @@ async def _serve(args: argparse.Namespace, cfg: WorkerConfig) -> int:
     DIVERGED.set_function(lambda: diverged(cfg.data_dir))
     APPLIED_SEQ.set_function(lambda: float(store.last_seq()))
     app = create_read_app(store, role="replica", status=lambda: replica_status(cfg.data_dir))
-    services = replica_services(store, args)
+    services = replica_services(store, config.listeners)
     for s in services:
         await s.start()
-    host, port = parse_hostport(args.listen, "--listen")
+    host, port = config.listen
     server = _Server(
         uvicorn.Config(
             app, host=host, port=port, access_log=False, log_level="warning", lifespan="off"
@@ -224,11 +208,11 @@ def run_replica(args: argparse.Namespace) -> int:
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s replica %(name)s %(levelname)s %(message)s"
     )
-    cfg = worker_config(args)
+    config = ReplicaConfig.from_args(args)
     try:
         import uvloop
 
         uvloop.install()
     except ImportError:
         pass
-    return asyncio.run(_serve(args, cfg))
+    return asyncio.run(_serve(config))

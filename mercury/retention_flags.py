@@ -37,11 +37,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def policy_from_args(args: argparse.Namespace) -> RetentionPolicy:
-    """The policy the retention flags describe."""
-    keep_s = getattr(args, "log_keep_seconds", WEEK)
+    """The policy the retention flags (`add_arguments`) describe."""
     return RetentionPolicy(
-        keep_entries=getattr(args, "log_keep_entries", None),
-        keep_seconds=keep_s if keep_s else None,
-        min_entries=getattr(args, "log_min_entries", 100_000),
-        interval=getattr(args, "log_gc_interval_s", 10.0),
+        keep_entries=args.log_keep_entries,
+        keep_seconds=args.log_keep_seconds or None,
+        min_entries=args.log_min_entries,
+        interval=args.log_gc_interval_s,
     )

@@ -16,12 +16,10 @@ import time
 import orjson
 import uvicorn
 
-from core.addr import parse_hostport
 from gateway.app import create_app
 from gateway.fastpath import FastPath
-from gateway.settings import Settings
 from mercury import gctune
-from mercury.retention_flags import policy_from_args
+from mercury.settings import RootConfig
 from store.retention import RetentionService
 from store.store import Store
 
@@ -59,17 +57,6 @@ def setup_logging(level: str) -> None:
     root.propagate = False
 
 
-def settings_from_args(args: argparse.Namespace) -> Settings:
-    """Gateway settings from `mercury root`'s arguments."""
-    return Settings(
-        batch_window_ms=float(args.batch_window_ms),
-        batch_max_ops=int(args.batch_max_ops),
-        batch_max_bytes=int(args.batch_max_bytes),
-        consumer_nodes=tuple(args.consumer_node or ()),
-        fast_path=not args.no_fast_path,
-    )
-
-
 def run_root(args: argparse.Namespace) -> int:
     """Run the root until SIGTERM/SIGINT; the open batch is committed before exit."""
     # Imported here so `mercury --help` does not load the other components.
@@ -77,23 +64,21 @@ def run_root(args: argparse.Namespace) -> int:
     from replicator import wiring as repl_wiring
 
     setup_logging(args.log_level)
+    cfg = RootConfig.from_args(args)
     # The commit thread and the event loop share the GIL; with the default 5 ms switch
     # interval a busy loop (a producer flooding) stretches every commit by several 5 ms
     # waits, which delays every producer's acks. A shorter interval keeps commits short.
-    sys.setswitchinterval(args.switch_interval_ms / 1000.0)
+    sys.setswitchinterval(cfg.switch_interval_s)
     gctune.tune_for_batches()
-    host, port = parse_hostport(args.listen, "--listen")
-    parse_hostport(args.repl_listen, "--repl-listen")
-    if args.kt_listen:
-        parse_hostport(args.kt_listen, "--kt-listen")
-    store = Store.open(args.data_dir, sync=not args.no_sync)
+    host, port = cfg.listen
+    store = Store.open(cfg.data_dir, sync=cfg.sync)
     try:
         services = [
-            *repl_wiring.root_services(store, args),
-            *reads_wiring.root_services(store, args),
-            RetentionService(store, policy_from_args(args)),
+            *repl_wiring.root_services(store, cfg.source),
+            *reads_wiring.root_services(store, cfg.listeners),
+            RetentionService(store, cfg.retention),
         ]
-        app = create_app(settings_from_args(args), store, services)
+        app = create_app(cfg.gateway, store, services)
         config = uvicorn.Config(
             FastPath(app),
             host=host,

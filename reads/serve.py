@@ -20,7 +20,7 @@ import uvicorn
 from core.addr import parse_hostport
 from reads.http_app import create_read_app
 from reads.tcp import add_listener_flags
-from reads.wiring import replica_services, root_services
+from reads.wiring import ListenerSettings, replica_services, root_services
 from store.store import Store
 
 
@@ -46,7 +46,16 @@ async def serve(args: argparse.Namespace) -> None:
     store = Store.open(args.data_dir)
     app = create_read_app(store, role=args.role, status=dict)
     asgi = app if args.noop_path is None else NoopWrapper(app, args.noop_path.encode())
-    services = root_services(store, args) if args.role == "root" else replica_services(store, args)
+    listeners = ListenerSettings(
+        kt=parse_hostport(args.kt_listen, "--kt-listen") if args.kt_listen else None,
+        memcached=(
+            parse_hostport(args.memcached_listen, "--memcached-listen")
+            if args.memcached_listen
+            else None
+        ),
+    )
+    wire = root_services if args.role == "root" else replica_services
+    services = wire(store, listeners)
     for s in services:
         await s.start()
     host, port = parse_hostport(args.listen, "--listen")

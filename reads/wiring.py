@@ -1,53 +1,41 @@
 """Read listeners a node runs beside its HTTP server.
 
-The root runs a KT listener for point reads only (`--kt-listen`); a replica or consumer
-node runs KT (`--kt-listen`) and memcached (`--memcached-listen`) listeners with every read.
-Each is absent when its option is None or missing. The listeners are asyncio servers on the
-caller's event loop: start them from the process's lifespan, stop them before closing the
-store.
+The root runs a KT listener for point reads only; a replica or consumer node runs KT and
+memcached listeners with every read. Each is absent when its address is None. The
+listeners are asyncio servers on the caller's event loop: start them from the process's
+lifespan, stop them before closing the store.
 """
 
 from __future__ import annotations
 
-import argparse
+from dataclasses import dataclass
 
-from core.addr import parse_hostport
 from core.service import Service
 from reads.kt_server import kt_service
 from reads.memcached_server import memcached_service
-from reads.tcp import listener_limits
 from store.store import Store
 
 
-def root_services(store: Store, args: argparse.Namespace) -> list[Service]:
-    """Read listeners the root runs beside the gateway (`--kt-listen`: point reads only)."""
-    out: list[Service] = []
-    kt = getattr(args, "kt_listen", None)
-    if kt:
-        out.append(
-            kt_service(
-                store,
-                *parse_hostport(kt, "--kt-listen"),
-                point_only=True,
-                limits=listener_limits(args),
-            )
-        )
-    return out
+@dataclass(frozen=True, slots=True)
+class ListenerSettings:
+    """Addresses of a node's protocol listeners (None: not started)."""
+
+    kt: tuple[str, int] | None = None
+    memcached: tuple[str, int] | None = None
 
 
-def replica_services(store: Store, args: argparse.Namespace) -> list[Service]:
-    """Read listeners of a replica or consumer node (`--kt-listen`, `--memcached-listen`)."""
+def root_services(store: Store, settings: ListenerSettings) -> list[Service]:
+    """Read listeners the root runs beside the gateway (KT: point reads only)."""
+    if settings.kt is None:
+        return []
+    return [kt_service(store, *settings.kt, point_only=True)]
+
+
+def replica_services(store: Store, settings: ListenerSettings) -> list[Service]:
+    """Read listeners of a replica or consumer node (KT, memcached)."""
     out: list[Service] = []
-    kt = getattr(args, "kt_listen", None)
-    if kt:
-        out.append(
-            kt_service(store, *parse_hostport(kt, "--kt-listen"), limits=listener_limits(args))
-        )
-    mc = getattr(args, "memcached_listen", None)
-    if mc:
-        out.append(
-            memcached_service(
-                store, *parse_hostport(mc, "--memcached-listen"), limits=listener_limits(args)
-            )
-        )
+    if settings.kt is not None:
+        out.append(kt_service(store, *settings.kt))
+    if settings.memcached is not None:
+        out.append(memcached_service(store, *settings.memcached))
     return out

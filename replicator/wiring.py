@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import argparse
 import uuid
+from dataclasses import dataclass
 
-from core.addr import parse_hostport
 from core.service import Service
 from replicator import notify
 from replicator.heartbeat import RootHeartbeat
@@ -14,18 +13,26 @@ from replicator.source import ReplicationSource
 from store.store import Store
 
 
-def root_services(store: Store, args: argparse.Namespace) -> list[Service]:
-    """Services the root runs beside the gateway: the replication source (`--repl-listen`).
+@dataclass(frozen=True, slots=True)
+class SourceSettings:
+    """The root's replication source: where it listens (None: no source), how often it
+    sends heartbeats down the tree, how many snapshot transfers it serves at once."""
 
-    Optional attributes of `args`: ``heartbeat_ms`` (root heartbeat interval, default
-    1000) and ``max_bootstraps`` (concurrent snapshot transfers, default 1). Also makes
-    every commit of this process ping sources of other processes on the same store, and
-    exports `mercury_replication_lag_seconds` (0) and `mercury_replication_applied_seq`.
+    listen: tuple[str, int] | None
+    heartbeat_ms: int = 1000
+    max_bootstraps: int = 1
+
+
+def root_services(store: Store, settings: SourceSettings) -> list[Service]:
+    """Services the root runs beside the gateway: the replication source.
+
+    Also makes every commit of this process ping sources of other processes on the same
+    store, and exports `mercury_replication_lag_seconds` (0) and
+    `mercury_replication_applied_seq`.
     """
-    listen = getattr(args, "repl_listen", None)
-    if not listen:
+    if settings.listen is None:
         return []
-    host, port = parse_hostport(listen, "--repl-listen")
+    host, port = settings.listen
     notify.install_pinger(store)
     # The root is the reference: no lag by definition; its applied seq is its head.
     REPLICATION_LAG.set_function(lambda: 0.0)
@@ -35,7 +42,7 @@ def root_services(store: Store, args: argparse.Namespace) -> list[Service]:
         host,
         port,
         node_id=uuid.uuid4().bytes,
-        heartbeat=RootHeartbeat(store, int(getattr(args, "heartbeat_ms", 1000) or 1000)),
-        max_bootstraps=int(getattr(args, "max_bootstraps", 1) or 1),
+        heartbeat=RootHeartbeat(store, settings.heartbeat_ms),
+        max_bootstraps=settings.max_bootstraps,
     )
     return [source]

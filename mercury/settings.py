@@ -1,0 +1,105 @@
+"""Typed settings of each process, built once from its command line.
+
+The components take frozen dataclasses at their seams (`gateway.settings.Settings`,
+`replicator.wiring.SourceSettings`, `reads.wiring.ListenerSettings`,
+`store.retention.RetentionPolicy`, `replicator.worker.WorkerConfig`); this module is the
+only place that reads `argparse.Namespace` attributes to build them, and it parses every
+address once, so a bad flag fails before anything starts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from dataclasses import asdict, dataclass
+
+from core.addr import parse_hostport
+from gateway.settings import Settings
+from mercury.retention_flags import policy_from_args
+from reads.wiring import ListenerSettings
+from replicator.wiring import SourceSettings
+from replicator.worker import WorkerConfig
+from store.retention import RetentionPolicy
+
+
+def _addr(value: str | None, flag: str) -> tuple[str, int] | None:
+    return parse_hostport(value, flag) if value else None
+
+
+def listener_settings(args: argparse.Namespace, *, memcached: bool) -> ListenerSettings:
+    """`--kt-listen` (and, on replicas, `--memcached-listen`)."""
+    return ListenerSettings(
+        kt=_addr(args.kt_listen, "--kt-listen"),
+        memcached=_addr(args.memcached_listen, "--memcached-listen") if memcached else None,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class RootConfig:
+    """Everything `mercury root` runs with."""
+
+    data_dir: str
+    listen: tuple[str, int]
+    gateway: Settings
+    source: SourceSettings
+    listeners: ListenerSettings
+    retention: RetentionPolicy
+    switch_interval_s: float
+    sync: bool
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> RootConfig:
+        """The root's settings from `mercury root`'s arguments."""
+        return cls(
+            data_dir=args.data_dir,
+            listen=parse_hostport(args.listen, "--listen"),
+            gateway=Settings(
+                batch_window_ms=float(args.batch_window_ms),
+                batch_max_ops=int(args.batch_max_ops),
+                batch_max_bytes=int(args.batch_max_bytes),
+                consumer_nodes=tuple(args.consumer_node or ()),
+                fast_path=not args.no_fast_path,
+            ),
+            source=SourceSettings(
+                listen=_addr(args.repl_listen, "--repl-listen"),
+                heartbeat_ms=int(args.heartbeat_ms),
+                max_bootstraps=int(args.max_bootstraps),
+            ),
+            listeners=listener_settings(args, memcached=False),
+            retention=policy_from_args(args),
+            switch_interval_s=float(args.switch_interval_ms) / 1000.0,
+            sync=not args.no_sync,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaConfig:
+    """Everything `mercury replica` runs with: its read side and its worker's config."""
+
+    listen: tuple[str, int]
+    listeners: ListenerSettings
+    worker: WorkerConfig
+
+    @property
+    def data_dir(self) -> str:
+        """The replica's store directory (absolute)."""
+        return self.worker.data_dir
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> ReplicaConfig:
+        """The replica's settings from `mercury replica`'s arguments."""
+        return cls(
+            listen=parse_hostport(args.listen, "--listen"),
+            listeners=listener_settings(args, memcached=True),
+            worker=WorkerConfig(
+                data_dir=os.path.abspath(args.data_dir),
+                sources=[parse_hostport(s, "--source") for s in args.source],
+                repl_listen=_addr(args.repl_listen, "--repl-listen"),
+                staleness=float(args.staleness_s),
+                failback=float(args.failback_s),
+                max_bootstraps=int(args.max_bootstraps),
+                sync=not args.no_sync,
+                retention=asdict(policy_from_args(args)),
+                nice=int(args.applier_nice),
+            ),
+        )
