@@ -152,14 +152,16 @@ def amplification(args: argparse.Namespace, tmp: str) -> dict[str, object]:
     out: dict[str, object] = {}
     for batch, ops in ((1, 2_000), (100, 20_000), (10_000, 100_000)):
         samples: dict[str, list[float]] = {"raw": [], "cython": []}
+        # The same overwrites (keys, order, values) for every run, each from the same loaded
+        # state: only the writer differs.
+        pairs = [(base[rnd.randrange(len(base))][0], rnd.randbytes(VALUE)) for _ in range(ops)]
+        logical = sum(len(k) + len(v) for k, v in pairs)
         # ABBA order: what a run writes depends on the state the previous one left in the
         # page cache and file system, so each side runs once first and once second.
         for kind in ("raw", "cython", "cython", "raw"):
             d = tempfile.mkdtemp(dir=tmp)
             t = make(kind, d)
             t.load(base)
-            pairs = [(base[rnd.randrange(len(base))][0], rnd.randbytes(VALUE)) for _ in range(ops)]
-            logical = sum(len(k) + len(v) for k, v in pairs)
             before = write_bytes()
             run_batches(t, pairs, batch)
             samples[kind].append((write_bytes() - before) / logical)
