@@ -53,7 +53,7 @@ def create_app(settings: Settings, store: Store, services: Sequence[Service] = (
     app = FastAPI(
         title="Mercury gateway",
         version="1",
-        description="Producer write gateway of Mercury's root (SPEC §3.2).",
+        description="Producer write gateway of Mercury's root (contract: docs/api.md).",
         lifespan=lifespan,
     )
     app.include_router(routes_kv.router)

@@ -3,9 +3,10 @@
 `FastPath` wraps the FastAPI app: ``PUT``/``DELETE /v1/kv/{key}`` and ``POST /v1/batch`` are
 answered here by the framework-free handlers of `gateway/kv_handlers.py` — the same code the
 FastAPI routes call — skipping FastAPI's routing, dependency solving and Request objects,
-which cost about as much per request as the whole write path (measured: see
-docs/gateway.md). Every other request, and these too when ``Settings.fast_path`` is off,
-goes to the FastAPI app. Errors become the same problem+json responses.
+which cost about as much per request as the whole write path (measured by the `put`
+scenario of bench/gateway_write.py, bench/README.md). Every other request, and these too
+when ``Settings.fast_path`` is off, goes to the FastAPI app. Errors become the same
+problem+json responses.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Admin routes: producers, tokens (SPEC §3.2). Every call needs the admin token."""
+"""Admin routes: producers, tokens (docs/api.md). Every call needs the admin token."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Producer routes: PUT/DELETE/GET /v1/kv/{key}, POST /v1/batch (SPEC §3.2)."""
+"""Producer routes: PUT/DELETE/GET /v1/kv/{key}, POST /v1/batch (docs/api.md)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The replica HTTP read API (SPEC §3.3) as a FastAPI app built by a factory.
+"""The replica HTTP read API (docs/api.md) as a FastAPI app built by a factory.
 
 Point gets (`GET|HEAD /v1/kv/{key}`) are the hot path of every consumer: they are answered
 by a raw ASGI handler in `ReadApp.__call__`, before FastAPI's routing and middleware, which
