@@ -18,9 +18,8 @@ from urllib.parse import quote
 DEFAULT_BATCH_OPS = 1000
 DEFAULT_BATCH_BYTES = 8 << 20
 
+#: A key: text (sent as UTF-8) or any bytes.
 Key = str | bytes
-#: One batch op: ("set", key, value) or ("delete", key) / ("delete", key, None).
-BatchOp = tuple[str, Key] | tuple[str, Key, "str | bytes | None"]
 
 
 class Item(NamedTuple):

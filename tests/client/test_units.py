@@ -164,3 +164,24 @@ def test_writes_without_idempotency_retry_only_answers_that_applied_nothing() ->
         504,
     ]
     assert [s for s in (429, 500, 502, 503, 504, 507) if retryable(s, False)] == [429, 503]
+
+
+def test_the_async_client_offers_what_the_blocking_one_does() -> None:
+    import inspect
+
+    from mercury.client import AsyncClient, Client
+
+    def api(cls: type) -> dict[str, list[tuple[str, object, object]]]:
+        return {
+            name: [
+                (p.name, p.kind, p.default)
+                for p in inspect.signature(fn).parameters.values()
+                if p.name != "sleep"
+            ]
+            for name, fn in vars(cls).items()
+            if callable(fn) and (not name.startswith("_") or name == "__init__")
+        }
+
+    sync_api, async_api = api(Client), api(AsyncClient)
+    sync_api["aclose"] = sync_api.pop("close")
+    assert sync_api == async_api
