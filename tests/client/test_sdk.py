@@ -212,3 +212,25 @@ def test_conditional_writes(cluster: Cluster) -> None:
             c.delete(k, if_seq=first.seq)
         assert c.delete(k, if_seq=second.seq).status == "deleted"
         assert c.get(k) is None
+
+
+def test_async_write_retried_after_a_cut_connection_is_applied_once(cluster: Cluster) -> None:
+    name, token = cluster.root.producer()
+    port = int(cluster.root.url.rsplit(":", 1)[1])
+    proxy = FaultProxy(port, Faults(raw=True, cut_after=1))
+
+    async def heal(_wait: float) -> None:
+        proxy.faults = Faults(raw=True)
+
+    async def run() -> None:
+        async with AsyncClient(f"http://127.0.0.1:{proxy.port}", token, sleep=heal) as c:
+            w = await c.put(f"{name}/once", "v")
+            assert (w.status, w.replayed) == ("written", True)
+
+    try:
+        asyncio.run(run())
+        assert proxy.injected.get("cut") == 1
+        u = _usage(cluster, name)
+        assert (u["writes"], u["duplicates"]) == (1, 0)
+    finally:
+        proxy.close()
