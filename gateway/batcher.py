@@ -352,7 +352,8 @@ def _log_batch(
                         }
                     ).decode()
                 )
-    if log.isEnabledFor(logging.INFO):
+    # A commit of throttle counters only (429s, no request) is not a batch: no line.
+    if requests and log.isEnabledFor(logging.INFO):
         doc: dict[str, Any] = {
             "event": "batch",
             "first_seq": first,

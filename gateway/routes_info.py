@@ -46,11 +46,13 @@ async def status(request: Request) -> Response:
 
 @router.get("/healthz", tags=["info"], summary="liveness")
 async def healthz(request: Request) -> Response:
-    """200 `{"ok": true}` while the gateway accepts writes, 503 while shutting down."""
+    """200 `{"status": "ok", "role": "root", "seq"}` while the gateway accepts writes (the
+    shape every node answers), 503 with `"status": "stopping"` while shutting down."""
     gw = _gw(request)
+    seq = gw.store.last_seq()
     if gw.batcher.closing:
-        return json_response({"ok": False, "detail": "shutting down"}, 503)
-    return json_response({"ok": True})
+        return json_response({"status": "stopping", "role": "root", "seq": seq}, 503)
+    return json_response({"status": "ok", "role": "root", "seq": seq})
 
 
 @router.get("/metrics", tags=["info"], summary="Prometheus metrics")

@@ -1,8 +1,9 @@
 """The `mercury` console script: a thin composition root.
 
 Each component's commands live in a `mercury/cmd_*.py` module with a ``register(sub)``
-function that adds its subparsers; this module only assembles them and turns Mercury
-errors into a clear message and exit status 2.
+function that adds its subparsers; this module only assembles them, gives every command
+`--log-level` (one logging setup for every process: `mercury/logsetup.py`) and turns
+Mercury errors into a clear message and exit status 2.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import sys
 from collections.abc import Sequence
 
 from core.errors import MercuryError
+from mercury import logsetup
 
 COMMAND_MODULES = (
     "mercury.cmd_store",
@@ -28,15 +30,36 @@ def build_parser() -> argparse.ArgumentParser:
         prog="mercury",
         description="Mercury: configuration distribution (gateway, store, replication, reads).",
     )
+    parser.add_argument(
+        "--version", action="version", version=f"%(prog)s {logsetup.mercury_version()}"
+    )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in COMMAND_MODULES:
         importlib.import_module(name).register(sub)
+    _add_log_level(parser)
     return parser
+
+
+def _add_log_level(parser: argparse.ArgumentParser) -> None:
+    """Give every leaf command (`root`, `acl apply`, ...) the same `--log-level`."""
+    subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    if not subs:
+        parser.add_argument(
+            "--log-level",
+            default="info",
+            choices=logsetup.LEVELS,
+            help="log level of this process's JSON log lines on stderr (default info)",
+        )
+        return
+    for action in subs:
+        for child in set(action.choices.values()):
+            _add_log_level(child)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one command; return its exit status."""
     args = build_parser().parse_args(argv)
+    logsetup.setup(args.log_level)
     try:
         status = args.func(args)
     except MercuryError as err:

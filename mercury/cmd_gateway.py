@@ -58,7 +58,6 @@ def register(sub: Any) -> None:
         help="concurrent snapshot transfers served to bootstrapping replicas (default 1)",
     )
     retention_flags.add_arguments(p)
-    p.add_argument("--log-level", default="info", help="log level (default info)")
     p.add_argument(
         "--switch-interval-ms",
         type=float,

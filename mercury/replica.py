@@ -26,6 +26,7 @@ import time
 
 import uvicorn
 
+from mercury import logsetup
 from mercury.settings import ReplicaConfig
 from replicator.metrics import APPLIED_SEQ, DIVERGED, REPLICATION_LAG, WORKER_RESTARTS
 from replicator.status import diverged, read_status
@@ -44,8 +45,11 @@ RESTART_RESET_AFTER = 60.0
 class WorkerSupervisor:
     """Starts the replication worker and restarts it with bounded backoff when it dies."""
 
-    def __init__(self, cfg: WorkerConfig, stopping: asyncio.Event | None = None) -> None:
+    def __init__(
+        self, cfg: WorkerConfig, stopping: asyncio.Event | None = None, log_level: str = "info"
+    ) -> None:
         self.cfg = cfg
+        self.log_level = log_level
         # Set by the parent on SIGTERM: a worker that exits then is not restarted (it may
         # have received the same signal from its process group).
         self._parent_stopping = stopping or asyncio.Event()
@@ -62,7 +66,9 @@ class WorkerSupervisor:
         return await asyncio.create_subprocess_exec(
             sys.executable,
             "-m",
-            "replicator.worker",
+            "mercury.worker",
+            "--log-level",
+            self.log_level,
             self.cfg.to_json(),
             stdin=subprocess.PIPE,
         )
@@ -135,7 +141,7 @@ async def _serve(config: ReplicaConfig) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     os.makedirs(cfg.data_dir, exist_ok=True)
-    sup = WorkerSupervisor(cfg, stop)
+    sup = WorkerSupervisor(cfg, stop, config.log_level)
     await sup.start()
     # The worker bootstraps a missing store before streaming; reads start once it exists.
     while not stop.is_set() and not _store_ready(cfg.data_dir):
@@ -162,8 +168,27 @@ async def _serve(config: ReplicaConfig) -> int:
     host, port = config.listen
     server = _Server(
         uvicorn.Config(
-            app, host=host, port=port, access_log=False, log_level="warning", lifespan="off"
+            app,
+            host=host,
+            port=port,
+            access_log=False,
+            log_level="warning",
+            log_config=None,  # uvicorn's lines go through the JSON root handler too
+            lifespan="off",
         )
+    )
+    logsetup.event(
+        log,
+        "start",
+        role="replica",
+        version=logsetup.mercury_version(),
+        db_id=store.db_id,
+        listen=f"{host}:{port}",
+        kt_listen=_hp(config.listeners.kt),
+        memcached_listen=_hp(config.listeners.memcached),
+        repl_listen=_hp(cfg.repl_listen),
+        sources=[f"{h}:{p}" for h, p in cfg.sources],
+        seq=store.last_seq(),
     )
     serving = loop.create_task(server.serve())
     reboot = loop.create_task(sup.rebootstrap.wait())
@@ -178,12 +203,19 @@ async def _serve(config: ReplicaConfig) -> int:
         with contextlib.suppress(Exception):
             await s.stop()
     await sup.stop()
+    logsetup.event(
+        log, "stop", role="replica", seq=store.last_seq(), rebootstrap=sup.rebootstrap.is_set()
+    )
     store.close()
     if sup.rebootstrap.is_set():
         _move_aside(cfg.data_dir)
         log.warning("re-executing to install the new snapshot")
         os.execv(sys.executable, [sys.executable, "-m", "mercury", *sys.argv[1:]])
     return 0
+
+
+def _hp(addr: tuple[str, int] | None) -> str | None:
+    return f"{addr[0]}:{addr[1]}" if addr is not None else None
 
 
 def _store_ready(data_dir: str) -> bool:
@@ -205,9 +237,6 @@ def _move_aside(data_dir: str) -> None:
 
 def run_replica(args: argparse.Namespace) -> int:
     """Run the replica until SIGTERM/SIGINT."""
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s replica %(name)s %(levelname)s %(message)s"
-    )
     config = ReplicaConfig.from_args(args)
     try:
         import uvloop

@@ -11,50 +11,17 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-import time
 
-import orjson
 import uvicorn
 
 from gateway.app import create_app
 from gateway.fastpath import FastPath
-from mercury import gctune
+from mercury import gctune, logsetup
 from mercury.settings import RootConfig
 from store.retention import RetentionService
 from store.store import Store
 
-
-class JsonLogFormatter(logging.Formatter):
-    """One JSON object per line: time, level, logger, message (and exception text)."""
-
-    def format(self, record: logging.LogRecord) -> str:
-        doc = {
-            "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
-            + f".{int(record.msecs):03d}Z",
-            "level": record.levelname.lower(),
-            "logger": record.name,
-        }
-        msg = record.getMessage()
-        if msg.startswith("{"):
-            try:
-                doc.update(orjson.loads(msg))
-            except orjson.JSONDecodeError:
-                doc["msg"] = msg
-        else:
-            doc["msg"] = msg
-        if record.exc_info:
-            doc["exc"] = self.formatException(record.exc_info)
-        return orjson.dumps(doc).decode()
-
-
-def setup_logging(level: str) -> None:
-    """Structured (JSON lines) logs on stderr for Mercury's loggers."""
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(JsonLogFormatter())
-    root = logging.getLogger("mercury")
-    root.handlers[:] = [handler]
-    root.setLevel(level.upper())
-    root.propagate = False
+log = logging.getLogger("mercury.root")
 
 
 def run_root(args: argparse.Namespace) -> int:
@@ -63,7 +30,6 @@ def run_root(args: argparse.Namespace) -> int:
     from reads import wiring as reads_wiring
     from replicator import wiring as repl_wiring
 
-    setup_logging(args.log_level)
     cfg = RootConfig.from_args(args)
     # The commit thread and the event loop share the GIL; with the default 5 ms switch
     # interval a busy loop (a producer flooding) stretches every commit by several 5 ms
@@ -74,6 +40,7 @@ def run_root(args: argparse.Namespace) -> int:
     store = Store.open(cfg.data_dir, sync=cfg.sync)
     try:
         services = [
+            logsetup.StopLog(log, lambda: {"role": "root", "seq": store.last_seq()}),
             *repl_wiring.root_services(store, cfg.source),
             *reads_wiring.root_services(store, cfg.listeners),
             RetentionService(store, cfg.retention),
@@ -87,13 +54,26 @@ def run_root(args: argparse.Namespace) -> int:
             http="httptools",
             access_log=False,
             log_level="warning",
+            log_config=None,  # uvicorn's lines go through the JSON root handler too
             lifespan="on",
             timeout_keep_alive=30,
         )
-        logging.getLogger("mercury.gateway").info(
-            orjson.dumps({"event": "start", "listen": args.listen, "db_id": store.db_id}).decode()
+        logsetup.event(
+            log,
+            "start",
+            role="root",
+            version=logsetup.mercury_version(),
+            db_id=store.db_id,
+            listen=_hp(cfg.listen),
+            repl_listen=_hp(cfg.source.listen),
+            kt_listen=_hp(cfg.listeners.kt),
+            seq=store.last_seq(),
         )
         uvicorn.Server(config).run()
     finally:
         store.close()
     return 0
+
+
+def _hp(addr: tuple[str, int] | None) -> str | None:
+    return f"{addr[0]}:{addr[1]}" if addr is not None else None

@@ -46,6 +46,7 @@ class RootConfig:
     retention: RetentionPolicy
     switch_interval_s: float
     sync: bool
+    log_level: str
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> RootConfig:
@@ -69,6 +70,7 @@ class RootConfig:
             retention=policy_from_args(args),
             switch_interval_s=float(args.switch_interval_ms) / 1000.0,
             sync=not args.no_sync,
+            log_level=args.log_level,
         )
 
 
@@ -79,6 +81,7 @@ class ReplicaConfig:
     listen: tuple[str, int]
     listeners: ListenerSettings
     worker: WorkerConfig
+    log_level: str
 
     @property
     def data_dir(self) -> str:
@@ -102,4 +105,5 @@ class ReplicaConfig:
                 retention=asdict(policy_from_args(args)),
                 nice=int(args.applier_nice),
             ),
+            log_level=args.log_level,
         )

@@ -5,7 +5,9 @@ replication source for downstream replicas (`--repl-listen`) and the status boar
 separate process from the readers, its applies never hold the readers' GIL; LMDB's MVCC
 keeps readers in the parent from ever waiting for it.
 
-Started as ``python -m replicator.worker CONFIG_JSON`` by `mercury/replica.py`; it exits
+Started by `mercury/replica.py` through `mercury/worker.py` (which sets up the JSON
+logging of every Mercury process) with ``CONFIG_JSON``, or as
+``python -m replicator.worker CONFIG_JSON``; it exits
 when its stdin reaches EOF (the parent died), on SIGTERM, or with `EXIT_REBOOTSTRAP` after
 downloading a snapshot that must replace an existing store (the parent, which has that
 store open for reading, swaps it).
