@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import tempfile
 import zlib
 
 import pytest
@@ -13,6 +14,8 @@ from hypothesis import strategies as st
 from store import applyloop, codec, usage
 from store import format as ref
 from store.ops import Op
+from store.store import Store
+from tests.conftest import assert_store_ok
 from tests.strategies import entry_ops, owner_bytes, seqs, store_ops
 
 if codec.IMPLEMENTATION != "cython":
@@ -88,18 +91,64 @@ def test_unpack_garbage_is_refused_alike(garbage: bytes) -> None:
     assert outcomes[0] == outcomes[1]
 
 
-class _NoChunks:
-    def chunked_equal(self, seq: int, vlen: int, value: bytes) -> bool:
-        raise AssertionError("no chunked values in this test")
+class _DictChunks:
+    """`applyloop.Rare` over a dict: the chunked-value paths, with every call recorded so
+    the two loops must also agree on what they ask of the chunk store."""
 
-    put_chunks = drop_chunks = chunked_equal
+    def __init__(self) -> None:
+        self.stored: dict[int, bytes] = {}
+        self.calls: list[tuple[str, int, int]] = []
+
+    def chunked_equal(self, seq: int, vlen: int, value: bytes) -> bool:
+        self.calls.append(("equal", seq, vlen))
+        return self.stored[seq] == value
+
+    def put_chunks(self, seq: int, value: bytes) -> None:
+        self.calls.append(("put", seq, len(value)))
+        assert len(value) > ref.CHUNK_SIZE
+        self.stored[seq] = value
+
+    def drop_chunks(self, seq: int, vlen: int) -> None:
+        self.calls.append(("drop", seq, vlen))
+        assert len(self.stored.pop(seq)) == vlen
+
+
+def _big(fill: int, n: int) -> bytes:
+    return bytes([fill]) * (n - 1) + b"!"
+
+
+# A small pool, so that duplicates of chunked values happen: around the chunk boundary,
+# and two big values of one length that differ only in content.
+_POOL = [
+    b"",
+    b"a",
+    b"bb",
+    _big(1, ref.CHUNK_SIZE),
+    _big(2, ref.CHUNK_SIZE + 1),
+    _big(3, ref.CHUNK_SIZE + 1),
+    _big(4, 3 * ref.CHUNK_SIZE + 7),
+]
+pooled_ops = st.builds(
+    lambda kind, key, v, owner, expect: Op(
+        kind, key, v if kind == ref.OP_SET else b"", owner, expect
+    ),
+    st.sampled_from([ref.OP_SET, ref.OP_SET, ref.OP_SET, ref.OP_DELETE]),
+    st.sampled_from([b"a", b"b", b"c", b"d"]),
+    st.sampled_from(_POOL),
+    st.sampled_from(["", "alice", "bob"]),
+    st.one_of(st.none(), st.none(), st.integers(min_value=0, max_value=12)),
+)
 
 
 @settings(max_examples=150)
-@given(st.lists(st.lists(store_ops(small_values=True), max_size=12), max_size=6))
+@given(
+    st.lists(st.lists(st.one_of(store_ops(small_values=True), pooled_ops), max_size=12), max_size=6)
+)
 def test_apply_loop_identical(batches: list[list[Op]]) -> None:
-    """The per-op loop decides the same results, entries and usage deltas."""
+    """The per-op loop decides the same results, entries and usage deltas, chunked values
+    (stored, compared as duplicates, dropped when overwritten or deleted) included."""
     dbs: list[dict[bytes, bytes]] = [{}, {}]
+    rares = [_DictChunks(), _DictChunks()]
     seqs_ = [0, 0]
     for batch in batches:
         outs = []
@@ -111,7 +160,7 @@ def test_apply_loop_identical(batches: list[list[Op]]) -> None:
                 d.__setitem__,
                 d.__delitem__,
                 seqs_[i],
-                _NoChunks(),
+                rares[i],
                 max(d) if d else None,
                 lambda k, v, *_flags, d=d: d.__setitem__(k, v),  # append mode
             )
@@ -119,3 +168,58 @@ def test_apply_loop_identical(batches: list[list[Op]]) -> None:
             outs.append(out)
         assert outs[0] == outs[1]
     assert dbs[0] == dbs[1]
+    assert rares[0].calls == rares[1].calls
+    assert rares[0].stored == rares[1].stored
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    st.integers(min_value=1, max_value=2**40),
+    st.lists(entry_ops, max_size=8),
+    st.integers(min_value=65536, max_value=300_000),
+    st.integers(min_value=0, max_value=8),
+)
+def test_pack_entries_identical_on_big_batches(
+    first: int, ops: list[tuple[int, bytes, bytes, bytes]], big: int, at: int
+) -> None:
+    """Batches of 64 KiB and more hash their chain without the GIL: same bytes, same head."""
+    ops = [(o, w, k, v if o == ref.OP_SET else b"") for o, w, k, v in ops]
+    ops.insert(min(at, len(ops)), (ref.OP_SET, b"o", b"big", _big(7, big)))
+    packed = cy.pack_entries(first, ops, ref.ZERO_HASH)
+    assert len(packed[0]) >= 65536
+    assert packed == ref.pack_entries(first, ops, ref.ZERO_HASH)
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.lists(st.lists(pooled_ops, min_size=1, max_size=30), min_size=1, max_size=4))
+def test_stores_on_either_codec_are_byte_identical(batches: list[list[Op]]) -> None:
+    """Real LMDB stores, one applying every batch with the Cython codec and one with the
+    reference: same results, same usage, same values and byte-identical logs (chunked
+    values and batches past 64 KiB included)."""
+    with tempfile.TemporaryDirectory() as d:
+        stores = [Store.create(f"{d}/{i}", sync=False, map_size=1 << 26) for i in (0, 1)]
+        try:
+            for n, batch in enumerate(batches):
+                outs = []
+                for impl, s in zip(("cython", "python"), stores, strict=True):
+                    codec.use(impl)
+                    try:
+                        outs.append(s.apply(batch, time_us=1_000_000 + n))
+                    finally:
+                        codec.use("cython")
+                assert outs[0] == outs[1]
+            a, b = stores
+            assert a.head() == b.head()
+            assert [r[4:] for r in a.read_log(1, max_records=100)] == [
+                r[4:] for r in b.read_log(1, max_records=100)
+            ]
+            assert a.usage() == b.usage()
+            with a.reader() as ra, b.reader() as rb:
+                assert list(ra.scan()) == list(rb.scan())
+            # Same layout too (inline or chunked alike), and no orphaned or missing chunk.
+            assert a.stat()["entries_chunks"] == b.stat()["entries_chunks"]
+            for s in stores:
+                assert_store_ok(s)
+        finally:
+            for s in stores:
+                s.close()
