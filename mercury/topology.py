@@ -31,29 +31,49 @@ class Node:
         return dict(self.flags)[name]
 
 
-ROOT = Node(
-    "root",
-    "root",
-    "var/root",
-    (
-        ("--listen", "127.0.0.1:8080"),
-        ("--repl-listen", "127.0.0.1:7070"),
-        ("--kt-listen", "127.0.0.1:1978"),
-    ),
-)
-REPLICA = Node(
-    "replica",
-    "replica",
-    "var/replica",
-    (
-        ("--source", "127.0.0.1:7070"),
-        ("--listen", "127.0.0.1:8081"),
-        ("--repl-listen", "127.0.0.1:7071"),
-        ("--kt-listen", "127.0.0.1:1979"),
-        ("--memcached-listen", "127.0.0.1:11211"),
-    ),
-)
-LOCAL = (ROOT, REPLICA)
+@dataclass(frozen=True)
+class Ports:
+    """The loopback ports of the local topology (`make run` takes each from a flag or an
+    environment variable, see `mercury/devrun.py`)."""
+
+    root: int = 8080
+    root_repl: int = 7070
+    root_kt: int = 1978
+    replica: int = 8081
+    replica_repl: int = 7071
+    replica_kt: int = 1979
+    replica_memcached: int = 11211
+
+
+def local(ports: Ports = Ports(), var: str = "var") -> tuple[Node, Node]:
+    """The root and its replica on `ports`, their stores under `var`."""
+    lo = "127.0.0.1"
+    root = Node(
+        "root",
+        "root",
+        f"{var}/root",
+        (
+            ("--listen", f"{lo}:{ports.root}"),
+            ("--repl-listen", f"{lo}:{ports.root_repl}"),
+            ("--kt-listen", f"{lo}:{ports.root_kt}"),
+        ),
+    )
+    replica = Node(
+        "replica",
+        "replica",
+        f"{var}/replica",
+        (
+            ("--source", f"{lo}:{ports.root_repl}"),
+            ("--listen", f"{lo}:{ports.replica}"),
+            ("--repl-listen", f"{lo}:{ports.replica_repl}"),
+            ("--kt-listen", f"{lo}:{ports.replica_kt}"),
+            ("--memcached-listen", f"{lo}:{ports.replica_memcached}"),
+        ),
+    )
+    return root, replica
+
+
+ROOT, REPLICA = LOCAL = local()
 
 DEMO_PRODUCER = "demo"
 DEMO_KEYSPACE = "demo/"
