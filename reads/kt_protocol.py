@@ -30,6 +30,8 @@ MAX_HEADERS = 100
 MAX_BODY = 16 << 20
 #: Records in one binary request.
 MAX_RECORDS = 1 << 20
+#: Chunks in one chunked HTTP body (bounds the work of re-scanning an incomplete one).
+MAX_CHUNKS = 4096
 
 # --- binary protocol ------------------------------------------------------------------
 
@@ -362,7 +364,13 @@ def http_phase(buf: bytes | bytearray) -> str:
 
 
 def _parse_chunked(buf: bytes | bytearray, pos: int) -> tuple[bytes, int] | None:
-    chunks: list[bytes] = []
+    """A chunked body from `pos`: (body, end) or None when incomplete.
+
+    Scans first (positions only, at most MAX_CHUNKS chunks) and copies the data once the
+    body is complete, so the re-parse each new TCP segment causes costs a scan of at most
+    MAX_CHUNKS size lines, never a copy of the body received so far.
+    """
+    spans: list[tuple[int, int]] = []
     total = 0
     while True:
         nl = buf.find(b"\n", pos)
@@ -370,6 +378,8 @@ def _parse_chunked(buf: bytes | bytearray, pos: int) -> tuple[bytes, int] | None
             if len(buf) - pos > MAX_LINE:
                 raise ReadProtocolError("chunk size line too long", status=400, close=True)
             return None
+        if nl - pos > MAX_LINE:
+            raise ReadProtocolError("chunk size line too long", status=400, close=True)
         size_txt = bytes(buf[pos:nl]).split(b";", 1)[0].strip()
         try:
             size = int(size_txt, 16)
@@ -383,17 +393,22 @@ def _parse_chunked(buf: bytes | bytearray, pos: int) -> tuple[bytes, int] | None
         pos = nl + 1
         if size == 0:
             # trailers up to an empty line
-            while True:
+            for _ in range(MAX_HEADERS + 1):
                 nl = buf.find(b"\n", pos)
                 if nl < 0:
+                    if len(buf) - pos > MAX_LINE:
+                        raise ReadProtocolError("trailer too long", status=400, close=True)
                     return None
                 line = bytes(buf[pos:nl]).rstrip(b"\r")
                 pos = nl + 1
                 if not line:
-                    return b"".join(chunks), pos
+                    return b"".join(bytes(buf[a : a + n]) for a, n in spans), pos
+            raise ReadProtocolError("too many trailer lines", status=400, close=True)
+        if len(spans) >= MAX_CHUNKS:
+            raise ReadProtocolError("too many chunks", status=400, close=True)
         if len(buf) < pos + size:
             return None
-        chunks.append(bytes(buf[pos : pos + size]))
+        spans.append((pos, size))
         pos += size
         nl = buf.find(b"\n", pos)
         if nl < 0:

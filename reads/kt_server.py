@@ -131,10 +131,20 @@ class KtHandler:
 
     def handle_http(self, req: kt.HttpRequest) -> tuple[bytes, bool]:
         """(reply bytes, keep the connection open) of one HTTP request."""
+        gen = self.http_slices(req)
+        while True:
+            try:
+                next(gen)
+            except StopIteration as stop:
+                reply, keep = stop.value
+                return bytes(reply), bool(keep)
+
+    def http_slices(self, req: kt.HttpRequest) -> Generator[bytes, None, tuple[bytes, bool]]:
+        """One HTTP request in slices (yields b"" between them); returns (reply, keep)."""
         keep = req.keep_alive
         path = req.path
         if path.startswith(b"/rpc/"):
-            status, out = self._rpc(kt.url_decode(path[5:]), req)
+            status, out = yield from self._rpc(kt.url_decode(path[5:]), req)
             body, ctype = kt.encode_tsv(out)
             return (
                 kt.encode_http_response(
@@ -199,7 +209,9 @@ class KtHandler:
     def _db_ok(self, db: bytes) -> bool:
         return db in (b"0", self.db_name)
 
-    def _rpc(self, proc: bytes, req: kt.HttpRequest) -> tuple[int, dict[bytes, bytes]]:
+    def _rpc(
+        self, proc: bytes, req: kt.HttpRequest
+    ) -> Generator[bytes, None, tuple[int, dict[bytes, bytes]]]:
         try:
             params = kt.rpc_input(req)
         except ReadProtocolError:
@@ -217,9 +229,9 @@ class KtHandler:
             elif proc == b"check":
                 result = self._rpc_get(params, want_value=False)
             elif proc == b"get_bulk":
-                result = self._rpc_get_bulk(params)
+                result = yield from self._rpc_get_bulk(params)
             elif proc == b"match_prefix":
-                result = self._rpc_match_prefix(params)
+                result = yield from self._rpc_match_prefix(params)
             elif proc == b"void":
                 result = 200, {}
             elif proc == b"echo":
@@ -254,27 +266,34 @@ class KtHandler:
             return 200, {b"value": v.value}
         return 200, {b"vsiz": b"%d" % len(v.value)}
 
-    def _rpc_get_bulk(self, params: dict[bytes, bytes]) -> tuple[int, dict[bytes, bytes]]:
+    def _rpc_get_bulk(
+        self, params: dict[bytes, bytes]
+    ) -> Generator[bytes, None, tuple[int, dict[bytes, bytes]]]:
         keys = [k[1:] for k in params if k.startswith(b"_")]
         out: dict[bytes, bytes] = {}
         size = 0
-        with self.store.reader() as r:
-            for k in keys:
-                v = r.get(k) if 1 <= len(k) <= MAX_KEY else None
-                if v is not None:
-                    out[b"_" + k] = v.value
-                    size += len(v.value)
-                    if size > MAX_BULK_BYTES:
-                        return 400, {
-                            b"ERROR": b"invalid parameters: the values exceed %d bytes; "
-                            b"ask for fewer keys" % MAX_BULK_BYTES
-                        }
+        for start in range(0, len(keys), BULK_SLICE):
+            if start:
+                yield b""  # other connections run before the next slice
+            with self.store.reader() as r:
+                for k in keys[start : start + BULK_SLICE]:
+                    v = r.get(k) if 1 <= len(k) <= MAX_KEY else None
+                    if v is not None:
+                        out[b"_" + k] = v.value
+                        size += len(v.value)
+                        if size > MAX_BULK_BYTES:
+                            return 400, {
+                                b"ERROR": b"invalid parameters: the values exceed %d bytes; "
+                                b"ask for fewer keys" % MAX_BULK_BYTES
+                            }
         self.cnt_get += len(keys)
         self.cnt_get_misses += len(keys) - len(out)
         out[b"num"] = b"%d" % len(out)
         return 200, out
 
-    def _rpc_match_prefix(self, params: dict[bytes, bytes]) -> tuple[int, dict[bytes, bytes]]:
+    def _rpc_match_prefix(
+        self, params: dict[bytes, bytes]
+    ) -> Generator[bytes, None, tuple[int, dict[bytes, bytes]]]:
         if self.point_only:
             return 501, {
                 b"ERROR": b"not implemented: match_prefix on the root "
@@ -292,6 +311,8 @@ class KtHandler:
         out: dict[bytes, bytes] = {}
         after: bytes | None = None
         while len(out) < bound:
+            if after is not None:
+                yield b""  # other connections run before the next chunk
             with self.store.reader() as r:
                 items, more = read_page(
                     r, spec, after, min(MATCH_CHUNK, bound - len(out)), keys_only=True
@@ -385,7 +406,7 @@ class KtSession:
                     return False
                 hreq, n = got_h
                 del buf[:n]
-                reply, keep = h.handle_http(hreq)
+                reply, keep = yield from h.http_slices(hreq)
                 yield reply
                 if not keep:
                     return True

@@ -234,8 +234,15 @@ class ReplicationSource:
                 await self._send_snapshot(hello, reader, writer)
             else:
                 await self._stream(hello, writer)
-        except (ProtocolError, ValueError, TimeoutError) as err:
+        except (ProtocolError, ValueError) as err:
             log.info("replica %s: %s", peer, err)
+        except TimeoutError:
+            log.warning(
+                "replica %s: no complete HELLO within %gs or took nothing for %gs; closed",
+                peer,
+                HELLO_TIMEOUT,
+                self.stall_timeout,
+            )
         except (ConnectionError, OSError) as err:
             log.info("replica %s disconnected: %s", peer, err)
         except MercuryError as err:  # e.g. a corrupt log record: this stream cannot go on
@@ -275,17 +282,17 @@ class ReplicationSource:
                 except LogRetentionError as err:
                     # GC overtook a slow client: it must bootstrap.
                     writer.write(frames.encode_refuse(frames.REFUSE_BOOTSTRAP, str(err)))
-                    await writer.drain()
+                    await self._drain(writer)
                     return
                 for rec in recs:
                     writer.write(frames.encode_record(rec.header, rec.payload))
                     pos = rec.last_seq + 1
                     if stop is not None and rec.last_seq >= stop:
                         writer.write(frames.encode_end(rec.last_seq))
-                        await writer.drain()
+                        await self._drain(writer)
                         return
                 if recs:
-                    await writer.drain()
+                    await self._drain(writer)
                 now = time.monotonic()
                 hb = self.heartbeat.current()
                 due = now - last_hb_at >= interval
@@ -295,7 +302,8 @@ class ReplicationSource:
                     and (last_hb is None or hb.time_us > last_hb.time_us)
                 )
                 if hb is not None and (due or newer):
-                    await wire.send(writer, frames.encode_heartbeat(hb._replace(sent_seq=pos - 1)))
+                    writer.write(frames.encode_heartbeat(hb._replace(sent_seq=pos - 1)))
+                    await self._drain(writer)
                     last_hb, last_hb_at = hb, now
                 if recs:
                     continue  # more may be there already; only an empty read waits
@@ -304,6 +312,12 @@ class ReplicationSource:
                     await asyncio.wait_for(ev.wait(), timeout)
         finally:
             self._waiters.discard(ev)
+
+    async def _drain(self, writer: asyncio.StreamWriter) -> None:
+        """Wait for the send buffer to drain; TimeoutError (the stream ends, the replica
+        reconnects and resumes) when the replica takes nothing for the stall timeout."""
+        async with asyncio.timeout(self.stall_timeout):
+            await writer.drain()
 
     # --- bootstrap -------------------------------------------------------------------
 
