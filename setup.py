@@ -1,5 +1,6 @@
 """Build the Cython hot paths (store/_codec.pyx, gateway/_jsonops.pyx); everything else is
-pure Python."""
+pure Python. The store codec links zlib (CRC-32) and libsodium (BLAKE2b): Debian packages
+zlib1g-dev and libsodium-dev (`make build` installs them when missing and run as root)."""
 
 from Cython.Build import cythonize
 from setuptools import Extension, setup
@@ -10,8 +11,7 @@ setup(
             Extension(
                 "store._codec",
                 ["store/_codec.pyx"],
-                include_dirs=["store"],
-                depends=["store/mblake2b.h"],
+                libraries=["sodium", "z"],
             ),
             Extension("gateway._jsonops", ["gateway/_jsonops.pyx"]),
         ],

@@ -9,9 +9,27 @@ from libc.string cimport memcmp, memcpy
 
 from store.format import Entry, RecordHeader
 
-cdef extern from "mblake2b.h":
-    void mb2_digest2(const uint8_t* a, size_t an, const uint8_t* b, size_t bn,
-                     uint8_t* out, size_t outlen) nogil
+# Checksums and hashes come from maintained C libraries, called without the GIL where a
+# caller releases it: CRC-32 from zlib (the same function Python's zlib.crc32 wraps),
+# BLAKE2b from libsodium (crypto_generichash is unkeyed BLAKE2b with a chosen digest size,
+# the same function as hashlib.blake2b(digest_size=32)).
+cdef extern from "zlib.h":
+    unsigned long crc32_z(unsigned long crc, const unsigned char* buf, size_t len) nogil
+
+cdef extern from "sodium.h":
+    ctypedef struct crypto_generichash_state:
+        pass
+    int sodium_init() nogil
+    int crypto_generichash_init(crypto_generichash_state* state, const unsigned char* key,
+                                size_t keylen, size_t outlen) nogil
+    int crypto_generichash_update(crypto_generichash_state* state, const unsigned char* data,
+                                  unsigned long long datalen) nogil
+    int crypto_generichash_final(crypto_generichash_state* state, unsigned char* out,
+                                 size_t outlen) nogil
+
+# Picks libsodium's fastest BLAKE2b for this CPU; < 0 only when it cannot start at all.
+if sodium_init() < 0:
+    raise ImportError("libsodium failed to initialise")
 
 cdef object _entry = Entry
 cdef object _header = RecordHeader
@@ -61,50 +79,19 @@ def stored_bytes(Py_ssize_t key_len, Py_ssize_t value_len, Py_ssize_t owner_len)
     """What one key costs its owner (same as `store.usage.stored_bytes`)."""
     return _stored_bytes(key_len, value_len, owner_len)
 
-cdef uint32_t _table[8][256]
-
-
-cdef void _init_table():
-    cdef uint32_t c
-    cdef int i, k
-    for i in range(256):
-        c = <uint32_t>i
-        for k in range(8):
-            if c & 1:
-                c = (<uint32_t>0xEDB88320u) ^ (c >> 1)
-            else:
-                c = c >> 1
-        _table[0][i] = c
-    for i in range(256):
-        c = _table[0][i]
-        for k in range(1, 8):
-            c = _table[0][c & 0xFF] ^ (c >> 8)
-            _table[k][i] = c
-
-
-_init_table()
-
-
 cdef inline uint32_t _crc_update(uint32_t crc, const uint8_t* p, Py_ssize_t n) noexcept nogil:
-    # CRC-32 (zlib polynomial), slice-by-8; `crc` is the running value as zlib returns it.
-    cdef uint32_t c = ~crc
-    cdef uint32_t one, two
-    while n >= 8:
-        one = (<uint32_t>p[0] | (<uint32_t>p[1] << 8) | (<uint32_t>p[2] << 16)
-               | (<uint32_t>p[3] << 24)) ^ c
-        two = (<uint32_t>p[4] | (<uint32_t>p[5] << 8) | (<uint32_t>p[6] << 16)
-               | (<uint32_t>p[7] << 24))
-        c = (_table[7][one & 0xFF] ^ _table[6][(one >> 8) & 0xFF]
-             ^ _table[5][(one >> 16) & 0xFF] ^ _table[4][one >> 24]
-             ^ _table[3][two & 0xFF] ^ _table[2][(two >> 8) & 0xFF]
-             ^ _table[1][(two >> 16) & 0xFF] ^ _table[0][two >> 24])
-        p += 8
-        n -= 8
-    while n > 0:
-        c = _table[0][(c ^ p[0]) & 0xFF] ^ (c >> 8)
-        p += 1
-        n -= 1
-    return ~c
+    # CRC-32 (zlib polynomial); `crc` is the running value as zlib returns it.
+    return <uint32_t>crc32_z(crc, p, <size_t>n)
+
+
+cdef inline void _blake2b_2(const uint8_t* a, size_t an, const uint8_t* b, size_t bn,
+                            uint8_t* out) noexcept nogil:
+    # BLAKE2b-256(a ++ b); `out` may alias `a` (the state has consumed `a` before `final`).
+    cdef crypto_generichash_state st
+    crypto_generichash_init(&st, NULL, 0, HASH_SIZE)
+    crypto_generichash_update(&st, a, an)
+    crypto_generichash_update(&st, b, bn)
+    crypto_generichash_final(&st, out, HASH_SIZE)
 
 
 def crc32(const uint8_t[:] data, uint32_t crc=0):
@@ -243,8 +230,8 @@ def chain(bytes prev, entry):
     cdef const uint8_t[:] e = entry
     cdef bytes out = PyBytes_FromStringAndSize(NULL, HASH_SIZE)
     cdef const uint8_t* ep = &e[0] if e.shape[0] else <const uint8_t*>b""
-    mb2_digest2(<const uint8_t*>PyBytes_AS_STRING(prev), PyBytes_GET_SIZE(prev), ep,
-                e.shape[0], <uint8_t*>PyBytes_AS_STRING(out), HASH_SIZE)
+    _blake2b_2(<const uint8_t*>PyBytes_AS_STRING(prev), PyBytes_GET_SIZE(prev), ep,
+               e.shape[0], <uint8_t*>PyBytes_AS_STRING(out))
     return out
 
 
@@ -289,7 +276,7 @@ cdef void _chain_buffer(const uint8_t* base, Py_ssize_t total, uint8_t* h) noexc
     cdef Py_ssize_t pos = 0, n
     while pos < total:
         n = _entry_size(base + pos)
-        mb2_digest2(h, HASH_SIZE, base + pos, n, h, HASH_SIZE)
+        _blake2b_2(h, HASH_SIZE, base + pos, n, h)
         pos += n
 
 
@@ -327,7 +314,7 @@ def unpack_entries(payload, bytes prev_hash):
         owner = (<const char*>p)[a:a + on].decode("utf-8", "replace")
         key = PyBytes_FromStringAndSize(<const char*>(p + a + on), kn)
         value = PyBytes_FromStringAndSize(<const char*>(p + a + on + kn), end - a - on - kn)
-        mb2_digest2(h, HASH_SIZE, p + pos, end - pos, h, HASH_SIZE)
+        _blake2b_2(h, HASH_SIZE, p + pos, end - pos, h)
         out.append(_tuple_new(_entry, (seq, op, owner, key, value)))
         pos = end
     return out, PyBytes_FromStringAndSize(<const char*>h, HASH_SIZE)
