@@ -13,9 +13,10 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 from urllib.parse import quote
 
-#: Ops and key + value bytes per `POST /v1/batch` the client sends unless told otherwise
-#: (well under the gateway's defaults of 10,000 ops and 100 MiB bodies).
-DEFAULT_BATCH_OPS = 1000
+#: Ops and key + value bytes per `POST /v1/batch` the client sends unless told otherwise:
+#: the gateway's default per-request limit of ops (a request that fills a root batch commits
+#: without waiting for the batch window), and bytes well under its 100 MiB bodies.
+DEFAULT_BATCH_OPS = 10_000
 DEFAULT_BATCH_BYTES = 8 << 20
 
 #: A key: text (sent as UTF-8) or any bytes.

@@ -34,7 +34,7 @@ def _usage(c: Cluster, producer: str) -> dict[str, int]:
 def test_put_get_delete_batch_range(cluster: Cluster) -> None:
     name, token = cluster.root.producer()
     p = f"{name}/"
-    with Client(cluster.root.url, token, read_url=cluster.read_url) as c:
+    with Client(cluster.root.url, token, read_url=cluster.read_url, batch_ops=1000) as c:
         w = c.put(p + "a", "1")
         assert (w.status, w.replayed) == ("written", False) and w.seq > 0
         assert c.put(p + "a", b"1").status == "duplicate"
