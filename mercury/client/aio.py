@@ -5,7 +5,6 @@ request and decision through `calls`, `wire` and `retry` and differ only in awai
 from __future__ import annotations
 
 import asyncio
-import json
 import random
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
@@ -16,7 +15,7 @@ import httpx
 
 from mercury.client import calls, wire
 from mercury.client.calls import READ, Call
-from mercury.client.errors import ServerError, TooLarge, Unavailable
+from mercury.client.errors import TooLarge, Unavailable
 from mercury.client.retry import RetryPolicy, retryable
 
 
@@ -255,10 +254,7 @@ class AsyncClient:
                     raise calls.error(r)
                 async for line in r.aiter_lines():
                     if line.strip():
-                        doc = json.loads(line)
-                        if "error" in doc:
-                            raise ServerError(500, "Range stream failed", str(doc["error"]), doc)
-                        yield wire.item(doc)
+                        yield calls.range_item(calls.ndjson(line))
         except httpx.TransportError as err:
             raise _unavailable(err) from err
 
@@ -288,7 +284,7 @@ class AsyncClient:
                             if not line.strip():
                                 continue
                             attempt = 0  # the stream is alive: failures count afresh
-                            c = wire.change(json.loads(line))
+                            c = calls.watch_change(calls.ndjson(line))
                             if c is not None and resume.fresh(c):
                                 yield c
                         wait = self.policy.wait(attempt, {}, self._rand)

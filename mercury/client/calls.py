@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 
 from mercury.client import wire
-from mercury.client.errors import MercuryClientError, from_answer
+from mercury.client.errors import MercuryClientError, ServerError, from_answer
 
 WRITE = "write"
 READ = "read"
@@ -110,6 +110,36 @@ def replayed(r: httpx.Response) -> bool:
 def write_result(r: httpx.Response) -> wire.WriteResult:
     doc = r.json()
     return wire.WriteResult(int(doc.get("seq") or 0), str(doc.get("status")), replayed(r))
+
+
+def ndjson(line: str) -> dict[str, Any]:
+    """One line of an NDJSON answer; `ServerError` for a line that is not a JSON object
+    (a node fault, never passed on as data)."""
+    try:
+        doc = json.loads(line)
+    except ValueError as err:
+        raise ServerError(0, "Malformed stream", f"not JSON: {line[:200]!r}") from err
+    if not isinstance(doc, dict):
+        raise ServerError(0, "Malformed stream", f"not a JSON object: {line[:200]!r}")
+    return doc
+
+
+def range_item(doc: dict[str, Any]) -> wire.Item:
+    """A streamed range line as an Item (an ``error`` line ends the stream as ServerError)."""
+    if "error" in doc:
+        raise ServerError(500, "Range stream failed", str(doc["error"]), doc)
+    try:
+        return wire.item(doc)
+    except (ValueError, TypeError) as err:
+        raise ServerError(0, "Malformed stream", str(err)) from err
+
+
+def watch_change(doc: dict[str, Any]) -> wire.Change | None:
+    """A watch line as a Change (None for a heartbeat)."""
+    try:
+        return wire.change(doc)
+    except (ValueError, TypeError) as err:
+        raise ServerError(0, "Malformed stream", str(err)) from err
 
 
 def error(r: httpx.Response) -> MercuryClientError:

@@ -8,7 +8,6 @@ Writes go to the root (`url`); reads (`get`, `range`, `watch`) to `read_url` whe
 
 from __future__ import annotations
 
-import json
 import random
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -19,7 +18,7 @@ import httpx
 
 from mercury.client import calls, wire
 from mercury.client.calls import READ, Call
-from mercury.client.errors import ServerError, TooLarge, Unavailable
+from mercury.client.errors import TooLarge, Unavailable
 from mercury.client.retry import RetryPolicy, retryable
 
 
@@ -251,10 +250,7 @@ class Client:
                     raise calls.error(r)
                 for line in r.iter_lines():
                     if line.strip():
-                        doc = json.loads(line)
-                        if "error" in doc:
-                            raise ServerError(500, "Range stream failed", str(doc["error"]), doc)
-                        yield wire.item(doc)
+                        yield calls.range_item(calls.ndjson(line))
         except httpx.TransportError as err:
             raise _unavailable(err) from err
 
@@ -284,7 +280,7 @@ class Client:
                             if not line.strip():
                                 continue
                             attempt = 0  # the stream is alive: failures count afresh
-                            c = wire.change(json.loads(line))
+                            c = calls.watch_change(calls.ndjson(line))
                             if c is not None and resume.fresh(c):
                                 yield c
                         wait = self.policy.wait(attempt, {}, self._rand)

@@ -185,3 +185,20 @@ def test_the_async_client_offers_what_the_blocking_one_does() -> None:
     sync_api, async_api = api(Client), api(AsyncClient)
     sync_api["aclose"] = sync_api.pop("close")
     assert sync_api == async_api
+
+
+def test_a_malformed_stream_line_is_a_server_error_not_data() -> None:
+    import pytest
+
+    from mercury.client import calls
+
+    for bad in ("{oops", "[1, 2]", '"text"'):
+        with pytest.raises(errors.ServerError):
+            calls.ndjson(bad)
+    with pytest.raises(errors.ServerError):
+        calls.range_item({"value": "no key"})
+    with pytest.raises(errors.ServerError) as err:
+        calls.range_item({"error": "crc failure"})
+    assert err.value.detail == "crc failure"
+    with pytest.raises(errors.ServerError):
+        calls.watch_change({"op": "set", "key": "k"})  # no seq
