@@ -16,10 +16,10 @@ from typing import Any
 import lmdb
 
 from core import failpoints
-from core.errors import StoreError, StoreFullError
 from store import chunks, codec, layout, txlog
 from store.counters import DeferredCounters, bump, write_usage
 from store.layout import K_HASH_HEAD, K_LAST_SEQ, U64
+from store.lmdberrors import translate, writing
 from store.ops import ApplyResult, Op, Result
 
 #: Given a batch's real results, the (idempotency key, answer) records to store with it.
@@ -34,7 +34,8 @@ def now_us() -> int:
 class BatchWriter:
     """Applies batches to one environment; one `apply` at a time (the caller's job)."""
 
-    def __init__(self, env: Any, dbs: layout.Dbs, *, counted: bool) -> None:
+    def __init__(self, path: str, env: Any, dbs: layout.Dbs, *, counted: bool) -> None:
+        self._path = path
         self._env = env
         self._dbs = dbs
         #: Format 1 kept no usage counters (`mercury migrate` backfills them).
@@ -102,13 +103,8 @@ class BatchWriter:
             except BaseException:
                 txn.abort()
                 raise
-        except lmdb.MapFullError as err:
-            raise StoreFullError(
-                "store is full: the LMDB map has no room for this batch",
-                hint="raise the map size or free space; nothing of the batch was applied",
-            ) from err
         except lmdb.Error as err:
-            raise StoreError(f"LMDB error while applying a batch: {err}") from err
+            raise translate(err, self._path, "applying a batch") from err
         if not entries:
             return ApplyResult(0, 0, head, results)
         return ApplyResult(last + 1, seq, head, results)
@@ -121,7 +117,10 @@ class BatchWriter:
         if not taken:
             return
         try:
-            with self._env.begin(write=True) as txn:
+            with (
+                writing(self._path, "committing usage counters"),
+                self._env.begin(write=True) as txn,
+            ):
                 write_usage(txn, self._dbs.meta, taken)
         except BaseException:
             self.deferred.restore(taken)

@@ -12,36 +12,38 @@ from collections.abc import Sequence
 from typing import Any
 
 import cramjam
-import lmdb
 
-from core.errors import ChainError, CorruptionError, StoreFullError
+from core.errors import ChainError, CorruptionError
 from store import chunks, codec, layout, txlog
 from store.applyloop import forget
 from store.batchwrite import ValueChunks
 from store.counters import Delta, bump, write_usage
 from store.format import OP_SET, log_crc_ok
 from store.layout import K_HASH_HEAD, K_LAST_SEQ, U64
+from store.lmdberrors import writing
 from store.ops import LogRecord
 from store.usage import stored_bytes
 
 
-def apply_records(env: Any, dbs: layout.Dbs, recs: Sequence[LogRecord], *, counted: bool) -> None:
+def apply_records(
+    path: str, env: Any, dbs: layout.Dbs, recs: Sequence[LogRecord], *, counted: bool
+) -> None:
     """Apply consecutive `recs` in ONE write transaction (see `Store.apply_log_records`)."""
     raws = [payload(rec) for rec in recs]
-    try:
-        with env.begin(write=True, db=dbs.data) as txn:
-            last = U64.unpack(txn.get(K_LAST_SEQ, db=dbs.meta))[0]
-            head = bytes(txn.get(K_HASH_HEAD, db=dbs.meta))
-            delta: Delta = {}
-            for rec, raw in zip(recs, raws, strict=True):
-                _apply_record(txn, dbs, rec, raw, last, head, delta)
-                last, head = rec.last_seq, rec.hash_head
-            if counted:
-                write_usage(txn, dbs.meta, delta)
-            txn.put(K_LAST_SEQ, U64.pack(last), db=dbs.meta)
-            txn.put(K_HASH_HEAD, head, db=dbs.meta)
-    except lmdb.MapFullError as err:
-        raise StoreFullError("store is full while applying a replicated batch") from err
+    with (
+        writing(path, "applying a replicated batch"),
+        env.begin(write=True, db=dbs.data) as txn,
+    ):
+        last = U64.unpack(txn.get(K_LAST_SEQ, db=dbs.meta))[0]
+        head = bytes(txn.get(K_HASH_HEAD, db=dbs.meta))
+        delta: Delta = {}
+        for rec, raw in zip(recs, raws, strict=True):
+            _apply_record(txn, dbs, rec, raw, last, head, delta)
+            last, head = rec.last_seq, rec.hash_head
+        if counted:
+            write_usage(txn, dbs.meta, delta)
+        txn.put(K_LAST_SEQ, U64.pack(last), db=dbs.meta)
+        txn.put(K_HASH_HEAD, head, db=dbs.meta)
 
 
 def payload(rec: LogRecord) -> memoryview:

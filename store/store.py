@@ -16,7 +16,8 @@
 - `store/version.py` — the format version; `store/migration.py` — the migrations' seam.
 
 One writer at a time: LMDB serialises write transactions, across processes too.
-Errors: StoreFullError when the map is full (nothing of the batch applied), CRCError when a
+Errors: StoreFullError when the map or the disk is full (nothing of the batch applied;
+`store/lmdberrors.py` says how a full disk is told from a failing one), CRCError when a
 stored value fails its CRC (never returned), ChainError on a broken chain or seq gap.
 """
 
@@ -44,6 +45,7 @@ from store.layout import (
     U32,
     U64,
 )
+from store.lmdberrors import writing
 from store.ops import ApplyResult, LogRecord, Op, Value
 from store.reader import Reader, decode
 from store.usage import USAGE_PREFIX, Usage
@@ -78,7 +80,7 @@ class Store:
             self.db_id = str(uuid.UUID(bytes=bytes(raw)))
             self.format_version = int(U32.unpack(txn.get(K_FORMAT))[0])
         # Format 1 kept no usage counters; `mercury migrate` backfills them.
-        self._writer = BatchWriter(env, dbs, counted=self.format_version >= 2)
+        self._writer = BatchWriter(path, env, dbs, counted=self.format_version >= 2)
 
     # --- lifecycle -------------------------------------------------------------------
 
@@ -229,7 +231,9 @@ class Store:
         """
         if not recs:
             return
-        replica_apply.apply_records(self.env, self.dbs, recs, counted=self.format_version >= 2)
+        replica_apply.apply_records(
+            self.path, self.env, self.dbs, recs, counted=self.format_version >= 2
+        )
         self._committed(recs[-1].last_seq)
 
     # --- reads -----------------------------------------------------------------------
@@ -312,7 +316,8 @@ class Store:
 
     def put_state(self, name: str, value: bytes) -> None:
         """Store a named document of this node in its own transaction."""
-        nodedocs.put_state(self.env, self.dbs, name, value)
+        with writing(self.path, f"storing the node document {name!r}"):
+            nodedocs.put_state(self.env, self.dbs, name, value)
 
     def get_idempotent(self, key: bytes) -> tuple[int, bytes] | None:
         """(time stored in µs, answer) of an idempotency key, or None."""
