@@ -21,6 +21,7 @@ COMMAND_MODULES = (
     "mercury.cmd_gateway",
     "mercury.cmd_replica",
     "mercury.cmd_kv",
+    "mercury.cmd_kt_bridge",
 )
 
 
