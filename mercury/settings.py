@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass
 from core.addr import parse_hostport
 from gateway.settings import Settings
 from mercury.retention_flags import policy_from_args
+from reads.tcp import listener_limits
 from reads.wiring import ListenerSettings
 from replicator.wiring import SourceSettings
 from replicator.worker import WorkerConfig
@@ -31,6 +32,7 @@ def listener_settings(args: argparse.Namespace, *, memcached: bool) -> ListenerS
     return ListenerSettings(
         kt=_addr(args.kt_listen, "--kt-listen"),
         memcached=_addr(args.memcached_listen, "--memcached-listen") if memcached else None,
+        limits=listener_limits(args),
     )
 
 

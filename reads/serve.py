@@ -19,7 +19,7 @@ import uvicorn
 
 from core.addr import parse_hostport
 from reads.http_app import create_read_app
-from reads.tcp import add_listener_flags
+from reads.tcp import add_listener_flags, listener_limits
 from reads.wiring import ListenerSettings, replica_services, root_services
 from store.store import Store
 
@@ -53,6 +53,7 @@ async def serve(args: argparse.Namespace) -> None:
             if args.memcached_listen
             else None
         ),
+        limits=listener_limits(args),
     )
     wire = root_services if args.role == "root" else replica_services
     services = wire(store, listeners)

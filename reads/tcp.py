@@ -39,7 +39,8 @@ from reads.metrics import LISTENER_CONNECTIONS, LISTENER_REFUSED, READ_ERRORS
 
 log = logging.getLogger(__name__)
 
-#: Steps of a session run per loop turn before yielding to other connections.
+#: Replies (small requests) a connection answers per loop turn before the others go; a
+#: slice of a big request (a step yielding b"") always ends the turn.
 STEPS_PER_TURN = 16
 #: While a request is being worked on, stop reading once this much is buffered.
 MAX_BUFFER_WHILE_BUSY = 1 << 20
@@ -103,14 +104,13 @@ def add_listener_flags(p: argparse.ArgumentParser) -> None:
 
 
 def listener_limits(args: argparse.Namespace) -> ListenerLimits:
-    """`ListenerLimits` from the `--listener-*` flags (defaults where absent)."""
-    d = ListenerLimits()
+    """`ListenerLimits` from the flags `add_listener_flags` added to the parser."""
     return ListenerLimits(
-        max_connections=int(getattr(args, "listener_max_connections", d.max_connections)),
-        idle_timeout=float(getattr(args, "listener_idle_timeout_s", d.idle_timeout)),
-        header_timeout=float(getattr(args, "listener_header_timeout_s", d.header_timeout)),
-        body_timeout=float(getattr(args, "listener_body_timeout_s", d.body_timeout)),
-        write_timeout=float(getattr(args, "listener_write_timeout_s", d.write_timeout)),
+        max_connections=int(args.listener_max_connections),
+        idle_timeout=float(args.listener_idle_timeout_s),
+        header_timeout=float(args.listener_header_timeout_s),
+        body_timeout=float(args.listener_body_timeout_s),
+        write_timeout=float(args.listener_write_timeout_s),
     )
 
 
@@ -172,8 +172,9 @@ class _Conn(asyncio.Protocol):
         try:
             for _ in range(STEPS_PER_TURN):
                 chunk = next(work)
-                if chunk:
-                    out.append(chunk)
+                if not chunk:
+                    break  # a slice of a big request: other connections go first
+                out.append(chunk)
         except StopIteration as stop:
             self.work = None
             close = bool(stop.value)

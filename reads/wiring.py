@@ -8,11 +8,12 @@ lifespan, stop them before closing the store.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from core.service import Service
 from reads.kt_server import kt_service
 from reads.memcached_server import memcached_service
+from reads.tcp import ListenerLimits
 from store.store import Store
 
 
@@ -22,20 +23,22 @@ class ListenerSettings:
 
     kt: tuple[str, int] | None = None
     memcached: tuple[str, int] | None = None
+    #: Connection cap and timeouts of every listener (`--listener-*` flags).
+    limits: ListenerLimits = field(default_factory=ListenerLimits)
 
 
 def root_services(store: Store, settings: ListenerSettings) -> list[Service]:
     """Read listeners the root runs beside the gateway (KT: point reads only)."""
     if settings.kt is None:
         return []
-    return [kt_service(store, *settings.kt, point_only=True)]
+    return [kt_service(store, *settings.kt, point_only=True, limits=settings.limits)]
 
 
 def replica_services(store: Store, settings: ListenerSettings) -> list[Service]:
     """Read listeners of a replica or consumer node (KT, memcached)."""
     out: list[Service] = []
     if settings.kt is not None:
-        out.append(kt_service(store, *settings.kt))
+        out.append(kt_service(store, *settings.kt, limits=settings.limits))
     if settings.memcached is not None:
-        out.append(memcached_service(store, *settings.memcached))
+        out.append(memcached_service(store, *settings.memcached, limits=settings.limits))
     return out
