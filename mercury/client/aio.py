@@ -157,6 +157,17 @@ class AsyncClient:
         r = await self._send(calls.get(key), ok404=True)
         return None if r.status_code == 404 else r.content
 
+    async def get_many(self, keys: Iterable[wire.Key]) -> dict[bytes, bytes | None]:
+        """The values of many keys (None for absent ones), from `read_url`: one
+        ``POST /v1/get_bulk`` per 10,000 keys. Keys come back as bytes."""
+        ks = list(dict.fromkeys(wire.as_bytes(k) for k in keys))
+        out: dict[bytes, bytes | None] = {}
+        for i in range(0, len(ks), calls.BULK_KEYS):
+            part = ks[i : i + calls.BULK_KEYS]
+            r = await self._send(calls.get_bulk(part))
+            out.update(calls.bulk_values(part, r.json()))
+        return out
+
     async def batch(
         self,
         ops: Iterable[Sequence[Any]],

@@ -6,6 +6,7 @@ functions, so the two differ only in how they wait for the network.
 
 from __future__ import annotations
 
+import base64
 import json
 import ssl
 import uuid
@@ -78,6 +79,45 @@ def delete(key: wire.Key, idempotency_key: str | None, cond: dict[str, str] | No
 
 def get(key: wire.Key) -> Call:
     return Call(READ, "GET", wire.kv_path(key))
+
+
+#: Keys per `POST /v1/get_bulk` (the read API's limit).
+BULK_KEYS = 10_000
+
+
+def get_bulk(keys: list[bytes]) -> Call:
+    """``POST /v1/get_bulk``: UTF-8 keys as text, the others in ``keys_b64``."""
+    text: list[str] = []
+    b64: list[str] = []
+    for k in keys:
+        try:
+            text.append(k.decode())
+        except UnicodeDecodeError:
+            b64.append(base64.b64encode(k).decode())
+    body = json.dumps({"keys": text, "keys_b64": b64}, separators=(",", ":")).encode()
+    return Call(READ, "POST", "/v1/get_bulk", {"Content-Type": "application/json"}, body)
+
+
+def bulk_values(keys: list[bytes], doc: dict[str, Any]) -> dict[bytes, bytes | None]:
+    """The values of a get_bulk answer by key (None for an absent key)."""
+    values: dict[str, Any] = doc.get("values") or {}
+    values_b64: dict[str, Any] = doc.get("values_b64") or {}
+    out: dict[bytes, bytes | None] = {}
+    for k in keys:
+        try:
+            name = k.decode()
+        except UnicodeDecodeError:
+            name = base64.b64encode(k).decode()
+            v = values_b64.get(name)
+            out[k] = None if v is None else base64.b64decode(v)
+            continue
+        if values.get(name) is not None:
+            out[k] = str(values[name]).encode()
+        elif values_b64.get(name) is not None:
+            out[k] = base64.b64decode(values_b64[name])
+        else:
+            out[k] = None
+    return out
 
 
 def batch(body: dict[str, Any], idempotency_key: str | None) -> Call:

@@ -234,3 +234,28 @@ def test_async_write_retried_after_a_cut_connection_is_applied_once(cluster: Clu
         assert (u["writes"], u["duplicates"]) == (1, 0)
     finally:
         proxy.close()
+
+
+def test_get_many_from_the_replica(cluster: Cluster) -> None:
+    name, token = cluster.root.producer()
+    p = f"{name}/"
+    odd_key, odd_value = p.encode() + b"\xfe", b"\xff\x00"
+    with Client(cluster.root.url, token, read_url=cluster.read_url) as c:
+        r = c.batch(
+            [("set", f"{p}m{i}", f"v{i}") for i in range(12_000)]
+            + [("set", odd_key, odd_value), ("set", p + "text-key", b"\x80")]
+        )
+        c.wait_applied(r.seq)
+        want: list[str | bytes] = [f"{p}m{i}" for i in range(12_000)]
+        want += [odd_key, p + "text-key", p + "none"]
+        got = c.get_many(want)
+    assert len(got) == 12_003
+    assert got[f"{p}m11999".encode()] == b"v11999"
+    assert got[odd_key] == odd_value and got[(p + "text-key").encode()] == b"\x80"
+    assert got[(p + "none").encode()] is None
+
+    async def run() -> dict[bytes, bytes | None]:
+        async with AsyncClient(cluster.root.url, token, read_url=cluster.read_url) as ac:
+            return await ac.get_many([f"{p}m1", odd_key])
+
+    assert asyncio.run(run()) == {f"{p}m1".encode(): b"v1", odd_key: odd_value}
