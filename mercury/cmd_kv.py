@@ -177,6 +177,9 @@ def _run(cmd: Any) -> Any:
         except BrokenPipeError:  # e.g. `mercury kv ls P | head`
             sys.stderr.close()
             return OK
+        except OSError as err:  # a local file: the import file, its checkpoint
+            print(f"mercury kv: {err}", file=sys.stderr)
+            return USAGE
 
     return run
 
