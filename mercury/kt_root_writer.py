@@ -1,0 +1,71 @@
+"""The gateway's write path as the root KT listener's `KtWriter` (`--kt-producer NAME`).
+
+Composition only: the KT listener (`reads/`) may not import the gateway, so the root
+hands it this adapter. Each KT write becomes one gateway request of producer NAME — the
+same size checks as the HTTP bodies, then `Gateway.write` (ACL, guards, storage quota,
+rate quota, batching, durable commit) — and its per-op results come back to the listener.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from acl.model import Producer
+from core.errors import NotFoundError, ShuttingDownError, TooLargeError
+from gateway.answers import Answer
+from gateway.bodies import check_key
+from gateway.writes import Gateway
+from store.ops import Op, Result
+
+
+class GatewayKtWriter:
+    """Writes as producer `name` through the gateway on ``app.state.gw`` (set once the
+    app's lifespan has built it: `app` is bound after `create_app`)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.app: Any = None
+
+    @property
+    def producer(self) -> str:
+        return self.name
+
+    def _gw(self) -> Gateway:
+        gw = getattr(getattr(self.app, "state", None), "gw", None)
+        if gw is None:
+            raise ShuttingDownError("the gateway is not running")
+        assert isinstance(gw, Gateway)
+        return gw
+
+    def _producer(self, gw: Gateway) -> Producer:
+        p = gw.acl.producers.get(self.name)
+        if p is None:
+            raise NotFoundError(
+                f"no producer {self.name!r} (--kt-producer)",
+                hint="create it with the admin API or `mercury acl apply`",
+            )
+        return p
+
+    def keyspaces(self) -> tuple[bytes, ...]:
+        return self._producer(self._gw()).prefixes()
+
+    async def write(self, ops: list[Op], nbytes: int) -> list[Result]:
+        gw = self._gw()
+        p = self._producer(gw)
+        s = gw.settings
+        if len(ops) > s.max_batch_ops:
+            raise TooLargeError(f"{len(ops)} ops; at most {s.max_batch_ops} per request")
+        for op in ops:
+            check_key(op.key, s.max_key)
+            if len(op.value) > s.max_value:
+                raise TooLargeError(
+                    f"value of {len(op.value)} bytes; values are at most {s.max_value} bytes"
+                )
+        results: list[Result] = []
+
+        def answer(res: list[Result]) -> Answer:
+            results[:] = res
+            return Answer(200, {}, {})
+
+        await gw.write(p, [op._replace(owner=p.name) for op in ops], nbytes, answer)
+        return results
