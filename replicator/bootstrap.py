@@ -25,6 +25,7 @@ from core.errors import CorruptionError, ProtocolError, SnapshotTransferError
 from replicator import frames
 from replicator.client import refusal_error
 from replicator.status import StatusBoard
+from store import layout
 from store.snapshot import SnapshotInfo, install_snapshot
 from store.store import CURRENT_FORMAT, Store
 
@@ -147,6 +148,7 @@ def _fetch_blocking(
     state: Callable[[str], None],
 ) -> frames.SnapshotOffer:
     part, meta = _paths(data_dir)
+    layout.make_data_dir(data_dir)  # 0700 before any of the store's bytes arrive
     os.makedirs(bootstrap_dir(data_dir), exist_ok=True)
     offer, have = held(data_dir)
     if offer is not None and have == offer.size:

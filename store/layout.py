@@ -59,6 +59,19 @@ class Dbs:
     idem: Any
 
 
+#: A data directory and the files in it belong to the node's user alone: the store holds
+#: every producer's values, the ACL and the admin token's hash.
+DIR_MODE = 0o700
+FILE_MODE = 0o600
+
+
+def make_data_dir(path: str) -> None:
+    """Create data directory `path` (and its parents) if missing, and make it `DIR_MODE`
+    whatever the umask or whoever created it empty."""
+    os.makedirs(path, mode=DIR_MODE, exist_ok=True)
+    os.chmod(path, DIR_MODE)
+
+
 def data_file(path: str) -> str:
     """Path of the LMDB data file of the store in directory `path`."""
     return os.path.join(path, "data.mdb")
@@ -87,9 +100,11 @@ def open_env(
         raise StoreNotFoundError(
             f"no Mercury store in {path!r}", hint="create one with `mercury init DATA_DIR`"
         )
-    os.makedirs(path, exist_ok=True)
+    if create:
+        make_data_dir(path)
     env = lmdb.open(
         path,
+        mode=FILE_MODE,  # data.mdb and lock.mdb: the node's data, for its user only
         map_size=map_size,
         max_dbs=len(ALL_DBS) + 2,
         max_readers=MAX_READERS,

@@ -63,7 +63,7 @@ def make_snapshot(
     describe the copied state exactly. `progress(n)` is told how many bytes were hashed.
     """
     tmp = out_path + ".partial"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, layout.FILE_MODE)
     try:
         with store.env.begin() as txn:
             meta = store.dbs.meta
@@ -118,8 +118,9 @@ def install_snapshot(
             f"snapshot {snapshot_file!r} fails its checksum ({size} bytes, sha256 {digest})",
             hint="fetch the snapshot again",
         )
-    os.makedirs(data_dir, exist_ok=True)
+    layout.make_data_dir(data_dir)
     os.replace(snapshot_file, layout.data_file(data_dir))
+    os.chmod(layout.data_file(data_dir), layout.FILE_MODE)
     store = Store.open(data_dir, map_size=map_size)
     seq, head = store.head()
     if store.db_id != info.db_id or seq != info.seq or head.hex() != info.hash_head:

@@ -20,6 +20,7 @@ def read_format_version(path: str) -> int:
     env = lmdb.open(
         path,
         readonly=True,
+        mode=layout.FILE_MODE,  # it may create lock.mdb
         max_dbs=len(layout.ALL_DBS) + 2,
         lock=True,
         map_size=layout.DEFAULT_MAP_SIZE,
