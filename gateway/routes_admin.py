@@ -11,7 +11,7 @@ from acl.model import producer_from_config
 from acl.tokens import new_token
 from core.errors import BadRequestError
 from gateway.bodies import parse_body
-from gateway.http import json_response, read_body
+from gateway.http import body_reader, json_response
 from gateway.writes import Gateway
 
 router = APIRouter(tags=["admin"])
@@ -67,9 +67,8 @@ async def put_producer(name: str, request: Request) -> Response:
     """200 with the producer's configuration; 409 when a keyspace overlaps another
     producer's and is not shared by both."""
     gw = _admin(request)
-    doc = parse_body(await read_body(
-        request.receive, request.headers.get("content-length"), 1 << 20, "producer body"
-    ), None)
+    read = body_reader(request.receive, request.headers.get("content-length"))
+    doc = parse_body(await read(1 << 20, "producer body"), None)
     if not isinstance(doc, dict):
         raise BadRequestError("body must be a JSON object")
     unknown = set(doc) - {"keyspaces", "shared", "quota", "guards", "name"}
