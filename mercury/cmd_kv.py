@@ -94,6 +94,11 @@ def register(sub: Any) -> None:
     p = add("put", "write KEY (the value from VALUE, or stdin when VALUE is - or omitted)")
     p.add_argument("key", metavar="KEY")
     p.add_argument("value", metavar="VALUE", nargs="?", default="-")
+    cond = p.add_mutually_exclusive_group()
+    cond.add_argument(
+        "--if-seq", type=int, help="only if KEY's current seq is this one (else exit 4)"
+    )
+    cond.add_argument("--if-absent", action="store_true", help="create only (else exit 4)")
     p.set_defaults(func=_run(_put))
 
     p = add("get", "print KEY's value (raw bytes, no newline added); exit 3 when absent")
@@ -102,6 +107,7 @@ def register(sub: Any) -> None:
 
     p = add("del", "delete KEY")
     p.add_argument("key", metavar="KEY")
+    p.add_argument("--if-seq", type=int, help="only if KEY's current seq is this one (else exit 4)")
     p.set_defaults(func=_run(_del))
 
     p = add("ls", "list the keys under PREFIX (one a line), or JSON lines with --values")
@@ -236,7 +242,7 @@ def _put_bytes(doc: dict[str, Any], name: str, raw: bytes) -> None:
 
 def _put(client: Client, args: argparse.Namespace) -> int:
     value = sys.stdin.buffer.read() if args.value == "-" else args.value.encode()
-    r = client.put(args.key, value)
+    r = client.put(args.key, value, if_seq=args.if_seq, if_absent=args.if_absent)
     _json_line({"seq": r.seq, "status": r.status})
     return OK
 
@@ -252,7 +258,7 @@ def _get(client: Client, args: argparse.Namespace) -> int:
 
 
 def _del(client: Client, args: argparse.Namespace) -> int:
-    r = client.delete(args.key)
+    r = client.delete(args.key, if_seq=args.if_seq)
     _json_line({"seq": r.seq, "status": r.status})
     return OK
 

@@ -54,7 +54,13 @@ def test_commands_and_exit_statuses(cluster: Cluster, tmp_path: Path) -> None:
         {"key": f"{name}/a", "value": "hello"},
         {"key": f"{name}/bin", "value_b64": "AP8K"},
     ]
-    r = kv(cluster, tf, "del", f"{name}/a")
+    # conditions: a stale seq is refused (4), the current one applies
+    seq = json.loads(kv(cluster, tf, "put", f"{name}/a", "v2").stdout)["seq"]
+    r = kv(cluster, tf, "put", f"{name}/a", "x", "--if-absent")
+    assert r.returncode == 4 and b"412" in r.stderr, r.stderr
+    r = kv(cluster, tf, "del", f"{name}/a", "--if-seq", str(seq - 1))
+    assert r.returncode == 4 and b"412" in r.stderr, r.stderr
+    r = kv(cluster, tf, "del", f"{name}/a", "--if-seq", str(seq))
     assert (r.returncode, json.loads(r.stdout)["status"]) == (0, "deleted")
     cluster.caught_up()
     # 3: not found
