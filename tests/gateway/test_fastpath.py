@@ -21,6 +21,12 @@ def _script(root: Root) -> list[tuple[int, Any, str]]:
         c.put("/v1/kv/fp/" + "k" * 600, content=b"2"),
         c.post("/v1/batch", json={"ops": [{"op": "set", "key": "fp/b", "value": "x"}]}),
         c.post("/v1/batch", content=b"{bad"),
+        # chunked (no Content-Length): the one body reader joins the chunks on both paths
+        c.put("/v1/kv/fp/c", content=iter([b"ab", b"cd", b"ef"])),
+        c.post(
+            "/v1/batch",
+            content=iter([b'{"ops": [{"op": "set", ', b'"key": "fp/d", "value": "y"}]}']),
+        ),
         c.delete("/v1/kv/fp/a"),
         c.delete("/v1/kv/fp/a"),
         c.put("/v1/kv/fp/i", content=b"1", headers={"Idempotency-Key": "x"}),
@@ -29,6 +35,9 @@ def _script(root: Root) -> list[tuple[int, Any, str]]:
     ):
         body = r.json()
         out.append((r.status_code, body, r.headers["content-type"]))
+    # the chunked bodies were stored whole
+    assert c.get("/v1/kv/fp/c").content == b"abcdef"
+    assert c.get("/v1/kv/fp/d").content == b"y"
     return out
 
 
