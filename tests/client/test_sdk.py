@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import time
 
-import httpx
 import pytest
 
 from mercury.client import (
@@ -184,14 +183,13 @@ def test_unreachable_node_is_unavailable_after_the_retries(cluster: Cluster) -> 
     assert len(slept) == 2
 
 
-def test_tls_options_reach_httpx() -> None:
-    # No TLS listener on the root yet; the watch tests run the SDK over mutual TLS against
-    # a local server. Here: a CA path that does not exist is refused before any request.
+def test_unusable_tls_options_are_refused_before_any_request() -> None:
+    # (The SDK's TLS over a real socket, mutual TLS included, is tested in test_watch.py
+    # and test_limits.py against a local HTTPS server.)
     with pytest.raises(OSError):
         Client("https://127.0.0.1:1", verify="/nonexistent/ca.pem")
     with pytest.raises(ValueError):
         Client("https://127.0.0.1:1", verify=False, cert="c.pem")
-    assert httpx  # httpx is the transport (imported for the type only)
 
 
 def test_conditional_writes(cluster: Cluster) -> None:
