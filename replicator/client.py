@@ -12,11 +12,14 @@ Contract:
   loop — which also serves this node's downstream replicas — never stalls on a commit.
 - A broken stream (bad frame, gap, repeat, cut) is logged with what was expected and what
   came, counted, and the client reconnects and resumes from the last applied seq.
-- Terminal states (the worker stops retrying; reads keep being served): `diverged` when
-  the source's history differs from this replica's at the same seq — a record continuing
-  from our last seq whose hash chain does not hold, or a repeated record whose hash (or
-  boundaries) differ from our own log's — with both hashes and the way out (re-bootstrap)
-  in the error; `failed` when a record holds entries no store accepts (`InvalidRecordError`).
+- Terminal states (the worker stops retrying; reads keep being served):
+  `diverged` when the source's history differs from this replica's at the same seq — a
+  record continuing from our last seq whose hash chain does not hold, or a repeated record
+  whose hash (or boundaries) differ from our own log's; the error names both hashes and
+  the way out (re-bootstrap) — or when a root heartbeat reports a head below our seq long
+  after the root committed our last record (the root lost history and has not reached our
+  seq again yet). `failed` when a record holds entries no store accepts
+  (`InvalidRecordError`).
 - Ordered sources with a staleness rule (no new record nor new root heartbeat for
   `staleness` seconds: move to the next source) and bounded backoff (`selection.py`).
 - `BootstrapNeededError` (source lost the history) ends `run()`: the caller bootstraps.
@@ -64,6 +67,11 @@ PIPELINE = 32
 #: Bounds of one group of queued records applied in one transaction.
 GROUP_RECORDS = PIPELINE
 GROUP_BYTES = 32 << 20
+#: A root heartbeat this much newer than the commit of the replica's last record, with a
+#: lower head seq, means the root lost history (restored from an older copy): its head
+#: must otherwise include that record. The margin covers the time between a batch's
+#: timestamp and its commit by far.
+ROLLBACK_MARGIN = 60.0
 #: Stream buffer: a whole large log record fits, so reading never stops mid-record.
 READ_LIMIT = 16 << 20
 
@@ -127,6 +135,7 @@ class ReplicaClient:
         self._db_id = bytes.fromhex(store.db_id.replace("-", ""))
         seq, _ = store.head()
         self.applied = seq
+        self._applied_us = 0
         board.update(applied_seq=seq)
 
     async def run(self) -> None:
@@ -200,6 +209,7 @@ class ReplicaClient:
     async def _session(self, host: str, port: int) -> None:
         self.board.update(state="connecting", source=f"{host}:{port}")
         self.applied = self.store.last_seq()
+        self._applied_us = self._commit_time_us(self.applied)
         reader, writer = await asyncio.wait_for(
             asyncio.open_connection(host, port, limit=READ_LIMIT), CONNECT_TIMEOUT
         )
@@ -282,8 +292,37 @@ class ReplicaClient:
         if failure is not None:
             raise failure
 
+    def _commit_time_us(self, seq: int) -> int:
+        """The root's timestamp of the record holding `seq` (0: unknown or collected)."""
+        if seq <= 0:
+            return 0
+        with contextlib.suppress(LogRetentionError):
+            recs = self.store.read_log(seq, max_records=1)
+            if recs and recs[0].first_seq <= seq <= recs[0].last_seq:
+                return recs[0].time_us
+        return 0
+
+    def _check_not_rolled_back(self, hb: frames.Heartbeat) -> None:
+        """Raise DivergedError when the root's heartbeat shows a head below this replica's
+        seq well after the root committed it (see ROLLBACK_MARGIN)."""
+        if (
+            hb.seq < self.applied
+            and self._applied_us
+            and hb.time_us > self._applied_us + int(ROLLBACK_MARGIN * 1e6)
+        ):
+            seq, head = self.store.head()
+            raise DivergedError(
+                f"diverged history: this replica holds seq {seq} (hash head {head.hex()}), "
+                f"committed by the root {(hb.time_us - self._applied_us) / 1e6:.0f}s before "
+                f"the root reported its head at seq {hb.seq}: the root lost history "
+                "(restored from an older copy?)",
+                seq=seq,
+                hint=REBOOTSTRAP_HINT,
+            )
+
     def _applied(self, rec: LogRecord) -> None:
         self.applied = rec.last_seq
+        self._applied_us = rec.time_us
         st = self.board.status
         self.board.update(applied_seq=rec.last_seq, known_us=max(st.known_us, rec.time_us))
 
@@ -323,6 +362,7 @@ class ReplicaClient:
                 await applier.put(rec)
             elif ftype == frames.HEARTBEAT:
                 hb = frames.decode_heartbeat(body)
+                self._check_not_rolled_back(hb)
                 if hb.sent_seq > received:
                     raise StreamGapError(
                         f"seq gap: the source sent up to seq {hb.sent_seq}, this replica "

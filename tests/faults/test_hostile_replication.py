@@ -176,6 +176,34 @@ def test_replica_of_a_root_restored_from_an_older_copy_stops_as_diverged(
         assert got.status_code == 200
 
 
+def test_replica_ahead_of_a_restored_root_is_diverged_before_the_root_catches_up(
+    tmp_path: Path, procs: Procs
+) -> None:
+    live, old = tmp_path / "root", tmp_path / "root-old"
+    with root_node(str(live)) as root:
+        root.write(50, batch=10)
+        port = root.port
+    shutil.copytree(live, old)
+    # Seqs 51..100 were committed two minutes before the restore.
+    then = time.time_ns() // 1000 - 120_000_000
+    with root_node(str(live), port=port, reopen=True) as root:
+        for b in range(50, 100, 10):
+            root.store.apply(
+                [Op(SET, b"k%08d" % i, b"late", "t") for i in range(b, b + 10)], time_us=then
+            )
+        r = start_replica(procs, tmp_path / "r1", [port], repl=False, name="r1")
+        wait_for(lambda: status(r.http)["seq"] >= 100, 60, "replica at seq 100")
+    replica_head = status(r.http)["hash_head"]
+    # Restored at seq 50, no write since: its heartbeats say so.
+    with root_node(str(old), port=port, reopen=True):
+        wait_for(lambda: status(r.http)["replication_state"] == "diverged", 30, "diverged")
+        err = status(r.http)["replication_error"]
+        assert "the root lost history" in err and replica_head in err, err
+        assert "rm -r DATA_DIR" in err, err
+        assert _metric(r.http, "mercury_replication_diverged") == "mercury_replication_diverged 1.0"
+        assert status(r.http)["seq"] == 100
+
+
 class _ForgingSource:
     """A replication source on a real socket that answers any HELLO with a WELCOME and
     one well-formed RECORD (CRC and hash chain hold) whose key is `key`."""
