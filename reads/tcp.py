@@ -42,6 +42,8 @@ log = logging.getLogger(__name__)
 #: Replies (small requests) a connection answers per loop turn before the others go; a
 #: slice of a big request (a step yielding b"") always ends the turn.
 STEPS_PER_TURN = 16
+#: Reply bytes a connection hands its transport per turn (then backpressure can act).
+TURN_BYTES = 256 << 10
 #: While a request is being worked on, stop reading once this much is buffered.
 MAX_BUFFER_WHILE_BUSY = 1 << 20
 #: How often every connection's timeouts are checked.
@@ -170,11 +172,15 @@ class _Conn(asyncio.Protocol):
         out: list[bytes] = []
         close = False
         try:
+            size = 0
             for _ in range(STEPS_PER_TURN):
                 chunk = next(work)
                 if not chunk:
                     break  # a slice of a big request: other connections go first
                 out.append(chunk)
+                size += len(chunk)
+                if size >= TURN_BYTES:
+                    break  # and no more replies than this ahead of the transport
         except StopIteration as stop:
             self.work = None
             close = bool(stop.value)

@@ -230,3 +230,31 @@ def test_parked_partial_requests_are_dropped_after_their_timeouts(
             f'mercury_listener_refused_total{{listener="{listener}",reason="{reason}"}}'
         )
         assert got == n, (listener, reason, got)
+
+
+def test_a_client_that_reads_no_replies_is_closed_after_the_write_timeout(
+    store: Store, start_reads: StartReads
+) -> None:
+    store.apply([Op(SET, b"big", b"x" * (1 << 20), "t")])
+    ports = start_reads("--listener-write-timeout-s", "1")
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    s.connect(("127.0.0.1", ports.mc))
+    with s:
+        s.settimeout(5)
+        s.sendall(b"get big\r\n" * 64)  # 64 MiB of replies, none of which we read
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            if ports.metric(
+                'mercury_listener_refused_total{listener="memcached",reason="write_timeout"}'
+            ):
+                break
+            time.sleep(0.2)
+        assert (
+            ports.metric(
+                'mercury_listener_refused_total{listener="memcached",reason="write_timeout"}'
+            )
+            == 1
+        )
+        with socket.create_connection(("127.0.0.1", ports.mc), 5) as good:
+            assert _mc_version(good).startswith(b"VERSION")
