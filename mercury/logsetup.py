@@ -59,6 +59,10 @@ def setup(level: str) -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
+    # httpx logs every request at info (the CLI's client commands would print a line per
+    # call): its lines appear only at debug.
+    for noisy in ("httpx", "httpcore"):
+        logging.getLogger(noisy).setLevel(logging.DEBUG if level == "debug" else logging.WARNING)
     logging.captureWarnings(True)
 
 
