@@ -25,7 +25,7 @@ from mercury.client.errors import (
 )
 from mercury.client.retry import RetryPolicy
 from mercury.client.sync import Client
-from mercury.client.wire import BatchResult, Change, Item, WriteResult
+from mercury.client.wire import BatchResult, Change, Item, Versioned, WriteResult
 
 __all__ = [
     "AsyncClient",
@@ -50,5 +50,6 @@ __all__ = [
     "Unauthorized",
     "Unavailable",
     "Unprocessable",
+    "Versioned",
     "WriteResult",
 ]

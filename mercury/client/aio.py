@@ -157,6 +157,12 @@ class AsyncClient:
         r = await self._send(calls.get(key), ok404=True)
         return None if r.status_code == 404 else r.content
 
+    async def get_with_seq(self, key: wire.Key) -> wire.Versioned | None:
+        """The value of `key` and the seq of its last change (None when absent): read,
+        then write back with ``put(key, new, if_seq=v.seq)`` for a compare-and-set."""
+        r = await self._send(calls.get(key), ok404=True)
+        return None if r.status_code == 404 else calls.versioned(r)
+
     async def get_many(self, keys: Iterable[wire.Key]) -> dict[bytes, bytes | None]:
         """The values of many keys (None for absent ones), from `read_url`: one
         ``POST /v1/get_bulk`` per 10,000 keys. Keys come back as bytes."""

@@ -147,6 +147,14 @@ def replayed(r: httpx.Response) -> bool:
     return str(r.headers.get("idempotent-replayed", "")).lower() == "true"
 
 
+def versioned(r: httpx.Response) -> wire.Versioned:
+    """A GET answer's value and the key's seq from its ETag (``"<seq>"``)."""
+    tag = str(r.headers.get("etag", "")).removeprefix("W/").strip('"')
+    if not tag.isdigit():
+        raise ServerError(0, "No version", f"the answer has no usable ETag: {tag!r}")
+    return wire.Versioned(r.content, int(tag))
+
+
 def write_result(r: httpx.Response) -> wire.WriteResult:
     doc = r.json()
     return wire.WriteResult(int(doc.get("seq") or 0), str(doc.get("status")), replayed(r))

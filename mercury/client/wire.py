@@ -41,6 +41,14 @@ class Change:
 
 
 @dataclass(frozen=True, slots=True)
+class Versioned:
+    """A value with the seq of the key's last change (for `put(..., if_seq=seq)`)."""
+
+    value: bytes
+    seq: int
+
+
+@dataclass(frozen=True, slots=True)
 class WriteResult:
     """Answer of one PUT or DELETE: the log `seq` and "written" / "duplicate" / "deleted" /
     "absent"; `replayed` when the node answered a retry with the first answer."""

@@ -208,7 +208,10 @@ def test_conditional_writes(cluster: Cluster) -> None:
         assert stale.value.current_seq == second.seq
         with pytest.raises(PreconditionFailed):
             c.delete(k, if_seq=first.seq)
-        assert c.delete(k, if_seq=second.seq).status == "deleted"
+        v = c.get_with_seq(k)
+        assert v is not None and (v.value, v.seq) == (b"2", second.seq)
+        assert c.delete(k, if_seq=v.seq).status == "deleted"
+        assert c.get_with_seq(k) is None
         assert c.get(k) is None
 
 
