@@ -93,6 +93,7 @@ class ReplicationSource:
         snapshot_dir: str | None = None,
         max_connections: int = MAX_CONNECTIONS,
         stall_timeout: float = STALL_TIMEOUT,
+        hello_timeout: float = HELLO_TIMEOUT,
     ) -> None:
         self.store = store
         self.host = host
@@ -105,6 +106,7 @@ class ReplicationSource:
         self.stats = BootstrapStats()
         self.max_connections = max_connections
         self.stall_timeout = stall_timeout
+        self.hello_timeout = hello_timeout
         self.refused_connections = 0
         self._db_id = _uuid_bytes(store.db_id)
         self._slots = asyncio.Semaphore(max_bootstraps)
@@ -205,7 +207,7 @@ class ReplicationSource:
         self._conns.add(task)
         try:
             ftype, body = await asyncio.wait_for(
-                wire.read_frame(reader, _FIRST_FRAME), HELLO_TIMEOUT
+                wire.read_frame(reader, _FIRST_FRAME), self.hello_timeout
             )
             if ftype != frames.HELLO:
                 raise ProtocolError(f"expected HELLO, got frame type {ftype}")
@@ -240,7 +242,7 @@ class ReplicationSource:
             log.warning(
                 "replica %s: no complete HELLO within %gs or took nothing for %gs; closed",
                 peer,
-                HELLO_TIMEOUT,
+                self.hello_timeout,
                 self.stall_timeout,
             )
         except (ConnectionError, OSError) as err:

@@ -102,6 +102,21 @@ def test_replication_listener_refuses_connections_over_its_cap(tmp_path: Path) -
                 s.close()
 
 
+def test_a_connection_without_a_whole_hello_is_closed_after_the_handshake_timeout(
+    tmp_path: Path,
+) -> None:
+    with root_node(str(tmp_path / "root"), hello_timeout=1.0) as root:
+        silent = socket.create_connection(("127.0.0.1", root.port), 5)
+        partial = socket.create_connection(("127.0.0.1", root.port), 5)
+        with silent, partial:
+            partial.sendall(frames.encode_hello(frames.Hello(
+                1, 1, 0, b"\x01" * 16, b"\x02" * 16, 0, 0, 0, frames.ZERO_SHA
+            ))[:50])  # fmt: skip
+            assert _closed_within(silent, 5.0)
+            assert _closed_within(partial, 5.0)
+        wait_for(lambda: not root.source._conns, 5, "connections released")
+
+
 def test_bootstrap_client_that_never_reads_loses_its_slot(
     tmp_path: Path, procs: Procs, caplog: pytest.LogCaptureFixture
 ) -> None:
