@@ -213,7 +213,7 @@ class KtHandler:
         self, proc: bytes, req: kt.HttpRequest
     ) -> Generator[bytes, None, tuple[int, dict[bytes, bytes]]]:
         try:
-            params = kt.rpc_input(req)
+            params = yield from kt.rpc_input_slices(req)
         except ReadProtocolError:
             return 400, {b"ERROR": b"invalid parameters"}
         db = params.get(b"DB")
