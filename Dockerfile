@@ -4,6 +4,7 @@ RUN apt-get update && apt-get install -y --no-install-recommends gcc libc6-dev l
     && rm -rf /var/lib/apt/lists/*
 WORKDIR /app
 COPY pyproject.toml setup.py README.md ./
+COPY core core
 COPY mercury mercury
 COPY store store
 COPY gateway gateway
