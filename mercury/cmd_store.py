@@ -13,6 +13,7 @@ from tqdm import tqdm
 from acl.tokens import hash_token, new_token
 from migrations import runner
 from store import check as store_check
+from store.lock import WriterLock
 from store.snapshot import make_snapshot
 from store.store import Store
 
@@ -74,6 +75,11 @@ def register(sub: Any) -> None:
 
 def cmd_init(args: argparse.Namespace) -> int:
     """`mercury init DATA_DIR`."""
+    with WriterLock.acquire(args.data_dir):
+        return _init(args)
+
+
+def _init(args: argparse.Namespace) -> int:
     store = Store.create(args.data_dir)
     try:
         token = new_token()
@@ -130,6 +136,13 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 def cmd_migrate(args: argparse.Namespace) -> int:
     """`mercury migrate DATA_DIR [--dry-run]`."""
+    if args.dry_run:
+        return _migrate(args)
+    with WriterLock.acquire(args.data_dir, create=False):  # never beside a root or worker
+        return _migrate(args)
+
+
+def _migrate(args: argparse.Namespace) -> int:
     steps = runner.pending(args.data_dir)
     if not steps:
         print("store is at the current format; nothing to do")

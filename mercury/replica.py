@@ -32,6 +32,7 @@ from replicator.metrics import APPLIED_SEQ, DIVERGED, REPLICATION_LAG, WORKER_RE
 from replicator.status import diverged, read_status
 from replicator.worker import EXIT_REBOOTSTRAP, WorkerConfig
 from store import layout
+from store.lock import WriterLock
 from store.store import Store
 
 log = logging.getLogger("mercury.replica")
@@ -71,6 +72,8 @@ class WorkerSupervisor:
             self.log_level,
             self.cfg.to_json(),
             stdin=subprocess.PIPE,
+            # The writer lock's descriptor: the worker holds the parent's lock.
+            pass_fds=() if self.cfg.lock_fd is None else (self.cfg.lock_fd,),
         )
 
     async def _watch(self) -> None:
@@ -238,10 +241,17 @@ def _move_aside(data_dir: str) -> None:
 def run_replica(args: argparse.Namespace) -> int:
     """Run the replica until SIGTERM/SIGINT."""
     config = ReplicaConfig.from_args(args)
+    # One writer per store: the parent takes the lock (a second replica on this directory
+    # exits here, naming the holder) and its worker inherits it.
+    writer_lock = WriterLock.acquire(config.data_dir)
+    config.worker.lock_fd = writer_lock.fd
     try:
         import uvloop
 
         uvloop.install()
     except ImportError:
         pass
-    return asyncio.run(_serve(config))
+    try:
+        return asyncio.run(_serve(config))
+    finally:
+        writer_lock.release()

@@ -18,6 +18,7 @@ from gateway.app import create_app
 from gateway.fastpath import FastPath
 from mercury import gctune, logsetup
 from mercury.settings import RootConfig
+from store.lock import WriterLock
 from store.retention import RetentionService
 from store.store import Store
 
@@ -37,6 +38,9 @@ def run_root(args: argparse.Namespace) -> int:
     sys.setswitchinterval(cfg.switch_interval_s)
     gctune.tune_for_batches()
     host, port = cfg.listen
+    # One writer per store: a second root (or a replica worker) on this directory fails
+    # here, naming the holder, before it opens anything.
+    writer_lock = WriterLock.acquire(cfg.data_dir, create=False)
     store = Store.open(cfg.data_dir, sync=cfg.sync)
     try:
         services = [
@@ -72,6 +76,7 @@ def run_root(args: argparse.Namespace) -> int:
         uvicorn.Server(config).run()
     finally:
         store.close()
+        writer_lock.release()
     return 0
 
 

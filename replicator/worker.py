@@ -41,6 +41,7 @@ from replicator.selection import Selector
 from replicator.source import ReplicationSource
 from replicator.status import StatusBoard
 from store import layout
+from store.lock import WriterLock
 from store.retention import RetentionPolicy, RetentionService
 from store.store import Store
 
@@ -67,6 +68,9 @@ class WorkerConfig:
     #: Niceness added to the worker: on a busy machine the readers (the parent) get the
     #: CPU first, so a heavy stream lags a little instead of slowing reads.
     nice: int = 0
+    #: The writer lock's descriptor inherited from the parent (`store.lock.WriterLock`);
+    #: None when the worker runs alone and takes the lock itself.
+    lock_fd: int | None = None
 
     def to_json(self) -> str:
         """Serialised for the worker's command line."""
@@ -115,6 +119,19 @@ async def fetch_snapshot(
 
 async def run(cfg: WorkerConfig, stop: asyncio.Event) -> int:
     """Replicate until `stop` is set; return the exit status."""
+    # The node's only writer (bootstrap, snapshot install, applies, retention) holds the
+    # data directory's lock: the parent's, inherited, or its own when run alone.
+    if cfg.lock_fd is not None:
+        writer_lock = WriterLock.adopt(cfg.data_dir, cfg.lock_fd)
+    else:
+        writer_lock = WriterLock.acquire(cfg.data_dir)
+    try:
+        return await _run_locked(cfg, stop)
+    finally:
+        writer_lock.release()
+
+
+async def _run_locked(cfg: WorkerConfig, stop: asyncio.Event) -> int:
     board = StatusBoard(cfg.data_dir)
     board.start()
     node_id = uuid.uuid4().bytes
