@@ -602,22 +602,45 @@ def encode_tsv(out: dict[bytes, bytes]) -> tuple[bytes, str]:
     """Serialise an output map the way KT does (`checkmapenc`): lines sorted by key, raw
     when every column is short and printable, else `colenc=B` or `U`, whichever is smaller
     over the first 255 bytes of each column. Returns (body, Content-Type)."""
+    gen = encode_tsv_slices(out)
+    while True:
+        try:
+            next(gen)
+        except StopIteration as stop:
+            body, ctype = stop.value
+            return bytes(body), str(ctype)
+
+
+def encode_tsv_slices(out: dict[bytes, bytes]) -> Generator[bytes, None, tuple[bytes, str]]:
+    """`encode_tsv` in slices of RPC_SLICE lines, yielding b"" between them."""
     items = sorted(out.items())
+    n = len(items)
     ctype = "text/tab-separated-values"
-    if not any(_needs_encoding(k) or _needs_encoding(v) for k, v in items):
-        return b"".join(k + b"\t" + v + b"\n" for k, v in items), ctype
-    blen = sum(_b64_len(k) + _b64_len(v) for k, v in items)
-    ulen = sum(_url_len(k) + _url_len(v) for k, v in items)
-    if blen < ulen:
-        enc = base64.b64encode
-        return (
-            b"".join(enc(k) + b"\t" + enc(v) + b"\n" for k, v in items),
-            ctype + "; colenc=B",
-        )
-    return (
-        b"".join(url_encode(k) + b"\t" + url_encode(v) + b"\n" for k, v in items),
-        ctype + "; colenc=U",
-    )
+    needs = False
+    for i in range(0, n, RPC_SLICE):
+        if i:
+            yield b""
+        if any(_needs_encoding(k) or _needs_encoding(v) for k, v in items[i : i + RPC_SLICE]):
+            needs = True
+            break
+    if needs:
+        blen = ulen = 0
+        for i in range(0, n, RPC_SLICE):
+            yield b""
+            part = items[i : i + RPC_SLICE]
+            blen += sum(_b64_len(k) + _b64_len(v) for k, v in part)
+            ulen += sum(_url_len(k) + _url_len(v) for k, v in part)
+        enc = base64.b64encode if blen < ulen else url_encode
+        ctype += "; colenc=B" if blen < ulen else "; colenc=U"
+    lines: list[bytes] = []
+    for i in range(0, n, RPC_SLICE):
+        yield b""
+        part = items[i : i + RPC_SLICE]
+        if needs:
+            lines.extend(enc(k) + b"\t" + enc(v) + b"\n" for k, v in part)
+        else:
+            lines.extend(k + b"\t" + v + b"\n" for k, v in part)
+    return b"".join(lines), ctype
 
 
 def decode_tsv_response(body: bytes, content_type: str) -> dict[bytes, bytes]:

@@ -145,7 +145,7 @@ class KtHandler:
         path = req.path
         if path.startswith(b"/rpc/"):
             status, out = yield from self._rpc(kt.url_decode(path[5:]), req)
-            body, ctype = kt.encode_tsv(out)
+            body, ctype = yield from kt.encode_tsv_slices(out)
             return (
                 kt.encode_http_response(
                     status,
