@@ -166,7 +166,7 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
     store = Store.open(args.data_dir, readonly=True)
     try:
         with tqdm(unit="B", unit_scale=True, desc="snapshot", disable=None, file=sys.stderr) as bar:
-            info = make_snapshot(store, args.out, bar.update)
+            info = make_snapshot(store, args.out, bar.update, node_local=True)
     finally:
         store.close()
     print(info.to_json())

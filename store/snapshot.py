@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
@@ -55,32 +56,71 @@ def sidecar(path: str) -> str:
 
 
 def make_snapshot(
-    store: Store, out_path: str, progress: Callable[[int], object] | None = None
+    store: Store,
+    out_path: str,
+    progress: Callable[[int], object] | None = None,
+    *,
+    node_local: bool = False,
 ) -> SnapshotInfo:
     """Write a compact copy of `store` to `out_path` (+ its sidecar) and return its info.
 
     The seq and hash head are read in the same read transaction as the copy, so they
     describe the copied state exactly. `progress(n)` is told how many bytes were hashed.
+
+    Unless `node_local` (a node's own backup), the node-local sub-databases (``state``:
+    token hashes, the admin token's hash; ``idem``: idempotency answers) are emptied in
+    the copy, which is then compacted again: a snapshot sent to another node must not
+    carry them, not even in freed pages. That costs a second copy of the file.
     """
     tmp = out_path + ".partial"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, layout.FILE_MODE)
+    stage = out_path + ".stage"
+    target = tmp if node_local else os.path.join(stage, "data.mdb")
+    if not node_local:
+        shutil.rmtree(stage, ignore_errors=True)
+        layout.make_data_dir(stage)
     try:
-        with store.env.begin() as txn:
-            meta = store.dbs.meta
-            version = U32.unpack(txn.get(K_FORMAT, db=meta))[0]
-            seq = U64.unpack(txn.get(K_LAST_SEQ, db=meta))[0]
-            head = bytes(txn.get(K_HASH_HEAD, db=meta)).hex()
-            first = U64.unpack(txn.get(K_LOG_FIRST, db=meta))[0]
-            store.env.copyfd(fd, compact=True, txn=txn)
-        os.fsync(fd)
+        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, layout.FILE_MODE)
+        try:
+            with store.env.begin() as txn:
+                meta = store.dbs.meta
+                version = U32.unpack(txn.get(K_FORMAT, db=meta))[0]
+                seq = U64.unpack(txn.get(K_LAST_SEQ, db=meta))[0]
+                head = bytes(txn.get(K_HASH_HEAD, db=meta)).hex()
+                first = U64.unpack(txn.get(K_LOG_FIRST, db=meta))[0]
+                store.env.copyfd(fd, compact=True, txn=txn)
+            if node_local:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+        if not node_local:
+            _drop_node_local(stage, tmp)
     finally:
-        os.close(fd)
+        if not node_local:
+            shutil.rmtree(stage, ignore_errors=True)
     digest, size = file_sha256(tmp, progress)
     os.replace(tmp, out_path)
     info = SnapshotInfo(store.db_id, version, seq, head, first, digest, size, now_us())
     with open(sidecar(out_path), "w") as f:
         f.write(info.to_json())
     return info
+
+
+def _drop_node_local(stage: str, out: str) -> None:
+    """Empty ``state`` and ``idem`` of the store copy in directory `stage`, then write its
+    compacting copy (live pages only: the dropped documents' bytes are not in it) to `out`."""
+    env, dbs = layout.open_env(stage, sync=False)  # a scratch copy: only `out` is synced
+    try:
+        with env.begin(write=True) as txn:
+            txn.drop(dbs.state, delete=False)
+            txn.drop(dbs.idem, delete=False)
+        fd = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, layout.FILE_MODE)
+        try:
+            env.copyfd(fd, compact=True)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    finally:
+        env.close()
 
 
 def file_sha256(path: str, progress: Callable[[int], object] | None = None) -> tuple[str, int]:
