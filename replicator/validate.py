@@ -12,7 +12,7 @@ from __future__ import annotations
 import cramjam
 
 from core.errors import InvalidRecordError
-from store.format import ENTRY_HEADER, MAX_KEY, MAX_VALUE, OP_DELETE, OP_SET, log_crc_ok
+from store.format import ENTRY_HEADER, MAX_KEY, MAX_VALUE, OP_DELETE, OP_DOC, OP_SET, log_crc_ok
 from store.ops import LogRecord
 
 
@@ -41,7 +41,7 @@ def check_entries(first_seq: int, num_entries: int, raw: bytes | memoryview) -> 
         seq, op, on, kn, vn = ENTRY_HEADER.unpack_from(raw, pos)
         if seq != first_seq + count:
             raise _bad(first_seq, f"entry {count} has seq {seq}, expected {first_seq + count}")
-        if op not in (OP_SET, OP_DELETE):
+        if op not in (OP_SET, OP_DELETE, OP_DOC):
             raise _bad(first_seq, f"entry at seq {seq} has unknown op code {op}")
         if not 1 <= kn <= MAX_KEY:
             raise _bad(first_seq, f"entry at seq {seq} has a key of {kn} bytes (1..{MAX_KEY})")

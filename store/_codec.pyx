@@ -46,6 +46,7 @@ DEF LOG_TAG = 0x01
 DEF FLAG_CHUNKED = 0x01
 DEF OP_SET = 1
 DEF OP_DELETE = 2
+DEF OP_DOC = 3
 DEF MAX_KEY = 500
 DEF MAX_OWNER = 255
 DEF MAX_ENTRY_KEY = 65535
@@ -61,6 +62,7 @@ CONSTANTS = {
     "FLAG_CHUNKED": FLAG_CHUNKED,
     "OP_SET": OP_SET,
     "OP_DELETE": OP_DELETE,
+    "OP_DOC": OP_DOC,
     "MAX_KEY": MAX_KEY,
     "MAX_OWNER": MAX_OWNER,
     "MAX_ENTRY_KEY": MAX_ENTRY_KEY,
@@ -308,7 +310,7 @@ def unpack_entries(payload, bytes prev_hash):
         on = p[pos + 9]
         kn = p[pos + 10] | (p[pos + 11] << 8)
         end = pos + _entry_size(p + pos)
-        if end > n or (op != OP_SET and op != OP_DELETE):
+        if end > n or (op != OP_SET and op != OP_DELETE and op != OP_DOC):
             raise ValueError("malformed log entry")
         a = pos + ENTRY_HDR
         owner = (<const char*>p)[a:a + on].decode("utf-8", "replace")

@@ -16,7 +16,7 @@ from typing import Any
 import lmdb
 
 from core import failpoints
-from store import chunks, codec, layout, txlog
+from store import chunks, codec, docs, layout, txlog
 from store.counters import DeferredCounters, bump, write_usage
 from store.layout import K_HASH_HEAD, K_LAST_SEQ, U64
 from store.lmdberrors import translate, writing
@@ -49,9 +49,11 @@ class BatchWriter:
         throttled: Mapping[str, int] | None,
         answers: AnswersFn | None,
         time_us: int | None,
+        doc_changes: docs.DocChanges | None = None,
     ) -> ApplyResult:
         """See `Store.apply`."""
         dbs = self._dbs
+        doc_entries = docs.entries(doc_changes) if doc_changes else []
         try:
             # The data sub-database is the transaction's default: the per-op calls then
             # pass no keyword argument, which is most of their cost.
@@ -74,6 +76,11 @@ class BatchWriter:
                 for owner_name, n in (throttled or {}).items():
                     if n:
                         bump(delta, owner_name, 5, n)
+                # Replicated documents follow the batch's changes in its log record.
+                for _op, _owner, dkey, dvalue in doc_entries:
+                    seq += 1
+                    docs.apply_entry(txn, dbs, seq, dkey, dvalue)
+                    entries.append((_op, _owner, dkey, dvalue))
                 idem = list(answers(results)) if answers is not None else []
                 if not entries and not idem and self.deferred.defer(delta):
                     txn.abort()  # nothing but counters changed: write nothing now

@@ -26,11 +26,15 @@ of free contiguous pages, whatever the value size.
 Log entry (one per applied change, concatenated in a batch payload)::
 
     0    8     seq (u64)
-    8    1     op: 1 = set, 2 = delete
+    8    1     op: 1 = set, 2 = delete, 3 = replicated document (format >= 3)
     9    1     owner length N
     10   2     key length K (u16)
     12   4     value length V (u32; 0 for delete)
     16   N+K+V owner, key, value
+
+Op 3 sets the replicated document named by the key (UTF-8) in the ``docs`` sub-database to
+the value, or removes it when the value is empty; its owner is empty. It never touches user
+keys: readers of the log that replay user data (watch streams, exports) skip it.
 
 Hash chain: ``h_seq = BLAKE2b-256(h_{seq-1} ++ entry bytes)``; ``h_0`` is 32 zero bytes.
 The entry bytes include the seq, so a lost, reordered, duplicated or altered entry changes
@@ -70,6 +74,8 @@ LOG_TAG = 0x01
 FLAG_CHUNKED = 0x01
 OP_SET = 1
 OP_DELETE = 2
+#: A replicated document (`store/docs.py`), format >= 3.
+OP_DOC = 3
 #: One LMDB page (4096) minus its 16-byte header: a chunk fills exactly one overflow page.
 CHUNK_SIZE = 4080
 HASH_SIZE = 32
@@ -222,7 +228,7 @@ def unpack_entries(payload: bytes, prev_hash: bytes) -> tuple[list[Entry], bytes
             raise ValueError("truncated log entry header")
         seq, op, on, kn, vn = ENTRY_HEADER.unpack_from(payload, pos)
         end = pos + hs + on + kn + vn
-        if end > n or op not in (OP_SET, OP_DELETE):
+        if end > n or op not in (OP_SET, OP_DELETE, OP_DOC):
             raise ValueError("malformed log entry")
         a = pos + hs
         owner = bytes(payload[a : a + on]).decode("utf-8", "replace")

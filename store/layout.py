@@ -10,6 +10,9 @@ Sub-databases:
   sub-database so that a small commit dirties one meta page, not two
 - ``state``  named documents of the node (ACL, admin token hash), not replicated
 - ``idem``   idempotency keys -> first answer, not replicated
+- ``docs``   (format >= 3) replicated documents (the ACL, audit records): name -> seq (u64)
+  of the log entry that wrote it ++ the document, changed only through the log
+  (`store/docs.py`)
 """
 
 from __future__ import annotations
@@ -29,7 +32,8 @@ LOG = b"log"
 META = b"meta"
 STATE = b"state"
 IDEM = b"idem"
-ALL_DBS = (DATA, CHUNKS, LOG, META, STATE, IDEM)
+DOCS = b"docs"
+ALL_DBS = (DATA, CHUNKS, LOG, META, STATE, IDEM, DOCS)
 
 K_DB_ID = b"db_id"
 K_FORMAT = b"format_version"
@@ -57,6 +61,8 @@ class Dbs:
     meta: Any
     state: Any
     idem: Any
+    #: None only in a read-only view of a format-2 store, which has no ``docs`` yet.
+    docs: Any
 
 
 #: A data directory and the files in it belong to the node's user alone: the store holds
@@ -115,5 +121,14 @@ def open_env(
         meminit=False,
         lock=True,
     )
-    handles = [env.open_db(name, create=not readonly) for name in ALL_DBS]
+    handles = [_open_db(env, name, readonly) for name in ALL_DBS]
     return env, Dbs(*handles)
+
+
+def _open_db(env: Any, name: bytes, readonly: bool) -> Any:
+    try:
+        return env.open_db(name, create=not readonly)
+    except lmdb.NotFoundError:
+        if name == DOCS:  # a format-2 store opened read-only (to migrate or inspect it)
+            return None
+        raise

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from store import layout
+from store import docs, layout
 from store.layout import K_FORMAT, U32
 
 Progress = Callable[[int], object]
@@ -53,6 +53,20 @@ class MigrationTxn:
     def delete_meta(self, key: bytes) -> None:
         """Delete a key of ``meta`` (no-op when absent)."""
         self._txn.delete(key, db=self._dbs.meta)
+
+    def get_state(self, name: str) -> bytes | None:
+        """A node-local document of ``state``, or None."""
+        raw = self._txn.get(name.encode(), db=self._dbs.state)
+        return None if raw is None else bytes(raw)
+
+    def delete_state(self, name: str) -> None:
+        """Delete a node-local document (no-op when absent)."""
+        self._txn.delete(name.encode(), db=self._dbs.state)
+
+    def log_docs(self, changes: docs.DocChanges, time_us: int) -> None:
+        """Write replicated documents through the log (one record of their own), so
+        that replicas receive them like any change."""
+        docs.write_logged(self._txn, self._dbs, changes, time_us)
 
 
 StepFn = Callable[[MigrationTxn, Progress], None]

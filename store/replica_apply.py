@@ -14,11 +14,11 @@ from typing import Any
 import cramjam
 
 from core.errors import ChainError, CorruptionError
-from store import chunks, codec, layout, txlog
+from store import chunks, codec, docs, layout, txlog
 from store.applyloop import forget
 from store.batchwrite import ValueChunks
 from store.counters import Delta, bump, write_usage
-from store.format import OP_SET, log_crc_ok
+from store.format import OP_DOC, OP_SET, log_crc_ok
 from store.layout import K_HASH_HEAD, K_LAST_SEQ, U64
 from store.lmdberrors import writing
 from store.ops import LogRecord
@@ -90,6 +90,9 @@ def _apply_record(
     get, put = txn.get, txn.put
     rare = ValueChunks(txn, dbs.chunks)
     for e in entries:
+        if e.op == OP_DOC:  # a replicated document, never a user key
+            docs.apply_entry(txn, dbs, e.seq, e.key, e.value)
+            continue
         old = get(e.key)
         if old is not None:
             forget(codec.decode_record_header(old), len(e.key), delta, rare)

@@ -30,7 +30,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from core.errors import CorruptionError, StoreExistsError
-from store import codec, layout, nodedocs, replica_apply, txlog
+from store import codec, docs, layout, nodedocs, replica_apply, txlog
 from store.batchwrite import AnswersFn, BatchWriter, now_us
 from store.counters import COUNTER_DEFER_S
 from store.format import ZERO_HASH
@@ -190,6 +190,7 @@ class Store:
         throttled: Mapping[str, int] | None = None,
         answers: AnswersFn | None = None,
         time_us: int | None = None,
+        doc_changes: docs.DocChanges | None = None,
     ) -> ApplyResult:
         """Apply `ops` in order in one write transaction; return one Result per op.
 
@@ -199,9 +200,13 @@ class Store:
         `answers`, when given, is called inside the transaction with the real results (one
         per op, in order) and returns the (idempotency key, answer) records to store in that
         same transaction: a saved answer is what the store did, durable with the batch.
+        `doc_changes` (name -> bytes, or None to remove) are replicated documents written
+        through the log in the same transaction, after the ops (`store/docs.py`).
         Raises InvalidOpError before touching anything, StoreFullError when the map is full.
         """
-        out = self._writer.apply(ops, throttled=throttled, answers=answers, time_us=time_us)
+        out = self._writer.apply(
+            ops, throttled=throttled, answers=answers, time_us=time_us, doc_changes=doc_changes
+        )
         if out.last_seq:
             self._committed(out.last_seq)
         return out
@@ -308,10 +313,27 @@ class Store:
                 now_us=time_us or now_us(),
             )
 
+    # --- replicated documents ---------------------------------------------------------
+
+    def put_docs(self, changes: docs.DocChanges, *, time_us: int | None = None) -> ApplyResult:
+        """Write replicated documents (name -> bytes, or None to remove) through the log in
+        a transaction of their own; every replica applies them from the log."""
+        return self.apply([], time_us=time_us, doc_changes=changes)
+
+    def get_doc(self, name: str) -> docs.Doc | None:
+        """Replicated document `name` (its bytes and the seq that wrote it), or None."""
+        return docs.get(self.env, self.dbs, name)
+
+    def scan_docs(
+        self, prefix: str, *, after: str = "", limit: int = 1000
+    ) -> list[tuple[str, docs.Doc]]:
+        """Replicated documents named `prefix`..., after `after`, in name order."""
+        return docs.scan(self.env, self.dbs, prefix, after=after, limit=limit)
+
     # --- node documents, idempotency, usage ------------------------------------------
 
     def get_state(self, name: str) -> bytes | None:
-        """A named document of this node (ACL, admin token hash), or None."""
+        """A node-local document (the admin token hash), or None; never replicated."""
         return nodedocs.get_state(self.env, self.dbs, name)
 
     def put_state(self, name: str, value: bytes) -> None:

@@ -8,8 +8,9 @@ from core.errors import CorruptionError, NewerFormatError, PendingMigrationsErro
 from store import layout
 from store.layout import K_FORMAT, U32
 
-#: Format written by this code. Format 1 had no usage counters (see migrations/).
-CURRENT_FORMAT = 2
+#: Format written by this code. Format 1 had no usage counters, format 2 no replicated
+#: documents (see migrations/).
+CURRENT_FORMAT = 3
 
 
 def read_format_version(path: str) -> int:

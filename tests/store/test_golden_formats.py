@@ -16,7 +16,7 @@ from store import format as ref
 from store.store import CURRENT_FORMAT
 
 DATA = Path(__file__).resolve().parents[1] / "data"
-GOLDEN_FORMAT = 2  # the format these files describe
+GOLDEN_FORMAT = 3  # the format these files describe
 
 
 def _cases() -> dict[str, bytes]:
@@ -30,7 +30,9 @@ def _cases() -> dict[str, bytes]:
         ref.ZERO_HASH,
     )
     header = ref.encode_log_header(0, 41, 3, 1_700_000_000_000_000, head, payload)
+    doc_payload, _ = codec.pack_entries(44, [(ref.OP_DOC, b"", b"acl", b'{"producers":{}}')], head)
     return {
+        "golden_log_doc_entry.bin": doc_payload,
         "golden_record_inline.bin": codec.encode_record(7, b"team-a", b"hello", False),
         "golden_record_chunked.bin": codec.encode_record(2**40 + 3, b"team-b", b"x" * 5000, True),
         "golden_log_payload.bin": payload,
