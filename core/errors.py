@@ -170,6 +170,16 @@ class TooLargeError(GatewayError):
     """Key, value or batch beyond its limit (413)."""
 
 
+class RequestTimeoutError(BadRequestError):
+    """The client stopped sending its request body for longer than the body timeout (408)."""
+
+
+class OverloadedError(GatewayError):
+    """The write path holds as many batches as it may (open + queued): retry later (503)."""
+
+    retryable = True
+
+
 class QuotaExceededError(GatewayError):
     """Over the producer's write quota for longer than its max delay (429)."""
 

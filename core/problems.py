@@ -20,6 +20,7 @@ TITLES = {
     403: "Forbidden",
     404: "Not Found",
     405: "Method Not Allowed",
+    408: "Request Timeout",
     409: "Conflict",
     412: "Precondition Failed",
     413: "Content Too Large",
@@ -43,6 +44,7 @@ TABLE: tuple[tuple[type[e.MercuryError], int, str | None, str | None], ...] = (
     (e.CRCError, 500, "corrupt-value", "Stored value failed its CRC"),
     # writes
     (e.WriteGuardError, 400, None, None),
+    (e.RequestTimeoutError, 408, None, None),
     (e.BadRequestError, 400, None, None),
     (e.InvalidOpError, 400, None, None),
     (e.AuthError, 401, None, None),
@@ -54,6 +56,7 @@ TABLE: tuple[tuple[type[e.MercuryError], int, str | None, str | None], ...] = (
     (e.MisdirectedError, 421, None, None),
     (e.QuotaExceededError, 429, None, None),
     (e.ShuttingDownError, 503, None, None),
+    (e.OverloadedError, 503, None, None),
     (e.StorageQuotaError, 507, None, None),
     (e.StoreFullError, 507, None, None),
     (e.AclDocError, 400, None, None),

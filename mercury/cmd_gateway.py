@@ -12,7 +12,7 @@ import httpx
 import orjson
 
 from core.errors import GatewayError
-from mercury import retention_flags
+from mercury import http_listener, retention_flags
 from reads.tcp import add_listener_flags
 
 
@@ -30,6 +30,7 @@ def register(sub: Any) -> None:
     p.add_argument("--repl-listen", default="127.0.0.1:7070", help="replication source H:P")
     p.add_argument("--kt-listen", default=None, help="Kyoto Tycoon protocol listener H:P")
     add_listener_flags(p)
+    http_listener.add_flags(p)
     p.add_argument(
         "--batch-window-ms", type=float, default=500.0, help="batch window (default 500)"
     )

@@ -16,7 +16,7 @@ import uvicorn
 
 from gateway.app import create_app
 from gateway.fastpath import FastPath
-from mercury import gctune, logsetup
+from mercury import gctune, http_listener, logsetup
 from mercury.settings import RootConfig
 from store.lock import WriterLock
 from store.retention import RetentionService
@@ -32,6 +32,7 @@ def run_root(args: argparse.Namespace) -> int:
     from replicator import wiring as repl_wiring
 
     cfg = RootConfig.from_args(args)
+    bounds = http_listener.HttpBounds.from_args(args)
     # The commit thread and the event loop share the GIL; with the default 5 ms switch
     # interval a busy loop (a producer flooding) stretches every commit by several 5 ms
     # waits, which delays every producer's acks. A shorter interval keeps commits short.
@@ -55,12 +56,13 @@ def run_root(args: argparse.Namespace) -> int:
             host=host,
             port=port,
             loop="uvloop",
-            http="httptools",
+            # httptools under idle/header timeouts and a connection cap (http_listener)
+            http=http_listener.protocol_class(bounds),
             access_log=False,
             log_level="warning",
             log_config=None,  # uvicorn's lines go through the JSON root handler too
             lifespan="on",
-            timeout_keep_alive=30,
+            timeout_keep_alive=max(1, int(bounds.idle_timeout_s)),
         )
         logsetup.event(
             log,

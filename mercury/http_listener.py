@@ -1,0 +1,183 @@
+"""Bounds of the root's HTTP listener: idle and header timeouts, a header size cap and a
+connection cap, over uvicorn's httptools protocol.
+
+uvicorn alone closes an idle keep-alive connection only after it has answered a request on
+it: a socket that connects and sends nothing (or a header line every few seconds) is kept
+for ever, and it counts no connections, so 20,000 idle sockets exhaust the descriptors of
+the process that also runs the store and the replication source. Here every connection has
+a deadline for its next complete request head (from its opening, then from each response):
+bytes trickling in do not move it. At the connection cap a new connection evicts the
+connection that has waited longest for a request head (an idle one), so idle sockets can
+never lock a producer out; only when every connection is busy is the newcomer closed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from prometheus_client import Counter, Gauge
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+CONNECTIONS = Gauge("mercury_http_connections", "Open connections of the gateway's HTTP listener")
+CLOSED = Counter(
+    "mercury_http_connections_closed_total",
+    "Connections the gateway's HTTP listener closed itself, by reason "
+    "(idle: no request head in time; evicted: idle at the connection cap; "
+    "refused: at the cap with no idle one; header_too_large)",
+    ("reason",),
+)
+
+
+@dataclass(frozen=True, slots=True)
+class HttpBounds:
+    """`idle_timeout_s`: longest wait for a complete request head, from the connection's
+    opening or its last response (a keep-alive connection idle that long is closed too).
+    `max_connections`: open connections at most. `max_header_bytes`: the largest request
+    head (request line + headers)."""
+
+    idle_timeout_s: float = 15.0
+    max_connections: int = 1000
+    max_header_bytes: int = 64 << 10
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> HttpBounds:
+        """The bounds from `mercury root`'s ``--http-*`` flags."""
+        return cls(
+            idle_timeout_s=float(args.http_idle_timeout),
+            max_connections=int(args.http_max_connections),
+            max_header_bytes=int(args.http_max_header_bytes),
+        )
+
+
+def add_flags(p: argparse.ArgumentParser) -> None:
+    """The ``--http-*`` flags of `mercury root`."""
+    d = HttpBounds()
+    p.add_argument(
+        "--http-idle-timeout",
+        type=float,
+        default=d.idle_timeout_s,
+        help="close a gateway connection that sends no complete request head within S "
+        f"seconds of opening or of its last response (default {d.idle_timeout_s:g})",
+    )
+    p.add_argument(
+        "--http-max-connections",
+        type=int,
+        default=d.max_connections,
+        help="open gateway connections at most; at the cap the longest-idle one is closed "
+        f"(default {d.max_connections})",
+    )
+    p.add_argument(
+        "--http-max-header-bytes",
+        type=int,
+        default=d.max_header_bytes,
+        help=f"largest request head in bytes (default {d.max_header_bytes})",
+    )
+
+
+def protocol_class(bounds: HttpBounds) -> type[HttpToolsProtocol]:
+    """An httptools protocol class enforcing `bounds` (uvicorn's ``http=`` takes a class)."""
+
+    class Bounded(_BoundedProtocol):
+        limits = bounds
+
+    return Bounded
+
+
+class _BoundedProtocol(HttpToolsProtocol):
+    limits: HttpBounds
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        #: monotonic time since which this connection waits for a request head, or None
+        #: while a request is being read or answered.
+        self.idle_since: float | None = None
+        self._head_bytes = 0
+        self._deadline: asyncio.TimerHandle | None = None
+
+    # -- connection ----------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        if len(self.connections) > self.limits.max_connections:
+            victim = self._longest_idle()
+            if victim is None:
+                CLOSED.labels("refused").inc()
+                self.connections.discard(self)
+                transport.close()
+                return
+            CLOSED.labels("evicted").inc()
+            victim.close_now()
+        CONNECTIONS.set(len(self.connections))
+        self._await_head()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._cancel_deadline()
+        self.idle_since = None
+        super().connection_lost(exc)
+        CONNECTIONS.set(len(self.connections))
+
+    def close_now(self) -> None:
+        """Close this connection (it is idle: no request of it is lost)."""
+        self._cancel_deadline()
+        self.idle_since = None
+        self.connections.discard(self)
+        if not self.transport.is_closing():
+            self.transport.close()
+
+    # -- request heads -------------------------------------------------------------------
+
+    def data_received(self, data: bytes) -> None:
+        waiting = self.idle_since is not None
+        super().data_received(data)
+        if waiting and self.idle_since is not None:  # still no complete head
+            self._head_bytes += len(data)
+            if self._head_bytes > self.limits.max_header_bytes and not self.transport.is_closing():
+                CLOSED.labels("header_too_large").inc()
+                self.transport.write(
+                    b"HTTP/1.1 431 Request Header Fields Too Large\r\n"
+                    b"content-length: 0\r\nconnection: close\r\n\r\n"
+                )
+                self.close_now()
+
+    def on_headers_complete(self) -> None:
+        self._cancel_deadline()
+        self.idle_since = None
+        super().on_headers_complete()
+
+    def on_response_complete(self) -> None:
+        pipelined = bool(self.pipeline)  # a request already read starts now: not idle
+        super().on_response_complete()
+        if not pipelined and not self.transport.is_closing():
+            self._await_head()
+
+    # -- helpers -------------------------------------------------------------------------
+
+    def _await_head(self) -> None:
+        self._cancel_deadline()
+        self.idle_since = time.monotonic()
+        self._head_bytes = 0
+        self._deadline = self.loop.call_later(self.limits.idle_timeout_s, self._idle_expired)
+
+    def _idle_expired(self) -> None:
+        self._deadline = None
+        if self.idle_since is not None and not self.transport.is_closing():
+            CLOSED.labels("idle").inc()
+            self.close_now()
+
+    def _cancel_deadline(self) -> None:
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None
+
+    def _longest_idle(self) -> _BoundedProtocol | None:
+        best: _BoundedProtocol | None = None
+        for c in self.connections:
+            if c is self or not isinstance(c, _BoundedProtocol) or c.idle_since is None:
+                continue
+            if best is None or c.idle_since < (best.idle_since or 0.0):
+                best = c
+        return best

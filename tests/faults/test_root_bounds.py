@@ -1,0 +1,164 @@
+"""One client must never stall or exhaust the root: idle sockets, trickled headers and
+stalled bodies are closed after their timeouts, a connection cap evicts idle sockets before
+it locks a producer out, and the open batch is bounded (async writers get an honest 503).
+
+Real root processes and sockets; every loop bounded in count and time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import re
+import socket
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from core.errors import RequestTimeoutError
+from gateway.http import read_body
+from tests.gateway.conftest import Root, make_root
+from tests.support.procs import Procs
+
+
+def _metric(root: Root, name: str, labels: str = "") -> float:
+    text = root.client().get("/metrics").text
+    m = re.search(rf"^{re.escape(name)}{re.escape(labels)} ([0-9.e+]+)$", text, re.M)
+    return float(m.group(1)) if m else 0.0
+
+
+def _closed_by_peer(s: socket.socket, within_s: float) -> bool:
+    """Whether the root closes `s` (EOF or reset) within `within_s` seconds."""
+    s.settimeout(within_s)
+    try:
+        s.recv(1024)  # an idle socket gets nothing but its EOF
+        return True
+    except TimeoutError:
+        return False
+    except OSError:
+        return True
+
+
+@pytest.fixture
+def bounded_root(tmp_path: Path, procs: Procs) -> Iterator[Root]:
+    r = make_root(
+        procs,
+        tmp_path / "data",
+        "--http-idle-timeout",
+        "2",
+        "--http-max-connections",
+        "100",
+    )
+    yield r
+    r.close_clients()
+
+
+def _connect_many(url: str, n: int) -> list[socket.socket]:
+    host, port = url.removeprefix("http://").split(":")
+    socks = []
+    for _ in range(n):
+        socks.append(socket.create_connection((host, int(port)), timeout=5))
+    return socks
+
+
+def test_idle_sockets_neither_lock_out_a_producer_nor_stay_open(bounded_root: Root) -> None:
+    root = bounded_root
+    name, tok = root.producer()
+    # Three times the cap of sockets that never send a byte.
+    idle = _connect_many(root.url, 300)
+    try:
+        c = root.client(tok)
+        r = c.put(f"/v1/kv/{name}/still-writes", content=b"v")
+        assert r.status_code == 200, r.text
+        assert c.get(f"/v1/kv/{name}/still-writes").content == b"v"
+        assert _metric(root, "mercury_http_connections_closed_total", '{reason="evicted"}') >= 100
+        assert _metric(root, "mercury_http_connections") <= 101
+        # The survivors are closed after the idle timeout (2 s), well before 15 s.
+        deadline = time.monotonic() + 15
+        still_open = 0
+        for s in idle:
+            left = max(0.05, deadline - time.monotonic())
+            if not _closed_by_peer(s, left):
+                still_open += 1
+        assert still_open == 0
+    finally:
+        for s in idle:
+            s.close()
+
+
+def test_a_trickled_request_head_is_closed_at_the_deadline(bounded_root: Root) -> None:
+    """Bytes arriving every half second do not move the deadline for a complete head."""
+    (s,) = _connect_many(bounded_root.url, 1)
+    t0 = time.monotonic()
+    closed = False
+    try:
+        s.sendall(b"GET /healthz HTTP/1.1\r\n")
+        for i in range(30):  # at most 15 s
+            try:
+                s.sendall(f"x-slow-{i}: y\r\n".encode())
+            except OSError:
+                closed = True
+                break
+            with contextlib.suppress(TimeoutError):
+                s.settimeout(0.5)
+                if s.recv(1024) == b"":
+                    closed = True
+                    break
+    finally:
+        s.close()
+    assert closed
+    assert time.monotonic() - t0 < 12  # the 2 s deadline, with room for a loaded machine
+    assert _metric(bounded_root, "mercury_http_connections_closed_total", '{reason="idle"}') >= 1
+
+
+def test_an_oversized_request_head_is_refused_431(bounded_root: Root) -> None:
+    (s,) = _connect_many(bounded_root.url, 1)
+    try:
+        s.sendall(b"GET /healthz HTTP/1.1\r\nx-big: " + b"a" * (100 << 10))
+        s.settimeout(5)
+        got = b""
+        with contextlib.suppress(OSError):
+            while chunk := s.recv(4096):
+                got += chunk
+        assert got.startswith(b"HTTP/1.1 431"), got[:80]
+    finally:
+        s.close()
+
+
+def test_a_stalled_body_is_answered_408() -> None:
+    """The body reader gives up on a client that stops sending mid-body."""
+
+    async def main() -> None:
+        sent = [{"type": "http.request", "body": b"abc", "more_body": True}]
+
+        async def receive() -> dict[str, Any]:
+            if sent:
+                return sent.pop()
+            await asyncio.sleep(60)  # the client never sends the rest
+            raise AssertionError("not reached")
+
+        t0 = time.monotonic()
+        with pytest.raises(RequestTimeoutError, match="after 3 bytes"):
+            await read_body(receive, None, 1 << 20, "body", idle_timeout_s=0.2)
+        assert time.monotonic() - t0 < 30
+
+    asyncio.run(main())
+
+
+def test_a_stalled_body_on_a_real_root_frees_the_connection(bounded_root: Root) -> None:
+    """A PUT whose body never completes: the root answers 408 (30 s body timeout) or closes
+    the connection; either way a producer keeps writing meanwhile."""
+    name, tok = bounded_root.producer()
+    (s,) = _connect_many(bounded_root.url, 1)
+    try:
+        s.sendall(
+            f"PUT /v1/kv/{name}/stall HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {tok}\r\n"
+            "Content-Length: 1000\r\n\r\nabc".encode()
+        )
+        c = bounded_root.client(tok)
+        assert c.put(f"/v1/kv/{name}/other", content=b"v").status_code == 200
+    finally:
+        s.close()
