@@ -6,7 +6,9 @@ function also produces the answer stored for an Idempotency-Key, so a replay is 
 
 from __future__ import annotations
 
+import base64
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,18 +39,36 @@ def kv_answer(results: list[Result]) -> Answer:
     return Answer(200, {"seq": r.seq, "status": r.status.value}, {})
 
 
-def batch_answer(results: list[Result]) -> Answer:
-    """Answer of POST /v1/batch: counts and the highest seq it touched."""
+def batch_answer(results: list[Result], keys: Sequence[bytes] | None = None) -> Answer:
+    """Answer of POST /v1/batch: what the store did with each op, in totals, and per op
+    when `keys` (the ops' keys, in order) are given.
+
+    `seq` is the log position that reflects every op of the request (the highest seq among
+    its results: new seqs, a duplicate's stored seq, a failed condition's current version),
+    0 when no key it names has any version. The totals always add up to the number of ops.
+    """
     counts = Counter([r[0] for r in results])
     seq = max([r[1] for r in results], default=0)
-    return Answer(
-        200,
-        {
-            "seq": seq,
-            "written": counts[Status.WRITTEN],
-            "deleted": counts[Status.DELETED],
-            "duplicates": counts[Status.DUPLICATE],
-            "absent": counts[Status.ABSENT],
-        },
-        {},
-    )
+    body: dict[str, Any] = {
+        "seq": seq,
+        "written": counts[Status.WRITTEN],
+        "deleted": counts[Status.DELETED],
+        "duplicates": counts[Status.DUPLICATE],
+        "absent": counts[Status.ABSENT],
+        "superseded": counts[Status.SUPERSEDED],
+        "precondition_failed": counts[Status.PRECONDITION_FAILED],
+    }
+    if keys is not None:
+        body["results"] = [_op_result(k, r) for k, r in zip(keys, results, strict=True)]
+    return Answer(200, body, {})
+
+
+def _op_result(key: bytes, r: Result) -> dict[str, Any]:
+    """One op's entry of ``results``: its key (``key_b64`` when not UTF-8), status, seq."""
+    try:
+        doc: dict[str, Any] = {"key": key.decode("utf-8")}
+    except UnicodeDecodeError:
+        doc = {"key_b64": base64.b64encode(key).decode()}
+    doc["status"] = r.status.value
+    doc["seq"] = r.seq
+    return doc

@@ -28,7 +28,7 @@ import orjson
 
 from core.errors import ShuttingDownError
 from gateway import metrics
-from store.ops import DELETE, Op, Result, Status
+from store.ops import Op, Result, Status
 from store.store import Store
 
 log = logging.getLogger("mercury.gateway.batch")
@@ -93,12 +93,14 @@ def unsort(results: list[Result], order: list[int]) -> list[Result]:
     return out
 
 
-def coalesced_result(op: Op, won: Result) -> Result:
-    """The answer of an op superseded inside its batch by a later write of the same key:
-    it was accepted and then overwritten in the same commit, at the winner's seq."""
-    if op.op == DELETE:
-        return Result(Status.DELETED, won.seq)
-    return Result(Status.WRITTEN, won.seq)
+def coalesced_result(won: Result) -> Result:
+    """The answer of an op superseded inside its batch by a later write of the same key.
+
+    It was never applied on its own, so it reports neither "written" nor "deleted" (the
+    store did not do that: a set then a delete of an absent key leaves no trace, a set
+    replaced by a duplicate of the stored value writes nothing); ``superseded`` at the
+    seq of the op that decided the key's outcome says exactly what happened."""
+    return Result(Status.SUPERSEDED, won.seq)
 
 
 def should_flush(n_ops: int, n_bytes: int, max_ops: int, max_bytes: int) -> bool:
@@ -298,9 +300,9 @@ def _spread(
         return results
     by_index = dict(zip(kept, results, strict=True))
     out = []
-    for i, op in enumerate(ops):
+    for i in range(len(ops)):
         w = winner[i]
-        out.append(by_index[i] if w == i else coalesced_result(op, by_index[w]))
+        out.append(by_index[i] if w == i else coalesced_result(by_index[w]))
     return out
 
 

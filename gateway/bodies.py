@@ -163,10 +163,20 @@ def batch_ops(doc: Any, owner: str, *, max_ops: int, max_key: int, max_value: in
     return out
 
 
+#: The members an op may have (anything else is refused, never ignored).
+_OP_FIELDS = frozenset(("op", "key", "key_b64", "value", "value_b64", "if_seq", "if_absent"))
+
+
 def _slow_op(op: Any, i: int, owner: str, max_key: int, max_value: int) -> Op:
     """One op of any accepted shape, or the exact reason it is refused."""
     if not isinstance(op, dict):
         raise BadRequestError(f"op {i} must be an object")
+    unknown = [k for k in op if k not in _OP_FIELDS]
+    if unknown:
+        # A misspelt condition ("if_sq") must not turn into an unconditional write.
+        raise BadRequestError(
+            f"op {i}: unknown field {unknown[0]!r}; an op has {', '.join(sorted(_OP_FIELDS))}"
+        )
     kind = op.get("op")
     key = _bytes_field(op, "key", i, True)
     assert key is not None
@@ -178,7 +188,27 @@ def _slow_op(op: Any, i: int, owner: str, max_key: int, max_value: int) -> Op:
             raise TooLargeError(
                 f"op {i}: value is {len(value)} bytes; values are at most {max_value} bytes"
             )
-        return Op(SET, key, value, owner)
+        return Op(SET, key, value, owner, _condition(op, i))
     if kind == "delete":
-        return Op(DELETE, key, b"", owner)
+        return Op(DELETE, key, b"", owner, _condition(op, i))
     raise BadRequestError(f'op {i}: "op" must be "set" or "delete", got {kind!r}')
+
+
+#: Largest `if_seq` (seqs are u64 in the store; JSON clients lose precision beyond 2**53).
+MAX_IF_SEQ = (1 << 63) - 1
+
+
+def _condition(op: dict[str, Any], i: int) -> int | None:
+    """expect_seq of op `i` from its ``if_seq`` (the key's current version must be N, 0
+    meaning absent) or ``if_absent: true`` (same as ``if_seq: 0``); None when neither."""
+    if_seq = op.get("if_seq")
+    if_absent = op.get("if_absent")
+    if if_absent is not None and if_absent is not True and if_absent is not False:
+        raise BadRequestError(f'op {i}: "if_absent" must be true or false')
+    if if_seq is not None:
+        if type(if_seq) is not int or not 0 <= if_seq <= MAX_IF_SEQ:
+            raise BadRequestError(f'op {i}: "if_seq" must be an integer from 0 to {MAX_IF_SEQ}')
+        if if_absent is True and if_seq != 0:
+            raise BadRequestError(f'op {i}: "if_absent": true contradicts "if_seq": {if_seq}')
+        return int(if_seq)
+    return 0 if if_absent is True else None

@@ -2,20 +2,26 @@
 
 The first answer is stored by the batcher in the batch's own transaction; a retry of a
 committed request reads it from the store, a retry of one still in flight waits for it.
-Stored answers older than the TTL are collected by `gc_loop`.
+Each key is bound to the request it first came with by a fingerprint (SHA-256 of method,
+path, query, condition headers and body): a *different* request reusing the key is
+refused with 422 instead of silently getting the first answer. A stored answer older than
+the TTL is expired at once (a new request with that key runs as new) and collected later
+by `gc_loop`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from concurrent.futures import Executor
 
 import orjson
 
 from core.errors import BadRequestError, MercuryError
+from core.problems import problem_document
 from gateway.answers import Answer
 from store.store import Store
 
@@ -23,6 +29,37 @@ log = logging.getLogger("mercury.gateway")
 #: Longest Idempotency-Key: with the producer name (≤ 255 bytes) it must fit an LMDB key.
 MAX_IDEMPOTENCY_KEY = 200
 REPLAYED = {"Idempotent-Replayed": "true"}
+#: Request headers that change what a write does, so part of its fingerprint.
+_FINGERPRINT_HEADERS = ("if-match", "if-none-match", "content-type")
+
+
+def fingerprint(
+    method: str, raw_path: bytes, query: bytes, headers: Mapping[str, str], body: bytes
+) -> str:
+    """SHA-256 (hex) of what makes two requests the same request: method, path, query
+    string, the condition and content-type headers, and the body. Each part is
+    length-prefixed so that no two different requests hash the same bytes."""
+    h = hashlib.sha256()
+    parts = [method.encode(), raw_path, query]
+    parts += [headers.get(name, "").encode("latin-1", "replace") for name in _FINGERPRINT_HEADERS]
+    parts.append(body)
+    for part in parts:
+        h.update(len(part).to_bytes(8, "little"))
+        h.update(part)
+    return h.hexdigest()
+
+
+def conflict(idem: str) -> Answer:
+    """422: the Idempotency-Key was first used with a different request."""
+    body = problem_document(
+        422,
+        f"Idempotency-Key {idem!r} was first used with a different request (method, path, "
+        "query, conditions or body); its first answer is not this request's",
+        slug="idempotency-key-reused",
+        idempotency_key=idem,
+        hint="use a new Idempotency-Key for a new request",
+    )
+    return Answer(422, body, {})
 
 
 def store_key(producer: str, idem: str) -> bytes:
@@ -37,22 +74,31 @@ def store_key(producer: str, idem: str) -> bytes:
 class Idempotency:
     """Answers of requests in flight, by store key, for concurrent retries."""
 
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Store, ttl_s: float) -> None:
         self.store = store
-        self._inflight: dict[bytes, asyncio.Future[Answer]] = {}
+        self.ttl_s = ttl_s
+        self._inflight: dict[bytes, tuple[str, asyncio.Future[Answer]]] = {}
 
-    async def once(self, key: bytes, write: Callable[[], Awaitable[Answer]]) -> Answer:
-        """`write()`'s answer, or the first answer of the request with this `key`."""
+    async def once(
+        self, key: bytes, idem: str, fp: str, write: Callable[[], Awaitable[Answer]]
+    ) -> Answer:
+        """`write()`'s answer, or the first answer of the request with this `key` when
+        its fingerprint is `fp` (422 when the key was first used with another request)."""
         waiting = self._inflight.get(key)
         if waiting is not None:
-            first = await asyncio.shield(waiting)
+            if waiting[0] != fp:
+                return conflict(idem)
+            first = await asyncio.shield(waiting[1])
             return Answer(first.status, first.body, {**first.headers, **REPLAYED})
         stored = self.store.get_idempotent(key)
-        if stored is not None:
+        if stored is not None and stored[0] >= (time.time() - self.ttl_s) * 1e6:
             doc = orjson.loads(stored[1])
+            # Answers stored before fingerprints existed carry none: replayed as before.
+            if doc.get("fp", fp) != fp:
+                return conflict(idem)
             return Answer(doc["status"], doc["body"], dict(REPLAYED))
         fut: asyncio.Future[Answer] = asyncio.get_running_loop().create_future()
-        self._inflight[key] = fut
+        self._inflight[key] = (fp, fut)
         try:
             ans = await write()
         except BaseException as err:

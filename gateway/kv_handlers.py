@@ -9,15 +9,15 @@ FastAPI's per-request machinery) both call these, so both give byte-identical an
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from urllib.parse import parse_qsl
 
 from core.errors import BadRequestError
-from gateway import bodies
+from gateway import bodies, idempotency
 from gateway.answers import Answer, batch_answer, kv_answer
 from gateway.http import BodyReader
 from gateway.writes import Gateway
-from store.ops import DELETE, SET, Op
+from store.ops import DELETE, SET, Op, Result
 
 KV_PREFIX = b"/v1/kv/"
 
@@ -27,14 +27,19 @@ def key_of(raw_path: bytes, max_key: int) -> bytes:
     return bodies.key_from_path(raw_path.split(b"?", 1)[0][len(KV_PREFIX) :], max_key)
 
 
-def is_async(query: bytes) -> bool:
-    """Whether the query string asks for ``async=true`` (202 on enqueue)."""
+def query_flag(query: bytes, name: str) -> bool:
+    """Whether the query string sets `name` true (``1``, ``true``, ``yes``)."""
     if not query:
         return False
     for k, v in parse_qsl(query.decode("latin-1")):
-        if k == "async":
+        if k == name:
             return v.lower() in ("1", "true", "yes")
     return False
+
+
+def is_async(query: bytes) -> bool:
+    """Whether the query string asks for ``async=true`` (202 on enqueue)."""
+    return query_flag(query, "async")
 
 
 def condition(h: Mapping[str, str]) -> int | None:
@@ -67,12 +72,14 @@ async def put_kv(
     key = key_of(raw_path, gw.settings.max_key)
     cond = condition(h)
     value = await read(gw.settings.max_value, "value")
+    idem = h.get("idempotency-key")
     return await gw.write(
         p,
         [Op(SET, key, value, p.name, cond)],
         len(key) + len(value),
         kv_answer,
-        idem=h.get("idempotency-key"),
+        idem=idem,
+        fp=idempotency.fingerprint("PUT", raw_path, query, h, value) if idem else "",
         is_async=is_async(query),
         t0=t0,
     )
@@ -84,12 +91,14 @@ async def delete_kv(
     """DELETE /v1/kv/{key}: 200 `{"seq", "status": "deleted" | "absent"}` after commit."""
     p = gw.producer(h.get("authorization"))
     key = key_of(raw_path, gw.settings.max_key)
+    idem = h.get("idempotency-key")
     return await gw.write(
         p,
         [Op(DELETE, key, b"", p.name, condition(h))],
         len(key),
         kv_answer,
-        idem=h.get("idempotency-key"),
+        idem=idem,
+        fp=idempotency.fingerprint("DELETE", raw_path, query, h, b"") if idem else "",
         is_async=is_async(query),
         t0=t0,
     )
@@ -98,8 +107,15 @@ async def delete_kv(
 async def post_batch(
     gw: Gateway, h: Mapping[str, str], raw_path: bytes, query: bytes, read: BodyReader, t0: float
 ) -> Answer:
-    """POST /v1/batch: every op's key checked before any applies; counts after commit."""
+    """POST /v1/batch: every op's key checked before any applies; totals after commit, and
+    per-op ``results`` with ``?results=true`` or when any op carries a condition."""
     p = gw.producer(h.get("authorization"))
+    if "if-match" in h or "if-none-match" in h:
+        # Refused rather than ignored: a batch has no single key for the header to name.
+        raise BadRequestError(
+            "If-Match / If-None-Match apply to one key and are not supported on a batch",
+            hint='give each op its own condition: "if_seq": N (0 = absent) or "if_absent": true',
+        )
     s = gw.settings
     body = await read(s.max_batch_body, "batch body")
     ops, nbytes = bodies.batch_body_ops(
@@ -110,12 +126,23 @@ async def post_batch(
         max_key=s.max_key,
         max_value=s.max_value,
     )
+    idem = h.get("idempotency-key")
+    answer: Callable[[list[Result]], Answer] = batch_answer
+    if query_flag(query, "results") or any(op.expect_seq is not None for op in ops):
+        keys = [op.key for op in ops]
+
+        def with_results(results: list[Result]) -> Answer:
+            return batch_answer(results, keys)
+
+        answer = with_results
+
     return await gw.write(
         p,
         ops,
         nbytes,
-        batch_answer,
-        idem=h.get("idempotency-key"),
+        answer,
+        idem=idem,
+        fp=idempotency.fingerprint("POST", raw_path, query, h, body) if idem else "",
         is_async=is_async(query),
         t0=t0,
     )

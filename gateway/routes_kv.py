@@ -141,7 +141,13 @@ async def get_kv(request: Request) -> Response:
     return Response(
         v.value,
         media_type="application/octet-stream",
-        headers={"ETag": f'"{v.seq}"', "X-Mercury-Seq": str(v.seq)},
+        # X-Mercury-Version names what it is (the key's version); X-Mercury-Seq is its
+        # documented alias on the root (on a replica X-Mercury-Seq is the applied seq).
+        headers={
+            "ETag": f'"{v.seq}"',
+            "X-Mercury-Version": str(v.seq),
+            "X-Mercury-Seq": str(v.seq),
+        },
     )
 
 

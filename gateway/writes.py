@@ -63,7 +63,7 @@ class Gateway:
         )
         self.admission = Admission(acl, self.batcher.note_throttled)
         self.storage = StorageQuota(store)
-        self.idempotency = Idempotency(store)
+        self.idempotency = Idempotency(store, settings.idempotency_ttl_s)
         self._gc_task: asyncio.Task[None] | None = None
 
     @property
@@ -135,6 +135,7 @@ class Gateway:
         answer: Callable[[list[Result]], Answer],
         *,
         idem: str | None = None,
+        fp: str = "",
         is_async: bool = False,
         t0: float | None = None,
     ) -> Answer:
@@ -142,14 +143,16 @@ class Gateway:
         guards, storage quota, quota hold, batch, answer after the durable commit.
 
         With `idem` (an Idempotency-Key) a retry gets the first answer: from the store
-        when that request committed, or by waiting for it while it is in flight.
+        when that request committed, or by waiting for it while it is in flight; `fp` is
+        the request's fingerprint (`idempotency.fingerprint`): a different request with
+        the same key gets 422.
         """
         t0 = t0 if t0 is not None else time.perf_counter()
         if idem is None:
-            return await self._write(p, ops, nbytes, answer, None, is_async, t0)
+            return await self._write(p, ops, nbytes, answer, None, fp, is_async, t0)
         key = idempotency.store_key(p.name, idem)
         return await self.idempotency.once(
-            key, lambda: self._write(p, ops, nbytes, answer, key, is_async, t0)
+            key, idem, fp, lambda: self._write(p, ops, nbytes, answer, key, fp, is_async, t0)
         )
 
     async def _write(
@@ -159,6 +162,7 @@ class Gateway:
         nbytes: int,
         answer: Callable[[list[Result]], Answer],
         idem_key: bytes | None,
+        fp: str,
         is_async: bool,
         t0: float,
     ) -> Answer:
@@ -173,7 +177,7 @@ class Gateway:
 
             def stored_answer(results: list[Result]) -> bytes:
                 a = answer(results)
-                return orjson.dumps({"status": a.status, "body": a.body})
+                return orjson.dumps({"status": a.status, "body": a.body, "fp": fp})
 
             fut = self.batcher.submit(
                 ops,

@@ -107,12 +107,17 @@ class ReadApp(FastAPI):
                     headers = [(b"content-type", PROBLEM_JSON.encode())]
                 else:
                     etag = b'"%d"' % found.seq
-                    headers = [(b"content-type", _OCTET), (b"etag", etag)]
+                    headers = [
+                        (b"content-type", _OCTET),
+                        (b"etag", etag),
+                        (b"x-mercury-version", b"%d" % found.seq),
+                    ]
                     if _if_none_match(scope, etag):
                         status = 304
                     else:
                         body = found.value
                 headers.append((b"x-mercury-seq", b"%d" % applied))
+                headers.append((b"x-mercury-applied-seq", b"%d" % applied))
             except CRCError as err:
                 READ_ERRORS.labels("http_get", "crc").inc()
                 status, body = (
@@ -296,7 +301,9 @@ async def get_bulk(body: GetBulkBody, request: Request) -> Response:
     if values_b64:
         doc["values_b64"] = values_b64
     READ_SECONDS.labels("http_get_bulk").observe(time.perf_counter() - t0)
-    return JSONResponse(doc, headers={"X-Mercury-Seq": str(applied)})
+    return JSONResponse(
+        doc, headers={"X-Mercury-Seq": str(applied), "X-Mercury-Applied-Seq": str(applied)}
+    )
 
 
 @router.get("/v1/range")
@@ -332,7 +339,9 @@ async def get_range(request: Request) -> Response:
         "next_cursor": ranges.encode_cursor(spec, items[-1][0]) if more else None,
     }
     READ_SECONDS.labels("http_range").observe(time.perf_counter() - t0)
-    return JSONResponse(doc, headers={"X-Mercury-Seq": str(applied)})
+    return JSONResponse(
+        doc, headers={"X-Mercury-Seq": str(applied), "X-Mercury-Applied-Seq": str(applied)}
+    )
 
 
 def _raw_query(qs: bytes) -> dict[str, bytes]:

@@ -19,6 +19,10 @@ class Status(StrEnum):
     DELETED = "deleted"
     ABSENT = "absent"
     PRECONDITION_FAILED = "precondition_failed"
+    #: Never produced by the store: the gateway's batcher reports it for an op it dropped
+    #: because a later op of the same batch (same key, no condition) replaced it before
+    #: the commit; its seq is that later op's result seq.
+    SUPERSEDED = "superseded"
 
 
 class Op(NamedTuple):
