@@ -2,7 +2,11 @@
 
 A request over its producer's quota is held (an `asyncio.sleep` of that request only: a
 held producer never delays another) up to ``max_delay_ms``; beyond that it is refused
-with 429 and ``Retry-After``. Shadow quotas count the excess without enforcing it.
+with 429 and a ``Retry-After`` after which the same request is admitted if nothing else
+spends the quota meanwhile. A request no wait can admit (more ops or bytes than
+``burst + rate * max_delay``) is refused with 413 naming the largest admissible request
+(``max_ops``, ``max_bytes``), never with a Retry-After. Shadow quotas count the excess
+without enforcing it. Held, refused (429) and too-large (413) ops are counted apart.
 """
 
 from __future__ import annotations
@@ -13,9 +17,12 @@ import time
 from collections.abc import Callable
 
 from acl.model import Acl, Producer
-from core.errors import QuotaExceededError
+from core.errors import QuotaExceededError, TooLargeError
 from gateway import metrics
-from gateway.quota import Bucket, ProducerBuckets
+from gateway.quota import Bucket, ProducerBuckets, retry_seconds
+
+#: The outcomes of a request over its quota, counted apart (`Admission.counts`).
+OUTCOMES = ("held", "refused", "too_large", "shadow")
 
 
 class Admission:
@@ -25,6 +32,8 @@ class Admission:
         #: Counts throttled ops for the usage counters (stored with the next batch).
         self._note_throttled = note_throttled
         self._buckets: dict[str, ProducerBuckets] = {}
+        #: Ops per producer and outcome (`OUTCOMES`) since this process started.
+        self.counts: dict[str, dict[str, int]] = {}
         self.rebuild(acl)
 
     def rebuild(self, acl: Acl) -> None:
@@ -47,24 +56,37 @@ class Admission:
             buckets[name] = ProducerBuckets(ops, nb)
         self._buckets = buckets
 
-    def rate_headers(self, p: Producer) -> dict[str, str]:
-        """RateLimit-Policy / RateLimit headers (IETF draft syntax) of `p`'s quota."""
+    def rate_headers(self, p: Producer, waits: tuple[float, float] | None = None) -> dict[str, str]:
+        """RateLimit-Policy / RateLimit headers (IETF draft syntax) of `p`'s quota.
+
+        `t` is the seconds until the bucket is full again; on a refusal (`waits` given) it
+        is instead the seconds until that quota admits the refused request, so the
+        largest `t` equals the Retry-After.
+        """
         b = self._buckets.get(p.name)
         q = p.quota
         if b is None or (b.ops is None and b.bytes is None):
             return {}
         pol, cur = [], []
-        if b.ops is not None and q.ops_per_s:
-            pol.append(f'"ops";q={int(b.ops.burst)};w=1')
-            left = max(0, int(b.ops.tokens))
-            reset = max(0.0, (b.ops.burst - b.ops.tokens) / b.ops.rate)
-            cur.append(f'"ops";r={left};t={math.ceil(reset)}')
-        if b.bytes is not None and q.bytes_per_s:
-            pol.append(f'"bytes";q={int(b.bytes.burst)};w=1')
-            left = max(0, int(b.bytes.tokens))
-            reset = max(0.0, (b.bytes.burst - b.bytes.tokens) / b.bytes.rate)
-            cur.append(f'"bytes";r={left};t={math.ceil(reset)}')
+        for name, bucket, limited, wait in (
+            ("ops", b.ops, q.ops_per_s, waits[0] if waits else None),
+            ("bytes", b.bytes, q.bytes_per_s, waits[1] if waits else None),
+        ):
+            if bucket is None or not limited:
+                continue
+            pol.append(f'"{name}";q={int(bucket.burst)};w=1')
+            left = max(0, int(bucket.tokens))
+            if wait is None:
+                t = math.ceil(max(0.0, (bucket.burst - bucket.tokens) / bucket.rate))
+            else:
+                t = retry_seconds(wait) if wait > 0 else 0
+            cur.append(f'"{name}";r={left};t={t}')
         return {"RateLimit-Policy": ", ".join(pol), "RateLimit": ", ".join(cur)}
+
+    def _count(self, producer: str, outcome: str, n_ops: int) -> None:
+        row = self.counts.setdefault(producer, dict.fromkeys(OUTCOMES, 0))
+        row[outcome] += n_ops
+        metrics.QUOTA_OPS.labels(producer, outcome).inc(n_ops)
 
     async def admit(self, p: Producer, n_ops: int, n_bytes: int) -> dict[str, str]:
         """Hold the request until `p`'s quota admits it; 429 beyond max_delay_ms.
@@ -75,16 +97,32 @@ class Admission:
         if b is None or (b.ops is None and b.bytes is None):
             return {}
         q = p.quota
-        d = b.take(time.monotonic(), n_ops, n_bytes, q.max_delay_ms / 1000.0)
+        max_delay = q.max_delay_ms / 1000.0
+        d = b.take(time.monotonic(), n_ops, n_bytes, max_delay)
         if not d.excess:
             return {}
         self._note_throttled(p.name, n_ops)
         if q.shadow:
+            self._count(p.name, "shadow", n_ops)
             return {}  # counted, not enforced
-        headers = self.rate_headers(p)
+        if d.never:
+            self._count(p.name, "too_large", n_ops)
+            max_ops, max_bytes = b.largest(max_delay)
+            raise TooLargeError(
+                f"a request of {n_ops} ops and {n_bytes} bytes can never pass producer "
+                f"{p.name!r}'s write quota (burst + rate x max_delay); split it",
+                producer=p.name,
+                ops=n_ops,
+                bytes=n_bytes,
+                max_ops=max_ops,
+                max_bytes=max_bytes,
+                hint="send at most max_ops ops and max_bytes bytes (key + value) per request",
+            )
         if not d.admitted:
-            retry = max(1, math.ceil(d.retry_after))
+            retry = retry_seconds(d.retry_after)
+            headers = self.rate_headers(p, d.waits)
             headers["Retry-After"] = str(retry)
+            self._count(p.name, "refused", n_ops)
             metrics.WRITE_OPS.labels(p.name, "throttled").inc(n_ops)
             raise QuotaExceededError(
                 f"producer {p.name!r} is over its write quota; retry after {retry} s",
@@ -92,6 +130,8 @@ class Admission:
                 retry_after=retry,
                 headers=headers,
             )
+        headers = self.rate_headers(p)
+        self._count(p.name, "held", n_ops)
         metrics.QUOTA_DELAY.labels(p.name).observe(d.delay)
         await asyncio.sleep(d.delay)
         return headers

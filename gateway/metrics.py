@@ -65,6 +65,12 @@ QUOTA_DELAY = Histogram(
     ("producer",),
     buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0),
 )
+QUOTA_OPS = Counter(
+    "mercury_quota_ops_total",
+    "Ops over their producer's rate quota, by outcome: held (then admitted), refused "
+    "(429), too_large (413: no wait admits them), shadow (counted, not enforced)",
+    ("producer", "outcome"),
+)
 LOG_LAST_SEQ = _shared_gauge("mercury_log_last_seq", "Seq of the last committed log entry")
 USAGE_BYTES = Gauge("mercury_usage_bytes", "Bytes stored per producer", ("producer",))
 USAGE_KEYS = Gauge("mercury_usage_keys", "Keys stored per producer", ("producer",))

@@ -8,6 +8,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.responses import Response
 
 from core.errors import ForbiddenError, MisdirectedError, NotFoundError
+from gateway.admission import OUTCOMES
 from gateway.auth import ADMIN
 from gateway.http import json_response
 from gateway.writes import Gateway
@@ -21,8 +22,12 @@ def _gw(request: Request) -> Gateway:
     return gw
 
 
-def usage_row(name: str, u: Usage) -> dict[str, int | str]:
-    """One producer's usage as `GET /v1/usage` lists it."""
+def usage_row(
+    name: str, u: Usage, quota: dict[str, int] | None = None
+) -> dict[str, int | str | dict[str, int]]:
+    """One producer's usage as `GET /v1/usage` lists it; `quota_ops` splits the ops over
+    the rate quota by outcome (held, refused, too_large, shadow) since this process
+    started (`throttled` is their durable total)."""
     return {
         "producer": name,
         "keys": u.keys,
@@ -31,6 +36,7 @@ def usage_row(name: str, u: Usage) -> dict[str, int | str]:
         "deletes": u.deletes,
         "duplicates": u.duplicates,
         "throttled": u.throttled,
+        "quota_ops": quota or dict.fromkeys(OUTCOMES, 0),
     }
 
 
@@ -69,7 +75,13 @@ async def usage_all(request: Request) -> Response:
     gw.require_admin(request.headers.get("authorization"))
     usage = gw.store.usage()
     names = sorted(set(usage) | set(gw.acl.producers))
-    return json_response({"producers": [usage_row(n, usage.get(n, Usage())) for n in names if n]})
+    return json_response(
+        {
+            "producers": [
+                usage_row(n, usage.get(n, Usage()), gw.admission.counts.get(n)) for n in names if n
+            ]
+        }
+    )
 
 
 @router.get("/v1/usage/{producer}", tags=["producer"], summary="Usage of one producer")
@@ -82,7 +94,8 @@ async def usage_one(producer: str, request: Request) -> Response:
     usage = gw.store.usage()
     if producer not in usage and producer not in gw.acl.producers:
         raise NotFoundError(f"no producer {producer!r}")
-    return json_response(usage_row(producer, usage.get(producer, Usage())))
+    counts = gw.admission.counts.get(producer)
+    return json_response(usage_row(producer, usage.get(producer, Usage()), counts))
 
 
 def _misdirected(request: Request) -> None:
