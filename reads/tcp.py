@@ -33,7 +33,7 @@ import socket
 import time
 from collections.abc import Callable, Generator
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from reads.metrics import LISTENER_CONNECTIONS, LISTENER_REFUSED, READ_ERRORS
 
@@ -52,6 +52,18 @@ SWEEP_SECONDS = 1.0
 #: A session's run: yields reply bytes (b"" = a slice of work done, nothing to send yet),
 #: returns True when the connection must close after what was written.
 Run = Generator[bytes, None, bool]
+
+
+class Wait(bytes):
+    """An empty step of a session's run that waits for `future` (a write's commit): the
+    connection resumes the run once the future is done, not on the next loop turn."""
+
+    future: asyncio.Future[Any]
+
+    def __new__(cls, future: asyncio.Future[Any]) -> Wait:
+        w = super().__new__(cls, b"")
+        w.future = future
+        return w
 
 
 class Session(Protocol):
@@ -125,6 +137,7 @@ class _Conn(asyncio.Protocol):
         self.work: Run | None = None
         self.write_paused_at: float | None = None
         self.scheduled = False
+        self.waiting: asyncio.Future[Any] | None = None
         now = time.monotonic()
         self.active_at = now  # last byte received or request answered
         self.request_at = now  # first byte of the partial request in `buf`
@@ -163,8 +176,15 @@ class _Conn(asyncio.Protocol):
         elif len(self.buf) > MAX_BUFFER_WHILE_BUSY:
             self._pause_reading()
 
+    def _wait_done(self, _fut: asyncio.Future[Any]) -> None:
+        self.waiting = None
+        if self.write_paused_at is None:
+            self._schedule()
+
     def _drive(self) -> None:
         self.scheduled = False
+        if self.waiting is not None:
+            return  # the run waits for a future; _wait_done resumes it
         t = self.transport
         work = self.work
         if t is None or t.is_closing() or work is None:
@@ -175,6 +195,10 @@ class _Conn(asyncio.Protocol):
             size = 0
             for _ in range(STEPS_PER_TURN):
                 chunk = next(work)
+                if isinstance(chunk, Wait) and not chunk.future.done():
+                    self.waiting = chunk.future
+                    chunk.future.add_done_callback(self._wait_done)
+                    break  # resumed by _wait_done
                 if not chunk:
                     break  # a slice of a big request: other connections go first
                 out.append(chunk)
