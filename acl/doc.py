@@ -22,7 +22,7 @@ from typing import Any
 
 import yaml
 
-from acl.model import producer_from_config
+from acl.model import Acl, Consumer, Producer, consumer_from_config, producer_from_config
 from core.errors import AclDocError, BadRequestError
 
 
@@ -145,3 +145,107 @@ def steps(
     out.extend(later)
     out.extend((ch.name, ch.config) for ch in changes if ch.kind == "create" and ch.config)
     return out
+
+
+# --- the ACL as one document (PUT /v1/admin/acl) -------------------------------------------
+
+_PRODUCER_FIELDS = {"keyspaces", "shared", "quota", "guards"}
+_CONSUMER_FIELDS = {"keyspaces"}
+
+
+def check_document(doc: Any) -> tuple[dict[str, Producer], dict[str, Consumer], list[str]]:
+    """Validate a whole ACL document ``{"producers": {name: config}, "consumers": {name:
+    {"keyspaces"}}}`` (a ``version`` member is ignored: the version travels in If-Match).
+
+    Returns the producers, the consumers and EVERY problem found (empty when valid): a
+    caller that gets problems changes nothing and lists them all, so one round trip shows
+    what to fix.
+    """
+    errors: list[str] = []
+    producers: dict[str, Producer] = {}
+    consumers: dict[str, Consumer] = {}
+    if not isinstance(doc, dict):
+        return producers, consumers, ["the ACL document must be a JSON object"]
+    unknown = set(doc) - {"producers", "consumers", "version"}
+    if unknown:
+        errors.append(f"unknown members {sorted(unknown)}")
+    raw_p = doc.get("producers") or {}
+    raw_c = doc.get("consumers") or {}
+    if not isinstance(raw_p, dict):
+        errors.append('"producers" must map producer names to their configuration')
+        raw_p = {}
+    if not isinstance(raw_c, dict):
+        errors.append('"consumers" must map consumer names to their configuration')
+        raw_c = {}
+    for name, cfg in raw_p.items():
+        if not isinstance(cfg, dict):
+            errors.append(f"producer {name!r}: configuration must be an object")
+            continue
+        bad = set(cfg) - _PRODUCER_FIELDS
+        if bad:
+            errors.append(f"producer {name!r}: unknown fields {sorted(bad)}")
+            continue
+        try:
+            producers[name] = producer_from_config(name, cfg)
+        except BadRequestError as err:
+            errors.append(f"producer {name!r}: {err.message}")
+    names = sorted(producers)
+    for i, a in enumerate(names):  # each overlapping pair once, as "a overlaps b"
+        others = Acl({n: producers[n] for n in names[i + 1 :]})
+        errors.extend(others.grant_problems(producers[a]))
+    for name, cfg in raw_c.items():
+        if not isinstance(cfg, dict) or set(cfg) - _CONSUMER_FIELDS:
+            errors.append(f'consumer {name!r}: configuration must be {{"keyspaces": [...]}}')
+            continue
+        try:
+            consumers[name] = consumer_from_config(name, cfg)
+        except BadRequestError as err:
+            errors.append(f"consumer {name!r}: {err.message}")
+    return producers, consumers, errors
+
+
+def document_diff(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
+    """What replacing document `old` by `new` changes, one line each (``+`` added, ``-``
+    removed, ``~`` changed with its fields); empty when they are equal. Both documents are
+    in `Acl.document()` form."""
+    out: list[str] = []
+    for kind in ("producers", "consumers"):
+        a, b = old.get(kind, {}), new.get(kind, {})
+        what = kind[:-1]
+        out.extend(f"- {what} {n}" for n in sorted(set(a) - set(b)))
+        for n in sorted(set(a) & set(b)):
+            if a[n] != b[n]:
+                out.append(f"~ {what} {n}  " + "; ".join(_field_changes(a[n], b[n])))
+        out.extend(f"+ {what} {n}" for n in sorted(set(b) - set(a)))
+    return out
+
+
+def parse_document(text: str) -> dict[str, Any]:
+    """A YAML (or JSON) ACL document as given to `mercury acl apply`: ``producers`` and
+    ``consumers`` mappings, checked for shape only (the server validates everything)."""
+    try:
+        doc = yaml.safe_load(text)
+    except yaml.YAMLError as err:
+        raise AclDocError(f"ACL document is not valid YAML: {err}") from err
+    if doc is None:
+        doc = {}
+    if not isinstance(doc, dict) or set(doc) - {"producers", "consumers"}:
+        raise AclDocError('ACL document must be a mapping of "producers" and "consumers"')
+    out: dict[str, Any] = {}
+    for kind in ("producers", "consumers"):
+        part = doc.get(kind) or {}
+        if not isinstance(part, dict):
+            raise AclDocError(f'"{kind}" must map names to their configuration')
+        out[kind] = {str(k): v for k, v in part.items()}
+    return out
+
+
+def merge_kept(current: dict[str, Any], desired: dict[str, Any], *, prune: bool) -> dict[str, Any]:
+    """The document `acl apply` PUTs: `desired`, plus (unless `prune`) the producers and
+    consumers of `current` that `desired` does not list."""
+    if prune:
+        return desired
+    return {
+        kind: {**{n: c for n, c in current.get(kind, {}).items()}, **desired.get(kind, {})}
+        for kind in ("producers", "consumers")
+    }

@@ -1,12 +1,15 @@
-"""Producers, their keyspaces, quotas and write guards: plain values and pure decisions.
+"""Producers, consumers, their keyspaces, quotas, write guards and tokens: plain values and
+pure decisions.
 
 A *keyspace* is a key prefix (UTF-8 text). A producer may write a key iff the key starts
 with one of its keyspaces. Two keyspaces overlap when one is a prefix of the other; a grant
 that overlaps another producer's keyspace is refused unless both producers list their
-overlapping keyspace in ``shared``.
+overlapping keyspace in ``shared``. A *consumer* may read its keyspaces (any overlap with
+producers or other consumers is fine: reading is not owning).
 
-Nothing here does I/O: the gateway persists `Acl.to_json()` as the node document ``acl``
-(`store.put_state`) and rebuilds the `Acl` from it at start.
+Nothing here does I/O: the gateway stores `Acl.to_json()` as the replicated document
+``acl`` (`store/docs.py`, through the log, so every replica holds it) and rebuilds the
+`Acl` from it at start. The stored form holds token *hashes* and metadata, never a token.
 """
 
 from __future__ import annotations
@@ -17,8 +20,9 @@ from typing import Any
 from acl.tokens import hash_token
 from core.errors import BadRequestError, KeyspaceOverlapError, NotFoundError
 
-#: Node document holding the ACL (JSON).
-STATE_KEY = "acl"
+#: Replicated document holding the ACL (JSON); up to format 2 a node-local document of the
+#: same name.
+DOC_NAME = "acl"
 MAX_NAME = 255
 
 
@@ -49,15 +53,69 @@ class Guard:
 
 
 @dataclass(frozen=True, slots=True)
+class TokenInfo:
+    """A token as stored: its hash, a label, when it was created and when it expires
+    (µs since the epoch; None = never)."""
+
+    hash: str
+    label: str = ""
+    created_us: int = 0
+    expires_us: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """The stored form."""
+        return {
+            "hash": self.hash,
+            "label": self.label,
+            "created_us": self.created_us,
+            "expires_us": self.expires_us,
+        }
+
+    @classmethod
+    def from_json(cls, d: Any) -> TokenInfo:
+        """From `to_json()` output, or a bare hash (stored before tokens had metadata)."""
+        if isinstance(d, str):
+            return cls(d)
+        exp = d.get("expires_us")
+        return cls(
+            str(d["hash"]),
+            str(d.get("label", "")),
+            int(d.get("created_us", 0)),
+            None if exp is None else int(exp),
+        )
+
+    def expired(self, now_us: int) -> bool:
+        """Whether the token is past its expiry at `now_us`."""
+        return self.expires_us is not None and now_us >= self.expires_us
+
+
+@dataclass(frozen=True, slots=True)
+class Consumer:
+    """One consumer: the keyspaces it may read and its tokens (token id -> TokenInfo)."""
+
+    name: str
+    keyspaces: tuple[str, ...] = ()
+    tokens: dict[str, TokenInfo] = field(default_factory=dict)
+
+    def config(self) -> dict[str, Any]:
+        """The consumer's configuration as the admin API shows it (no token hashes)."""
+        return {
+            "name": self.name,
+            "keyspaces": list(self.keyspaces),
+            "token_ids": sorted(self.tokens),
+        }
+
+
+@dataclass(frozen=True, slots=True)
 class Producer:
-    """One producer: its grants, quota, guards and token hashes (token id -> hash)."""
+    """One producer: its grants, quota, guards and tokens (token id -> TokenInfo)."""
 
     name: str
     keyspaces: tuple[str, ...] = ()
     shared: tuple[str, ...] = ()
     quota: Quota = field(default_factory=Quota)
     guards: dict[str, Guard] = field(default_factory=dict)
-    tokens: dict[str, str] = field(default_factory=dict)
+    tokens: dict[str, TokenInfo] = field(default_factory=dict)
 
     def prefixes(self) -> tuple[bytes, ...]:
         """Keyspaces as bytes, for `bytes.startswith`."""
@@ -128,27 +186,53 @@ def validate_producer(p: Producer) -> None:
             raise BadRequestError(f"guard max_deletes_per_batch of {ks!r} must be >= 0")
 
 
+#: Owner kinds in the token index.
+PRODUCER = "producer"
+CONSUMER = "consumer"
+
+
+@dataclass(frozen=True, slots=True)
+class TokenOwner:
+    """Who a token belongs to: kind (PRODUCER/CONSUMER), name, token id, expiry (µs)."""
+
+    kind: str
+    name: str
+    token_id: str
+    expires_us: int | None
+
+
 @dataclass(frozen=True, slots=True)
 class Acl:
-    """Every producer, by name. Immutable: changes return a new Acl."""
+    """Every producer and consumer, by name. Immutable: changes return a new Acl."""
 
     producers: dict[str, Producer] = field(default_factory=dict)
+    consumers: dict[str, Consumer] = field(default_factory=dict)
 
     def check_grant(self, p: Producer) -> None:
         """Raise KeyspaceOverlapError when `p`'s keyspaces overlap another producer's
         keyspace and the two are not both marked shared."""
-        for other in self.producers.values():
+        problems = self.grant_problems(p)
+        if problems:
+            raise KeyspaceOverlapError(
+                problems[0],
+                producer=p.name,
+                hint="grant a disjoint keyspace, or mark both keyspaces shared",
+            )
+
+    def grant_problems(self, p: Producer) -> list[str]:
+        """Every overlap of `p`'s keyspaces with another producer's (not both shared)."""
+        out = []
+        for other in sorted(self.producers.values(), key=lambda o: o.name):
             if other.name == p.name:
                 continue
             for mine in p.keyspaces:
                 for theirs in other.keyspaces:
                     if overlaps(mine, theirs) and not (mine in p.shared and theirs in other.shared):
-                        raise KeyspaceOverlapError(
+                        out.append(
                             f"keyspace {mine!r} of producer {p.name!r} overlaps keyspace "
-                            f"{theirs!r} of producer {other.name!r}",
-                            producer=p.name,
-                            hint="grant a disjoint keyspace, or mark both keyspaces shared",
+                            f"{theirs!r} of producer {other.name!r}"
                         )
+        return out
 
     def put(self, p: Producer) -> Acl:
         """Create or update a producer (keeping its tokens); raises on overlap."""
@@ -157,27 +241,51 @@ class Acl:
         old = self.producers.get(p.name)
         if old is not None:
             p = replace(p, tokens=dict(old.tokens))
-        return Acl({**self.producers, p.name: p})
+        return replace(self, producers={**self.producers, p.name: p})
+
+    def put_consumer(self, c: Consumer) -> Acl:
+        """Create or update a consumer (keeping its tokens)."""
+        validate_consumer(c)
+        old = self.consumers.get(c.name)
+        if old is not None:
+            c = replace(c, tokens=dict(old.tokens))
+        return replace(self, consumers={**self.consumers, c.name: c})
 
     def remove(self, name: str) -> Acl:
         """Remove a producer and its tokens (NotFoundError when absent)."""
-        if name not in self.producers:
-            raise NotFoundError(f"no producer {name!r}", producer=name)
-        return Acl({k: v for k, v in self.producers.items() if k != name})
+        self.get(name)
+        return replace(self, producers={k: v for k, v in self.producers.items() if k != name})
 
-    def add_token(self, name: str, token_id: str, token: str) -> Acl:
-        """Give producer `name` a new token (stored as its hash only)."""
-        p = self.get(name)
-        tokens = {**p.tokens, token_id: hash_token(token)}
-        return Acl({**self.producers, name: replace(p, tokens=tokens)})
+    def remove_consumer(self, name: str) -> Acl:
+        """Remove a consumer and its tokens (NotFoundError when absent)."""
+        self.get_consumer(name)
+        return replace(self, consumers={k: v for k, v in self.consumers.items() if k != name})
 
-    def revoke_token(self, name: str, token_id: str) -> Acl:
-        """Revoke one token of producer `name` (NotFoundError when unknown)."""
+    def add_token(
+        self, name: str, token_id: str, token: str, *, kind: str = PRODUCER,
+        label: str = "", created_us: int = 0, expires_us: int | None = None,
+    ) -> Acl:  # fmt: skip
+        """Give producer (or consumer) `name` a new token (stored as its hash only)."""
+        info = TokenInfo(hash_token(token), label, created_us, expires_us)
+        if kind == CONSUMER:
+            c = self.get_consumer(name)
+            cs = replace(c, tokens={**c.tokens, token_id: info})
+            return replace(self, consumers={**self.consumers, name: cs})
         p = self.get(name)
-        if token_id not in p.tokens:
-            raise NotFoundError(f"producer {name!r} has no token {token_id!r}", producer=name)
-        tokens = {k: v for k, v in p.tokens.items() if k != token_id}
-        return Acl({**self.producers, name: replace(p, tokens=tokens)})
+        ps = replace(p, tokens={**p.tokens, token_id: info})
+        return replace(self, producers={**self.producers, name: ps})
+
+    def revoke_token(self, name: str, token_id: str, *, kind: str = PRODUCER) -> Acl:
+        """Revoke one token of producer (or consumer) `name` (NotFoundError when unknown)."""
+        holder: Producer | Consumer = (
+            self.get_consumer(name) if kind == CONSUMER else self.get(name)
+        )
+        if token_id not in holder.tokens:
+            raise NotFoundError(f"{kind} {name!r} has no token {token_id!r}", **{kind: name})
+        tokens = {k: v for k, v in holder.tokens.items() if k != token_id}
+        if isinstance(holder, Consumer):
+            return replace(self, consumers={**self.consumers, name: replace(holder, tokens=tokens)})
+        return replace(self, producers={**self.producers, name: replace(holder, tokens=tokens)})
 
     def get(self, name: str) -> Producer:
         """Producer `name` (NotFoundError when absent)."""
@@ -186,27 +294,100 @@ class Acl:
             raise NotFoundError(f"no producer {name!r}", producer=name)
         return p
 
-    def token_index(self) -> dict[str, tuple[str, str]]:
-        """token hash -> (producer, token id), for per-request lookup."""
-        return {h: (p.name, tid) for p in self.producers.values() for tid, h in p.tokens.items()}
+    def get_consumer(self, name: str) -> Consumer:
+        """Consumer `name` (NotFoundError when absent)."""
+        c = self.consumers.get(name)
+        if c is None:
+            raise NotFoundError(f"no consumer {name!r}", consumer=name)
+        return c
+
+    def token_index(self) -> dict[str, TokenOwner]:
+        """token hash -> its owner, for per-request lookup."""
+        out = {
+            t.hash: TokenOwner(CONSUMER, c.name, tid, t.expires_us)
+            for c in self.consumers.values()
+            for tid, t in c.tokens.items()
+        }
+        out.update(
+            (t.hash, TokenOwner(PRODUCER, p.name, tid, t.expires_us))
+            for p in self.producers.values()
+            for tid, t in p.tokens.items()
+        )
+        return out
+
+    def document(self) -> dict[str, Any]:
+        """The ACL as one document without secrets: what `GET /v1/admin/acl` shows and
+        `PUT /v1/admin/acl` takes (tokens are managed apart and kept across a PUT)."""
+        producers = {}
+        for name, p in sorted(self.producers.items()):
+            cfg = p.config()
+            del cfg["name"], cfg["token_ids"]
+            producers[name] = cfg
+        consumers = {n: {"keyspaces": list(c.keyspaces)} for n, c in sorted(self.consumers.items())}
+        return {"producers": producers, "consumers": consumers}
+
+    def with_document(self, producers: dict[str, Producer], consumers: dict[str, Consumer]) -> Acl:
+        """This ACL with its producers and consumers replaced (already validated); those
+        that stay keep their tokens, those that go lose theirs."""
+        ps = {
+            n: replace(p, tokens=dict(self.producers[n].tokens)) if n in self.producers else p
+            for n, p in producers.items()
+        }
+        cs = {
+            n: replace(c, tokens=dict(self.consumers[n].tokens)) if n in self.consumers else c
+            for n, c in consumers.items()
+        }
+        return Acl(ps, cs)
 
     def to_json(self) -> dict[str, Any]:
-        """The whole ACL, token hashes included (the persisted node document)."""
+        """The whole ACL, token hashes included (the stored, replicated document)."""
         return {
             "producers": [
-                {**p.config(), "tokens": dict(sorted(p.tokens.items()))}
+                {**p.config(), "tokens": {k: t.to_json() for k, t in sorted(p.tokens.items())}}
                 for p in sorted(self.producers.values(), key=lambda p: p.name)
-            ]
+            ],
+            "consumers": [
+                {**c.config(), "tokens": {k: t.to_json() for k, t in sorted(c.tokens.items())}}
+                for c in sorted(self.consumers.values(), key=lambda c: c.name)
+            ],
         }
 
     @classmethod
     def from_json(cls, doc: dict[str, Any]) -> Acl:
-        """Rebuild an Acl from `to_json()` output."""
+        """Rebuild an Acl from `to_json()` output (or the format-2 one: no consumers,
+        tokens as id -> hash)."""
         out = {}
         for d in doc.get("producers", []):
             p = producer_from_config(d["name"], d)
-            out[p.name] = replace(p, tokens=dict(d.get("tokens", {})))
-        return cls(out)
+            tokens = {k: TokenInfo.from_json(v) for k, v in d.get("tokens", {}).items()}
+            out[p.name] = replace(p, tokens=tokens)
+        cons = {}
+        for d in doc.get("consumers", []):
+            c = consumer_from_config(d["name"], d)
+            tokens = {k: TokenInfo.from_json(v) for k, v in d.get("tokens", {}).items()}
+            cons[c.name] = replace(c, tokens=tokens)
+        return cls(out, cons)
+
+
+def validate_consumer(c: Consumer) -> None:
+    """Raise BadRequestError when a consumer's own fields are inconsistent."""
+    if not c.name or len(c.name.encode()) > MAX_NAME or "\x00" in c.name:
+        raise BadRequestError(f"consumer name must be 1 to {MAX_NAME} bytes without NUL")
+    for ks in c.keyspaces:
+        if not ks or len(ks.encode()) > 500:
+            raise BadRequestError(f"keyspace {ks!r} must be 1 to 500 bytes")
+
+
+def consumer_from_config(name: str, d: dict[str, Any]) -> Consumer:
+    """Build a consumer from an admin body / document entry; BadRequestError on bad shape."""
+    keyspaces = d.get("keyspaces") or []
+    if not isinstance(keyspaces, list) or not all(isinstance(k, str) for k in keyspaces):
+        raise BadRequestError(
+            f"invalid consumer {name!r}: keyspaces must be a list of strings", consumer=name
+        )
+    c = Consumer(name=name, keyspaces=tuple(dict.fromkeys(keyspaces)))
+    validate_consumer(c)
+    return c
 
 
 def producer_from_config(name: str, d: dict[str, Any]) -> Producer:
@@ -261,8 +442,8 @@ def producer_from_config(name: str, d: dict[str, Any]) -> Producer:
     return p
 
 
-def find_token(index: dict[str, tuple[str, str]], token: str) -> tuple[str, str] | None:
-    """(producer, token id) owning `token`, or None.
+def find_token(index: dict[str, TokenOwner], token: str) -> TokenOwner | None:
+    """The owner of `token`, or None.
 
     The lookup is by the token's SHA-256: its timing depends on the digest, never on the
     secret's bytes, so it leaks nothing an attacker can use (the admin token, a single

@@ -1,14 +1,18 @@
 """Who is calling and where they may write: bearer tokens and keyspace checks.
 
 Pure lookups over the ACL's token index (hashes only, constant-time comparison); rebuilt
-by `Auth.rebuild` whenever the ACL changes. No I/O.
+by `Auth.rebuild` whenever the ACL changes, so a revoked token fails on the next request.
+An expired token fails like an unknown one. A consumer token is for reading on replicas:
+the gateway refuses it (403). The time each token was last used is kept in memory (no
+store write per request): it says when this root process last saw the token.
 """
 
 from __future__ import annotations
 
 import hmac
+import time
 
-from acl.model import Acl, Producer, find_token
+from acl.model import CONSUMER, Acl, Producer, find_token
 from acl.tokens import hash_token
 from core.errors import AuthError, ForbiddenError
 from store.ops import Op
@@ -24,6 +28,8 @@ class Auth:
         self.acl = acl
         self._index = acl.token_index()
         self._prefixes: dict[str, tuple[bytes, ...]] = {}
+        #: token id -> µs of its last successful use by this process
+        self.last_used: dict[str, int] = {}
         self.rebuild(acl)
 
     def rebuild(self, acl: Acl) -> None:
@@ -39,7 +45,16 @@ class Auth:
         token = authorization[7:].strip()
         hit = find_token(self._index, token)
         if hit is not None:
-            return hit[0]
+            now = time.time_ns() // 1000
+            if hit.expires_us is not None and now >= hit.expires_us:
+                raise AuthError("expired token", hint="ask the admin for a new token")
+            self.last_used[hit.token_id] = now
+            if hit.kind == CONSUMER:
+                raise ForbiddenError(
+                    f"token of consumer {hit.name!r}: consumer tokens read from replicas",
+                    hint="use a producer token to write",
+                )
+            return hit.name
         if self.admin_hash is not None and hmac.compare_digest(hash_token(token), self.admin_hash):
             return ADMIN
         raise AuthError("unknown or revoked token")

@@ -1,18 +1,43 @@
-"""Admin routes: producers, tokens (docs/api.md). Every call needs the admin token."""
+"""Admin routes: the ACL document, producers, consumers, tokens, audit (docs/api.md).
+
+Every call needs the admin token. Every change commits the whole ACL as the replicated
+document ``acl`` with its audit record, through the log (`gateway/aclstore.py`), and
+changes are serialised by one lock per gateway: a change is computed from the ACL in force
+and committed before the next one reads it.
+"""
 
 from __future__ import annotations
 
+import asyncio
 import secrets
+import weakref
+from typing import Any
 
+import orjson
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
-from acl.model import producer_from_config
+from acl import audit
+from acl.doc import check_document, document_diff
+from acl.model import (
+    CONSUMER,
+    PRODUCER,
+    Acl,
+    Consumer,
+    Producer,
+    TokenInfo,
+    consumer_from_config,
+    producer_from_config,
+)
 from acl.tokens import new_token
-from core.errors import BadRequestError
+from core.errors import BadRequestError, PreconditionFailedError
+from core.problems import problem_document
+from gateway import aclstore
 from gateway.bodies import parse_body
 from gateway.http import body_reader, json_response
 from gateway.writes import Gateway
+from store.batchwrite import now_us
+from store.ops import DELETE, Op, Status
 
 router = APIRouter(tags=["admin"])
 
@@ -47,10 +72,139 @@ _PRODUCER_SCHEMA = {
 }
 
 
+ADMIN_WHO = "admin"
+#: Keys purged per transaction when no guard of the producer caps deletes lower.
+PURGE_CHUNK = 10_000
+_locks: weakref.WeakKeyDictionary[Gateway, asyncio.Lock] = weakref.WeakKeyDictionary()
+
+
 def _admin(request: Request) -> Gateway:
     gw: Gateway = request.app.state.gw
     gw.require_admin(request.headers.get("authorization"))
     return gw
+
+
+def _lock(gw: Gateway) -> asyncio.Lock:
+    lock = _locks.get(gw)
+    if lock is None:
+        lock = _locks[gw] = asyncio.Lock()
+    return lock
+
+
+async def _body(request: Request, what: str, *, empty_ok: bool = False) -> Any:
+    read = body_reader(request.receive, request.headers.get("content-length"))
+    raw = await read(1 << 20, what)
+    if empty_ok and not raw.strip():
+        return {}
+    doc = parse_body(raw, None)
+    if not isinstance(doc, dict):
+        raise BadRequestError("body must be a JSON object")
+    return doc
+
+
+async def _commit(gw: Gateway, acl: Acl, action: str, target: str, diff: list[str]) -> int:
+    return await gw.set_acl(acl, aclstore.Change(ADMIN_WHO, action, target, tuple(diff)))
+
+
+def _problem(status: int, title: str, detail: str, **extra: Any) -> Response:
+    """A problem+json answer for the statuses no error class carries (422, 428)."""
+    slug = title.lower().replace(" ", "-")
+    doc = problem_document(status, detail, slug=slug, title=title, **extra)
+    return Response(orjson.dumps(doc), status_code=status, media_type="application/problem+json")
+
+
+# --- the ACL as one document -------------------------------------------------------------
+
+
+@router.get("/v1/admin/acl", summary="The whole ACL as one document (no secrets)")
+async def get_acl(request: Request) -> Response:
+    """`{"version", "producers", "consumers"}` with `ETag: "<version>"`; the version is the
+    seq of the log entry that last wrote the ACL (0 before any)."""
+    gw = _admin(request)
+    async with _lock(gw):
+        version = aclstore.version(gw.store)
+        body = {"version": version, **gw.acl.document()}
+    return json_response(body, headers={"ETag": f'"{version}"'})
+
+
+def _if_match(request: Request) -> int | None:
+    raw = request.headers.get("if-match")
+    if raw is None:
+        return None
+    v = raw.strip().removeprefix("W/").strip('"')
+    if not v.isdigit():
+        raise BadRequestError(f'If-Match must be the ACL version as "<seq>", got {raw!r}')
+    return int(v)
+
+
+@router.put("/v1/admin/acl", summary="Replace the whole ACL document, all or nothing")
+async def put_acl(request: Request) -> Response:
+    """Needs `If-Match: "<version>"` (428 without, 412 when the ACL changed meanwhile).
+    Validates the whole document and answers 422 with every problem in `errors`, changing
+    nothing; otherwise commits it in one transaction (tokens of producers and consumers
+    that stay are kept). `?dry_run=true`: the same checks and the diff, nothing committed."""
+    gw = _admin(request)
+    dry = request.query_params.get("dry_run", "false").lower() in ("1", "true", "yes")
+    want = _if_match(request)
+    body = await _body(request, "ACL document")
+    if want is None:
+        return _problem(
+            428,
+            "Precondition Required",
+            'PUT /v1/admin/acl needs If-Match: "<version>" (the ETag of GET /v1/admin/acl)',
+        )
+    async with _lock(gw):
+        version = aclstore.version(gw.store)
+        if want != version:
+            raise PreconditionFailedError(
+                f"the ACL is at version {version}, not {want}",
+                current_version=version,
+                hint="GET /v1/admin/acl, reapply your change, PUT again",
+            )
+        producers, consumers, errors = check_document(body)
+        if errors:
+            return _problem(
+                422, "Invalid ACL document", f"{len(errors)} problem(s); nothing changed",
+                errors=errors,
+            )  # fmt: skip
+        new = gw.acl.with_document(producers, consumers)
+        changes = document_diff(gw.acl.document(), new.document())
+        if dry or not changes:
+            return json_response(
+                {"version": version, "dry_run": dry, "changes": changes, "committed": False}
+            )
+        version = await _commit(gw, new, "put_acl", "acl", changes)
+    return json_response(
+        {"version": version, "dry_run": False, "changes": changes, "committed": True},
+        headers={"ETag": f'"{version}"'},
+    )
+
+
+@router.get("/v1/admin/audit", summary="Audit records of admin changes")
+async def get_audit(request: Request) -> Response:
+    """`{"records": [{"seq", "time", "time_us", "who", "action", "target", "diff"}]}` in
+    time order; `since` = a seq (records after it) or an RFC 3339 time (records at or
+    after it); `limit` (default and max 1000)."""
+    gw = _admin(request)
+    since = audit.parse_since(request.query_params.get("since"))
+    try:
+        limit = min(1000, max(1, int(request.query_params.get("limit", "1000"))))
+    except ValueError as err:
+        raise BadRequestError("limit must be an integer") from err
+    after = audit.name(since.time_us, "") if since.time_us else ""
+    out: list[dict[str, Any]] = []
+    while len(out) < limit:
+        page = await asyncio.to_thread(gw.store.scan_docs, audit.PREFIX, after=after, limit=1000)
+        for _name, d in page:
+            if audit.selected(d.seq, d.body, since) and len(out) < limit:
+                out.append(audit.view(d.seq, d.body))
+        if len(page) < 1000:
+            break
+        after = page[-1][0]
+    return json_response({"records": out})
+
+
+# --- producers ---------------------------------------------------------------------------
 
 
 @router.put(
@@ -67,16 +221,18 @@ async def put_producer(name: str, request: Request) -> Response:
     """200 with the producer's configuration; 409 when a keyspace overlaps another
     producer's and is not shared by both."""
     gw = _admin(request)
-    read = body_reader(request.receive, request.headers.get("content-length"))
-    doc = parse_body(await read(1 << 20, "producer body"), None)
-    if not isinstance(doc, dict):
-        raise BadRequestError("body must be a JSON object")
+    doc = await _body(request, "producer body")
     unknown = set(doc) - {"keyspaces", "shared", "quota", "guards", "name"}
     if unknown:
         raise BadRequestError(f"unknown fields {sorted(unknown)}")
     p = producer_from_config(name, doc)
-    created = name not in gw.acl.producers
-    await gw.set_acl(gw.acl.put(p))
+    async with _lock(gw):
+        old = gw.acl
+        created = name not in old.producers
+        new = old.put(p)
+        diff = document_diff(old.document(), new.document())
+        if diff:
+            await _commit(gw, new, "put_producer", name, diff)
     return json_response(gw.acl.producers[name].config(), 201 if created else 200)
 
 
@@ -96,21 +252,185 @@ async def get_producer(name: str, request: Request) -> Response:
 
 @router.delete("/v1/admin/producers/{name}", summary="Remove a producer and its tokens")
 async def delete_producer(name: str, request: Request) -> Response:
-    """200 `{"removed": name}`; 404 when unknown. Its keys stay (and keep its usage)."""
+    """200 `{"removed": name, "purged": n}`; 404 when unknown. Its keys stay (and keep its
+    usage) unless `?purge=true`: then every key it owns in its keyspaces is deleted through
+    the log first, in transactions no larger than its delete guards allow, one per batch
+    window, and the producer is removed only when all are gone."""
     gw = _admin(request)
-    await gw.set_acl(gw.acl.remove(name))
+    purge = request.query_params.get("purge", "false").lower() in ("1", "true", "yes")
+    async with _lock(gw):
+        gw.acl.get(name)
+        purged = await _purge(gw, name) if purge else 0
+        old = gw.acl
+        new = old.remove(name)
+        diff = document_diff(old.document(), new.document())
+        if purged:
+            diff.append(f"purged {purged} key(s)")
+        await _commit(gw, new, "delete_producer", name, diff)
+    return json_response({"removed": name, "purged": purged})
+
+
+async def _purge(gw: Gateway, name: str) -> int:
+    """Delete every key `name` owns in its keyspaces; return how many were deleted."""
+    p = gw.acl.get(name)
+    caps = [
+        g.max_deletes_per_batch
+        for g in p.guards.values()
+        if g.max_deletes_per_batch is not None and g.max_deletes_per_batch > 0
+    ]
+    chunk = min([PURGE_CHUNK, gw.settings.batch_max_ops, *caps])
+    window = gw.settings.batch_window_ms / 1000.0
+    total = 0
+    for prefix in p.prefixes():
+        start = prefix
+        while True:
+            ops = await asyncio.to_thread(_owned_keys, gw, name, prefix, start, chunk)
+            if not ops:
+                break
+            # Conditional deletes: a key rewritten since the scan is not this purge's.
+            result = await asyncio.get_running_loop().run_in_executor(
+                gw.batcher.executor, gw.store.apply, ops
+            )
+            total += sum(r.status == Status.DELETED for r in result.results)
+            start = ops[-1].key + b"\x00"
+            if len(ops) < chunk:
+                break
+            await asyncio.sleep(window)  # one transaction per batch window
+    return total
+
+
+def _owned_keys(gw: Gateway, name: str, prefix: bytes, start: bytes, limit: int) -> list[Op]:
+    out: list[Op] = []
+    with gw.store.reader() as r:
+        for k, v in r.scan(start=start, prefix=prefix):
+            if v is not None and v.owner == name:
+                out.append(Op(DELETE, bytes(k), owner=name, expect_seq=v.seq))
+                if len(out) >= limit:
+                    break
+    return out
+
+
+# --- consumers ---------------------------------------------------------------------------
+
+
+@router.put("/v1/admin/consumers/{name}", summary="Create or update a consumer (keyspaces)")
+async def put_consumer(name: str, request: Request) -> Response:
+    """Body `{"keyspaces": [...]}` (the prefixes it may read on replicas); 201 created,
+    200 updated, with its configuration."""
+    gw = _admin(request)
+    doc = await _body(request, "consumer body")
+    if set(doc) - {"keyspaces", "name"}:
+        raise BadRequestError(f"unknown fields {sorted(set(doc) - {'keyspaces', 'name'})}")
+    c = consumer_from_config(name, doc)
+    async with _lock(gw):
+        old = gw.acl
+        created = name not in old.consumers
+        new = old.put_consumer(c)
+        diff = document_diff(old.document(), new.document())
+        if diff:
+            await _commit(gw, new, "put_consumer", name, diff)
+    return json_response(gw.acl.consumers[name].config(), 201 if created else 200)
+
+
+@router.get("/v1/admin/consumers", summary="List consumers")
+async def list_consumers(request: Request) -> Response:
+    """`{"consumers": [config...]}` (token ids, never tokens or hashes)."""
+    gw = _admin(request)
+    return json_response({"consumers": [c.config() for _, c in sorted(gw.acl.consumers.items())]})
+
+
+@router.get("/v1/admin/consumers/{name}", summary="One consumer's configuration")
+async def get_consumer(name: str, request: Request) -> Response:
+    """The consumer's configuration; 404 when unknown."""
+    gw = _admin(request)
+    return json_response(gw.acl.get_consumer(name).config())
+
+
+@router.delete("/v1/admin/consumers/{name}", summary="Remove a consumer and its tokens")
+async def delete_consumer(name: str, request: Request) -> Response:
+    """200 `{"removed": name}`; 404 when unknown."""
+    gw = _admin(request)
+    async with _lock(gw):
+        old = gw.acl
+        new = old.remove_consumer(name)
+        diff = document_diff(old.document(), new.document())
+        await _commit(gw, new, "delete_consumer", name, diff)
     return json_response({"removed": name})
+
+
+# --- tokens (producers and consumers alike) ----------------------------------------------
+
+
+def _token_view(gw: Gateway, tid: str, t: TokenInfo) -> dict[str, Any]:
+    used = gw.auth.last_used.get(tid)
+    return {
+        "token_id": tid,
+        "label": t.label,
+        "created": audit.rfc3339(t.created_us) if t.created_us else None,
+        "expires": audit.rfc3339(t.expires_us) if t.expires_us is not None else None,
+        "last_used": audit.rfc3339(used) if used else None,
+    }
+
+
+async def _new_token(kind: str, name: str, request: Request) -> Response:
+    gw = _admin(request)
+    doc = await _body(request, "token body", empty_ok=True)
+    if set(doc) - {"label", "expires_in_s"}:
+        raise BadRequestError(f"unknown fields {sorted(set(doc) - {'label', 'expires_in_s'})}")
+    label = doc.get("label", "")
+    exp = doc.get("expires_in_s")
+    if not isinstance(label, str) or len(label) > 200:
+        raise BadRequestError("label must be a string of at most 200 characters")
+    if exp is not None and (isinstance(exp, bool) or not isinstance(exp, int) or exp <= 0):
+        raise BadRequestError("expires_in_s must be a positive integer (seconds) or null")
+    token_id = "tok_" + secrets.token_hex(6)
+    token = new_token()
+    t = now_us()
+    async with _lock(gw):
+        new = gw.acl.add_token(
+            name, token_id, token, kind=kind, label=label, created_us=t,
+            expires_us=None if exp is None else t + exp * 1_000_000,
+        )  # fmt: skip
+        line = f"+ token {token_id} of {kind} {name}" + (f" ({label})" if label else "")
+        await _commit(gw, new, "create_token", f"{kind}/{name}", [line])
+    view = _token_view(gw, token_id, _holder(new, kind, name).tokens[token_id])
+    view.pop("last_used")
+    return json_response({**view, "token": token}, 201)
+
+
+def _holder(acl: Acl, kind: str, name: str) -> Producer | Consumer:
+    return acl.get_consumer(name) if kind == CONSUMER else acl.get(name)
+
+
+def _list_tokens(kind: str, name: str, request: Request) -> Response:
+    gw = _admin(request)
+    holder = _holder(gw.acl, kind, name)
+    return json_response(
+        {"tokens": [_token_view(gw, tid, t) for tid, t in sorted(holder.tokens.items())]}
+    )
+
+
+async def _revoke(kind: str, name: str, token_id: str, request: Request) -> Response:
+    gw = _admin(request)
+    async with _lock(gw):
+        new = gw.acl.revoke_token(name, token_id, kind=kind)
+        await _commit(gw, new, "revoke_token", f"{kind}/{name}", [f"- token {token_id}"])
+    return json_response({"revoked": token_id})
 
 
 @router.post("/v1/admin/producers/{name}/tokens", summary="Issue a new token (shown once)")
 async def new_producer_token(name: str, request: Request) -> Response:
-    """201 `{"token_id", "token"}`: the token is never shown again (only its hash is kept)."""
-    gw = _admin(request)
-    gw.acl.get(name)
-    token_id = "tok_" + secrets.token_hex(6)
-    token = new_token()
-    await gw.set_acl(gw.acl.add_token(name, token_id, token))
-    return json_response({"token_id": token_id, "token": token}, 201)
+    """Optional body `{"label", "expires_in_s"}`. 201 `{"token_id", "token", "label",
+    "created", "expires"}`: the token is never shown again (only its hash is kept)."""
+    return await _new_token(PRODUCER, name, request)
+
+
+@router.get("/v1/admin/producers/{name}/tokens", summary="List a producer's tokens")
+async def list_producer_tokens(name: str, request: Request) -> Response:
+    """`{"tokens": [{"token_id", "label", "created", "expires", "last_used"}]}`, never a
+    secret; `last_used` is when this root process last accepted it (null: not since it
+    started)."""
+    return _list_tokens(PRODUCER, name, request)
 
 
 @router.delete(
@@ -118,6 +438,25 @@ async def new_producer_token(name: str, request: Request) -> Response:
 )
 async def revoke_token(name: str, token_id: str, request: Request) -> Response:
     """200 `{"revoked": token_id}`; 404 when unknown. Takes effect on the next request."""
-    gw = _admin(request)
-    await gw.set_acl(gw.acl.revoke_token(name, token_id))
-    return json_response({"revoked": token_id})
+    return await _revoke(PRODUCER, name, token_id, request)
+
+
+@router.post("/v1/admin/consumers/{name}/tokens", summary="Issue a consumer token (shown once)")
+async def new_consumer_token(name: str, request: Request) -> Response:
+    """As for producers: optional `{"label", "expires_in_s"}`; 201 `{"token_id", "token",
+    ...}`."""
+    return await _new_token(CONSUMER, name, request)
+
+
+@router.get("/v1/admin/consumers/{name}/tokens", summary="List a consumer's tokens")
+async def list_consumer_tokens(name: str, request: Request) -> Response:
+    """As for producers."""
+    return _list_tokens(CONSUMER, name, request)
+
+
+@router.delete(
+    "/v1/admin/consumers/{name}/tokens/{token_id}", summary="Revoke one token of a consumer"
+)
+async def revoke_consumer_token(name: str, token_id: str, request: Request) -> Response:
+    """200 `{"revoked": token_id}`; 404 when unknown."""
+    return await _revoke(CONSUMER, name, token_id, request)

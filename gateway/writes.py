@@ -18,8 +18,8 @@ from typing import Any
 
 import orjson
 
-from acl.model import STATE_KEY, Acl, Producer
-from gateway import idempotency, metrics
+from acl.model import Acl, Producer
+from gateway import aclstore, idempotency, metrics
 from gateway.admission import Admission
 from gateway.answers import Answer, batch_answer, kv_answer
 from gateway.auth import ADMIN, Auth
@@ -49,8 +49,7 @@ class Gateway:
     def __init__(self, store: Store, settings: Settings) -> None:
         self.store = store
         self.settings = settings
-        raw = store.get_state(STATE_KEY)
-        acl = Acl.from_json(orjson.loads(raw)) if raw else Acl()
+        acl, _version = aclstore.load(store)
         admin = store.get_state("admin_token_hash")
         self.auth = Auth(acl, admin.decode() if admin else None)
         self.usage: dict[str, Usage] = store.usage()
@@ -101,13 +100,16 @@ class Gateway:
 
     # --- ACL ----------------------------------------------------------------------------
 
-    async def set_acl(self, acl: Acl) -> None:
-        """Persist a new ACL (in the commit thread, serialised with batches) and use it."""
-        doc = orjson.dumps(acl.to_json())
+    async def set_acl(self, acl: Acl, change: aclstore.Change | None = None) -> int:
+        """Commit a new ACL and the audit record of `change` through the log (in the
+        commit thread, serialised with batches), use it, and return its version."""
         loop = asyncio.get_running_loop()
-        await loop.run_in_executor(self.batcher.executor, self.store.put_state, STATE_KEY, doc)
+        version = await loop.run_in_executor(
+            self.batcher.executor, aclstore.commit, self.store, acl, change
+        )
         self.auth.rebuild(acl)
         self.admission.rebuild(acl)
+        return version
 
     def authenticate(self, authorization: str | None) -> str:
         """Producer name (or ADMIN) of a ``Bearer`` header; AuthError when unknown."""

@@ -1,0 +1,192 @@
+"""The ACL as one replicated document, consumers, managed tokens, audit and purge — against
+a real root process over HTTP."""
+
+from __future__ import annotations
+
+import time
+
+from store.store import Store
+from tests.gateway.conftest import Root
+
+ACL = "/v1/admin/acl"
+
+
+def _acl(root: Root) -> tuple[dict, str]:
+    r = root.admin().get(ACL)
+    assert r.status_code == 200, r.text
+    return r.json(), r.headers["etag"]
+
+
+def test_get_acl_is_one_document_with_its_version(shared_root: Root) -> None:
+    name, _tok = shared_root.producer()
+    doc, etag = _acl(shared_root)
+    assert etag == f'"{doc["version"]}"' and doc["version"] > 0
+    assert set(doc) == {"version", "producers", "consumers"}
+    assert doc["producers"][name]["keyspaces"] == [f"{name}/"]
+    assert "tokens" not in doc["producers"][name] and "token_ids" not in doc["producers"][name]
+
+
+def test_put_acl_needs_if_match_and_refuses_a_stale_version(shared_root: Root) -> None:
+    a = shared_root.admin()
+    doc, etag = _acl(shared_root)
+    body = {"producers": doc["producers"], "consumers": doc["consumers"]}
+    r = a.put(ACL, json=body)
+    assert r.status_code == 428, r.text
+    assert r.headers["content-type"].startswith("application/problem+json")
+    shared_root.producer()  # the ACL moves on
+    r = a.put(ACL, json=body, headers={"If-Match": etag})
+    assert r.status_code == 412, r.text
+    assert _acl(shared_root)[1] != etag
+
+
+def test_invalid_put_lists_every_problem_and_changes_nothing(root: Root) -> None:
+    a = root.admin()
+    root.producer(["x/"])
+    before, etag = _acl(root)
+    bad = {
+        "producers": {
+            "a": {"keyspaces": ["k/"]},
+            "b": {"keyspaces": ["k/sub/"]},  # overlaps a
+            "c": {"keyspaces": ["c/"], "shared": ["nope/"]},  # shared not among keyspaces
+            "d": {"keyspaces": ["d/"], "colour": "red"},  # unknown field
+        },
+        "consumers": {"r": {"keyspaces": "not-a-list"}},
+    }
+    r = a.put(ACL, json=bad, headers={"If-Match": etag})
+    assert r.status_code == 422, r.text
+    errors = r.json()["errors"]
+    assert len(errors) == 4, errors
+    assert any("overlaps" in e for e in errors) and any("'d'" in e for e in errors)
+    after, etag2 = _acl(root)
+    assert after == before and etag2 == etag
+
+
+def test_put_acl_commits_atomically_keeps_tokens_and_dry_run_changes_nothing(root: Root) -> None:
+    a = root.admin()
+    name, tok = root.producer(["mv/"])
+    doc, etag = _acl(root)
+    new = {
+        "producers": {name: {"keyspaces": ["mv/", "more/"]}, "fresh": {"keyspaces": ["f/"]}},
+        "consumers": {"reader": {"keyspaces": ["mv/"]}},
+    }
+    r = a.put(ACL + "?dry_run=true", json=new, headers={"If-Match": etag})
+    assert r.status_code == 200 and r.json()["committed"] is False, r.text
+    changes = r.json()["changes"]
+    assert "+ producer fresh" in changes and "+ consumer reader" in changes
+    assert any(c.startswith(f"~ producer {name}") for c in changes)
+    assert _acl(root) == (doc, etag)  # dry run: nothing committed
+    r = a.put(ACL, json=new, headers={"If-Match": etag})
+    assert r.status_code == 200 and r.json()["committed"] is True, r.text
+    assert r.json()["changes"] == changes
+    got, etag2 = _acl(root)
+    assert etag2 == f'"{r.json()["version"]}"' != etag
+    assert set(got["producers"]) == {name, "fresh"} and set(got["consumers"]) == {"reader"}
+    # the producer's token survived the document PUT
+    w = root.client(tok).put("/v1/kv/more/x", content=b"1")
+    assert w.status_code in (200, 201), w.text
+    # the same document again: nothing to do, version unchanged
+    r = a.put(ACL, json=new, headers={"If-Match": etag2})
+    assert r.status_code == 200 and r.json()["changes"] == [] and r.json()["committed"] is False
+
+
+def test_consumers_and_their_tokens(root: Root) -> None:
+    a = root.admin()
+    r = a.put("/v1/admin/consumers/edge", json={"keyspaces": ["cfg/"]})
+    assert r.status_code == 201 and r.json()["keyspaces"] == ["cfg/"], r.text
+    r = a.post("/v1/admin/consumers/edge/tokens", json={"label": "pop-1"})
+    assert r.status_code == 201, r.text
+    tid, tok = r.json()["token_id"], r.json()["token"]
+    assert r.json()["label"] == "pop-1"
+    doc, _ = _acl(root)
+    assert doc["consumers"] == {"edge": {"keyspaces": ["cfg/"]}}
+    listed = a.get("/v1/admin/consumers/edge/tokens").json()["tokens"]
+    assert [t["token_id"] for t in listed] == [tid] and "hash" not in listed[0]
+    # a consumer token is no writer
+    w = root.client(tok).put("/v1/kv/cfg/a", content=b"1")
+    assert w.status_code == 403, w.text
+    assert a.delete(f"/v1/admin/consumers/edge/tokens/{tid}").status_code == 200
+    assert root.client(tok).put("/v1/kv/cfg/a", content=b"1").status_code == 401
+
+
+def test_tokens_have_labels_expiry_last_use_and_revocation_is_immediate(root: Root) -> None:
+    a = root.admin()
+    name, _ = root.producer()
+    r = a.post(f"/v1/admin/producers/{name}/tokens", json={"label": "ci", "expires_in_s": 2})
+    assert r.status_code == 201, r.text
+    short = r.json()
+    assert short["label"] == "ci" and short["expires"] and short["created"]
+    r = a.post(f"/v1/admin/producers/{name}/tokens", json={"label": "deploy"})
+    long_tok = r.json()
+    c = root.client(long_tok["token"])
+    assert c.put(f"/v1/kv/{name}/k", content=b"v").status_code in (200, 201)
+    tokens = {
+        t["token_id"]: t for t in a.get(f"/v1/admin/producers/{name}/tokens").json()["tokens"]
+    }
+    assert tokens[long_tok["token_id"]]["last_used"] is not None
+    assert tokens[long_tok["token_id"]]["expires"] is None
+    assert tokens[short["token_id"]]["label"] == "ci"
+    assert all("token" not in t and "hash" not in t for t in tokens.values())
+    assert root.client(short["token"]).put(f"/v1/kv/{name}/s", content=b"v").status_code in (
+        200,
+        201,
+    )
+    time.sleep(2.2)
+    r = root.client(short["token"]).put(f"/v1/kv/{name}/s", content=b"w")
+    assert r.status_code == 401 and "expired" in r.text
+    assert a.delete(f"/v1/admin/producers/{name}/tokens/{long_tok['token_id']}").status_code == 200
+    assert c.put(f"/v1/kv/{name}/k", content=b"w").status_code == 401
+
+
+def test_every_admin_change_is_audited(root: Root) -> None:
+    a = root.admin()
+    mark = a.get(ACL).json()["version"]
+    name, _ = root.producer()
+    a.put("/v1/admin/consumers/aud", json={"keyspaces": ["z/"]})
+    a.delete(f"/v1/admin/producers/{name}")
+    recs = a.get("/v1/admin/audit", params={"since": str(mark)}).json()["records"]
+    assert [r["action"] for r in recs] == [
+        "put_producer", "create_token", "put_consumer", "delete_producer",
+    ]  # fmt: skip
+    assert all(r["who"] == "admin" and r["seq"] > mark and r["time"].endswith("Z") for r in recs)
+    assert recs[0]["diff"] == [f"+ producer {name}"] and recs[0]["target"] == name
+    # by time: from the third record's time on
+    later = a.get("/v1/admin/audit", params={"since": recs[2]["time"]}).json()["records"]
+    assert [r["seq"] for r in later] == [recs[2]["seq"], recs[3]["seq"]]
+    assert a.get("/v1/admin/audit", params={"since": "yesterday"}).status_code == 400
+
+
+def test_acl_lives_in_the_replicated_document_not_in_state(root: Root) -> None:
+    name, _ = root.producer()
+    root.procs.terminate(root.proc)
+    with Store.open(str(root.data_dir), readonly=True) as s:
+        assert s.get_state("acl") is None
+        doc = s.get_doc("acl")
+        assert doc is not None and name.encode() in doc.body
+    root.start()  # the restarted root rebuilds its ACL from the document
+    assert name in _acl(root)[0]["producers"]
+
+
+def test_delete_with_purge_removes_its_keys_through_the_log(root: Root) -> None:
+    a = root.admin()
+    name, tok = root.producer(guards={})
+    a.put(
+        f"/v1/admin/producers/{name}",
+        json={"keyspaces": [f"{name}/"], "guards": {f"{name}/": {"max_deletes_per_batch": 7}}},
+    )
+    c = root.client(tok)
+    body = {"ops": [{"op": "set", "key": f"{name}/{i:03d}", "value": "v"} for i in range(30)]}
+    assert c.post("/v1/batch", json=body).status_code == 200
+    r = a.delete(f"/v1/admin/producers/{name}", params={"purge": "true"})
+    assert r.status_code == 200 and r.json() == {"removed": name, "purged": 30}, r.text
+    root.procs.terminate(root.proc)
+    with Store.open(str(root.data_dir), readonly=True) as s:
+        with s.reader() as rd:
+            assert list(rd.scan(prefix=f"{name}/".encode(), keys_only=True)) == []
+        assert s.usage()[name].keys == 0
+        # the 30 sets, then 30 deletes in transactions of at most 7 (its guard), then
+        # the ACL without it and its audit record
+        sizes = [rec.num_entries for rec in s.read_log(1)]
+        i = sizes.index(30)
+        assert sizes[i + 1 :] == [7, 7, 7, 7, 2, 2], sizes
+    root.start()
+    assert name not in _acl(root)[0]["producers"]
