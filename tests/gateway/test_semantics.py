@@ -1,0 +1,302 @@
+"""Write semantics that never silently do the wrong thing, against a real `mercury root`:
+Idempotency-Key bound to its request, quota answers a client can honour, answers that
+agree with what the store did, conditions never ignored, and prefix deletes."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import re
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from gateway.answers import Answer
+from gateway.idempotency import Idempotency, fingerprint, store_key
+from store.store import Store
+from tests.gateway.conftest import Root
+
+PROBLEM = "application/problem+json"
+
+
+def _problem(r: httpx.Response, status: int) -> dict[str, Any]:
+    assert r.status_code == status, r.text
+    assert r.headers["content-type"].startswith(PROBLEM), r.headers
+    body: dict[str, Any] = r.json()
+    assert body["status"] == status and body["detail"]
+    return body
+
+
+def _seq(root: Root) -> int:
+    return int(root.client().get("/v1/status").json()["seq"])
+
+
+def _eventually(cond: Any, timeout: float = 5.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return True
+        time.sleep(0.02)
+    return bool(cond())
+
+
+# --- 1. Idempotency-Key: bound to its request, per producer, with a TTL ------------------
+
+
+def test_idempotency_key_replays_the_same_request_and_refuses_another(shared_root: Root) -> None:
+    name, tok = shared_root.producer()
+    c = shared_root.client(tok)
+    h = {"Idempotency-Key": "one"}
+    first = c.put(f"/v1/kv/{name}/k", content=b"1", headers=h)
+    assert first.status_code == 200 and "idempotent-replayed" not in first.headers
+    seq = _seq(shared_root)
+    again = c.put(f"/v1/kv/{name}/k", content=b"1", headers=h)
+    assert again.status_code == 200 and again.json() == first.json()
+    assert again.headers["idempotent-replayed"] == "true"
+    # the same key with another body, another path, another condition, another method:
+    # each refused with 422 naming the conflict, none applied, none answered as the first
+    for r in (
+        c.put(f"/v1/kv/{name}/k", content=b"2", headers=h),
+        c.put(f"/v1/kv/{name}/other", content=b"1", headers=h),
+        c.put(f"/v1/kv/{name}/k", content=b"1", headers={**h, "If-None-Match": "*"}),
+        c.delete(f"/v1/kv/{name}/k", headers=h),
+        c.post(
+            "/v1/batch", json={"ops": [{"op": "set", "key": f"{name}/k", "value": "1"}]}, headers=h
+        ),
+    ):
+        p = _problem(r, 422)
+        assert p["type"].endswith("/idempotency-key-reused") and p["idempotency_key"] == "one"
+        assert "idempotent-replayed" not in r.headers
+    assert _seq(shared_root) == seq
+    assert c.get(f"/v1/kv/{name}/k").content == b"1"
+    assert c.get(f"/v1/kv/{name}/other").status_code == 404
+
+
+def test_idempotency_keys_are_per_producer(shared_root: Root) -> None:
+    a, tok_a = shared_root.producer()
+    b, tok_b = shared_root.producer()
+    h = {"Idempotency-Key": "shared-name"}
+    ra = shared_root.client(tok_a).put(f"/v1/kv/{a}/x", content=b"a", headers=h)
+    # B's request with A's key is B's own first request: applied, not replayed, not 422
+    rb = shared_root.client(tok_b).put(f"/v1/kv/{b}/x", content=b"b", headers=h)
+    assert ra.status_code == rb.status_code == 200
+    assert "idempotent-replayed" not in rb.headers
+    assert shared_root.client(tok_b).get(f"/v1/kv/{b}/x").content == b"b"
+
+
+def test_idempotency_answers_expire_after_the_ttl(tmp_path: Path) -> None:
+    """A stored answer older than idempotency_ttl_s is not served (even before the GC
+    collects it): the key then names a new request."""
+    store = Store.create(str(tmp_path / "s"), sync=False, map_size=1 << 24)
+    try:
+        idem = Idempotency(store, ttl_s=0.3)
+        key = store_key("p", "k")
+        fp1 = fingerprint("PUT", b"/v1/kv/p/a", b"", {}, b"1")
+        fp2 = fingerprint("PUT", b"/v1/kv/p/a", b"", {}, b"2")
+        store.apply(
+            [],
+            answers=lambda _r: [(key, b'{"status":200,"body":{"n":1},"fp":"%s"}' % fp1.encode())],
+        )
+        calls: list[int] = []
+
+        async def write() -> Answer:
+            calls.append(1)
+            return Answer(200, {"n": 2}, {})
+
+        async def scenario() -> None:
+            replay = await idem.once(key, "k", fp1, write)
+            assert replay.body == {"n": 1} and replay.headers["Idempotent-Replayed"] == "true"
+            conflict = await idem.once(key, "k", fp2, write)
+            assert conflict.status == 422 and not calls
+            await asyncio.sleep(0.5)
+            fresh = await idem.once(key, "k", fp2, write)
+            assert fresh.body == {"n": 2} and calls == [1]
+
+        asyncio.run(scenario())
+    finally:
+        store.close()
+
+
+# --- 2. Quota answers a client can honour -------------------------------------------------
+
+
+def test_a_batch_no_wait_can_admit_is_413_with_the_largest_admissible(shared_root: Root) -> None:
+    quota = {"ops_per_s": 2, "burst": 3, "max_delay_ms": 500}
+    name, tok = shared_root.producer(quota=quota)
+    c = shared_root.client(tok)
+    ops = [{"op": "set", "key": f"{name}/{i}", "value": "v"} for i in range(5)]
+    r = c.post("/v1/batch", json={"ops": ops})
+    p = _problem(r, 413)
+    # burst 3 + 2 ops/s x 0.5 s of hold = 4 ops at most, whatever the wait
+    assert p["max_ops"] == 4 and p["ops"] == 5 and "retry-after" not in r.headers
+    assert "max_bytes" not in p  # no bytes quota: unlimited
+    ok = c.post("/v1/batch", json={"ops": ops[:4]})
+    assert ok.status_code == 200 and ok.json()["written"] == 4
+
+
+def test_bytes_over_the_bytes_quota_are_413_with_max_bytes(shared_root: Root) -> None:
+    quota = {"bytes_per_s": 100, "bytes_burst": 100, "max_delay_ms": 0}
+    name, tok = shared_root.producer(quota=quota)
+    c = shared_root.client(tok)
+    key = f"{name}/big"
+    p = _problem(c.put(f"/v1/kv/{key}", content=b"x" * 150), 413)
+    assert p["max_bytes"] == 100 and p["bytes"] == len(key) + 150
+    assert c.put(f"/v1/kv/{key}", content=b"x" * (100 - len(key))).status_code == 200
+
+
+def _ratelimit_t(header: str) -> dict[str, int]:
+    return {m[0]: int(m[1]) for m in re.findall(r'"(\w+)";r=\d+;t=(\d+)', header)}
+
+
+def test_a_429s_retry_after_agrees_with_ratelimit_and_comes_true(shared_root: Root) -> None:
+    quota = {"ops_per_s": 1, "burst": 2, "max_delay_ms": 0}
+    name, tok = shared_root.producer(quota=quota)
+    c = shared_root.client(tok)
+    ops = [{"op": "set", "key": f"{name}/{i}", "value": "v"} for i in range(2)]
+    assert c.post("/v1/batch", json={"ops": ops}).status_code == 200
+    r = c.post("/v1/batch", json={"ops": ops})
+    _problem(r, 429)
+    retry = int(r.headers["retry-after"])
+    t = _ratelimit_t(r.headers["ratelimit"])
+    assert retry == max(t.values()) == t["ops"] and 1 <= retry <= 2
+    time.sleep(retry + 0.05)
+    again = c.post("/v1/batch", json={"ops": ops})
+    assert again.status_code == 200, again.text
+    # held, refused and too-large ops are counted apart
+    q2 = {"ops_per_s": 10, "burst": 1, "max_delay_ms": 1000}
+    n2, tok2 = shared_root.producer(quota=q2)
+    c2 = shared_root.client(tok2)
+    assert c2.put(f"/v1/kv/{n2}/a", content=b"v").status_code == 200
+    assert c2.put(f"/v1/kv/{n2}/b", content=b"v").status_code == 200  # held 0.1 s
+    big = [{"op": "delete", "key": f"{n2}/{i}"} for i in range(50)]
+    _problem(c2.post("/v1/batch", json={"ops": big}), 413)
+    u2 = shared_root.client(tok2).get(f"/v1/usage/{n2}").json()["quota_ops"]
+    assert u2["held"] == 1 and u2["too_large"] == 50 and u2["refused"] == 0
+    u = c.get(f"/v1/usage/{name}").json()["quota_ops"]
+    assert u["refused"] == 2 and u["held"] == 0
+    metrics = shared_root.client().get("/metrics").text
+    assert f'mercury_quota_ops_total{{outcome="refused",producer="{name}"}} 2.0' in metrics
+    assert f'mercury_write_ops_total{{producer="{name}",result="throttled"}} 2.0' in metrics
+
+
+# --- 3. Answers that agree with themselves ------------------------------------------------
+
+
+def test_set_then_delete_of_an_absent_key_says_what_the_store_did(shared_root: Root) -> None:
+    name, tok = shared_root.producer()
+    c = shared_root.client(tok)
+    before = _seq(shared_root)
+    ops = [
+        {"op": "set", "key": f"{name}/new", "value": "x"},
+        {"op": "delete", "key": f"{name}/new"},
+    ]
+    r = c.post("/v1/batch", params={"results": "true"}, json={"ops": ops})
+    body = r.json()
+    assert r.status_code == 200
+    # nothing was written: the set was superseded by the delete, which found no key
+    assert body["written"] == 0 and body["deleted"] == 0 and body["seq"] == 0
+    assert body["superseded"] == 1 and body["absent"] == 1
+    assert body["results"] == [
+        {"key": f"{name}/new", "status": "superseded", "seq": 0},
+        {"key": f"{name}/new", "status": "absent", "seq": 0},
+    ]
+    assert _seq(shared_root) == before
+    assert c.get(f"/v1/kv/{name}/new").status_code == 404
+
+
+def test_batch_totals_add_up_and_results_name_each_op(shared_root: Root) -> None:
+    name, tok = shared_root.producer()
+    c = shared_root.client(tok)
+    assert c.put(f"/v1/kv/{name}/same", content=b"s").status_code == 200
+    raw_b64 = base64.b64encode(f"{name}/".encode() + b"\xff").decode()  # not UTF-8
+    ops = [
+        {"op": "set", "key": f"{name}/a", "value": "1"},
+        {"op": "set", "key": f"{name}/same", "value": "s"},
+        {"op": "delete", "key": f"{name}/gone"},
+        {"op": "set", "key_b64": raw_b64, "value": "b"},
+    ]
+    r = c.post("/v1/batch", params={"results": "1"}, json={"ops": ops})
+    body = r.json()
+    assert r.status_code == 200, r.text
+    totals = ("written", "deleted", "duplicates", "absent", "superseded", "precondition_failed")
+    assert sum(body[k] for k in totals) == len(ops)
+    assert [x["status"] for x in body["results"]] == ["written", "duplicate", "absent", "written"]
+    assert body["results"][3] == {"key_b64": raw_b64, "status": "written", "seq": body["seq"]}
+    assert body["seq"] == max(x["seq"] for x in body["results"])
+    # without ?results and without conditions: totals only
+    plain = c.post("/v1/batch", json={"ops": [{"op": "set", "key": f"{name}/b", "value": "1"}]})
+    assert "results" not in plain.json()
+
+
+def test_root_get_names_the_keys_version(shared_root: Root) -> None:
+    name, tok = shared_root.producer()
+    c = shared_root.client(tok)
+    seq = c.put(f"/v1/kv/{name}/v", content=b"1").json()["seq"]
+    c.put(f"/v1/kv/{name}/other", content=b"1")
+    r = c.get(f"/v1/kv/{name}/v")
+    assert r.headers["etag"] == f'"{seq}"'
+    assert r.headers["x-mercury-version"] == r.headers["x-mercury-seq"] == str(seq)
+
+
+# --- 4. Conditions are never silently ignored ---------------------------------------------
+
+
+def test_if_match_on_a_batch_is_refused_not_ignored(shared_root: Root) -> None:
+    name, tok = shared_root.producer()
+    c = shared_root.client(tok)
+    ops = [{"op": "set", "key": f"{name}/a", "value": "1"}]
+    for h in ({"If-Match": '"5"'}, {"If-None-Match": "*"}):
+        p = _problem(c.post("/v1/batch", json={"ops": ops}, headers=h), 400)
+        assert "if_seq" in p["hint"]
+    assert c.get(f"/v1/kv/{name}/a").status_code == 404
+    # a misspelt per-op condition is refused too, never run unconditionally
+    bad = [{"op": "set", "key": f"{name}/a", "value": "1", "if_sq": 3}]
+    p = _problem(c.post("/v1/batch", json={"ops": bad}), 400)
+    assert "if_sq" in p["detail"]
+    for cond in (
+        {"if_seq": -1},
+        {"if_seq": "3"},
+        {"if_absent": 1},
+        {"if_absent": True, "if_seq": 4},
+    ):
+        _problem(c.post("/v1/batch", json={"ops": [{**ops[0], **cond}]}), 400)
+    assert c.get(f"/v1/kv/{name}/a").status_code == 404
+
+
+def test_per_op_conditions_are_checked_at_commit(shared_root: Root) -> None:
+    name, tok = shared_root.producer()
+    c = shared_root.client(tok)
+    v1 = c.put(f"/v1/kv/{name}/x", content=b"1").json()["seq"]
+    ops = [
+        {"op": "set", "key": f"{name}/x", "value": "2", "if_seq": v1},  # holds
+        {"op": "set", "key": f"{name}/y", "value": "1", "if_absent": True},  # holds
+        {"op": "set", "key": f"{name}/z", "value": "1", "if_seq": 0},  # 0 = absent: holds
+        {"op": "delete", "key": f"{name}/x", "if_seq": v1},  # x is now at a newer seq
+    ]
+    body = c.post("/v1/batch", json={"ops": ops}).json()
+    st = [(r["status"], r["seq"]) for r in body["results"]]  # present: the ops had conditions
+    assert [s for s, _ in st] == ["written", "written", "written", "precondition_failed"]
+    assert st[3][1] == st[0][1]  # the failed condition reports the key's current version
+    assert body["written"] == 3 and body["precondition_failed"] == 1
+    assert c.get(f"/v1/kv/{name}/x").content == b"2"
+    # if_absent on a present key fails and changes nothing
+    again = c.post("/v1/batch", json={"ops": [ops[1]]}).json()
+    assert again["results"][0]["status"] == "precondition_failed" and again["written"] == 0
+
+
+def test_if_match_zero_means_absent(shared_root: Root) -> None:
+    """`If-Match: "0"` is documented as "the key is absent" (the same as
+    `If-None-Match: *`): it creates an absent key and fails on a present one."""
+    name, tok = shared_root.producer()
+    c = shared_root.client(tok)
+    h = {"If-Match": '"0"'}
+    created = c.put(f"/v1/kv/{name}/z", content=b"1", headers=h)
+    assert created.status_code == 200 and created.json()["status"] == "written"
+    p = _problem(c.put(f"/v1/kv/{name}/z", content=b"2", headers=h), 412)
+    assert p["current_seq"] == created.json()["seq"]
+    assert c.get(f"/v1/kv/{name}/z").content == b"1"
+    # deleting with "0" an absent key: the condition holds and the key stays absent
+    r = c.delete(f"/v1/kv/{name}/never", headers=h)
+    assert r.status_code == 200 and r.json()["status"] == "absent"
