@@ -10,8 +10,9 @@ FastAPI's per-request machinery) both call these, so both give byte-identical an
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from urllib.parse import parse_qsl
+from urllib.parse import parse_qsl, unquote_to_bytes
 
+from acl.model import Producer
 from core.errors import BadRequestError
 from gateway import bodies, idempotency
 from gateway.answers import Answer, batch_answer, kv_answer
@@ -143,6 +144,71 @@ async def post_batch(
         answer,
         idem=idem,
         fp=idempotency.fingerprint("POST", raw_path, query, h, body) if idem else "",
+        is_async=is_async(query),
+        t0=t0,
+    )
+
+
+def prefix_of(query: bytes, max_key: int) -> bytes:
+    """The ``prefix=`` of a query string as bytes (percent-decoded), 1 to `max_key` bytes."""
+    for part in query.split(b"&"):
+        name, _, value = part.partition(b"=")
+        if name == b"prefix":
+            prefix = unquote_to_bytes(value.replace(b"+", b" "))
+            bodies.check_key(prefix, max_key, "prefix")
+            return prefix
+    raise BadRequestError("DELETE /v1/kv needs ?prefix=P (the keys under P are deleted)")
+
+
+def prefix_limit(
+    p: Producer, prefix: bytes, max_ops: int, open_deletes: Callable[[str], int]
+) -> int:
+    """How many keys under `prefix` one request may delete: the request limit, and for
+    every guarded keyspace the prefix touches, its mass-delete cap minus the deletes of
+    this producer already in the open batch (`open_deletes(keyspace)`)."""
+    limit = max_ops
+    for ks, g in p.guards.items():
+        k = ks.encode()
+        if g.max_deletes_per_batch is not None and (prefix.startswith(k) or k.startswith(prefix)):
+            limit = min(limit, g.max_deletes_per_batch - open_deletes(ks))
+    return max(0, limit)
+
+
+async def delete_prefix(
+    gw: Gateway, h: Mapping[str, str], raw_path: bytes, query: bytes, read: BodyReader, t0: float
+) -> Answer:
+    """DELETE /v1/kv?prefix=P: delete the keys under P (P inside the producer's keyspaces),
+    at most one batch's worth per request (the request limit and the keyspace's
+    mass-delete guard); ``more`` says whether keys remain under P. Clients loop."""
+    p = gw.producer(h.get("authorization"))
+    prefix = prefix_of(query, gw.settings.max_key)
+    # Every key under P must be the producer's to delete: P lies inside one keyspace.
+    gw.check_keys(p, [Op(DELETE, prefix)])
+    limit = prefix_limit(
+        p, prefix, gw.settings.max_batch_ops, lambda ks: gw.batcher.open_deletes(p.name, ks)
+    )
+    with gw.store.reader() as r:
+        keys = [k for k, _ in r.scan(prefix=prefix, limit=limit + 1, keys_only=True)]
+    more = len(keys) > limit
+    keys = keys[:limit]
+    if not keys:
+        body = batch_answer([]).body
+        body["more"] = more  # true only when the open batch spent the delete guard
+        return Answer(200, body, {})
+
+    def answer(results: list[Result]) -> Answer:
+        a = batch_answer(results)
+        a.body["more"] = more
+        return a
+
+    idem = h.get("idempotency-key")
+    return await gw.write(
+        p,
+        [Op(DELETE, k, b"", p.name) for k in keys],
+        sum(len(k) for k in keys),
+        answer,
+        idem=idem,
+        fp=idempotency.fingerprint("DELETE", raw_path, query, h, b"") if idem else "",
         is_async=is_async(query),
         t0=t0,
     )

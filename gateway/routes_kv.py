@@ -122,6 +122,28 @@ async def delete_kv(request: Request) -> Response:
     return await _call(request, kv_handlers.delete_kv)
 
 
+@router.delete(
+    "/v1/kv",
+    summary="Delete the keys under a prefix, one batch per request",
+    openapi_extra={
+        "parameters": [
+            {
+                "name": "prefix",
+                "in": "query",
+                "required": True,
+                "schema": {"type": "string", "minLength": 1, "maxLength": 500},
+                "description": "the prefix, inside the producer's keyspaces",
+            },
+            *_KV_PARAMS[2:],
+        ]
+    },
+)
+async def delete_prefix(request: Request) -> Response:
+    """200 `{"seq", "deleted", ..., "more"}`: at most one batch's worth of keys (the request
+    limit and the keyspace's mass-delete guard); repeat while `more` is true."""
+    return await _call(request, kv_handlers.delete_prefix)
+
+
 @router.get(
     "/v1/kv/{key:path}",
     summary="Read one key (producers: their keyspaces; admin: all)",

@@ -300,3 +300,53 @@ def test_if_match_zero_means_absent(shared_root: Root) -> None:
     # deleting with "0" an absent key: the condition holds and the key stays absent
     r = c.delete(f"/v1/kv/{name}/never", headers=h)
     assert r.status_code == 200 and r.json()["status"] == "absent"
+
+
+# --- 5. DELETE /v1/kv?prefix=P ------------------------------------------------------------
+
+
+def test_prefix_delete_is_bounded_by_the_mass_delete_guard(shared_root: Root) -> None:
+    name, tok = shared_root.producer(guards={})
+    ks = f"{name}/"
+    admin = shared_root.admin()
+    r = admin.put(
+        f"/v1/admin/producers/{name}",
+        json={"keyspaces": [ks], "guards": {ks: {"max_deletes_per_batch": 3}}},
+    )
+    assert r.status_code in (200, 201), r.text
+    c = shared_root.client(tok)
+    ops = [{"op": "set", "key": f"{ks}d/{i}", "value": "v"} for i in range(7)]
+    ops.append({"op": "set", "key": f"{ks}keep", "value": "v"})
+    assert c.post("/v1/batch", json={"ops": ops}).json()["written"] == 8
+    rounds = []
+    for _ in range(5):
+        body = c.delete("/v1/kv", params={"prefix": f"{ks}d/"}).json()
+        rounds.append((body["deleted"], body["more"]))
+        if not body["more"]:
+            break
+    assert rounds == [(3, True), (3, True), (1, False)]
+    assert c.delete("/v1/kv", params={"prefix": f"{ks}d/"}).json() == {
+        "seq": 0,
+        "written": 0,
+        "deleted": 0,
+        "duplicates": 0,
+        "absent": 0,
+        "superseded": 0,
+        "precondition_failed": 0,
+        "more": False,
+    }
+    assert all(c.get(f"/v1/kv/{ks}d/{i}").status_code == 404 for i in range(7))
+    assert c.get(f"/v1/kv/{ks}keep").status_code == 200
+
+
+def test_prefix_delete_stays_inside_the_producers_keyspaces(shared_root: Root) -> None:
+    name, tok = shared_root.producer()
+    c = shared_root.client(tok)
+    assert c.put(f"/v1/kv/{name}/a", content=b"v").status_code == 200
+    # a prefix wider than the keyspace would reach other producers' keys
+    _problem(c.delete("/v1/kv", params={"prefix": name[:1]}), 403)
+    _problem(c.delete("/v1/kv"), 400)
+    _problem(c.delete("/v1/kv", params={"prefix": ""}), 400)
+    body = c.delete("/v1/kv", params={"prefix": f"{name}/"}).json()
+    assert body["deleted"] == 1 and body["more"] is False and body["seq"] > 0
+    assert c.get(f"/v1/kv/{name}/a").status_code == 404
