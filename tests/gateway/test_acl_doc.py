@@ -7,6 +7,8 @@ import time
 
 from store.store import Store
 from tests.gateway.conftest import Root
+from tests.replicator.harness import status, wait_for
+from tests.replicator.nodes import start_replica
 
 ACL = "/v1/admin/acl"
 
@@ -190,3 +192,32 @@ def test_delete_with_purge_removes_its_keys_through_the_log(root: Root) -> None:
         assert sizes[i + 1 :] == [7, 7, 7, 7, 2, 2], sizes
     root.start()
     assert name not in _acl(root)[0]["producers"]
+
+
+def test_a_replica_gets_the_acl_document_by_bootstrap_and_by_the_log(root: Root) -> None:
+    a = root.admin()
+    name, tok = root.producer()
+    w = root.client(tok).put(f"/v1/kv/{name}/k", content=b"v", headers={"Idempotency-Key": "i1"})
+    assert w.status_code in (200, 201), w.text
+    repl_port = int(root.args[root.args.index("--repl-listen") + 1].rsplit(":", 1)[1])
+    rep = start_replica(root.procs, root.data_dir.parent / "rep", [repl_port], repl=False)
+    seq = a.get("/v1/status").json()["seq"]
+    wait_for(lambda: status(rep.http)["seq"] >= seq, 60, "replica bootstrapped")
+    # a later change travels down the ordinary log stream
+    assert a.put("/v1/admin/consumers/edge", json={"keyspaces": ["e/"]}).status_code == 201
+    seq = a.get("/v1/status").json()["seq"]
+    wait_for(lambda: status(rep.http)["seq"] >= seq, 30, "replica caught up")
+    root.procs.terminate(rep.proc)
+    root.procs.terminate(root.proc)
+    with Store.open(str(root.data_dir), readonly=True) as s:
+        want = s.get_doc("acl")
+        want_audit = s.scan_docs("audit/")
+        assert s.get_state("admin_token_hash") is not None
+    with Store.open(str(rep.data_dir), readonly=True) as r:
+        assert r.get_doc("acl") == want and want is not None
+        assert b'"edge"' in want.body and name.encode() in want.body
+        assert r.scan_docs("audit/") == want_audit
+        assert r.get_state("admin_token_hash") is None  # node-local: never shipped
+        with r.env.begin(db=r.dbs.idem) as txn:
+            assert list(txn.cursor()) == []
+    root.start()
