@@ -1,0 +1,146 @@
+"""Write-semantics properties.
+
+- A client that retries with the same Idempotency-Key and the same body sees one write,
+  whatever the interleaving: retries while the first is in flight, after it committed,
+  concurrent with other keys (real LMDB store, the gateway's `Idempotency` and `Batcher`).
+- Quota answers come true: waiting a refusal's Retry-After admits the same request in an
+  otherwise idle system; a request refused as never admissible (413) is refused after any
+  wait, and the largest admissible request it names is admitted by a full bucket.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import tempfile
+
+import orjson
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gateway.answers import Answer
+from gateway.batcher import Batcher
+from gateway.idempotency import Idempotency, fingerprint, store_key
+from gateway.quota import Bucket, ProducerBuckets, retry_seconds
+from store.ops import SET, Op, Result
+from store.store import Store
+
+# --- idempotency: one write per key, every answer the first --------------------------------
+
+#: Waves of requests: each wave's requests are sent concurrently, the waves one after the
+#: other; a request names its Idempotency-Key (the body is a function of the key: a retry).
+_waves = st.lists(
+    st.lists(st.sampled_from("abcde"), min_size=1, max_size=6), min_size=1, max_size=5
+)
+
+
+async def _run_waves(store: Store, waves: list[list[str]]) -> dict[str, list[Answer]]:
+    batcher = Batcher(store, window_s=0.002, max_ops=1000, max_bytes=1 << 20)
+    batcher.start()
+    idem = Idempotency(store, ttl_s=3600.0)
+
+    async def put(name: str) -> Answer:
+        key, value = f"k/{name}".encode(), f"value of {name}".encode()
+        ikey = store_key("p", name)
+        fp = fingerprint("PUT", b"/v1/kv/" + key, b"", {}, value)
+
+        def answer(results: list[Result]) -> Answer:
+            return Answer(200, {"seq": results[0].seq, "status": results[0].status.value}, {})
+
+        async def write() -> Answer:
+            fut = batcher.submit(
+                [Op(SET, key, value, "p")],
+                len(key) + len(value),
+                "p",
+                idem_key=ikey,
+                answer=lambda rs: orjson.dumps(
+                    {"status": answer(rs).status, "body": answer(rs).body, "fp": fp}
+                ),
+            )
+            return answer(await fut)
+
+        return await idem.once(ikey, name, fp, write)
+
+    seen: dict[str, list[Answer]] = {}
+    try:
+        for wave in waves:
+            got = await asyncio.gather(*(put(n) for n in wave))
+            for n, a in zip(wave, got, strict=True):
+                seen.setdefault(n, []).append(a)
+    finally:
+        await batcher.close()
+    return seen
+
+
+@settings(max_examples=30, deadline=None)
+@given(_waves)
+def test_retries_with_one_key_and_body_write_once(waves: list[list[str]]) -> None:
+    with tempfile.TemporaryDirectory() as d:
+        store = Store.create(d + "/s", sync=False, map_size=1 << 24)
+        try:
+            seen = asyncio.run(_run_waves(store, waves))
+            # one log entry per distinct key, however often and however it was retried
+            assert store.last_seq() == len(seen)
+            for name, answers in seen.items():
+                assert all(a.status == 200 for a in answers)
+                assert all(a.body == answers[0].body for a in answers), (name, answers)
+                assert answers[0].body["status"] == "written"
+                v = store.get(f"k/{name}".encode())
+                assert v is not None and v.seq == answers[0].body["seq"]
+        finally:
+            store.close()
+
+
+# --- quota: a Retry-After comes true; a 413 never does ------------------------------------
+
+_limit = st.one_of(st.none(), st.tuples(st.floats(0.5, 500), st.floats(1, 1000)))  # (rate, burst)
+_history = st.lists(
+    st.tuples(st.floats(0, 0.3), st.integers(1, 50), st.integers(0, 5000)), max_size=40
+)
+
+
+def _buckets(ops: tuple[float, float] | None, nb: tuple[float, float] | None) -> ProducerBuckets:
+    return ProducerBuckets(
+        Bucket.full(*ops, 0.0) if ops else None, Bucket.full(*nb, 0.0) if nb else None
+    )
+
+
+@settings(max_examples=300)
+@given(_limit, _limit, st.floats(0, 3), _history, st.integers(1, 2000), st.integers(0, 10**6))
+def test_waiting_retry_after_admits_the_same_request_when_idle(
+    ops: tuple[float, float] | None,
+    nb: tuple[float, float] | None,
+    max_delay: float,
+    history: list[tuple[float, int, int]],
+    n_ops: int,
+    n_bytes: int,
+) -> None:
+    pb = _buckets(ops, nb)
+    now = 0.0
+    for dt, h_ops, h_bytes in history:  # whatever happened before
+        now += dt
+        pb.take(now, h_ops, h_bytes, max_delay)
+    d = pb.take(now, n_ops, n_bytes, max_delay)
+    if d.admitted:
+        return
+    max_ops, max_bytes = pb.largest(max_delay)
+    if d.never:
+        # no wait admits it, and the answer names a request that a full bucket admits
+        assert (max_ops is not None and n_ops > max_ops) or (
+            max_bytes is not None and n_bytes > max_bytes
+        )
+        later = pb.take(now + 10**6, n_ops, n_bytes, max_delay)
+        assert not later.admitted and later.never
+        fits = pb.take(now + 10**6, max_ops or n_ops, max_bytes or n_bytes, max_delay)
+        assert fits.admitted
+        return
+    # the Retry-After header (whole seconds) and the exact wait both come true
+    assert max(d.waits) == d.retry_after
+    for wait in (retry_seconds(d.retry_after), d.retry_after):
+        idle = ProducerBuckets(
+            Bucket(pb.ops.rate, pb.ops.burst, pb.ops.tokens, pb.ops.last) if pb.ops else None,
+            Bucket(pb.bytes.rate, pb.bytes.burst, pb.bytes.tokens, pb.bytes.last)
+            if pb.bytes
+            else None,
+        )
+        again = idle.take(now + wait, n_ops, n_bytes, max_delay)
+        assert again.admitted, (wait, d, again)
