@@ -1,4 +1,5 @@
-"""Commands of the gateway side: `root`, `acl apply`, `usage` (docs/api.md lists every command)."""
+"""Commands of the gateway side: `root`, `usage` (docs/api.md lists every command; `acl`
+is `mercury/cmd_acl.py`)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,6 @@ import argparse
 import sys
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
 
 import httpx
 import orjson
@@ -77,23 +77,6 @@ def register(sub: Any) -> None:
     )
     p.set_defaults(func=_root)
 
-    acl = sub.add_parser("acl", help="manage producers and keyspaces")
-    acl_sub = acl.add_subparsers(dest="acl_command", required=True, metavar="ACTION")
-    ap = acl_sub.add_parser(
-        "apply",
-        help="apply a declarative YAML of producers, keyspaces, quotas and guards",
-        description="Make the gateway's producers match FILE; prints the diff. Idempotent: "
-        "a second run prints `no changes`. Producers absent from FILE are removed unless "
-        "--keep-unlisted.",
-    )
-    ap.add_argument("file", metavar="FILE", help="YAML document (see docs/gateway.md)")
-    _client_args(ap)
-    ap.add_argument("--dry-run", action="store_true", help="print the diff, change nothing")
-    ap.add_argument(
-        "--keep-unlisted", action="store_true", help="do not remove producers FILE omits"
-    )
-    ap.set_defaults(func=_acl_apply)
-
     up = sub.add_parser(
         "usage",
         help="per-producer usage table",
@@ -136,32 +119,6 @@ def _check(resp: httpx.Response) -> Any:
             f"{resp.request.method} {resp.request.url.path}: {resp.status_code} {detail}"
         )
     return resp.json()
-
-
-def _acl_apply(args: argparse.Namespace) -> int:
-    from acl import doc
-
-    desired = doc.parse(Path(args.file).read_text())
-    with _client(args) as c:
-        listed = _check(c.get("/v1/admin/producers"))["producers"]
-        current = {p["name"]: doc.normalize(p["name"], p) for p in listed}
-        changes = doc.diff(current, desired, prune=not args.keep_unlisted)
-        if not changes:
-            print("no changes")
-            return 0
-        for ch in changes:
-            print(ch.line())
-        if args.dry_run:
-            print(f"{len(changes)} change(s) not applied (--dry-run)")
-            return 0
-        for name, config in doc.steps(current, changes):
-            path = "/v1/admin/producers/" + quote(name, safe="")
-            if config is None:
-                _check(c.delete(path))
-            else:
-                _check(c.put(path, content=orjson.dumps(config)))
-        print(f"{len(changes)} change(s) applied")
-    return 0
 
 
 def _usage(args: argparse.Namespace) -> int:

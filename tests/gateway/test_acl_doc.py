@@ -3,12 +3,15 @@ a real root process over HTTP."""
 
 from __future__ import annotations
 
+import subprocess
 import time
+from pathlib import Path
 
 from store.store import Store
 from tests.gateway.conftest import Root
 from tests.replicator.harness import status, wait_for
 from tests.replicator.nodes import start_replica
+from tests.support.procs import run_mercury
 
 ACL = "/v1/admin/acl"
 
@@ -221,3 +224,50 @@ def test_a_replica_gets_the_acl_document_by_bootstrap_and_by_the_log(root: Root)
         with r.env.begin(db=r.dbs.idem) as txn:
             assert list(txn.cursor()) == []
     root.start()
+
+
+def _cli(root: Root, tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    tok = tmp_path / "admin.token"
+    tok.write_text(root.admin_token)
+    return run_mercury(*args, "--url", root.url, "--admin-token-file", str(tok))
+
+
+def test_cli_apply_prunes_only_when_asked_and_dry_run_shows_the_put(
+    root: Root, tmp_path: Path
+) -> None:
+    f = tmp_path / "acl.yaml"
+    f.write_text('producers:\n  c1: {keyspaces: ["c1/"]}\nconsumers:\n  r1: {keyspaces: ["c1/"]}\n')
+    r = _cli(root, tmp_path, "acl", "apply", str(f))
+    assert r.returncode == 0, r.stderr
+    assert "+ producer c1" in r.stdout and "+ consumer r1" in r.stdout
+    f.write_text('producers:\n  c2: {keyspaces: ["c2/"]}\n')
+    r = _cli(root, tmp_path, "acl", "apply", str(f))  # c1 and r1 kept
+    assert r.returncode == 0 and r.stdout.splitlines()[0] == "+ producer c2", r.stdout
+    before = _acl(root)
+    dry = _cli(root, tmp_path, "acl", "apply", str(f), "--prune", "--dry-run")
+    assert dry.returncode == 0, dry.stderr
+    assert "- producer c1" in dry.stdout and "- consumer r1" in dry.stdout
+    assert "not applied" in dry.stdout and _acl(root) == before
+    r = _cli(root, tmp_path, "acl", "apply", str(f), "--prune")
+    assert r.returncode == 0 and r.stdout.splitlines()[:2] == dry.stdout.splitlines()[:2]
+    assert set(_acl(root)[0]["producers"]) == {"c2"} and _acl(root)[0]["consumers"] == {}
+
+
+def test_cli_token_create_list_revoke_and_log(root: Root, tmp_path: Path) -> None:
+    name, _ = root.producer()
+    r = _cli(root, tmp_path, "acl", "token", "create", name, "--label", "ci", "--expires", "90d")
+    assert r.returncode == 0, r.stderr
+    token = r.stdout.strip()
+    assert token.startswith("mct_") and "shown only now" in r.stderr
+    assert root.client(token).put(f"/v1/kv/{name}/k", content=b"v").status_code in (200, 201)
+    listed = _cli(root, tmp_path, "acl", "token", "list", name)
+    line = next(x for x in listed.stdout.splitlines() if "'ci'" in x)
+    assert "expires=20" in line and "last_used=20" in line and token not in listed.stdout
+    tid = line.split()[0]
+    assert _cli(root, tmp_path, "acl", "token", "revoke", name, tid).returncode == 0
+    assert root.client(token).put(f"/v1/kv/{name}/k", content=b"w").status_code == 401
+    log = _cli(root, tmp_path, "acl", "log")
+    assert log.returncode == 0 and f"revoke_token producer/{name}" in log.stdout
+    assert f"- token {tid}" in log.stdout
+    bad = _cli(root, tmp_path, "acl", "token", "create", name, "--expires", "soon")
+    assert bad.returncode == 2 and "--expires" in bad.stderr

@@ -1,0 +1,195 @@
+"""`mercury acl ...`: the ACL document, tokens and the audit log, over the admin API.
+
+- `acl apply FILE [--prune] [--dry-run]`: make the root's ACL match FILE with ONE
+  ``PUT /v1/admin/acl`` (If-Match the version it read): all of it or nothing. Producers and
+  consumers FILE omits are kept unless --prune. --dry-run asks the server for the same
+  validation and diff (``?dry_run=true``) and commits nothing.
+- `acl token create NAME --label L [--expires 90d] [--consumer]`, `acl token list NAME`,
+  `acl token revoke NAME TOKEN_ID`.
+- `acl log [--since SEQ|TIME]`: the audit records.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import httpx
+import orjson
+
+from core.errors import ConfigError, GatewayError
+
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
+def register(sub: Any) -> None:
+    """Add the `acl` command and its actions."""
+    acl = sub.add_parser("acl", help="manage producers, consumers, tokens; read the audit log")
+    acts = acl.add_subparsers(dest="acl_command", required=True, metavar="ACTION")
+
+    ap = acts.add_parser(
+        "apply",
+        help="make the ACL match a YAML document, in one all-or-nothing PUT",
+        description="Make the root's producers and consumers match FILE with one PUT "
+        "/v1/admin/acl: everything or nothing, every problem listed. Prints the diff. "
+        "Idempotent: a second run prints `no changes`. Producers and consumers FILE omits "
+        "are kept unless --prune. Tokens are never in FILE and are kept.",
+    )
+    ap.add_argument("file", metavar="FILE", help="YAML document (see docs/security.md)")
+    _client_args(ap)
+    ap.add_argument(
+        "--dry-run", action="store_true", help="show exactly what the PUT would do, change nothing"
+    )
+    ap.add_argument(
+        "--prune", action="store_true", help="remove producers and consumers FILE omits"
+    )
+    # accepted for old scripts: keeping what FILE omits is the default now
+    ap.add_argument("--keep-unlisted", action="store_true", help=argparse.SUPPRESS)
+    ap.set_defaults(func=_apply)
+
+    tok = acts.add_parser("token", help="create, list or revoke tokens")
+    tacts = tok.add_subparsers(dest="token_command", required=True, metavar="ACTION")
+    tc = tacts.add_parser("create", help="issue a token (printed once, never stored)")
+    tc.add_argument("name", metavar="NAME", help="producer (or consumer with --consumer)")
+    tc.add_argument("--label", default="", help="what the token is for (shown in listings)")
+    tc.add_argument("--expires", help="lifetime such as 90d, 12h, 30m, 3600s (default: never)")
+    tc.add_argument("--consumer", action="store_true", help="NAME is a consumer")
+    tc.add_argument("--json", action="store_true", help="print the JSON answer")
+    _client_args(tc)
+    tc.set_defaults(func=_token_create)
+    tl = tacts.add_parser("list", help="token ids, labels, created, expires, last used")
+    tl.add_argument("name", metavar="NAME")
+    tl.add_argument("--consumer", action="store_true", help="NAME is a consumer")
+    _client_args(tl)
+    tl.set_defaults(func=_token_list)
+    tr = tacts.add_parser("revoke", help="revoke a token (refused from the next request on)")
+    tr.add_argument("name", metavar="NAME")
+    tr.add_argument("token_id", metavar="TOKEN_ID")
+    tr.add_argument("--consumer", action="store_true", help="NAME is a consumer")
+    _client_args(tr)
+    tr.set_defaults(func=_token_revoke)
+
+    lg = acts.add_parser("log", help="the audit records of admin changes")
+    lg.add_argument("--since", help="a seq (records after it) or an RFC 3339 time")
+    lg.add_argument("--json", action="store_true", help="one JSON record per line")
+    _client_args(lg)
+    lg.set_defaults(func=_log)
+
+
+def _client_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--url", default="http://127.0.0.1:8080", help="gateway base URL")
+    p.add_argument(
+        "--admin-token-file", required=True, help="file holding the admin token (admin.token)"
+    )
+
+
+def _client(args: argparse.Namespace) -> httpx.Client:
+    token = Path(args.admin_token_file).read_text().strip()
+    return httpx.Client(
+        base_url=args.url.rstrip("/"), headers={"Authorization": f"Bearer {token}"}, timeout=30.0
+    )
+
+
+def _check(resp: httpx.Response) -> Any:
+    if resp.status_code >= 400:
+        try:
+            body = resp.json()
+        except ValueError:
+            body = {"detail": resp.text}
+        lines = [f"{resp.request.method} {resp.request.url.path}: {resp.status_code} "
+                 f"{body.get('detail', '')}"]  # fmt: skip
+        lines += [f"  - {e}" for e in body.get("errors", [])]
+        raise GatewayError("\n".join(lines), hint=body.get("hint"))
+    return resp.json()
+
+
+def parse_duration(text: str) -> int:
+    """Seconds of a lifetime such as ``90d``, ``12h``, ``30m``, ``3600s`` or ``3600``."""
+    m = re.fullmatch(r"\s*(\d+)\s*([smhdw]?)\s*", text)
+    if not m or int(m.group(1)) <= 0:
+        raise ConfigError(f"--expires {text!r}: expected a positive duration such as 90d or 12h")
+    return int(m.group(1)) * _UNITS[m.group(2) or "s"]
+
+
+def _holder_path(args: argparse.Namespace) -> str:
+    kind = "consumers" if args.consumer else "producers"
+    return f"/v1/admin/{kind}/{quote(args.name, safe='')}"
+
+
+def _apply(args: argparse.Namespace) -> int:
+    from acl import doc
+
+    desired = doc.parse_document(Path(args.file).read_text())
+    with _client(args) as c:
+        r = c.get("/v1/admin/acl")
+        current = _check(r)
+        body = doc.merge_kept(current, desired, prune=args.prune)
+        params = {"dry_run": "true"} if args.dry_run else {}
+        headers = {"If-Match": r.headers["etag"], "Content-Type": "application/json"}
+        answer = _check(c.put("/v1/admin/acl", params=params, content=orjson.dumps(body),
+                              headers=headers))  # fmt: skip
+    changes = answer["changes"]
+    if not changes:
+        print("no changes")
+        return 0
+    for line in changes:
+        print(line)
+    if args.dry_run:
+        print(f"{len(changes)} change(s) not applied (--dry-run)")
+    else:
+        print(f"{len(changes)} change(s) applied (ACL version {answer['version']})")
+    return 0
+
+
+def _token_create(args: argparse.Namespace) -> int:
+    body: dict[str, Any] = {"label": args.label}
+    if args.expires:
+        body["expires_in_s"] = parse_duration(args.expires)
+    with _client(args) as c:
+        got = _check(c.post(_holder_path(args) + "/tokens", json=body))
+    if args.json:
+        sys.stdout.write(orjson.dumps(got).decode() + "\n")
+        return 0
+    print(got["token"])
+    print(
+        f"token_id {got['token_id']}  label {got['label']!r}  expires {got['expires'] or 'never'}"
+        "  (the token is shown only now)",
+        file=sys.stderr,
+    )
+    return 0
+
+
+def _token_list(args: argparse.Namespace) -> int:
+    with _client(args) as c:
+        tokens = _check(c.get(_holder_path(args) + "/tokens"))["tokens"]
+    for t in tokens:
+        print(
+            f"{t['token_id']}  label={t['label']!r}  created={t['created']}  "
+            f"expires={t['expires'] or 'never'}  last_used={t['last_used'] or '-'}"
+        )
+    return 0
+
+
+def _token_revoke(args: argparse.Namespace) -> int:
+    with _client(args) as c:
+        _check(c.delete(_holder_path(args) + "/tokens/" + quote(args.token_id, safe="")))
+    print(f"revoked {args.token_id}")
+    return 0
+
+
+def _log(args: argparse.Namespace) -> int:
+    params = {"since": args.since} if args.since else {}
+    with _client(args) as c:
+        records = _check(c.get("/v1/admin/audit", params=params))["records"]
+    for rec in records:
+        if args.json:
+            sys.stdout.write(orjson.dumps(rec).decode() + "\n")
+            continue
+        print(f"{rec['seq']}  {rec['time']}  {rec['who']}  {rec['action']} {rec['target']}")
+        for line in rec["diff"]:
+            print(f"    {line}")
+    return 0
