@@ -6,6 +6,7 @@ from __future__ import annotations
 import subprocess
 import time
 from pathlib import Path
+from typing import Any
 
 from store.store import Store
 from tests.gateway.conftest import Root
@@ -16,7 +17,7 @@ from tests.support.procs import run_mercury
 ACL = "/v1/admin/acl"
 
 
-def _acl(root: Root) -> tuple[dict, str]:
+def _acl(root: Root) -> tuple[dict[str, Any], str]:
     r = root.admin().get(ACL)
     assert r.status_code == 200, r.text
     return r.json(), r.headers["etag"]
