@@ -10,6 +10,16 @@ request and commits `window` seconds later, or as soon as it reaches `max_ops` o
 `max_bytes` bytes. The commit (`store.apply`, one LMDB transaction with fsync) runs in ONE
 worker thread so the event loop keeps accepting while it runs; the next batch fills
 meanwhile. Each request's future resolves after the durable commit with its own results.
+
+Bounds: a request joins the open batch only while the batch stays within `max_ops`, within
+`max_bytes` and within what one log record may hold (`store.format.MAX_LOG_PAYLOAD`; a
+request alone may exceed the first two, never the last: 413). A request that does not fit
+seals the open batch into a queue of at most `max_queued` batches waiting for the commit
+thread and opens a new one; when that queue is full too, the request is refused with 503
+and Retry-After (async writes are answered 202 before their commit, so without this a
+writer at full speed grew the open batch without limit while a commit ran, up to a log
+record no replica accepts). Memory held by waiting writes is thereby at most
+(`max_queued` + 1) batches.
 """
 
 from __future__ import annotations
@@ -18,7 +28,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -26,9 +36,10 @@ from typing import Any
 
 import orjson
 
-from core.errors import ShuttingDownError
+from core.errors import OverloadedError, ShuttingDownError, TooLargeError
 from gateway import metrics
-from store.ops import Op, Result, Status
+from store.format import MAX_LOG_PAYLOAD, entry_size
+from store.ops import DELETE, Op, Result, Status
 from store.store import Store
 
 log = logging.getLogger("mercury.gateway.batch")
@@ -44,20 +55,23 @@ def coalesce(ops: Sequence[Op]) -> tuple[list[int], list[int]]:
     """Which ops of a batch to apply, and whose result each op takes.
 
     Returns (kept, winner): `kept` are indices applied in order; `winner[i]` is the index
-    whose result op i reports. An op is dropped when a later op writes the same key and no
-    op on that key carries a condition (conditions must see every earlier write). The final
-    state equals applying every op, for conditions that name committed seqs (seqs assigned
-    inside the batch are renumbered by coalescing; no client can know them beforehand).
+    whose result op i reports. An op is dropped only when a later set writes the same key
+    and every op on that key is an unconditional set: conditions must see every earlier
+    write, and a delete must find what the ops before it left (``set a`` then ``delete a``
+    answers written + deleted, as applied one by one, not "absent" for a key just set).
+    The final state equals applying every op, for conditions that name committed seqs
+    (seqs assigned inside the batch are renumbered by coalescing; no client can know them
+    beforehand).
     """
     n = len(ops)
     if len({op.key for op in ops}) == n:  # the common case: every key once
         everything = list(range(n))
         return everything, everything
     last: dict[bytes, int] = {}
-    conditional: set[bytes] = set()
+    conditional: set[bytes] = set()  # keys never coalesced: a condition or a delete
     for i, op in enumerate(ops):
         last[op.key] = i
-        if op.expect_seq is not None:
+        if op.expect_seq is not None or op.op == DELETE:
             conditional.add(op.key)
     kept: list[int] = []
     winner: list[int] = []
@@ -96,16 +110,39 @@ def unsort(results: list[Result], order: list[int]) -> list[Result]:
 def coalesced_result(won: Result) -> Result:
     """The answer of an op superseded inside its batch by a later write of the same key.
 
-    It was never applied on its own, so it reports neither "written" nor "deleted" (the
-    store did not do that: a set then a delete of an absent key leaves no trace, a set
-    replaced by a duplicate of the stored value writes nothing); ``superseded`` at the
-    seq of the op that decided the key's outcome says exactly what happened."""
+    It was never applied on its own, so it does not claim "written" (a set replaced by a
+    duplicate of the stored value leaves no write at all); ``superseded`` at the seq of
+    the op that decided the key's outcome says exactly what happened."""
     return Result(Status.SUPERSEDED, won.seq)
 
 
 def should_flush(n_ops: int, n_bytes: int, max_ops: int, max_bytes: int) -> bool:
     """Whether an open batch is full and must commit before its window ends."""
     return n_ops >= max_ops or n_bytes >= max_bytes
+
+
+def log_bytes(n_ops: int, nbytes: int, owner: str) -> int:
+    """Upper bound of the log payload of `n_ops` ops of `owner` holding `nbytes` bytes of
+    keys and values (each op one entry; coalescing only removes entries)."""
+    return entry_size(len(owner.encode()), 0, 0) * n_ops + nbytes
+
+
+def fits(
+    batch_ops: int,
+    batch_bytes: int,
+    batch_log: int,
+    n_ops: int,
+    nbytes: int,
+    nlog: int,
+    max_ops: int,
+    max_bytes: int,
+) -> bool:
+    """Whether a request joins a non-empty open batch without passing any of its bounds."""
+    return (
+        batch_ops + n_ops <= max_ops
+        and batch_bytes + nbytes <= max_bytes
+        and batch_log + nlog <= MAX_LOG_PAYLOAD
+    )
 
 
 # --- async adapter ------------------------------------------------------------------------
@@ -128,6 +165,8 @@ class _Open:
     requests: list[Request] = field(default_factory=list)
     n_ops: int = 0
     n_bytes: int = 0
+    #: upper bound of this batch's log payload (`log_bytes`)
+    n_log: int = 0
     deletes: dict[tuple[str, str], int] = field(default_factory=dict)
     opened: float = 0.0
 
@@ -146,12 +185,16 @@ class Batcher:
         window_s: float,
         max_ops: int,
         max_bytes: int,
+        max_queued: int = 1,
         on_commit: Callable[[], None] | None = None,
     ) -> None:
         self.store = store
         self.window_s = window_s
         self.max_ops = max_ops
-        self.max_bytes = max_bytes
+        self.max_bytes = min(max_bytes, MAX_LOG_PAYLOAD)
+        self.max_queued = max_queued
+        #: full batches sealed while a commit ran, committed in order before the open one
+        self._queued: deque[_Open] = deque()
         self.on_commit = on_commit
         self.executor = ThreadPoolExecutor(1, thread_name_prefix="mercury-commit")
         self._open = _Open()
@@ -198,14 +241,37 @@ class Batcher:
         """Queue a request's ops for the open batch; the future gives one Result per op."""
         if self._closing:
             raise ShuttingDownError("the gateway is shutting down", hint="retry on the new root")
-        fut: asyncio.Future[list[Result]] = asyncio.get_running_loop().create_future()
+        nlog = log_bytes(len(ops), nbytes, producer)
+        if nlog > MAX_LOG_PAYLOAD:  # can never succeed: not a retryable refusal
+            raise TooLargeError(
+                f"request of {len(ops)} ops and {nbytes} bytes would make a log record "
+                f"beyond {MAX_LOG_PAYLOAD} bytes",
+                hint="send it as several requests",
+            )
         b = self._open
+        if b.requests and not fits(
+            b.n_ops, b.n_bytes, b.n_log, len(ops), nbytes, nlog, self.max_ops, self.max_bytes
+        ):
+            if len(self._queued) >= self.max_queued:
+                metrics.BATCH_OVERLOADED.inc()
+                wait = max(1, round(self.window_s + 0.5))
+                raise OverloadedError(
+                    f"the write path holds {len(self._queued) + 1} full batches waiting "
+                    "for their commit",
+                    hint=f"retry after {wait} s",
+                    headers={"Retry-After": str(wait)},
+                )
+            self._queued.append(b)
+            self._open = b = _Open()
+            self._full.set()
+        fut: asyncio.Future[list[Result]] = asyncio.get_running_loop().create_future()
         if not b.requests:
             b.opened = time.monotonic()
             self._wake.set()
         b.requests.append(Request(ops, nbytes, fut, producer, idem_key, answer))
         b.n_ops += len(ops)
         b.n_bytes += nbytes
+        b.n_log += nlog
         if deletes:
             for ks, n in deletes.items():
                 b.deletes[(producer, ks)] = b.deletes.get((producer, ks), 0) + n
@@ -227,16 +293,24 @@ class Batcher:
         while True:
             await self._wake.wait()
             b = self._open
-            if not self._closing:
+            if not self._closing and not self._queued:
                 remaining = b.opened + self.window_s - time.monotonic()
                 if remaining > 0 and not self._full.is_set():
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(self._full.wait(), remaining)
-            b = self._open
-            self._open = _Open()
+            if self._queued:  # sealed full while the last commit ran: first in, first out
+                b = self._queued.popleft()
+            else:
+                b = self._open
+                self._open = _Open()
             throttled, self._throttled = self._throttled, {}
-            self._wake.clear()
-            self._full.clear()
+            nxt = self._open
+            if not self._queued and not nxt.requests:
+                self._wake.clear()
+            if not self._queued and not should_flush(
+                nxt.n_ops, nxt.n_bytes, self.max_ops, self.max_bytes
+            ):
+                self._full.clear()
             if b.requests or throttled:
                 try:
                     results = await loop.run_in_executor(
@@ -251,7 +325,7 @@ class Batcher:
                     for r, res in zip(b.requests, results, strict=True):
                         if not r.future.done():
                             r.future.set_result(res)
-            if self._closing and not self._open.requests:
+            if self._closing and not self._open.requests and not self._queued:
                 return
 
     def _commit(self, requests: list[Request], throttled: dict[str, int]) -> list[list[Result]]:

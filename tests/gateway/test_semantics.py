@@ -188,22 +188,33 @@ def test_set_then_delete_of_an_absent_key_says_what_the_store_did(shared_root: R
     name, tok = shared_root.producer()
     c = shared_root.client(tok)
     before = _seq(shared_root)
-    ops = [
-        {"op": "set", "key": f"{name}/new", "value": "x"},
-        {"op": "delete", "key": f"{name}/new"},
-    ]
+    key = f"{name}/new"
+    ops = [{"op": "set", "key": key, "value": "x"}, {"op": "delete", "key": key}]
     r = c.post("/v1/batch", params={"results": "true"}, json={"ops": ops})
     body = r.json()
     assert r.status_code == 200
-    # nothing was written: the set was superseded by the delete, which found no key
-    assert body["written"] == 0 and body["deleted"] == 0 and body["seq"] == 0
-    assert body["superseded"] == 1 and body["absent"] == 1
+    # applied one after the other, as sent: the set wrote, the delete deleted what it wrote
     assert body["results"] == [
-        {"key": f"{name}/new", "status": "superseded", "seq": 0},
-        {"key": f"{name}/new", "status": "absent", "seq": 0},
+        {"key": key, "status": "written", "seq": before + 1},
+        {"key": key, "status": "deleted", "seq": before + 2},
     ]
-    assert _seq(shared_root) == before
-    assert c.get(f"/v1/kv/{name}/new").status_code == 404
+    assert (body["written"], body["deleted"], body["absent"], body["seq"]) == (1, 1, 0, before + 2)
+    assert _seq(shared_root) == before + 2
+    assert c.get(f"/v1/kv/{key}").status_code == 404
+    # two sets of one key: the first is superseded (never stored), at the second's seq
+    ops = [{"op": "set", "key": key, "value": "1"}, {"op": "set", "key": key, "value": "2"}]
+    body = c.post("/v1/batch", params={"results": "true"}, json={"ops": ops}).json()
+    seq = body["seq"]
+    assert body["results"] == [
+        {"key": key, "status": "superseded", "seq": seq},
+        {"key": key, "status": "written", "seq": seq},
+    ]
+    assert (body["written"], body["superseded"]) == (1, 1) and _seq(shared_root) == seq
+    # ... and a set replaced by a duplicate of the stored value: nothing written at all
+    ops = [{"op": "set", "key": key, "value": "3"}, {"op": "set", "key": key, "value": "2"}]
+    body = c.post("/v1/batch", json={"ops": ops}).json()
+    assert (body["written"], body["superseded"], body["duplicates"]) == (0, 1, 1)
+    assert body["seq"] == seq and _seq(shared_root) == seq
 
 
 def test_batch_totals_add_up_and_results_name_each_op(shared_root: Root) -> None:
