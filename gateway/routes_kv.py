@@ -66,7 +66,14 @@ _BATCH_SCHEMA = {
                     "key_b64": {"type": "string"},
                     "value": {"type": "string"},
                     "value_b64": {"type": "string"},
+                    "if_seq": {
+                        "type": "integer",
+                        "minimum": 0,
+                        "description": "the key's current version must be this (0 = absent)",
+                    },
+                    "if_absent": {"type": "boolean", "description": "true: the key must be absent"},
                 },
+                "additionalProperties": False,
             },
         }
     },
@@ -177,7 +184,16 @@ async def get_kv(request: Request) -> Response:
     "/v1/batch",
     summary="Write many keys in one request (JSON or application/msgpack)",
     openapi_extra={
-        "parameters": _KV_PARAMS[2:],
+        "parameters": [
+            *_KV_PARAMS[2:],
+            {
+                "name": "results",
+                "in": "query",
+                "required": False,
+                "schema": {"type": "boolean"},
+                "description": "list each op's key, status and seq (always with conditions)",
+            },
+        ],
         "requestBody": {
             "required": True,
             "content": {
@@ -189,5 +205,6 @@ async def get_kv(request: Request) -> Response:
 )
 async def post_batch(request: Request) -> Response:
     """ACL checked for every op before any applies; 200 `{"seq", "written", "deleted",
-    "duplicates", "absent"}` after the durable commit."""
+    "duplicates", "absent", "superseded", "precondition_failed"}` (+ `results`) after the
+    durable commit; If-Match / If-None-Match refused (per-op `if_seq` / `if_absent`)."""
     return await _call(request, kv_handlers.post_batch)
