@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 
 from core.service import Service
 from reads.kt_server import kt_service
+from reads.kt_write_handler import kt_write_service
+from reads.kt_writes import KtWriter
 from reads.memcached_server import memcached_service
 from reads.tcp import ListenerLimits
 from store.store import Store
@@ -25,12 +27,27 @@ class ListenerSettings:
     memcached: tuple[str, int] | None = None
     #: Connection cap and timeouts of every listener (`--listener-*` flags).
     limits: ListenerLimits = field(default_factory=ListenerLimits)
+    #: KT database names accepted besides `0` and the store directory's (`--kt-db-alias`).
+    kt_db_aliases: tuple[bytes, ...] = ()
 
 
-def root_services(store: Store, settings: ListenerSettings) -> list[Service]:
-    """Read listeners the root runs beside the gateway (KT: point reads only)."""
+def root_services(
+    store: Store, settings: ListenerSettings, kt_writer: KtWriter | None = None
+) -> list[Service]:
+    """Listeners the root runs beside the gateway: KT with point and bulk reads, and with
+    writes through `kt_writer` when given (`--kt-producer`)."""
     if settings.kt is None:
         return []
+    if kt_writer is not None:
+        return [
+            kt_write_service(
+                store,
+                *settings.kt,
+                kt_writer,
+                limits=settings.limits,
+                db_aliases=settings.kt_db_aliases,
+            )
+        ]
     return [kt_service(store, *settings.kt, point_only=True, limits=settings.limits)]
 
 
