@@ -71,6 +71,10 @@ QUOTA_OPS = Counter(
     "(429), too_large (413: no wait admits them), shadow (counted, not enforced)",
     ("producer", "outcome"),
 )
+BATCH_OVERLOADED = Counter(
+    "mercury_batch_overloaded_total",
+    "Writes refused with 503 because the open batch and the queue of full ones were full",
+)
 LOG_LAST_SEQ = _shared_gauge("mercury_log_last_seq", "Seq of the last committed log entry")
 USAGE_BYTES = Gauge("mercury_usage_bytes", "Bytes stored per producer", ("producer",))
 USAGE_KEYS = Gauge("mercury_usage_keys", "Keys stored per producer", ("producer",))

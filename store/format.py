@@ -92,6 +92,20 @@ RECORD_FIXED = RECORD_HEADER.size + 1  # + owner length byte = 19
 ENTRY_HEADER = struct.Struct("<QBBHI")  # seq, op, owner len, key len, value len
 ENTRY_FIXED = ENTRY_HEADER.size  # 16
 LOG_HEADER = struct.Struct("<BBQIQ32sII")  # tag, flags, first, count, time, head, plen, crc
+#: The largest log record (header + compressed payload) a node writes. Replication ships a
+#: record as one frame of at most 256 MiB and a replica refuses a bigger one for ever, so
+#: the store refuses to write one (and the gateway never builds a batch that could be).
+MAX_LOG_RECORD = 240 << 20
+#: The largest uncompressed entry payload whose snappy form surely fits `MAX_LOG_RECORD`:
+#: snappy's worst case is 32 + n + n / 6 bytes.
+MAX_LOG_PAYLOAD = (MAX_LOG_RECORD - LOG_HEADER.size - 32) * 6 // 7
+
+
+def entry_size(owner_len: int, key_len: int, value_len: int) -> int:
+    """Bytes of one log entry in a batch payload (before compression)."""
+    return ENTRY_HEADER.size + owner_len + key_len + value_len
+
+
 _PREFIX = struct.Struct("<BBQI")
 
 

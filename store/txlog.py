@@ -13,9 +13,9 @@ from typing import Any
 import snappy
 
 from core import failpoints
-from core.errors import CorruptionError, LogRetentionError
+from core.errors import CorruptionError, InvalidOpError, LogRetentionError
 from store import chunks, layout
-from store.format import LOG_HEADER, decode_log_header, encode_log_header
+from store.format import LOG_HEADER, MAX_LOG_RECORD, decode_log_header, encode_log_header
 from store.layout import BE64, K_LAST_SEQ, K_LOG_BASE_HASH, K_LOG_FIRST, U64
 from store.ops import LogRecord
 
@@ -33,6 +33,11 @@ def put_batch(
 ) -> None:
     """Compress a batch's entry payload and store it as the log record at `first`."""
     comp = snappy.compress(payload)
+    if LOG_HEADER.size + len(comp) > MAX_LOG_RECORD:  # no replica could ever take it
+        raise InvalidOpError(
+            f"batch of {count} entries makes a {LOG_HEADER.size + len(comp)}-byte log record; "
+            f"at most {MAX_LOG_RECORD} (the replication frame limit)"
+        )
     header = encode_log_header(0, first, count, time_us, head, comp)
     put_record(txn, dbs, first, header, comp)
     failpoints.hit("store.apply.log_written")

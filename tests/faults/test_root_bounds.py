@@ -162,3 +162,69 @@ def test_a_stalled_body_on_a_real_root_frees_the_connection(bounded_root: Root) 
         assert c.put(f"/v1/kv/{name}/other", content=b"v").status_code == 200
     finally:
         s.close()
+
+
+def test_async_writers_at_full_speed_never_grow_a_batch_past_its_bounds(
+    tmp_path: Path, procs: Procs
+) -> None:
+    """Async writes answer 202 before their commit, so nothing paced them: the open batch
+    grew while a commit ran (one 269 MB log record, over the replication frame limit).
+    Every committed log record must hold at most `--batch-max-ops` ops (requests of 100
+    ops, a batch of 250), and a writer beyond what the root can hold gets 503 +
+    Retry-After, never a lost write."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from store.store import Store
+
+    root = make_root(
+        procs,
+        tmp_path / "data",
+        "--batch-max-ops",
+        "250",
+        "--batch-max-bytes",
+        "400000",
+        window_ms=200,
+    )
+    name, tok = root.producer()
+
+    def body(w: int, n: int) -> dict[str, Any]:  # fresh keys: nothing coalesces
+        return {
+            "ops": [
+                {"op": "set", "key": f"{name}/{w}/{n}/{i}", "value": "v" * 1000} for i in range(100)
+            ]
+        }
+
+    stop_at = time.monotonic() + 4.0
+
+    def writer(w: int) -> tuple[int, int, bool]:
+        c = root.client(tok)
+        ok = refused = 0
+        retry_after = True
+        for n in range(2000):  # bounded in count and in time
+            if time.monotonic() > stop_at:
+                break
+            r = c.post("/v1/batch?async=true", json=body(w, n))
+            if r.status_code == 202:
+                ok += 1
+            else:
+                assert r.status_code == 503, r.text
+                refused += 1
+                retry_after = retry_after and "retry-after" in r.headers
+        return ok, refused, retry_after
+
+    with ThreadPoolExecutor(6) as pool:
+        outcomes = list(pool.map(writer, range(6)))
+    assert sum(o[0] for o in outcomes) > 0
+    assert all(o[2] for o in outcomes)
+    root.close_clients()
+    procs.terminate(root.proc)  # SIGTERM: the open batch is committed first
+    with Store.open(str(root.data_dir)) as store:
+        seq, biggest, records = 1, 0, 0
+        while seq <= store.last_seq():
+            recs = store.read_log(seq, max_records=100)
+            for rec in recs:
+                biggest = max(biggest, rec.num_entries)
+                records += 1
+            seq = recs[-1].last_seq + 1
+    assert records > 0
+    assert biggest <= 250, f"a log record of {biggest} ops (limit 250)"
