@@ -1,6 +1,7 @@
-"""The `mercury acl apply` document (YAML) and its diff against a running gateway.
+"""The ACL as a document: validation of a whole document (every problem listed), its diff,
+and the YAML that `mercury acl apply` reads. Pure: nothing here does I/O.
 
-Document::
+Document (YAML for `acl apply`, JSON for ``PUT /v1/admin/acl``)::
 
     producers:
       team-a:
@@ -9,10 +10,13 @@ Document::
         quota: {ops_per_s: 100, burst: 200, bytes_per_s: 1000000, max_delay_ms: 1000,
                 max_bytes_stored: 100000000, shadow: false}
         guards: {"a/": {refuse_empty: true, max_deletes_per_batch: 100}}
+    consumers:
+      edge: {keyspaces: ["a/"]}
 
-The document is the whole truth: producers it does not list are removed (unless the caller
-keeps them). Tokens are not part of it (they are issued by the API and shown once). Pure:
-parsing and diffing never do I/O.
+Tokens are not part of it (they are issued by the API, shown once, and kept across a
+document PUT). `parse`, `diff` and `steps` are the per-producer form used before the
+document PUT existed (a sequence of per-producer calls ordered so no intermediate state
+overlaps); the server now commits the whole document at once.
 """
 
 from __future__ import annotations
