@@ -12,7 +12,7 @@ import httpx
 import orjson
 
 from core.errors import GatewayError
-from mercury import http_listener, retention_flags
+from mercury import http_listener, retention_flags, tls
 from reads.tcp import add_listener_flags
 
 
@@ -59,6 +59,7 @@ def register(sub: Any) -> None:
         help="concurrent snapshot transfers served to bootstrapping replicas (default 1)",
     )
     retention_flags.add_arguments(p)
+    tls.add_arguments(p)
     p.add_argument(
         "--switch-interval-ms",
         type=float,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from mercury import retention_flags
+from mercury import retention_flags, tls
 from reads.tcp import add_listener_flags
 
 
@@ -73,6 +73,7 @@ def register(sub: Any) -> None:
         "or corrupt the last commits (then re-bootstrap: empty DATA_DIR and restart)",
     )
     retention_flags.add_arguments(p)
+    tls.add_arguments(p)
     p.set_defaults(func=_run)
 
 

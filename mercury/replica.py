@@ -26,7 +26,7 @@ import time
 
 import uvicorn
 
-from mercury import logsetup
+from mercury import logsetup, tls
 from mercury.settings import ReplicaConfig
 from replicator.metrics import APPLIED_SEQ, DIVERGED, REPLICATION_LAG, WORKER_RESTARTS
 from replicator.status import diverged, read_status
@@ -94,6 +94,13 @@ class WorkerSupervisor:
             await asyncio.sleep(delay)
             delay = min(RESTART_CAP, delay * 2)
 
+    def signal(self, sig: int) -> None:
+        """Send `sig` to the running worker (by its pid), if any."""
+        p = self.proc
+        if p is not None and p.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                p.send_signal(sig)
+
     async def stop(self) -> None:
         """Stop the worker (SIGTERM, then SIGKILL after 10 s)."""
         self._stopping = True
@@ -136,6 +143,7 @@ class _Server(uvicorn.Server):
 
 async def _serve(config: ReplicaConfig) -> int:
     from reads.http_app import create_read_app
+    from reads import watch
     from reads.wiring import replica_services
 
     cfg = config.worker
@@ -143,6 +151,15 @@ async def _serve(config: ReplicaConfig) -> int:
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    tls.warn_plaintext(
+        [
+            ("read API", config.listen),
+            ("replication", cfg.repl_listen),
+            ("kt", config.listeners.kt),
+            ("memcached", config.listeners.memcached),
+        ],
+        config.tls is not None,
+    )
     os.makedirs(cfg.data_dir, exist_ok=True)
     sup = WorkerSupervisor(cfg, stop, config.log_level)
     await sup.start()
@@ -169,17 +186,28 @@ async def _serve(config: ReplicaConfig) -> int:
     for s in services:
         await s.start()
     host, port = config.listen
-    server = _Server(
-        uvicorn.Config(
-            app,
-            host=host,
-            port=port,
-            access_log=False,
-            log_level="warning",
-            log_config=None,  # uvicorn's lines go through the JSON root handler too
-            lifespan="off",
-        )
+    uv_config = uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        access_log=False,
+        log_level="warning",
+        log_config=None,  # uvicorn's lines go through the JSON root handler too
+        lifespan="off",
+        **tls.uvicorn_ssl(config.tls),  # type: ignore[arg-type]
     )
+    server = _Server(uv_config)
+    # uvicorn waits for every open response before stopping: watch streams must end.
+    watch.end_streams_when(app, lambda: server.should_exit)
+    if config.tls is not None:
+        # SIGHUP: this process's HTTPS context in place, and the worker's replication
+        # contexts (it re-reads the files itself on the forwarded signal).
+        services.append(
+            tls.TlsReloader(
+                config.tls, None, lambda: uv_config.ssl, also=lambda: sup.signal(signal.SIGHUP)
+            )
+        )
+        await services[-1].start()
     logsetup.event(
         log,
         "start",
@@ -192,6 +220,7 @@ async def _serve(config: ReplicaConfig) -> int:
         repl_listen=_hp(cfg.repl_listen),
         sources=[f"{h}:{p}" for h, p in cfg.sources],
         seq=store.last_seq(),
+        tls=config.tls is not None,
     )
     serving = loop.create_task(server.serve())
     reboot = loop.create_task(sup.rebootstrap.wait())

@@ -14,9 +14,11 @@ import sys
 
 import uvicorn
 
+from core.service import Service
+from core.tlsconf import TlsContexts
 from gateway.app import create_app
 from gateway.fastpath import FastPath
-from mercury import gctune, http_listener, logsetup
+from mercury import gctune, http_listener, logsetup, tls
 from mercury.settings import RootConfig
 from store.lock import WriterLock
 from store.retention import RetentionService
@@ -29,6 +31,7 @@ def run_root(args: argparse.Namespace) -> int:
     """Run the root until SIGTERM/SIGINT; the open batch is committed before exit."""
     # Imported here so `mercury --help` does not load the other components.
     from reads import wiring as reads_wiring
+    from reads import watch as reads_watch
     from replicator import wiring as repl_wiring
 
     cfg = RootConfig.from_args(args)
@@ -42,11 +45,17 @@ def run_root(args: argparse.Namespace) -> int:
     # One writer per store: a second root (or a replica worker) on this directory fails
     # here, naming the holder, before it opens anything.
     writer_lock = WriterLock.acquire(cfg.data_dir, create=False)
+    tls.warn_plaintext(
+        [("gateway", cfg.listen), ("replication", cfg.source.listen), ("kt", cfg.listeners.kt)],
+        cfg.tls is not None,
+    )
+    # Built before anything listens: unreadable or mismatched files fail the start.
+    repl_tls = TlsContexts(cfg.tls) if cfg.tls is not None else None
     store = Store.open(cfg.data_dir, sync=cfg.sync)
     try:
-        services = [
+        services: list[Service] = [
             logsetup.StopLog(log, lambda: {"role": "root", "seq": store.last_seq()}),
-            *repl_wiring.root_services(store, cfg.source),
+            *repl_wiring.root_services(store, cfg.source, repl_tls),
             *reads_wiring.root_services(store, cfg.listeners),
             RetentionService(store, cfg.retention),
         ]
@@ -63,7 +72,11 @@ def run_root(args: argparse.Namespace) -> int:
             log_config=None,  # uvicorn's lines go through the JSON root handler too
             lifespan="on",
             timeout_keep_alive=max(1, int(bounds.idle_timeout_s)),
+            **tls.uvicorn_ssl(cfg.tls),  # type: ignore[arg-type]
         )
+        if cfg.tls is not None:
+            # uvicorn builds its one SSL context when it starts; SIGHUP reloads it in place.
+            services.append(tls.TlsReloader(cfg.tls, repl_tls, lambda: config.ssl))
         logsetup.event(
             log,
             "start",
@@ -74,8 +87,13 @@ def run_root(args: argparse.Namespace) -> int:
             repl_listen=_hp(cfg.source.listen),
             kt_listen=_hp(cfg.listeners.kt),
             seq=store.last_seq(),
+            tls=cfg.tls is not None,
         )
-        uvicorn.Server(config).run()
+        server = uvicorn.Server(config)
+        # GET /v1/watch on the root too; its endless streams end once the server stops.
+        reads_watch.install(app, store)
+        reads_watch.end_streams_when(app, lambda: server.should_exit)
+        server.run()
     finally:
         store.close()
         writer_lock.release()

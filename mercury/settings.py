@@ -14,8 +14,10 @@ import os
 from dataclasses import asdict, dataclass
 
 from core.addr import parse_hostport
+from core.tlsconf import TlsFiles
 from gateway.settings import Settings
 from mercury.retention_flags import policy_from_args
+from mercury.tls import files_from_args
 from reads.tcp import listener_limits
 from reads.wiring import ListenerSettings
 from replicator.wiring import SourceSettings
@@ -49,6 +51,8 @@ class RootConfig:
     switch_interval_s: float
     sync: bool
     log_level: str
+    #: `--tls-*`: HTTPS and mutual-TLS replication (None: plaintext).
+    tls: TlsFiles | None = None
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> RootConfig:
@@ -73,6 +77,7 @@ class RootConfig:
             switch_interval_s=float(args.switch_interval_ms) / 1000.0,
             sync=not args.no_sync,
             log_level=args.log_level,
+            tls=files_from_args(args),
         )
 
 
@@ -84,6 +89,8 @@ class ReplicaConfig:
     listeners: ListenerSettings
     worker: WorkerConfig
     log_level: str
+    #: `--tls-*`: HTTPS reads and mutual-TLS replication (None: plaintext).
+    tls: TlsFiles | None = None
 
     @property
     def data_dir(self) -> str:
@@ -93,6 +100,7 @@ class ReplicaConfig:
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> ReplicaConfig:
         """The replica's settings from `mercury replica`'s arguments."""
+        tls = files_from_args(args)
         return cls(
             listen=parse_hostport(args.listen, "--listen"),
             listeners=listener_settings(args, memcached=True),
@@ -106,6 +114,8 @@ class ReplicaConfig:
                 sync=not args.no_sync,
                 retention=asdict(policy_from_args(args)),
                 nice=int(args.applier_nice),
+                tls=asdict(tls) if tls is not None else None,
             ),
             log_level=args.log_level,
+            tls=tls,
         )

@@ -17,11 +17,13 @@ import json
 import logging
 import os
 import socket
+import ssl
 import struct
 import uuid
 from collections.abc import Callable
 
-from core.errors import CorruptionError, ProtocolError, SnapshotTransferError
+from core.errors import CorruptionError, DbIdMismatchError, ProtocolError, SnapshotTransferError
+from core.tlsconf import TlsContexts
 from replicator import frames
 from replicator.client import refusal_error
 from replicator.status import StatusBoard
@@ -82,7 +84,14 @@ def discard(data_dir: str) -> None:
 
 
 async def fetch(
-    host: str, port: int, data_dir: str, *, node_id: bytes, db_id: bytes, board: StatusBoard
+    host: str,
+    port: int,
+    data_dir: str,
+    *,
+    node_id: bytes,
+    db_id: bytes,
+    board: StatusBoard,
+    tls: TlsContexts | None = None,
 ) -> frames.SnapshotOffer:
     """Download (or finish downloading) a snapshot from `host:port` into DATA_DIR/.bootstrap.
 
@@ -97,18 +106,24 @@ async def fetch(
     def state(name: str) -> None:
         loop.call_soon_threadsafe(lambda: board.update(state=name, source=f"{host}:{port}"))
 
-    return await asyncio.to_thread(_fetch_blocking, host, port, data_dir, node_id, db_id, state)
+    ctx = tls.client if tls is not None else None
+    return await asyncio.to_thread(
+        _fetch_blocking, host, port, data_dir, node_id, db_id, state, ctx
+    )
 
 
-def _connect(host: str, port: int) -> socket.socket:
+def _connect(host: str, port: int, ctx: ssl.SSLContext | None = None) -> socket.socket:
     """A TCP connection with a large receive buffer, set before connecting so that the
-    window scale is negotiated for it (a bulk transfer is window-bound otherwise)."""
+    window scale is negotiated for it (a bulk transfer is window-bound otherwise); with
+    `ctx`, mutual TLS (the source must present a certificate signed by our CA)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, _SOCK_BUF)
         sock.settimeout(CONNECT_TIMEOUT)
         sock.connect((host, port))
+        if ctx is not None:
+            sock = ctx.wrap_socket(sock, server_hostname=host)
     except BaseException:
         sock.close()
         raise
@@ -146,6 +161,7 @@ def _fetch_blocking(
     node_id: bytes,
     db_id: bytes,
     state: Callable[[str], None],
+    ctx: ssl.SSLContext | None = None,
 ) -> frames.SnapshotOffer:
     part, meta = _paths(data_dir)
     layout.make_data_dir(data_dir)  # 0700 before any of the store's bytes arrive
@@ -153,7 +169,7 @@ def _fetch_blocking(
     offer, have = held(data_dir)
     if offer is not None and have == offer.size:
         return offer
-    with _connect(host, port) as sock:
+    with _connect(host, port, ctx) as sock:
         sock.settimeout(IDLE_TIMEOUT)
         hello = frames.Hello(
             frames.PROTOCOL_VERSION,
@@ -175,9 +191,17 @@ def _fetch_blocking(
                 state("bootstrap-waiting")
             elif ftype == frames.SNAPSHOT:
                 new = frames.decode_snapshot(body)
+                if db_id != frames.ZERO_ID and new.db_id != db_id:
+                    raise DbIdMismatchError(f"{host}:{port} offered another store's snapshot")
                 break
             elif ftype != frames.WELCOME:
                 raise ProtocolError(f"unexpected frame type {ftype} before a snapshot")
+            elif db_id != frames.ZERO_ID and (theirs := frames.decode_welcome(body).db_id) != db_id:
+                # A re-bootstrap must fetch our own store's history, never another's.
+                raise DbIdMismatchError(
+                    f"source {host}:{port} holds db {uuid.UUID(bytes=theirs)}, "
+                    f"this replica holds {uuid.UUID(bytes=db_id)}"
+                )
         state("bootstrapping")
         if new.offset == 0:
             with open(meta, "w") as f:
@@ -219,6 +243,9 @@ def _receive(sock: socket.socket, fd: int, count: int) -> None:
     Raises SnapshotTransferError when the peer closes early or stalls.
     """
     left = count
+    if isinstance(sock, ssl.SSLSocket):
+        _receive_tls(sock, fd, count)
+        return
     # Blocking fd (splice needs it) with a kernel receive timeout for stall detection.
     sock.setblocking(True)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, struct.pack("ll", int(IDLE_TIMEOUT), 0))
@@ -253,6 +280,27 @@ def _receive(sock: socket.socket, fd: int, count: int) -> None:
                 break
             os.write(fd, view[:k])
             left -= k
+    if left:
+        raise SnapshotTransferError(
+            f"snapshot transfer cut with {left} bytes to go", hint="retry resumes it"
+        )
+
+
+def _receive_tls(sock: ssl.SSLSocket, fd: int, count: int) -> None:
+    """`_receive` over TLS: the bytes must be decrypted in user space, so no splice."""
+    sock.settimeout(IDLE_TIMEOUT)
+    buf = bytearray(_CHUNK)
+    view = memoryview(buf)
+    left = count
+    while left:
+        try:
+            k = sock.recv_into(view[: min(_CHUNK, left)])
+        except TimeoutError as err:
+            raise SnapshotTransferError("snapshot transfer stalled") from err
+        if k == 0:
+            break
+        os.write(fd, view[:k])
+        left -= k
     if left:
         raise SnapshotTransferError(
             f"snapshot transfer cut with {left} bytes to go", hint="retry resumes it"

@@ -33,6 +33,7 @@ import logging
 import queue
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from typing import Any
 
@@ -50,6 +51,7 @@ from core.errors import (
     SelfReplicationError,
     StreamGapError,
 )
+from core.tlsconf import TlsContexts
 from replicator import frames, validate, wire
 from replicator.heartbeat import RelayedHeartbeat
 from replicator.selection import Selector
@@ -111,6 +113,28 @@ def refusal_error(r: frames.Refuse) -> RefusedError:
     return cls(f"source refused: {r.message}", code=r.code)
 
 
+async def open_source(
+    host: str, port: int, tls: TlsContexts | None, limit: int = 1 << 16
+) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """A connection to a source: mutual TLS with the current client context when `tls`
+    (the source must present a certificate signed by our CA), else plain TCP."""
+    if tls is None:
+        return await asyncio.open_connection(host, port, limit=limit)
+    return await asyncio.open_connection(
+        host, port, limit=limit, ssl=tls.client, server_hostname=host
+    )
+
+
+def check_welcome(welcome: frames.Welcome, db_id: bytes) -> None:
+    """Refuse a source that welcomed us with another store's db id (a source checks ours
+    too, but a replica never trusts the other end to have done so)."""
+    if welcome.db_id != db_id:
+        raise DbIdMismatchError(
+            f"source holds db {uuid.UUID(bytes=welcome.db_id)}, this replica holds "
+            f"{uuid.UUID(bytes=db_id)}; not following it"
+        )
+
+
 class ReplicaClient:
     """Keeps `store` following the first healthy of `selector.sources`."""
 
@@ -124,8 +148,11 @@ class ReplicaClient:
         relay: RelayedHeartbeat,
         staleness: float = 30.0,
         failback: float = 30.0,
+        tls: TlsContexts | None = None,
     ) -> None:
         self.store = store
+        #: Mutual TLS to every source (None: plaintext).
+        self.tls = tls
         self.failback = failback
         self.selector = selector
         self.node_id = node_id
@@ -211,7 +238,7 @@ class ReplicaClient:
         self.applied = self.store.last_seq()
         self._applied_us = self._commit_time_us(self.applied)
         reader, writer = await asyncio.wait_for(
-            asyncio.open_connection(host, port, limit=READ_LIMIT), CONNECT_TIMEOUT
+            open_source(host, port, self.tls, limit=READ_LIMIT), CONNECT_TIMEOUT
         )
         try:
             await wire.send(writer, self._hello(0))
@@ -220,7 +247,7 @@ class ReplicaClient:
                 raise refusal_error(frames.decode_refuse(body))
             if ftype != frames.WELCOME:
                 raise ProtocolError(f"expected WELCOME, got frame type {ftype}")
-            frames.decode_welcome(body)
+            check_welcome(frames.decode_welcome(body), self._db_id)
             self.selector.connected()
             self.board.update(state="streaming", error=None)
             log.info("streaming from %s:%d at seq %d", host, port, self.applied + 1)
@@ -254,14 +281,15 @@ class ReplicaClient:
                         return i
 
     async def _healthy(self, host: str, port: int) -> bool:
-        reader, writer = await asyncio.wait_for(
-            asyncio.open_connection(host, port), CONNECT_TIMEOUT
-        )
+        reader, writer = await asyncio.wait_for(open_source(host, port, self.tls), CONNECT_TIMEOUT)
         try:
             await wire.send(writer, self._hello(frames.OPT_NEWEST_ONLY))
             async with asyncio.timeout(PROBE_TIMEOUT):
                 ftype, body = await wire.read_frame(reader)
-                if ftype != frames.WELCOME or frames.decode_welcome(body).head_seq < self.applied:
+                if ftype != frames.WELCOME:
+                    return False
+                welcome = frames.decode_welcome(body)
+                if welcome.db_id != self._db_id or welcome.head_seq < self.applied:
                     return False
                 while True:
                     ftype, body = await wire.read_frame(reader)

@@ -19,3 +19,10 @@ DIVERGED = Gauge(
     "1 when this replica's history differs from its source's (replication stopped; "
     "re-bootstrap: see docs/operations.md), else 0",
 )
+REFUSED = Counter(
+    "mercury_repl_refused",
+    "Connections a replication source closed without serving them, by reason (plaintext, "
+    "no_certificate, untrusted_certificate, tls_failed, tls_timeout, too_many, or the "
+    "handshake refusal: db_id, self, bootstrap, protocol, not_ready)",
+    ["reason"],
+)

@@ -29,14 +29,18 @@ import glob
 import logging
 import os
 import socket
+import ssl
 import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import cast
 
 from core.errors import LogRetentionError, MercuryError, ProtocolError
+from core.tlsconf import TlsContexts
 from replicator import frames, handshake, notify, wire
 from replicator.heartbeat import HeartbeatSource
+from replicator.metrics import REFUSED
 from store import snapshot
 from store.store import Store
 
@@ -60,6 +64,8 @@ SNAPSHOT_MAX_AGE = 300.0
 _FILE_BLOCK = 1 << 20
 #: A replica's first frame must be a HELLO (92 bytes): anything else closes at its header.
 _FIRST_FRAME = frozenset({frames.HELLO})
+#: StreamReader buffer of a TLS connection (asyncio's default for plaintext ones).
+_STREAM_LIMIT = 1 << 16
 
 
 @dataclass
@@ -94,8 +100,11 @@ class ReplicationSource:
         max_connections: int = MAX_CONNECTIONS,
         stall_timeout: float = STALL_TIMEOUT,
         hello_timeout: float = HELLO_TIMEOUT,
+        tls: TlsContexts | None = None,
     ) -> None:
         self.store = store
+        #: Mutual TLS on every connection (None: plaintext, loopback deployments only).
+        self.tls = tls
         self.host = host
         self.port = port
         self.node_id = node_id
@@ -132,7 +141,12 @@ class ReplicationSource:
         self.store.add_commit_listener(self._on_commit_threadsafe)
         self._wake_listener = notify.WakeListener(self.store.path, self.wake)
         self._wake_listener.start()
-        self._server = await asyncio.start_server(self._handle, self.host, self.port)
+        if self.tls is None:
+            self._server = await asyncio.start_server(self._handle, self.host, self.port)
+        else:
+            self._server = await self._loop.create_server(
+                lambda: _TlsAccept(self), self.host, self.port
+            )
         self.port = self._server.sockets[0].getsockname()[1]
         self._poll_task = self._loop.create_task(self._poll())
         log.info("replication source listening on %s:%d", self.host, self.port)
@@ -192,19 +206,59 @@ class ReplicationSource:
 
     # --- connections -----------------------------------------------------------------
 
+    def _admit(self, peer: object) -> bool:
+        """False (counted, logged) past the connection cap: every connection costs
+        buffers and a task, so the ones over it are closed before anything is read."""
+        if len(self._conns) < self.max_connections:
+            return True
+        self.refused_connections += 1
+        self._refused("too_many")
+        log.warning("refused replica %s: %d connections open (the cap)", peer, self.max_connections)
+        return False
+
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """A plaintext connection (no `tls`)."""
         task = asyncio.current_task()
         assert task is not None
         peer = writer.get_extra_info("peername")
-        if len(self._conns) >= self.max_connections:
-            # Every connection costs buffers and a task: past the cap, close before reading.
-            self.refused_connections += 1
-            log.warning(
-                "refused replica %s: %d connections open (the cap)", peer, self.max_connections
-            )
+        if not self._admit(peer):
             await wire.close(writer)
             return
         self._conns.add(task)
+        try:
+            await self._serve(reader, writer, peer)
+        finally:
+            self._conns.discard(task)
+            await wire.close(writer)
+
+    async def _handle_tls(self, transport: asyncio.Transport) -> None:
+        """A connection to a TLS source: reading is paused since it was accepted (the
+        peer's ClientHello must reach the TLS layer, not a stream buffer)."""
+        task = asyncio.current_task()
+        assert task is not None
+        peer = transport.get_extra_info("peername")
+        if not self._admit(peer):
+            transport.abort()
+            return
+        self._conns.add(task)
+        try:
+            pair = await self._start_tls(transport, peer)
+            if pair is None:
+                return
+            reader, writer = pair
+            try:
+                await self._serve(reader, writer, peer)
+            finally:
+                await wire.close(writer)
+        except asyncio.CancelledError:
+            transport.abort()
+        finally:
+            self._conns.discard(task)
+
+    async def _serve(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, peer: object
+    ) -> None:
+        """Handshake, then a stream or a snapshot transfer; every ending is logged."""
         try:
             ftype, body = await asyncio.wait_for(
                 wire.read_frame(reader, _FIRST_FRAME), self.hello_timeout
@@ -215,6 +269,7 @@ class ReplicationSource:
             refusal = self._refusal(hello)
             if refusal is not None:
                 code, message = refusal
+                self._refused(_REFUSAL_REASONS.get(code, "protocol"))
                 log.warning("refused replica %s: %s", peer, message)
                 await wire.send(writer, frames.encode_refuse(code, message))
                 return
@@ -251,9 +306,49 @@ class ReplicationSource:
             log.error("stream to replica %s stopped: %s", peer, err)
         except asyncio.CancelledError:
             pass
-        finally:
-            self._conns.discard(task)
-            await wire.close(writer)
+
+    def _refused(self, reason: str) -> None:
+        REFUSED.labels(reason=reason).inc()
+
+    async def _start_tls(
+        self, transport: asyncio.Transport, peer: object
+    ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter] | None:
+        """The TLS handshake (mutual: the peer's certificate must be signed by our CA),
+        then streams over it; None (logged, counted, no frame sent) when it fails."""
+        assert self.tls is not None
+        loop = asyncio.get_running_loop()
+        reader = asyncio.StreamReader(limit=_STREAM_LIMIT)
+        proto = asyncio.StreamReaderProtocol(reader)
+        try:
+            tls_transport = await asyncio.wait_for(
+                loop.start_tls(
+                    transport,
+                    proto,
+                    self.tls.server,
+                    server_side=True,
+                    ssl_handshake_timeout=self.hello_timeout,
+                ),
+                self.hello_timeout + 1,
+            )
+        except TimeoutError:
+            reason = "tls_timeout"
+            detail = f"no TLS handshake within {self.hello_timeout:g}s"
+        except ssl.SSLError as err:
+            reason = tls_refusal_reason(err)
+            detail = f"{err.reason or err}"
+        except (ConnectionError, OSError) as err:
+            # The loop aborts a handshake past `ssl_handshake_timeout` itself (uvloop does
+            # so too for a peer speaking plaintext whose bytes never parse as a record).
+            timed_out = isinstance(err, ConnectionAbortedError) and "longer" in str(err)
+            reason, detail = ("tls_timeout" if timed_out else "tls_failed"), str(err) or repr(err)
+        else:
+            assert tls_transport is not None
+            proto.connection_made(tls_transport)
+            return reader, asyncio.StreamWriter(tls_transport, proto, reader, loop)
+        self._refused(reason)
+        log.warning("refused replica %s: TLS handshake failed (%s: %s)", peer, reason, detail)
+        transport.abort()  # nothing to say to a peer we cannot trust
+        return None
 
     def _refusal(self, hello: frames.Hello) -> tuple[int, str] | None:
         """The refusal for `hello`, or None to accept it (see `handshake.decide`)."""
@@ -435,15 +530,20 @@ async def send_file(
     progress: Callable[[int], None] = lambda _n: None,
 ) -> int:
     """Send `count` bytes of file `path` from `offset`: zero-copy sendfile where the loop
-    has it (asyncio), else 1 MiB reads written with backpressure (uvloop, on the root).
+    has it (asyncio, plain TCP), else 1 MiB reads written with backpressure (uvloop, on
+    the root; TLS).
 
     Sent in blocks, each of which must leave within `stall_timeout` seconds (TimeoutError
     otherwise: the peer stopped reading); `progress` gets the bytes sent after each block.
     """
     loop = asyncio.get_running_loop()
     done = 0
+    # Over TLS the bytes must be encrypted in user space: no sendfile.
+    tls = writer.get_extra_info("sslcontext") is not None
     with open(path, "rb") as f:
         try:
+            if tls:
+                raise asyncio.SendfileNotAvailableError("TLS transport")
             while done < count:
                 n = min(_STALL_BLOCK, count - done)
                 sent = await asyncio.wait_for(
@@ -469,6 +569,49 @@ async def send_file(
             left -= len(block)
             progress(count - left)
         return count - left
+
+
+class _TlsAccept(asyncio.Protocol):
+    """Holds a new connection still (reading paused) until `_handle_tls` starts TLS on it."""
+
+    def __init__(self, source: ReplicationSource) -> None:
+        self.source = source
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # A stream transport (uvloop's are not asyncio.Transport subclasses).
+        stream = cast(asyncio.Transport, transport)
+        stream.pause_reading()
+        asyncio.get_running_loop().create_task(self.source._handle_tls(stream))
+
+
+_REFUSAL_REASONS = {
+    frames.REFUSE_DB_ID: "db_id",
+    frames.REFUSE_SELF: "self",
+    frames.REFUSE_BOOTSTRAP: "bootstrap",
+    frames.REFUSE_PROTOCOL: "protocol",
+    frames.REFUSE_NOT_READY: "not_ready",
+}
+
+#: OpenSSL's reasons for a server-side handshake failure, by what the peer did.
+_PLAINTEXT = frozenset(
+    {"WRONG_VERSION_NUMBER", "HTTP_REQUEST", "HTTPS_PROXY_REQUEST", "UNKNOWN_PROTOCOL",
+     "RECORD_LAYER_FAILURE", "PACKET_LENGTH_TOO_LONG", "UNEXPECTED_RECORD"}
+)  # fmt: skip
+_NO_CERT = frozenset({"PEER_DID_NOT_RETURN_A_CERTIFICATE", "NO_CERTIFICATE_RETURNED"})
+
+
+def tls_refusal_reason(err: ssl.SSLError) -> str:
+    """The `mercury_repl_refused_total` reason for a failed server-side handshake."""
+    if isinstance(err, ssl.SSLCertVerificationError):
+        return "untrusted_certificate"
+    reason = err.reason or ""
+    if reason in _PLAINTEXT:
+        return "plaintext"
+    if reason in _NO_CERT:
+        return "no_certificate"
+    if "CERTIFICATE" in reason or "UNKNOWN_CA" in reason:
+        return "untrusted_certificate"
+    return "tls_failed"
 
 
 def _uuid_bytes(db_id: str) -> bytes:

@@ -6,6 +6,7 @@ import uuid
 from dataclasses import dataclass
 
 from core.service import Service
+from core.tlsconf import TlsContexts
 from replicator import notify
 from replicator.heartbeat import RootHeartbeat
 from replicator.metrics import APPLIED_SEQ, REPLICATION_LAG
@@ -23,12 +24,15 @@ class SourceSettings:
     max_bootstraps: int = 1
 
 
-def root_services(store: Store, settings: SourceSettings) -> list[Service]:
+def root_services(
+    store: Store, settings: SourceSettings, tls: TlsContexts | None = None
+) -> list[Service]:
     """Services the root runs beside the gateway: the replication source.
 
     Also makes every commit of this process ping sources of other processes on the same
     store, and exports `mercury_replication_lag_seconds` (0) and
-    `mercury_replication_applied_seq`.
+    `mercury_replication_applied_seq`. With `tls`, every replica must present a
+    certificate signed by the CA (mutual TLS).
     """
     if settings.listen is None:
         return []
@@ -44,5 +48,6 @@ def root_services(store: Store, settings: SourceSettings) -> list[Service]:
         node_id=uuid.uuid4().bytes,
         heartbeat=RootHeartbeat(store, settings.heartbeat_ms),
         max_bootstraps=settings.max_bootstraps,
+        tls=tls,
     )
     return [source]

@@ -21,6 +21,7 @@ import json
 import logging
 import os
 import signal
+import ssl
 import sys
 import uuid
 from collections.abc import Coroutine
@@ -34,6 +35,7 @@ from core.errors import (
     RefusedError,
     SnapshotTransferError,
 )
+from core.tlsconf import TlsContexts, TlsFiles
 from replicator import bootstrap, frames, notify
 from replicator.client import ReplicaClient, ReplicationFailed
 from replicator.heartbeat import RelayedHeartbeat
@@ -71,6 +73,8 @@ class WorkerConfig:
     #: The writer lock's descriptor inherited from the parent (`store.lock.WriterLock`);
     #: None when the worker runs alone and takes the lock itself.
     lock_fd: int | None = None
+    #: `core.tlsconf.TlsFiles` fields: mutual TLS to sources and from replicas (None: off).
+    tls: dict[str, str] | None = None
 
     def to_json(self) -> str:
         """Serialised for the worker's command line."""
@@ -92,6 +96,7 @@ async def fetch_snapshot(
     node_id: bytes,
     db_id: bytes,
     board: StatusBoard,
+    tls: TlsContexts | None = None,
 ) -> frames.SnapshotOffer:
     """Download a whole snapshot from the first source that serves one, resuming after
     cuts; retries until it succeeds (the caller cancels to give up)."""
@@ -99,7 +104,7 @@ async def fetch_snapshot(
         host, port = selector.current
         try:
             offer = await bootstrap.fetch(
-                host, port, cfg.data_dir, node_id=node_id, db_id=db_id, board=board
+                host, port, cfg.data_dir, node_id=node_id, db_id=db_id, board=board, tls=tls
             )
             selector.connected()
             return offer
@@ -111,7 +116,8 @@ async def fetch_snapshot(
             log.error("bootstrap from %s:%d refused: %s", host, port, err)
             board.count_error("refused", str(err))
             wait = selector.failed()
-        except OSError as err:
+        except OSError as err:  # TLS failures too: a source our CA did not sign
+            log.warning("bootstrap from %s:%d failed: %s", host, port, err)
             board.count_error("unreachable", f"{host}:{port}: {err}")
             wait = selector.failed()
         await asyncio.sleep(wait)
@@ -135,6 +141,10 @@ async def _run_locked(cfg: WorkerConfig, stop: asyncio.Event) -> int:
     board = StatusBoard(cfg.data_dir)
     board.start()
     node_id = uuid.uuid4().bytes
+    # Mutual TLS on both sides of this node's replication; SIGHUP re-reads the files.
+    tls = TlsContexts(TlsFiles(**cfg.tls)) if cfg.tls is not None else None
+    if tls is not None:
+        asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, _reload, tls)
     selector = Selector(list(cfg.sources))
     store: Store | None = None
     source: ReplicationSource | None = None
@@ -143,7 +153,7 @@ async def _run_locked(cfg: WorkerConfig, stop: asyncio.Event) -> int:
         if not layout.exists(cfg.data_dir):
             board.update(state="bootstrapping")
             offer = await _until(
-                stop, fetch_snapshot(cfg, selector, node_id, frames.ZERO_ID, board)
+                stop, fetch_snapshot(cfg, selector, node_id, frames.ZERO_ID, board, tls)
             )
             if offer is None:
                 return EXIT_OK
@@ -164,6 +174,7 @@ async def _run_locked(cfg: WorkerConfig, stop: asyncio.Event) -> int:
                 node_id=node_id,
                 heartbeat=relay,
                 max_bootstraps=cfg.max_bootstraps,
+                tls=tls,
             )
             await source.start()
             relay.add_listener(source.wake)
@@ -179,6 +190,7 @@ async def _run_locked(cfg: WorkerConfig, stop: asyncio.Event) -> int:
             relay=relay,
             staleness=cfg.staleness,
             failback=cfg.failback,
+            tls=tls,
         )
         try:
             await _until(stop, client.run())
@@ -186,7 +198,7 @@ async def _run_locked(cfg: WorkerConfig, stop: asyncio.Event) -> int:
             log.warning("%s", err)
             board.update(state="bootstrapping", error=str(err))
             db_id = uuid.UUID(store.db_id).bytes
-            offer = await _until(stop, fetch_snapshot(cfg, selector, node_id, db_id, board))
+            offer = await _until(stop, fetch_snapshot(cfg, selector, node_id, db_id, board, tls))
             if offer is None:
                 return EXIT_OK
             board.update(state="rebootstrap-ready")
@@ -206,6 +218,15 @@ async def _run_locked(cfg: WorkerConfig, stop: asyncio.Event) -> int:
         if board.status.state not in ("failed", "diverged", "rebootstrap-ready"):
             board.update(state="stopped")
         await board.stop()
+
+
+def _reload(tls: TlsContexts) -> None:
+    """SIGHUP: new connections use the re-read files; a failed reload keeps the old."""
+    try:
+        tls.reload()
+        log.info("TLS certificates re-read from %s", tls.files.cert)
+    except (OSError, ssl.SSLError) as err:
+        log.error("TLS reload failed, keeping the current certificates: %s", err)
 
 
 async def _until(stop: asyncio.Event, coro: Coroutine[Any, Any, T]) -> T | None:

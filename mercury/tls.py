@@ -1,0 +1,123 @@
+"""TLS flags of `mercury root` and `mercury replica`, their SIGHUP reload, and the warning
+for a listener open beyond loopback without TLS (see docs/security.md).
+
+One set of flags, `--tls-cert F --tls-key F --tls-ca F`, turns on HTTPS on the HTTP
+listener (uvicorn's ssl settings) and mutual TLS on every replication link. SIGHUP re-reads
+the files: the HTTP server's one context gets the new certificate and key in place, the
+replication contexts are rebuilt; new connections use them, open ones keep theirs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import ipaddress
+import logging
+import signal
+import ssl
+from collections.abc import Callable, Iterable
+
+from core.errors import ConfigError
+from core.tlsconf import TlsContexts, TlsFiles, reload_in_place
+
+log = logging.getLogger("mercury.tls")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """`--tls-cert`, `--tls-key`, `--tls-ca` (all three or none)."""
+    g = p.add_argument_group("TLS (all three or none; SIGHUP re-reads the files)")
+    g.add_argument("--tls-cert", metavar="F", help="this node's certificate chain (PEM)")
+    g.add_argument("--tls-key", metavar="F", help="this node's private key (PEM)")
+    g.add_argument(
+        "--tls-ca",
+        metavar="F",
+        help="the deployment's CA (PEM): replication peers must present a certificate it "
+        "signed (mutual TLS); HTTP listeners serve HTTPS",
+    )
+
+
+def files_from_args(args: argparse.Namespace) -> TlsFiles | None:
+    """The TLS files named by the flags, None without them; ConfigError for a partial set."""
+    given = (args.tls_cert, args.tls_key, args.tls_ca)
+    if not any(given):
+        return None
+    if not all(given):
+        raise ConfigError("--tls-cert, --tls-key and --tls-ca go together: give all three")
+    return TlsFiles(cert=args.tls_cert, key=args.tls_key, ca=args.tls_ca)
+
+
+def uvicorn_ssl(files: TlsFiles | None) -> dict[str, object]:
+    """uvicorn.Config keyword arguments serving HTTPS with `files` (nothing without).
+
+    HTTP clients authenticate with bearer tokens, so no client certificate is asked for.
+    """
+    if files is None:
+        return {}
+    return {"ssl_certfile": files.cert, "ssl_keyfile": files.key, "ssl_ca_certs": files.ca}
+
+
+def is_loopback(host: str) -> bool:
+    """True for 127.0.0.0/8, ::1 and `localhost`; a name or wildcard is not loopback."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def warn_plaintext(listeners: Iterable[tuple[str, tuple[str, int] | None]], tls: bool) -> None:
+    """Log a warning for each listener bound beyond loopback without TLS."""
+    if tls:
+        return
+    for name, addr in listeners:
+        if addr is not None and not is_loopback(addr[0]):
+            log.warning(
+                "%s listens on %s:%d without TLS: anyone on that network can read (and, for "
+                "replication, impersonate) this node; give --tls-cert/--tls-key/--tls-ca",
+                name,
+                addr[0],
+                addr[1],
+            )
+
+
+class TlsReloader:
+    """A service re-reading the TLS files on SIGHUP (on the process's event loop)."""
+
+    name = "tls-reload"
+
+    def __init__(
+        self,
+        files: TlsFiles,
+        contexts: TlsContexts | None,
+        http_context: Callable[[], ssl.SSLContext | None],
+        also: Callable[[], None] = lambda: None,
+    ) -> None:
+        self.files = files
+        self.contexts = contexts
+        self.http_context = http_context
+        self.also = also
+        self.reloads = 0
+
+    async def start(self) -> None:
+        """Handle SIGHUP from now on."""
+        asyncio.get_running_loop().add_signal_handler(signal.SIGHUP, self.reload)
+
+    async def stop(self) -> None:
+        """Stop handling SIGHUP."""
+        asyncio.get_running_loop().remove_signal_handler(signal.SIGHUP)
+
+    def reload(self) -> None:
+        """Re-read the files; a failure keeps the current ones and is logged."""
+        try:
+            if self.contexts is not None:
+                self.contexts.reload()
+            ctx = self.http_context()
+            if ctx is not None:
+                reload_in_place(ctx, self.files)
+        except (OSError, ssl.SSLError) as err:
+            log.error("TLS reload failed, keeping the current certificates: %s", err)
+            return
+        self.also()
+        self.reloads += 1
+        log.info("TLS certificates re-read from %s", self.files.cert)
