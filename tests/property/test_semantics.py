@@ -3,6 +3,8 @@
 - A client that retries with the same Idempotency-Key and the same body sees one write,
   whatever the interleaving: retries while the first is in flight, after it committed,
   concurrent with other keys (real LMDB store, the gateway's `Idempotency` and `Batcher`).
+- Batch answers say what the store did: each op's status is the one it gets applied one
+  by one, or `superseded` for a set a later set of the same key replaced.
 - Quota answers come true: waiting a refusal's Retry-After admits the same request in an
   otherwise idle system; a request refused as never admissible (413) is refused after any
   wait, and the largest admissible request it names is admitted by a full bucket.
@@ -18,10 +20,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gateway.answers import Answer
-from gateway.batcher import Batcher
+from gateway.batcher import Batcher, _spread, coalesce, key_order, unsort
 from gateway.idempotency import Idempotency, fingerprint, store_key
 from gateway.quota import Bucket, ProducerBuckets, retry_seconds
-from store.ops import SET, Op, Result
+from store.ops import DELETE, SET, Op, Result, Status
 from store.store import Store
 
 # --- idempotency: one write per key, every answer the first --------------------------------
@@ -144,3 +146,78 @@ def test_waiting_retry_after_admits_the_same_request_when_idle(
         )
         again = idle.take(now + wait, n_ops, n_bytes, max_delay)
         assert again.admitted, (wait, d, again)
+
+
+# --- answers: every op's reported status is what the store did -----------------------------
+
+_ops = st.lists(
+    st.tuples(
+        st.sampled_from([SET, DELETE]),
+        st.sampled_from([b"a", b"b", b"c"]),
+        st.sampled_from([b"1", b"2"]),
+        st.one_of(st.none(), st.none(), st.integers(0, 4)),
+    ).map(lambda t: Op(t[0], t[1], t[2] if t[0] == SET else b"", "p", t[3])),
+    max_size=12,
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(_ops, _ops)
+def test_batch_answers_say_what_applying_op_by_op_does(setup: list[Op], batch: list[Op]) -> None:
+    """Through the batcher's pipeline (coalesce, key order, spread back), each op reports
+    the status it gets when the ops are applied one by one, except on a key with only
+    unconditional sets in the batch: the sets replaced by a later one say `superseded`, at
+    the seq the last one got, and the last one is `written` or `duplicate` against the
+    state before the batch (the superseded values were never stored)."""
+    with tempfile.TemporaryDirectory() as d1, tempfile.TemporaryDirectory() as d2:
+        batched = Store.create(d1 + "/s", sync=False, map_size=1 << 24)
+        one_by_one = Store.create(d2 + "/s", sync=False, map_size=1 << 24)
+        try:
+            plain = [op._replace(expect_seq=None) for op in setup]
+            batched.apply(plain)
+            one_by_one.apply(plain)
+            last = batched.last_seq()
+            # conditions name committed versions (a client learns them from answers)
+            batch = [
+                op if op.expect_seq is None else op._replace(expect_seq=min(op.expect_seq, last))
+                for op in batch
+            ]
+            kept, winner = coalesce(batch)
+            applied = [batch[i] for i in kept]
+            order = key_order(applied)
+            if order is not None:
+                applied = [applied[j] for j in order]
+            res = batched.apply(applied).results
+            if order is not None:
+                res = unsort(res, order)
+            got = _spread(batch, kept, winner, res)
+            want = [one_by_one.apply([op]).results[0] for op in batch]
+            for i, op in enumerate(batch):
+                same_key = [o for o in batch if o.key == op.key]
+                if got[i].status is Status.SUPERSEDED:
+                    later = [o for o in batch[i + 1 :] if o.key == op.key]
+                    assert op.op == SET and later
+                    assert all(o.op == SET and o.expect_seq is None for o in same_key)
+                    last_i = max(j for j, o in enumerate(batch) if o.key == op.key)
+                    assert got[i].seq == got[last_i].seq
+                elif len(same_key) > 1 and all(
+                    o.op == SET and o.expect_seq is None for o in same_key
+                ):
+                    # the one set of a coalesced key the store applied: to the state before
+                    # the batch (the superseded sets were never stored)
+                    before: dict[bytes, bytes] = {}
+                    for o in plain:
+                        if o.op == DELETE:
+                            before.pop(o.key, None)
+                        elif o.op == SET:
+                            before[o.key] = o.value
+                    dup = before.get(op.key) == op.value
+                    assert got[i].status is (Status.DUPLICATE if dup else Status.WRITTEN)
+                else:
+                    assert got[i].status is want[i].status, (i, batch, got, want)
+            for k in (b"a", b"b", b"c"):
+                x, y = batched.get(k), one_by_one.get(k)
+                assert (x and x.value) == (y and y.value)
+        finally:
+            batched.close()
+            one_by_one.close()
