@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from acl.model import Producer
-from core.errors import NotFoundError, ShuttingDownError, TooLargeError
+from core.errors import ConfigError, NotFoundError, ShuttingDownError, TooLargeError
 from gateway.answers import Answer
 from gateway.bodies import check_key
 from gateway.writes import Gateway
@@ -69,3 +69,15 @@ class GatewayKtWriter:
 
         await gw.write(p, [op._replace(owner=p.name) for op in ops], nbytes, answer)
         return results
+
+
+def kt_writer_for(
+    producer: str | None, kt_listen: tuple[str, int] | None
+) -> GatewayKtWriter | None:
+    """The root's KT writer for `--kt-producer` (None without it); the flag needs
+    `--kt-listen`."""
+    if producer is None:
+        return None
+    if kt_listen is None:
+        raise ConfigError("--kt-producer needs --kt-listen", hint="add --kt-listen H:P")
+    return GatewayKtWriter(producer)
