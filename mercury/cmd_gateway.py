@@ -29,6 +29,19 @@ def register(sub: Any) -> None:
     p.add_argument("--listen", default="127.0.0.1:8080", help="gateway HTTP H:P")
     p.add_argument("--repl-listen", default="127.0.0.1:7070", help="replication source H:P")
     p.add_argument("--kt-listen", default=None, help="Kyoto Tycoon protocol listener H:P")
+    p.add_argument(
+        "--kt-producer",
+        default=None,
+        metavar="NAME",
+        help="accept Kyoto Tycoon writes on --kt-listen as producer NAME (docs/kt-compat.md)",
+    )
+    p.add_argument(
+        "--kt-db-alias",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="a KT database name accepted as database 0 (repeatable; e.g. casket.kch)",
+    )
     add_listener_flags(p)
     http_listener.add_flags(p)
     p.add_argument(

@@ -36,6 +36,13 @@ def register(sub: Any) -> None:
         help="serve downstream replicas on this address (default: none)",
     )
     p.add_argument("--kt-listen", default=None, metavar="H:P", help="Kyoto Tycoon protocol")
+    p.add_argument(
+        "--kt-db-alias",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="a KT database name accepted as database 0 (repeatable; e.g. casket.kch)",
+    )
     p.add_argument("--memcached-listen", default=None, metavar="H:P", help="memcached protocol")
     add_listener_flags(p)
     p.add_argument(

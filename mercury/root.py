@@ -19,6 +19,7 @@ from core.tlsconf import TlsContexts
 from gateway.app import create_app
 from gateway.fastpath import FastPath
 from mercury import gctune, http_listener, logsetup, tls
+from mercury.kt_root_writer import kt_writer_for
 from mercury.settings import RootConfig
 from store.lock import WriterLock
 from store.retention import RetentionService
@@ -51,15 +52,19 @@ def run_root(args: argparse.Namespace) -> int:
     )
     # Built before anything listens: unreadable or mismatched files fail the start.
     repl_tls = TlsContexts(cfg.tls) if cfg.tls is not None else None
+    # KT writes as one producer: the gateway's write path, bound once the app exists.
+    kt_writer = kt_writer_for(cfg.kt_producer, cfg.listeners.kt)
     store = Store.open(cfg.data_dir, sync=cfg.sync)
     try:
         services: list[Service] = [
             logsetup.StopLog(log, lambda: {"role": "root", "seq": store.last_seq()}),
             *repl_wiring.root_services(store, cfg.source, repl_tls),
-            *reads_wiring.root_services(store, cfg.listeners),
+            *reads_wiring.root_services(store, cfg.listeners, kt_writer),
             RetentionService(store, cfg.retention),
         ]
         app = create_app(cfg.gateway, store, services)
+        if kt_writer is not None:
+            kt_writer.app = app
         config = uvicorn.Config(
             FastPath(app),
             host=host,

@@ -34,6 +34,7 @@ def listener_settings(args: argparse.Namespace, *, memcached: bool) -> ListenerS
     return ListenerSettings(
         kt=_addr(args.kt_listen, "--kt-listen"),
         memcached=_addr(args.memcached_listen, "--memcached-listen") if memcached else None,
+        kt_db_aliases=tuple(a.encode() for a in args.kt_db_alias),
         limits=listener_limits(args),
     )
 
@@ -51,6 +52,8 @@ class RootConfig:
     switch_interval_s: float
     sync: bool
     log_level: str
+    #: `--kt-producer`: the producer KT writes on the KT listener are made as.
+    kt_producer: str | None = None
     #: `--tls-*`: HTTPS and mutual-TLS replication (None: plaintext).
     tls: TlsFiles | None = None
 
@@ -77,6 +80,7 @@ class RootConfig:
             switch_interval_s=float(args.switch_interval_ms) / 1000.0,
             sync=not args.no_sync,
             log_level=args.log_level,
+            kt_producer=args.kt_producer,
             tls=files_from_args(args),
         )
 
