@@ -65,6 +65,17 @@ def condition(h: Mapping[str, str]) -> int | None:
     return int(tag)
 
 
+def refuse_key_conditions(h: Mapping[str, str], what: str) -> None:
+    """400 for If-Match / If-None-Match on a request that names no single key: refused
+    rather than ignored (a condition must never silently not apply)."""
+    if "if-match" in h or "if-none-match" in h:
+        raise BadRequestError(
+            f"If-Match / If-None-Match apply to one key and are not supported on {what}",
+            hint='in a batch, give each op its own condition: "if_seq": N (0 = absent) or '
+            '"if_absent": true',
+        )
+
+
 async def put_kv(
     gw: Gateway, h: Mapping[str, str], raw_path: bytes, query: bytes, read: BodyReader, t0: float
 ) -> Answer:
@@ -111,12 +122,7 @@ async def post_batch(
     """POST /v1/batch: every op's key checked before any applies; totals after commit, and
     per-op ``results`` with ``?results=true`` or when any op carries a condition."""
     p = gw.producer(h.get("authorization"))
-    if "if-match" in h or "if-none-match" in h:
-        # Refused rather than ignored: a batch has no single key for the header to name.
-        raise BadRequestError(
-            "If-Match / If-None-Match apply to one key and are not supported on a batch",
-            hint='give each op its own condition: "if_seq": N (0 = absent) or "if_absent": true',
-        )
+    refuse_key_conditions(h, "a batch")
     s = gw.settings
     body = await read(s.max_batch_body, "batch body")
     ops, nbytes = bodies.batch_body_ops(
@@ -181,6 +187,7 @@ async def delete_prefix(
     at most one batch's worth per request (the request limit and the keyspace's
     mass-delete guard); ``more`` says whether keys remain under P. Clients loop."""
     p = gw.producer(h.get("authorization"))
+    refuse_key_conditions(h, "a prefix delete")
     prefix = prefix_of(query, gw.settings.max_key)
     # Every key under P must be the producer's to delete: P lies inside one keyspace.
     gw.check_keys(p, [Op(DELETE, prefix)])

@@ -358,6 +358,9 @@ def test_prefix_delete_stays_inside_the_producers_keyspaces(shared_root: Root) -
     _problem(c.delete("/v1/kv", params={"prefix": name[:1]}), 403)
     _problem(c.delete("/v1/kv"), 400)
     _problem(c.delete("/v1/kv", params={"prefix": ""}), 400)
+    for h in ({"If-Match": '"1"'}, {"If-None-Match": "*"}):  # refused, never ignored
+        _problem(c.delete("/v1/kv", params={"prefix": f"{name}/"}, headers=h), 400)
+    assert c.get(f"/v1/kv/{name}/a").status_code == 200
     body = c.delete("/v1/kv", params={"prefix": f"{name}/"}).json()
     assert body["deleted"] == 1 and body["more"] is False and body["seq"] > 0
     assert c.get(f"/v1/kv/{name}/a").status_code == 404
