@@ -79,7 +79,8 @@ def refuse_key_conditions(h: Mapping[str, str], what: str) -> None:
 async def put_kv(
     gw: Gateway, h: Mapping[str, str], raw_path: bytes, query: bytes, read: BodyReader, t0: float
 ) -> Answer:
-    """PUT /v1/kv/{key}: 200 `{"seq", "status": "written" | "duplicate"}` after commit."""
+    """PUT /v1/kv/{key}: 200 `{"seq", "status": "written" | "duplicate" | "superseded"}`
+    after commit."""
     p = gw.producer(h.get("authorization"))
     key = key_of(raw_path, gw.settings.max_key)
     cond = condition(h)

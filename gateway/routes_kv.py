@@ -115,7 +115,8 @@ async def _call(request: Request, handler: Any) -> Response:
     },
 )
 async def put_kv(request: Request) -> Response:
-    """200 `{"seq", "status": "written" | "duplicate"}`, 412 when the condition fails."""
+    """200 `{"seq", "status": "written" | "duplicate" | "superseded"}`, 412 when the
+    condition fails."""
     return await _call(request, kv_handlers.put_kv)
 
 
