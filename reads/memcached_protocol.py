@@ -104,14 +104,24 @@ def parse_command(buf: bytes | bytearray) -> tuple[Command, int] | None:
     return Command(verb, reply=ERROR), pos
 
 
-def encode_values(hits: list[tuple[bytes, bytes, int]], with_cas: bool) -> bytes:
-    """`VALUE <key> 0 <bytes>[ <cas>]` blocks for (key, value, seq) hits, then `END`."""
+def encode_values(
+    hits: list[tuple[bytes, bytes, int]], with_cas: bool, flags_in_value: bool = False
+) -> bytes:
+    """`VALUE <key> <flags> <bytes>[ <cas>]` blocks for (key, value, seq) hits, then `END`.
+
+    Flags are 0, or with `flags_in_value` (KT's memcached plug-in option `opts=f`, which
+    stores a set's flags as the value's last 4 bytes, big-endian) taken from the value's
+    last 4 bytes and cut from the data; a value shorter than 4 bytes has flags 0."""
     parts: list[bytes] = []
     for key, value, seq in hits:
+        flags = 0
+        if flags_in_value and len(value) >= 4:
+            flags = int.from_bytes(value[-4:], "big")
+            value = value[:-4]
         if with_cas:
-            parts.append(b"VALUE %s 0 %d %d\r\n" % (key, len(value), seq))
+            parts.append(b"VALUE %s %d %d %d\r\n" % (key, flags, len(value), seq))
         else:
-            parts.append(b"VALUE %s 0 %d\r\n" % (key, len(value)))
+            parts.append(b"VALUE %s %d %d\r\n" % (key, flags, len(value)))
         parts.append(value)
         parts.append(b"\r\n")
     parts.append(END)

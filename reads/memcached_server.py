@@ -24,8 +24,16 @@ MAX_REPLY_BYTES = 256 << 20
 class MemcachedHandler:
     """Answers memcached commands from `store`; keeps memcached-style counters."""
 
-    def __init__(self, store: Store, connections: Callable[[], int] = lambda: 0) -> None:
+    def __init__(
+        self,
+        store: Store,
+        connections: Callable[[], int] = lambda: 0,
+        *,
+        flags_in_value: bool = False,
+    ) -> None:
         self.store = store
+        #: `--memcached-flags`: flags are the value's last 4 bytes (KT's `opts=f`).
+        self.flags_in_value = flags_in_value
         self.connections = connections
         self.started = time.time()
         self.cmd_get = 0
@@ -94,7 +102,7 @@ class MemcachedHandler:
         self.cmd_get += len(keys)
         self.get_hits += len(hits)
         self.get_misses += len(keys) - len(hits)
-        reply = mc.encode_values(hits, with_cas)
+        reply = mc.encode_values(hits, with_cas, self.flags_in_value)
         READ_SECONDS.labels("memcached_get").observe(time.perf_counter() - t0)
         return reply
 
@@ -121,12 +129,19 @@ BUSY = b"SERVER_ERROR Too many open connections\r\n"
 
 
 def memcached_service(
-    store: Store, host: str, port: int, *, limits: ListenerLimits | None = None
+    store: Store,
+    host: str,
+    port: int,
+    *,
+    limits: ListenerLimits | None = None,
+    flags_in_value: bool = False,
 ) -> TcpService:
     """The memcached listener as a `Service` (one handler shared by all connections: the
     protocol keeps no per-connection state beyond the buffer)."""
     holder: list[TcpService] = []
-    handler = MemcachedHandler(store, connections=lambda: holder[0].connections)
+    handler = MemcachedHandler(
+        store, connections=lambda: holder[0].connections, flags_in_value=flags_in_value
+    )
     svc = TcpService("memcached", host, port, lambda: handler, limits=limits, busy_reply=BUSY)
     holder.append(svc)
     return svc

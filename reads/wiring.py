@@ -29,6 +29,8 @@ class ListenerSettings:
     limits: ListenerLimits = field(default_factory=ListenerLimits)
     #: KT database names accepted besides `0` and the store directory's (`--kt-db-alias`).
     kt_db_aliases: tuple[bytes, ...] = ()
+    #: memcached flags are the value's last 4 bytes, KT's `opts=f` (`--memcached-flags`).
+    memcached_flags: bool = False
 
 
 def root_services(
@@ -57,5 +59,12 @@ def replica_services(store: Store, settings: ListenerSettings) -> list[Service]:
     if settings.kt is not None:
         out.append(kt_service(store, *settings.kt, limits=settings.limits))
     if settings.memcached is not None:
-        out.append(memcached_service(store, *settings.memcached, limits=settings.limits))
+        out.append(
+            memcached_service(
+                store,
+                *settings.memcached,
+                limits=settings.limits,
+                flags_in_value=settings.memcached_flags,
+            )
+        )
     return out
