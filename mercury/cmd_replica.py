@@ -44,6 +44,11 @@ def register(sub: Any) -> None:
         help="a KT database name accepted as database 0 (repeatable; e.g. casket.kch)",
     )
     p.add_argument("--memcached-listen", default=None, metavar="H:P", help="memcached protocol")
+    p.add_argument(
+        "--memcached-flags",
+        action="store_true",
+        help="memcached flags are each value's last 4 bytes (KT's memcached opts=f)",
+    )
     add_listener_flags(p)
     p.add_argument(
         "--staleness-s",

@@ -34,6 +34,7 @@ def listener_settings(args: argparse.Namespace, *, memcached: bool) -> ListenerS
     return ListenerSettings(
         kt=_addr(args.kt_listen, "--kt-listen"),
         memcached=_addr(args.memcached_listen, "--memcached-listen") if memcached else None,
+        memcached_flags=bool(args.memcached_flags) if memcached else False,
         kt_db_aliases=tuple(a.encode() for a in args.kt_db_alias),
         limits=listener_limits(args),
     )
