@@ -19,7 +19,7 @@ from starlette.responses import Response
 
 from core.errors import MercuryError
 from core.service import Service
-from gateway import problems, routes_admin, routes_info, routes_kv
+from gateway import problems, routes_admin, routes_info, routes_kv, routes_usage
 from gateway.settings import Settings
 from gateway.writes import Gateway
 from store.store import Store
@@ -58,6 +58,7 @@ def create_app(settings: Settings, store: Store, services: Sequence[Service] = (
     )
     app.include_router(routes_kv.router)
     app.include_router(routes_admin.router)
+    app.include_router(routes_usage.router)  # before routes_info: /v1/usage/{producer}
     app.include_router(routes_info.router)
 
     @app.exception_handler(MercuryError)

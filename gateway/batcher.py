@@ -32,7 +32,7 @@ from collections import Counter, deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
@@ -41,6 +41,9 @@ from gateway import metrics
 from store.format import MAX_LOG_PAYLOAD, entry_size
 from store.ops import DELETE, Op, Result, Status
 from store.store import Store
+
+if TYPE_CHECKING:
+    from gateway.usage_series import UsageSeries
 
 log = logging.getLogger("mercury.gateway.batch")
 
@@ -203,6 +206,9 @@ class Batcher:
         self._full = asyncio.Event()
         self._closing = False
         self._task: asyncio.Task[None] | None = None
+        #: usage over time (`gateway/usage_series.py`): counts each committed request,
+        #: and its finished minutes ride in the next batch's transaction as documents
+        self.series: UsageSeries | None = None
 
     # -- public ---------------------------------------------------------------------------
 
@@ -217,7 +223,19 @@ class Batcher:
         self._full.set()
         if self._task is not None:
             await self._task
+        if self.series is not None:  # the open minute too: a clean stop loses no counts
+            await asyncio.get_running_loop().run_in_executor(self.executor, self._flush_series)
         self.executor.shutdown(wait=True)
+
+    def _flush_series(self) -> None:
+        assert self.series is not None
+        changes = self.series.due(time.time(), self._usage_snapshot, all_=True)
+        if changes:
+            self.store.put_docs(changes)
+            self.series.written(changes)
+
+    def _usage_snapshot(self) -> dict[str, tuple[int, int]]:
+        return {name: (u.keys, u.bytes) for name, u in self.store.usage().items()}
 
     @property
     def closing(self) -> bool:
@@ -348,9 +366,14 @@ class Batcher:
             ]
 
         wants_answers = any(r.idem_key is not None for r in requests)
+        series = self.series
+        changes = series.due(time.time(), self._usage_snapshot) if series is not None else None
         t0 = time.perf_counter()
         out = self.store.apply(
-            applied, throttled=throttled, answers=answers if wants_answers else None
+            applied,
+            throttled=throttled,
+            answers=answers if wants_answers else None,
+            doc_changes=changes or None,
         )
         dt = time.perf_counter() - t0
         metrics.BATCH_COMMIT.observe(dt)
@@ -360,6 +383,12 @@ class Batcher:
         results = out.results if order is None else unsort(out.results, order)
         per_op = _spread(ops, kept, winner, results)
         split = _split(requests, per_op)
+        if series is not None:
+            if changes:
+                series.written(changes)
+            now = time.time()
+            for r, res in zip(requests, split, strict=True):
+                series.add_results(r.producer, r.ops, res, now)
         _log_batch(requests, split, out.first_seq, out.last_seq, len(applied), dt)
         if self.on_commit is not None:
             self.on_commit()

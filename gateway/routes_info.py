@@ -3,10 +3,13 @@ and the read paths the root refuses (range/bulk reads belong to consumer nodes).
 
 from __future__ import annotations
 
+from typing import Any
+
 from fastapi import APIRouter, Request
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.responses import Response
 
+from acl.model import Quota, quota_to_dict
 from core.errors import ForbiddenError, MisdirectedError, NotFoundError
 from gateway.admission import OUTCOMES
 from gateway.auth import ADMIN
@@ -23,12 +26,20 @@ def _gw(request: Request) -> Gateway:
 
 
 def usage_row(
-    name: str, u: Usage, quota: dict[str, int] | None = None
-) -> dict[str, int | str | dict[str, int]]:
+    name: str,
+    u: Usage,
+    quota: dict[str, int] | None = None,
+    limits: Quota | None = None,
+) -> dict[str, Any]:
     """One producer's usage as `GET /v1/usage` lists it; `quota_ops` splits the ops over
     the rate quota by outcome (held, refused, too_large, shadow) since this process
-    started (`throttled` is their durable total)."""
+    started (`throttled` is their durable total). `quota` is the producer's quota (None
+    for an owner no longer in the ACL), `used_pct` its stored bytes as a percentage of
+    `max_bytes_stored` (None without that cap)."""
+    cap = limits.max_bytes_stored if limits is not None else None
     return {
+        "quota": quota_to_dict(limits) if limits is not None else None,
+        "used_pct": round(100.0 * u.bytes / cap, 3) if cap else None,
         "producer": name,
         "keys": u.keys,
         "bytes": u.bytes,
@@ -78,7 +89,9 @@ async def usage_all(request: Request) -> Response:
     return json_response(
         {
             "producers": [
-                usage_row(n, usage.get(n, Usage()), gw.admission.counts.get(n)) for n in names if n
+                usage_row(n, usage.get(n, Usage()), gw.admission.counts.get(n), _limits(gw, n))
+                for n in names
+                if n
             ]
         }
     )
@@ -95,7 +108,13 @@ async def usage_one(producer: str, request: Request) -> Response:
     if producer not in usage and producer not in gw.acl.producers:
         raise NotFoundError(f"no producer {producer!r}")
     counts = gw.admission.counts.get(producer)
-    return json_response(usage_row(producer, usage.get(producer, Usage()), counts))
+    row = usage_row(producer, usage.get(producer, Usage()), counts, _limits(gw, producer))
+    return json_response(row)
+
+
+def _limits(gw: Gateway, producer: str) -> Quota | None:
+    p = gw.acl.producers.get(producer)
+    return p.quota if p is not None else None
 
 
 def _misdirected(request: Request) -> None:

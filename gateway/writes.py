@@ -19,7 +19,7 @@ from typing import Any
 import orjson
 
 from acl.model import Acl, Producer
-from gateway import aclstore, idempotency, metrics
+from gateway import aclstore, idempotency, metrics, usage_series
 from gateway.admission import Admission
 from gateway.answers import Answer, batch_answer, kv_answer
 from gateway.auth import ADMIN, Auth
@@ -61,9 +61,15 @@ class Gateway:
             on_commit=self._refresh_usage,
         )
         self.admission = Admission(acl, self.batcher.note_throttled)
+        self.series = usage_series.for_store(store, self._keyspaces, lambda: self.admission.counts)
+        self.batcher.series = self.series
         self.storage = StorageQuota(store)
         self.idempotency = Idempotency(store, settings.idempotency_ttl_s)
         self._gc_task: asyncio.Task[None] | None = None
+
+    def _keyspaces(self, producer: str) -> tuple[str, ...]:
+        p = self.acl.producers.get(producer)
+        return p.keyspaces if p is not None else ()
 
     @property
     def acl(self) -> Acl:

@@ -1,0 +1,127 @@
+"""Usage over time: `GET /v1/usage/series` (JSON) and the page `GET /usage` with its
+static files (`gateway/static/`: the page, its script and the vendored uPlot chart
+library, served by the root itself — nodes have no internet).
+
+The page holds no data and no token: it asks for the token in a form, keeps it in the
+tab's `sessionStorage` and sends it only as an ``Authorization`` header from `fetch`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from fastapi import APIRouter, Request
+from starlette.responses import FileResponse, Response
+
+from core.errors import BadRequestError, ForbiddenError, NotFoundError
+from gateway.auth import ADMIN
+from gateway.http import json_response
+from gateway.usage_series import parse_range, query
+from gateway.writes import Gateway
+
+router = APIRouter()
+
+STATIC = Path(__file__).parent / "static"
+#: Files the page may load, with their media types (nothing else is served).
+_FILES = {
+    "usage.js": "text/javascript; charset=utf-8",
+    "usage.css": "text/css; charset=utf-8",
+    "vendor/uPlot.iife.min.js": "text/javascript; charset=utf-8",
+    "vendor/uPlot.min.css": "text/css; charset=utf-8",
+    "vendor/LICENSE": "text/plain; charset=utf-8",
+}
+#: The page needs nothing from elsewhere; a strict policy keeps it that way.
+_CSP = (
+    "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; "
+    "img-src 'self' data:; form-action 'none'; frame-ancestors 'none'; base-uri 'none'"
+)
+
+
+def _gw(request: Request) -> Gateway:
+    gw: Gateway = request.app.state.gw
+    return gw
+
+
+@router.get("/v1/usage/series", tags=["producer"], summary="Usage over time of a producer (or all)")
+async def usage_series(request: Request) -> Response:
+    """`?producer=&keyspace=&since=&until=&step=` -> `{"producer", "keyspace", "step",
+    "since", "until", "quota", "points": [{"t", "writes", "bytes_written", "deletes",
+    "duplicates", "held", "refused", "refused_429", "refused_413", "keys", "bytes"}]}`.
+
+    since/until are RFC 3339 or relative (``-24h``, ``-7d``); step is ``1m``, ``1h`` or
+    ``1d`` (default: the finest giving at most 5,000 points). A producer's token reads only
+    its own series (403 otherwise); the admin reads any, or with no `producer` the sum of
+    every producer (keys/bytes summed too)."""
+    gw = _gw(request)
+    who = gw.authenticate(request.headers.get("authorization"))
+    q = request.query_params
+    producer = q.get("producer") or (None if who == ADMIN else who)
+    if who not in (ADMIN, producer):
+        raise ForbiddenError(f"only the admin or producer {producer!r} may read its usage")
+    series = gw.series
+    try:
+        rng = parse_range(q.get("since"), q.get("until"), q.get("step"), series.clock())
+    except ValueError as err:
+        raise BadRequestError(str(err)) from None
+    keyspace = q.get("keyspace")
+    usage = gw.usage
+    if producer is not None:
+        if producer not in usage and producer not in gw.acl.producers:
+            raise NotFoundError(f"no producer {producer!r}")
+        names = [producer]
+    else:
+        names = sorted(n for n in set(usage) | set(gw.acl.producers) if n)
+
+    def run() -> list[dict[str, int | None]]:
+        total: list[dict[str, int | None]] = []
+        for n in names:
+            u = usage.get(n)
+            pts = query(series, n, keyspace, rng, None if u is None else (u.keys, u.bytes))
+            if not total:
+                total = pts
+                continue
+            for acc, p in zip(total, pts, strict=True):
+                for k, v in p.items():
+                    if k == "t":
+                        continue
+                    a = acc[k]
+                    acc[k] = None if a is None and v is None else (a or 0) + (v or 0)
+        return total
+
+    # Many documents to decode for the admin's sum: off the event loop.
+    points = await asyncio.to_thread(run) if len(names) > 4 else run()
+    p = gw.acl.producers.get(producer or "")
+    cap = p.quota.max_bytes_stored if p is not None else None
+    step_name = {60: "1m", 3600: "1h", 86400: "1d"}[rng.step]
+    return json_response(
+        {
+            "producer": producer,
+            "keyspace": keyspace,
+            "step": step_name,
+            "since": rng.since,
+            "until": rng.until,
+            "max_bytes_stored": cap,
+            "points": points,
+        }
+    )
+
+
+@router.get("/usage", tags=["info"], summary="The usage page (plots over time)")
+async def usage_page() -> Response:
+    """The HTML page; it fetches `/v1/usage` and `/v1/usage/series` with the token the
+    user enters."""
+    return FileResponse(
+        STATIC / "usage.html",
+        media_type="text/html; charset=utf-8",
+        headers={"Content-Security-Policy": _CSP, "Cache-Control": "no-cache"},
+    )
+
+
+@router.get("/usage/static/{path:path}", tags=["info"], summary="The usage page's files")
+async def usage_static(path: str) -> Response:
+    """One of the page's own files (a fixed list; anything else is 404)."""
+    media = _FILES.get(path)
+    if media is None:
+        raise NotFoundError(f"no file {path!r}")
+    return FileResponse(STATIC / path, media_type=media, headers={"Cache-Control": "no-cache"})

@@ -1,0 +1,173 @@
+// The usage page: asks for a token, keeps it in this tab's sessionStorage and sends it only
+// as an Authorization header from fetch (never in a URL, so never in a log or history).
+// Data: GET /v1/usage (admin: every producer with its quota) and GET /v1/usage/series.
+"use strict";
+
+(function () {
+  const KEY = "mercury.usage.token";
+  const $ = (id) => document.getElementById(id);
+  const charts = {};
+  let selected = null;
+  let rows = [];
+
+  function token() { return sessionStorage.getItem(KEY); }
+
+  function status(msg, isError) {
+    const el = $("status");
+    el.textContent = msg;
+    el.className = isError ? "error" : "";
+  }
+
+  async function api(path) {
+    const t = token();
+    const r = await fetch(path, {
+      headers: { Authorization: "Bearer " + t, Accept: "application/json" },
+      cache: "no-store",
+      referrerPolicy: "no-referrer",
+    });
+    if (r.status === 401) {
+      sessionStorage.removeItem(KEY);
+      throw new Error("the token was refused (401); enter it again");
+    }
+    const body = await r.json();
+    if (!r.ok) throw new Error(body.detail || ("HTTP " + r.status));
+    return body;
+  }
+
+  function rangeParams() {
+    const [since, step] = $("range").value.split("|");
+    return "since=" + encodeURIComponent(since) + "&step=" + step;
+  }
+
+  function seriesPath(producer) {
+    const p = producer ? "producer=" + encodeURIComponent(producer) + "&" : "";
+    return "/v1/usage/series?" + p + rangeParams();
+  }
+
+  function fmt(n) {
+    if (n === null || n === undefined) return "–";
+    const abs = Math.abs(n);
+    if (abs >= 1e9) return (n / 1e9).toFixed(2) + " G";
+    if (abs >= 1e6) return (n / 1e6).toFixed(2) + " M";
+    if (abs >= 1e4) return (n / 1e3).toFixed(1) + " k";
+    return String(n);
+  }
+
+  function summary(s) {
+    const pts = s.points;
+    const stored = pts.map((p) => p.bytes).filter((b) => b !== null);
+    const sum = (k) => pts.reduce((a, p) => a + (p[k] || 0), 0);
+    return {
+      growth: stored.length ? stored[stored.length - 1] - stored[0] : 0,
+      writes: sum("writes"),
+      held: sum("held"),
+      refused: sum("refused"),
+    };
+  }
+
+  function renderTable() {
+    const tbody = $("producers").querySelector("tbody");
+    tbody.replaceChildren();
+    for (const r of rows) {
+      const tr = document.createElement("tr");
+      tr.dataset.producer = r.producer;
+      if (r.producer === selected) tr.className = "selected";
+      const cap = r.quota ? r.quota.max_bytes_stored : null;
+      const cells = [r.producer, fmt(r.growth), fmt(r.bytes), fmt(cap),
+        r.used_pct === null || r.used_pct === undefined ? "–" : r.used_pct.toFixed(1) + " %",
+        fmt(r.keys), fmt(r.writes), fmt(r.held), fmt(r.refused)];
+      for (const c of cells) {
+        const td = document.createElement("td");
+        td.textContent = c;
+        tr.appendChild(td);
+      }
+      tr.addEventListener("click", () => { selected = r.producer; renderTable(); showCharts(); });
+      tbody.appendChild(tr);
+    }
+  }
+
+  function plot(id, title, s, columns, cap) {
+    const el = $(id);
+    if (charts[id]) charts[id].destroy();
+    const xs = s.points.map((p) => p.t);
+    const data = [xs];
+    const series = [{}];
+    const colors = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728"];
+    columns.forEach(([key, label], i) => {
+      data.push(s.points.map((p) => p[key]));
+      series.push({ label, stroke: colors[i % colors.length], width: 1.5 });
+    });
+    if (cap) {
+      data.push(xs.map(() => cap));
+      series.push({ label: "cap", stroke: "#d62728", dash: [6, 4], width: 1 });
+    }
+    const first = data[1];
+    el.dataset.points = String(xs.length);
+    el.dataset.nonzero = String(first.filter((v) => v).length);
+    el.dataset.sum = String(first.reduce((a, v) => a + (v || 0), 0));
+    el.dataset.since = String(xs[0]);
+    el.replaceChildren();
+    charts[id] = new uPlot(
+      { title, width: Math.max(el.clientWidth, 520), height: 220, series,
+        scales: { x: { time: true } }, axes: [{}, { size: 70 }] },
+      data, el);
+  }
+
+  async function showCharts() {
+    if (!selected) return;
+    $("charts-title").textContent = "Producer " + selected;
+    const s = await api(seriesPath(selected === "(all)" ? null : selected));
+    plot("chart-writes", "writes / deletes / duplicates per " + s.step, s,
+      [["writes", "writes"], ["deletes", "deletes"], ["duplicates", "duplicates"]]);
+    plot("chart-bytes-written", "bytes written per " + s.step, s,
+      [["bytes_written", "bytes written"]]);
+    plot("chart-quota", "held / refused per " + s.step, s,
+      [["held", "held"], ["refused", "refused"]]);
+    plot("chart-stored", "stored bytes (and the cap)", s, [["bytes", "stored bytes"]],
+      s.max_bytes_stored);
+  }
+
+  async function load() {
+    if (!token()) { status("enter a token to see usage"); return; }
+    status("loading…");
+    try {
+      const own = await api(seriesPath(null));
+      if (own.producer !== null) {  // a producer's token: its own usage only
+        const sm = summary(own);
+        const last = own.points.length ? own.points[own.points.length - 1] : {};
+        rows = [Object.assign({ producer: own.producer, bytes: last.bytes, keys: last.keys,
+          quota: { max_bytes_stored: own.max_bytes_stored }, used_pct: null }, sm)];
+      } else {
+        const all = await api("/v1/usage");
+        rows = await Promise.all(all.producers.map(async (r) => {
+          const s = await api(seriesPath(r.producer));
+          return Object.assign({}, r, summary(s));
+        }));
+      }
+      rows.sort((a, b) => b.growth - a.growth || b.writes - a.writes);
+      if (!rows.some((r) => r.producer === selected)) {
+        selected = rows.length ? rows[0].producer : null;
+      }
+      renderTable();
+      await showCharts();
+      status("updated " + new Date().toISOString().slice(0, 19) + "Z");
+    } catch (err) {
+      status(err.message, true);
+    }
+  }
+
+  $("login").addEventListener("submit", (ev) => {
+    ev.preventDefault();
+    sessionStorage.setItem(KEY, $("token").value.trim());
+    $("token").value = "";
+    load();
+  });
+  $("forget").addEventListener("click", () => {
+    sessionStorage.removeItem(KEY);
+    rows = [];
+    renderTable();
+    status("token forgotten");
+  });
+  $("range").addEventListener("change", load);
+  load();
+})();

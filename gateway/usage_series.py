@@ -1,0 +1,469 @@
+"""Usage over time: per producer and keyspace, per minute, kept as replicated documents.
+
+What is counted, per (producer, keyspace, minute): writes, bytes written (key + value of
+each written set), deletes, duplicates, ops held by the rate quota, ops refused by it
+(429) and ops refused as never admissible (413); per (producer, minute): keys and stored
+bytes at the end of the minute (the store's usage counters are per producer, not per
+keyspace). Quota outcomes are per producer too: they are recorded under the keyspace
+``""`` ("not attributable to a keyspace") and so count in a producer's totals, not in a
+single keyspace's.
+
+Layout (documents in the store's replicated ``docs`` sub-database, written through the
+log in a batch's own transaction, so every replica — and a promoted root — holds them):
+
+- ``usage/m/<producer>/<YYYYMMDDHH>``: one hour of minute slots,
+  ``{"t": hour start (epoch s), "m": {keyspace: [[minute, writes, bytes_written, deletes,
+  duplicates, held, refused_429, refused_413], ...]}, "s": [[minute, keys, bytes], ...]}``
+  with only the minutes that saw activity. A busy keyspace costs about 26 bytes a
+  minute, 2.6 kB an hour, 63 kB a day; kept 31 days.
+- ``usage/h/<producer>/<YYYYMMDD>``: one day of hour slots (the rollup), the same shape
+  with hours 0–23 in place of minutes; kept a year.
+
+When: a minute's counts stay in memory until it is over; the first batch committed after
+that carries the changed hour and day documents in its transaction (no commit of its
+own, no extra fsync). A crash loses at most the open minute's counts (as the deferred
+duplicate counters, never data); a clean stop writes them (`flush`). Retention deletions
+ride the same way, at most once an hour.
+
+This module is pure apart from the store reads it is handed (`load`): counting
+(`add_results`, `add_quota`), folding into documents (`due`), and reading a range back
+(`query`) for `GET /v1/usage/series`.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+import orjson
+
+from store.ops import Op, Result, Status
+from store.store import Store
+
+#: Columns of one slot row after its index (minute or hour).
+COLS = ("writes", "bytes_written", "deletes", "duplicates", "held", "refused_429", "refused_413")
+_W, _BW, _D, _DUP, _HELD, _R429, _R413 = range(len(COLS))
+#: Quota outcomes (`gateway.admission.OUTCOMES`) -> column.
+QUOTA_COL = {"held": _HELD, "refused": _R429, "too_large": _R413}
+
+MINUTE_KEEP_S = 31 * 86400
+HOUR_KEEP_S = 366 * 86400
+STEPS = {"1m": 60, "1h": 3600, "1d": 86400}
+MAX_POINTS = 5000
+
+#: Reads one replicated document (name -> bytes or None).
+LoadFn = Callable[[str], bytes | None]
+#: Documents (name, bytes) under `prefix` whose names sort after `after` ("" for all), in
+#: name order, at most `limit` of them (`Store.scan_docs`).
+ListFn = Callable[[str, str, int], list[tuple[str, bytes]]]
+
+
+def hour_name(producer: str, t: int) -> str:
+    """Name of the minute-slot document of `producer` for the hour holding `t`."""
+    return f"usage/m/{producer}/{datetime.fromtimestamp(t, UTC):%Y%m%d%H}"
+
+
+def day_name(producer: str, t: int) -> str:
+    """Name of the hour-slot (rollup) document of `producer` for the day holding `t`."""
+    return f"usage/h/{producer}/{datetime.fromtimestamp(t, UTC):%Y%m%d}"
+
+
+@dataclass
+class SlotDoc:
+    """An hour of minute slots or a day of hour slots, decoded."""
+
+    t: int
+    rows: dict[str, dict[int, list[int]]]  # keyspace -> slot -> columns
+    snap: dict[int, tuple[int, int]]  # slot -> (keys, bytes) at the slot's end
+
+    @classmethod
+    def decode(cls, raw: bytes | None, t: int) -> SlotDoc:
+        if not raw:
+            return cls(t, {}, {})
+        d = orjson.loads(raw)
+        rows = {ks: {r[0]: list(r[1:]) for r in rs} for ks, rs in d.get("m", {}).items()}
+        snap = {r[0]: (r[1], r[2]) for r in d.get("s", [])}
+        return cls(int(d["t"]), rows, snap)
+
+    def encode(self) -> bytes:
+        return orjson.dumps(
+            {
+                "t": self.t,
+                "m": {
+                    ks: [[i, *cols] for i, cols in sorted(slots.items())]
+                    for ks, slots in sorted(self.rows.items())
+                },
+                "s": [[i, k, b] for i, (k, b) in sorted(self.snap.items())],
+            }
+        )
+
+    def add(self, ks: str, slot: int, cols: Sequence[int]) -> None:
+        cur = self.rows.setdefault(ks, {}).setdefault(slot, [0] * len(COLS))
+        for j, v in enumerate(cols):
+            cur[j] += v
+
+    def sums(self) -> dict[str, list[int]]:
+        """Per keyspace, the columns summed over every slot."""
+        out: dict[str, list[int]] = {}
+        for ks, slots in self.rows.items():
+            tot = [0] * len(COLS)
+            for cols in slots.values():
+                for j, v in enumerate(cols):
+                    tot[j] += v
+            out[ks] = tot
+        return out
+
+
+def count_results(
+    ops: Sequence[Op], results: Sequence[Result], keyspace_of: Callable[[bytes], str]
+) -> dict[str, list[int]]:
+    """Columns per keyspace for one request's ops and their results."""
+    out: dict[str, list[int]] = {}
+    for op, res in zip(ops, results, strict=True):
+        st = res[0]
+        if st is Status.WRITTEN:
+            col, n = _W, len(op.key) + len(op.value or b"")
+        elif st is Status.DELETED:
+            col, n = _D, 0
+        elif st is Status.DUPLICATE:
+            col, n = _DUP, 0
+        else:
+            continue
+        ks = keyspace_of(op.key)
+        row = out.get(ks)
+        if row is None:
+            row = out[ks] = [0] * len(COLS)
+        row[col] += 1
+        if col == _W:
+            row[_BW] += n
+    return out
+
+
+def keyspace_finder(keyspaces: Sequence[str]) -> Callable[[bytes], str]:
+    """`key -> keyspace` over a producer's keyspaces (longest prefix; "" when none)."""
+    if len(keyspaces) == 1:
+        only = keyspaces[0]
+        return lambda _key: only
+    prefixes = sorted(((k.encode(), k) for k in keyspaces), key=lambda p: -len(p[0]))
+
+    def find(key: bytes) -> str:
+        for p, k in prefixes:
+            if key.startswith(p):
+                return k
+        return ""
+
+    return find
+
+
+class UsageSeries:
+    """Minute counters in memory and the documents they fold into.
+
+    Thread use: `add_results`/`due`/`written` run in the batcher's commit thread,
+    `add_quota` on the event loop, `query` in route handlers; one lock guards the state.
+    """
+
+    def __init__(
+        self,
+        load: LoadFn,
+        list_names: ListFn,
+        keyspaces: Callable[[str], Sequence[str]],
+        quota_counts: Callable[[], Mapping[str, Mapping[str, int]]] = dict,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._load = load
+        self._list = list_names
+        self._keyspaces = keyspaces
+        self._quota_counts = quota_counts
+        self._quota_seen: dict[tuple[str, str], int] = {}
+        self.clock = clock
+        self._lock = threading.Lock()
+        # (producer, minute start) -> keyspace -> columns: minutes not yet folded
+        self._open: dict[tuple[str, int], dict[str, list[int]]] = {}
+        self._docs: dict[str, SlotDoc] = {}  # documents touched recently (cache)
+        self._dirty: set[str] = set()
+        self._deleted: set[str] = set()
+        self._last_retention = 0.0
+
+    # -- counting ---------------------------------------------------------------------
+
+    def _bucket(self, producer: str, now: float) -> dict[str, list[int]]:
+        key = (producer, int(now) // 60 * 60)
+        b = self._open.get(key)
+        if b is None:
+            b = self._open[key] = {}
+        return b
+
+    def add_results(
+        self, producer: str, ops: Sequence[Op], results: Sequence[Result], now: float
+    ) -> None:
+        """Count one committed request's results in the minute holding `now`."""
+        counts = count_results(ops, results, keyspace_finder(self._keyspaces(producer)))
+        if not counts:
+            return
+        with self._lock:
+            b = self._bucket(producer, now)
+            for ks, cols in counts.items():
+                cur = b.get(ks)
+                if cur is None:
+                    b[ks] = cols
+                else:
+                    for j, v in enumerate(cols):
+                        cur[j] += v
+
+    def add_quota(self, now: float) -> None:
+        """Count quota outcomes since the last call (from the admission's running totals,
+        which start at zero with the process) in the minute holding `now`."""
+        # Copied in one step each (C-level, under the GIL): the event loop updates them.
+        counts = [(p, list(o.items())) for p, o in list(self._quota_counts().items())]
+        with self._lock:
+            for producer, outcomes in counts:
+                for outcome, total in outcomes:
+                    col = QUOTA_COL.get(outcome)
+                    if col is None:
+                        continue
+                    seen = self._quota_seen.get((producer, outcome), 0)
+                    if total > seen:
+                        self._quota_seen[(producer, outcome)] = total
+                        row = self._bucket(producer, now).setdefault("", [0] * len(COLS))
+                        row[col] += total - seen
+
+    # -- folding into documents ------------------------------------------------------
+
+    def _doc(self, name: str, t: int) -> SlotDoc:
+        d = self._docs.get(name)
+        if d is None:
+            d = self._docs[name] = SlotDoc.decode(self._load(name), t)
+        return d
+
+    def due(
+        self, now: float, usage: Callable[[], Mapping[str, tuple[int, int]]], *, all_: bool = False
+    ) -> dict[str, bytes | None]:
+        """Fold the minutes that are over (every minute with `all_`) into their documents
+        and return every document changed and not yet written (name -> bytes, None to
+        delete). `usage()` gives (keys, bytes) per producer now: the state at the end of
+        the folded minutes, since no batch committed after them yet."""
+        self.add_quota(now)
+        cur_minute = int(now) // 60 * 60
+        with self._lock:
+            closed = [k for k in self._open if all_ or k[1] < cur_minute]
+            snap = usage() if closed else {}
+            for producer, minute in sorted(closed, key=lambda k: k[1]):
+                bucket = self._open.pop((producer, minute))
+                hour = minute // 3600 * 3600
+                day = minute // 86400 * 86400
+                hname, dname = hour_name(producer, minute), day_name(producer, minute)
+                hdoc, ddoc = self._doc(hname, hour), self._doc(dname, day)
+                for ks, cols in bucket.items():
+                    hdoc.add(ks, (minute - hour) // 60, cols)
+                    ddoc.add(ks, (minute - day) // 3600, cols)
+                if producer in snap:
+                    hdoc.snap[(minute - hour) // 60] = snap[producer]
+                    ddoc.snap[(minute - day) // 3600] = snap[producer]
+                self._dirty.update((hname, dname))
+            if now - self._last_retention >= 3600:
+                self._last_retention = now
+                self._deleted.update(self._expired(now, usage()))
+            self._evict(cur_minute)
+            out: dict[str, bytes | None] = {n: self._docs[n].encode() for n in self._dirty}
+            out.update(dict.fromkeys(self._deleted))
+            return out
+
+    def written(self, changes: Iterable[str]) -> None:
+        """The documents named were committed."""
+        with self._lock:
+            for n in changes:
+                self._dirty.discard(n)
+                self._deleted.discard(n)
+
+    def _evict(self, cur_minute: int) -> None:
+        # Keep only the current hour's and day's documents (and unwritten ones) cached.
+        hour, day = cur_minute // 3600 * 3600, cur_minute // 86400 * 86400
+        for n in [n for n, d in self._docs.items() if d.t not in (hour, day)]:
+            if n not in self._dirty:
+                del self._docs[n]
+
+    def _expired(self, now: float, producers: Iterable[str]) -> list[str]:
+        """Names of documents past retention: per producer, the oldest few (names sort
+        by time within a producer; the pass runs hourly, so a few suffice)."""
+        out = []
+        for producer in producers:
+            for kind, keep, fmt in (
+                ("m", MINUTE_KEEP_S, "%Y%m%d%H"),
+                ("h", HOUR_KEEP_S, "%Y%m%d"),
+            ):
+                cutoff = datetime.fromtimestamp(now - keep, UTC).strftime(fmt)
+                prefix = f"usage/{kind}/{producer}/"
+                for name, _raw in self._list(prefix, "", 48):
+                    if name[len(prefix) :] < cutoff:
+                        out.append(name)
+        return out
+
+    # -- reading back -----------------------------------------------------------------
+
+    def list_docs(self, prefix: str, after: str, limit: int) -> list[tuple[str, bytes]]:
+        """Stored documents (see `ListFn`)."""
+        return self._list(prefix, after, limit)
+
+    def cached(self, prefix: str, start: str, end: str) -> dict[str, bytes]:
+        """In-memory documents under `prefix` with suffix in [start, end] (encoded)."""
+        with self._lock:
+            return {
+                n: d.encode()
+                for n, d in self._docs.items()
+                if n.startswith(prefix) and start <= n[len(prefix) :] <= end
+            }
+
+    def pending(self, producer: str) -> dict[int, dict[str, list[int]]]:
+        """Minutes of `producer` not yet folded (minute start -> keyspace -> columns)."""
+        with self._lock:
+            return {
+                m: {ks: list(c) for ks, c in b.items()}
+                for (p, m), b in self._open.items()
+                if p == producer
+            }
+
+
+@dataclass(frozen=True)
+class Range:
+    since: int
+    until: int
+    step: int
+
+
+def parse_time(s: str, now: float) -> int:
+    """RFC 3339 (``2026-11-23T10:00:00Z``) or relative (``-24h``, ``24h``, ``-30m``,
+    ``-7d``, ``now``) -> epoch seconds. ValueError otherwise."""
+    s = s.strip()
+    if s == "now":
+        return int(now)
+    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+    body = s[1:] if s.startswith("-") else s
+    if body[:-1].isdigit() and body[-1:] in units:
+        return int(now) - int(body[:-1]) * units[body[-1]]
+    dt = datetime.fromisoformat(s.replace("Z", "+00:00"))
+    if dt.tzinfo is None:
+        raise ValueError(f"time {s!r} has no timezone (use Z or +hh:mm)")
+    return int(dt.timestamp())
+
+
+def parse_range(since: str | None, until: str | None, step: str | None, now: float) -> Range:
+    """The query's range: default the last 24 h; step defaults to the finest that gives at
+    most MAX_POINTS points. ValueError for a bad value or too many points."""
+    t1 = parse_time(until, now) if until else int(now)
+    t0 = parse_time(since, now) if since else t1 - 86400
+    if t0 >= t1:
+        raise ValueError("since must be before until")
+    if step is None:
+        st = next(v for v in STEPS.values() if (t1 - t0) // v <= MAX_POINTS)
+    elif step in STEPS:
+        st = STEPS[step]
+    else:
+        raise ValueError(f"step must be one of {', '.join(STEPS)}")
+    if (t1 - t0) // st > MAX_POINTS:
+        raise ValueError(f"{(t1 - t0) // st} points; at most {MAX_POINTS} (use a coarser step)")
+    return Range(t0 // st * st, t1, st)
+
+
+def query(
+    series: UsageSeries,
+    producer: str,
+    keyspace: str | None,
+    rng: Range,
+    now_usage: tuple[int, int] | None,
+) -> list[dict[str, int | None]]:
+    """Points of `producer` (one keyspace, or all with None) over `rng`: one per step,
+    oldest first, counters summed over the step, keys/bytes as at the step's end (carried
+    forward from the last snapshot; None before any; per producer only, so None with a
+    keyspace)."""
+    minute_docs = rng.step < 3600
+    unit = 60 if minute_docs else 3600
+    kind, width, fmt = ("m", 3600, "%Y%m%d%H") if minute_docs else ("h", 86400, "%Y%m%d")
+    # slot start (epoch) -> columns, and snapshot slots
+    cols: dict[int, list[int]] = {}
+    snaps: dict[int, tuple[int, int]] = {}
+
+    def take(t_slot: int, ks: str, c: Sequence[int]) -> None:
+        if keyspace is not None and ks != keyspace:
+            return
+        cur = cols.setdefault(t_slot, [0] * len(COLS))
+        for j, v in enumerate(c):
+            cur[j] += v
+
+    first = rng.since - width  # one document earlier: the snapshot to carry forward
+    start = datetime.fromtimestamp(first // width * width, UTC).strftime(fmt)
+    end = datetime.fromtimestamp(rng.until, UTC).strftime(fmt)
+    prefix = f"usage/{kind}/{producer}/"
+    limit = (rng.until - first) // width + 2
+    for _name, raw in series_docs(series, prefix, start, end, limit):
+        d = SlotDoc.decode(raw, 0)
+        for ks, slots in d.rows.items():
+            for i, c in slots.items():
+                take(d.t + i * unit, ks, c)
+        for i, s in d.snap.items():
+            snaps[d.t + i * unit] = s
+    # The minutes still in memory (and, at a coarser step, not yet in any document).
+    for minute, bucket in series.pending(producer).items():
+        for ks, c in bucket.items():
+            take(minute // unit * unit, ks, c)
+    if now_usage is not None:
+        snaps[int(series.clock()) // unit * unit] = now_usage
+
+    points: list[dict[str, int | None]] = []
+    snap_times = sorted(snaps)
+    si = 0
+    last: tuple[int, int] | None = None
+    for t in range(rng.since, rng.until, rng.step):
+        tot = [0] * len(COLS)
+        for ts in range(t, t + rng.step, unit):
+            got = cols.get(ts)
+            if got is not None:
+                for j, v in enumerate(got):
+                    tot[j] += v
+        while si < len(snap_times) and snap_times[si] < t + rng.step:
+            last = snaps[snap_times[si]]
+            si += 1
+        p: dict[str, int | None] = {"t": t}
+        p.update(zip(COLS[:5], tot[:5], strict=True))
+        p["refused"] = tot[_R429] + tot[_R413]
+        p["refused_429"] = tot[_R429]
+        p["refused_413"] = tot[_R413]
+        p["keys"] = None if keyspace is not None or last is None else last[0]
+        p["bytes"] = None if keyspace is not None or last is None else last[1]
+        points.append(p)
+    return points
+
+
+def series_docs(
+    series: UsageSeries, prefix: str, start: str, end: str, limit: int
+) -> list[tuple[str, bytes | None]]:
+    """Documents under `prefix` whose suffix lies in [start, end] (digit strings), in name
+    order, the unwritten in-memory versions taking precedence over the stored ones."""
+    # The name just before `start`: its last digit lowered by one ('0' -> '/').
+    after = prefix + start[:-1] + chr(ord(start[-1]) - 1)
+    found = {
+        n: raw
+        for n, raw in series.list_docs(prefix, after, limit)
+        if start <= n[len(prefix) :] <= end
+    }
+    found.update(series.cached(prefix, start, end))
+    return sorted(found.items())
+
+
+def for_store(
+    store: Store,
+    keyspaces: Callable[[str], Sequence[str]],
+    quota_counts: Callable[[], Mapping[str, Mapping[str, int]]],
+) -> UsageSeries:
+    """A series reading its documents from `store` (the root's)."""
+
+    def load(name: str) -> bytes | None:
+        d = store.get_doc(name)
+        return None if d is None else d.body
+
+    def list_docs(prefix: str, after: str, limit: int) -> list[tuple[str, bytes]]:
+        return [(n, d.body) for n, d in store.scan_docs(prefix, after=after, limit=limit)]
+
+    return UsageSeries(load, list_docs, keyspaces, quota_counts)

@@ -1,0 +1,271 @@
+"""Usage over time: the minute counters, their documents in a real store, retention, the
+range query, and `GET /v1/usage/series` / `GET /usage` on a real root."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import orjson
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gateway import usage_series as us
+from store.ops import DELETE, SET, Op, Result, Status
+from store.store import Store
+from store.usage import stored_bytes
+from tests.gateway.conftest import Root
+
+T0 = 1_795_000_000 // 86400 * 86400  # a UTC midnight (2026-11-18)
+
+
+class Clock:
+    def __init__(self, t: float) -> None:
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def _series(store: Store, clock: Clock, keyspaces: dict[str, tuple[str, ...]]) -> us.UsageSeries:
+    s = us.for_store(store, lambda p: keyspaces.get(p, ()), dict)
+    s.clock = clock
+    return s
+
+
+def _commit(store: Store, s: us.UsageSeries, now: float, ops: list[Op], producer: str) -> None:
+    """What the batcher does: due documents ride in the batch, then its results count."""
+    changes = s.due(now, lambda: {n: (u.keys, u.bytes) for n, u in store.usage().items()})
+    out = store.apply(ops, doc_changes=changes or None)
+    s.written(changes)
+    s.add_results(producer, ops, out.results, now)
+
+
+def _set(key: str, value: bytes, owner: str) -> Op:
+    return Op(SET, key.encode(), value, owner)
+
+
+def test_count_results_splits_by_keyspace_and_status() -> None:
+    ops = [
+        Op(SET, b"a/1", b"xyz", "p"),
+        Op(SET, b"b/1", b"12", "p"),
+        Op(SET, b"a/2", b"dup", "p"),
+        Op(DELETE, b"a/3", b"", "p"),
+        Op(DELETE, b"a/4", b"", "p"),
+    ]
+    res = [
+        Result(Status.WRITTEN, 1),
+        Result(Status.WRITTEN, 2),
+        Result(Status.DUPLICATE, 0),
+        Result(Status.DELETED, 3),
+        Result(Status.ABSENT, 0),
+    ]
+    got = us.count_results(ops, res, us.keyspace_finder(["a/", "b/"]))
+    assert got == {"a/": [1, 6, 1, 1, 0, 0, 0], "b/": [1, 5, 0, 0, 0, 0, 0]}
+
+
+def test_keyspace_finder_takes_the_longest_prefix() -> None:
+    find = us.keyspace_finder(["a/", "a/b/", "c/"])
+    assert find(b"a/b/1") == "a/b/"
+    assert find(b"a/x") == "a/"
+    assert find(b"zz") == ""
+
+
+def test_parse_time_and_range() -> None:
+    now = T0 + 12 * 3600
+    assert us.parse_time("-24h", now) == now - 86400
+    assert us.parse_time("30m", now) == now - 1800
+    assert us.parse_time("2026-11-18T01:00:00Z", now) == T0 + 3600
+    with pytest.raises(ValueError, match="timezone"):
+        us.parse_time("2026-11-18T01:00:00", now)
+    rng = us.parse_range("-1h", None, "1m", now)
+    assert (rng.since, rng.until, rng.step) == (now - 3600, now, 60)
+    assert us.parse_range("-30d", None, None, now).step == 3600  # finest with <= 5000 points
+    with pytest.raises(ValueError, match="at most"):
+        us.parse_range("-30d", None, "1m", now)
+    with pytest.raises(ValueError, match="before"):
+        us.parse_range("now", "-1h", None, now)
+    with pytest.raises(ValueError, match="step"):
+        us.parse_range("-1h", None, "5m", now)
+
+
+def test_minutes_fold_into_replicated_documents_with_the_next_batch(tmp_path: Path) -> None:
+    store = Store.create(str(tmp_path / "s"), sync=False)
+    clock = Clock(T0 + 10 * 3600 + 5)
+    s = _series(store, clock, {"p": ("p/",)})
+    _commit(store, s, clock.t, [_set("p/1", b"v1", "p"), _set("p/2", b"v22", "p")], "p")
+    assert store.scan_docs("usage/") == []  # the minute is open: nothing written yet
+    # ...but it is already visible to a query (from memory)
+    rng = us.parse_range("-10m", None, "1m", clock.t + 60)
+    clock.t += 60
+    pts = us.query(s, "p", None, rng, None)
+    assert sum(p["writes"] or 0 for p in pts) == 2
+    seq_before = store.last_seq()
+    _commit(store, s, clock.t, [_set("p/3", b"v", "p")], "p")  # next minute's first batch
+    docs = dict(store.scan_docs("usage/"))
+    assert sorted(docs) == ["usage/h/p/20261118", "usage/m/p/2026111810"]
+    # written in that batch's transaction and log record: one record for data + documents
+    assert store.last_seq() == seq_before + 1 + 2
+    hour = orjson.loads(docs["usage/m/p/2026111810"].body)
+    assert hour["t"] == T0 + 10 * 3600
+    assert hour["m"] == {"p/": [[0, 2, 3 + 2 + 3 + 3, 0, 0, 0, 0, 0]]}
+    # keys and stored bytes as the minute ended (before the third key)
+    assert hour["s"] == [[0, 2, stored_bytes(3, 2, 1) + stored_bytes(3, 3, 1)]]
+    day = orjson.loads(docs["usage/h/p/20261118"].body)
+    assert day["m"] == {"p/": [[10, 2, 11, 0, 0, 0, 0, 0]]}
+    store.close()
+
+
+def test_a_restarted_series_adds_to_the_stored_hour(tmp_path: Path) -> None:
+    store = Store.create(str(tmp_path / "s"), sync=False)
+    clock = Clock(T0 + 3600)
+    s = _series(store, clock, {"p": ("p/",)})
+    _commit(store, s, clock.t, [_set("p/1", b"a", "p")], "p")
+    store.put_docs(s.due(clock.t, dict, all_=True))  # a clean stop
+    s2 = _series(store, clock, {"p": ("p/",)})  # a new process, same minute
+    _commit(store, s2, clock.t, [_set("p/2", b"b", "p")], "p")
+    store.put_docs(s2.due(clock.t + 60, dict))
+    hour = orjson.loads(store.get_doc("usage/m/p/2026111801").body)  # type: ignore[union-attr]
+    assert hour["m"]["p/"] == [[0, 2, 8, 0, 0, 0, 0, 0]]
+    store.close()
+
+
+def test_quota_outcomes_count_once_per_change() -> None:
+    totals: dict[str, dict[str, int]] = {"p": {"held": 3, "refused": 1, "too_large": 0}}
+    saved: dict[str, bytes | None] = {}
+    s = us.UsageSeries(
+        saved.get, lambda *_: [], lambda _p: ("p/",), lambda: totals, clock=Clock(T0)
+    )
+    s.add_quota(T0)
+    totals["p"]["held"] = 5
+    s.add_quota(T0 + 1)
+    pts = us.query(s, "p", None, us.Range(T0, T0 + 60, 60), None)
+    assert (pts[0]["held"], pts[0]["refused"], pts[0]["refused_429"]) == (5, 1, 1)
+    assert us.query(s, "p", "p/", us.Range(T0, T0 + 60, 60), None)[0]["held"] == 0
+
+
+def test_retention_drops_old_minute_and_hour_documents(tmp_path: Path) -> None:
+    store = Store.create(str(tmp_path / "s"), sync=False)
+    now = T0 + 400 * 86400
+    store.put_docs(
+        {
+            us.hour_name("p", int(now) - 32 * 86400): b'{"t":0,"m":{},"s":[]}',
+            us.hour_name("p", int(now) - 30 * 86400): b'{"t":0,"m":{},"s":[]}',
+            us.day_name("p", int(now) - 367 * 86400): b'{"t":0,"m":{},"s":[]}',
+            us.day_name("p", int(now) - 300 * 86400): b'{"t":0,"m":{},"s":[]}',
+        }
+    )
+    s = _series(store, Clock(now), {"p": ("p/",)})
+    changes = s.due(now, lambda: {"p": (0, 0)})
+    assert sorted(n for n, v in changes.items() if v is None) == [
+        us.day_name("p", int(now) - 367 * 86400),
+        us.hour_name("p", int(now) - 32 * 86400),
+    ]
+    store.put_docs(changes)
+    s.written(changes)
+    assert len(store.scan_docs("usage/")) == 2
+    store.close()
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    events=st.lists(
+        st.tuples(st.integers(0, 3 * 3600), st.integers(1, 5), st.sampled_from(["a/", "b/"])),
+        max_size=30,
+    )
+)
+def test_every_step_sums_the_same_totals(events: list[tuple[int, int, str]]) -> None:
+    """Whatever minutes the writes fall in, 1m, 1h and 1d steps give the same totals per
+    keyspace, folded into documents or still in memory."""
+    saved: dict[str, bytes | None] = {}
+
+    def list_docs(prefix: str, after: str, limit: int) -> list[tuple[str, bytes]]:
+        return [
+            (n, b) for n, b in sorted(saved.items()) if n.startswith(prefix) and n > after and b
+        ][:limit]
+
+    s = us.UsageSeries(saved.get, list_docs, lambda _p: ("a/", "b/"), clock=Clock(T0))
+    for dt, n, ks in sorted(events):
+        t = T0 + dt
+        saved.update(s.due(t, dict))
+        ops = [Op(SET, f"{ks}{i}".encode(), b"v", "p") for i in range(n)]
+        s.add_results("p", ops, [Result(Status.WRITTEN, 1)] * n, t)
+    s.clock = Clock(T0 + 4 * 3600)
+    for sel in ["a/", "b/", None]:
+        want = sum(n for _dt, n, k in events if sel in (None, k))
+        for step in (60, 3600, 86400):
+            rng = us.Range(T0 // step * step, T0 + 4 * 3600, step)
+            got = sum(p["writes"] or 0 for p in us.query(s, "p", sel, rng, None))
+            assert got == want, (sel, step)
+
+
+# --- a real root ---------------------------------------------------------------------------
+
+
+def test_series_endpoint_on_a_real_root(shared_root: Root) -> None:
+    name, token = shared_root.producer(quota={"max_bytes_stored": 1_000_000})
+    other, other_token = shared_root.producer()
+    c = shared_root.client(token)
+    for i in range(20):
+        r = c.put(f"/v1/kv/{name}/k{i}", content=b"x" * 100)
+        assert r.status_code == 200, r.text
+    assert c.put(f"/v1/kv/{name}/k0", content=b"x" * 100).json()["status"] == "duplicate"
+    r = c.get("/v1/usage/series", params={"since": "-1h", "step": "1m"})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["producer"] == name and body["step"] == "1m"
+    assert len(body["points"]) in (60, 61)  # the current minute, open, is the last point
+    assert sum(p["writes"] for p in body["points"]) == 20
+    assert sum(p["duplicates"] for p in body["points"]) == 1
+    assert sum(p["bytes_written"] for p in body["points"]) == 20 * (len(name) + 4 + 100) - 10
+    assert body["points"][-1]["keys"] == 20
+    assert body["max_bytes_stored"] == 1_000_000
+    by_ks = c.get("/v1/usage/series", params={"since": "-1h", "keyspace": f"{name}/"}).json()
+    assert sum(p["writes"] for p in by_ks["points"]) == 20
+    assert by_ks["points"][-1]["keys"] is None  # stored bytes are per producer only
+    # a producer sees only itself; the admin sees anyone
+    r = shared_root.client(other_token).get("/v1/usage/series", params={"producer": name})
+    assert r.status_code == 403
+    r = shared_root.admin().get("/v1/usage/series", params={"producer": name, "since": "-2h"})
+    assert sum(p["writes"] for p in r.json()["points"]) == 20
+    assert shared_root.client(token).get("/v1/usage/series?since=yesterday").status_code == 400
+    assert shared_root.client().get("/v1/usage/series").status_code == 401
+    # /v1/usage rows carry the quota and the share of the storage cap used
+    row = next(
+        x for x in shared_root.admin().get("/v1/usage").json()["producers"] if x["producer"] == name
+    )
+    assert row["quota"]["max_bytes_stored"] == 1_000_000
+    assert row["used_pct"] == pytest.approx(100 * row["bytes"] / 1_000_000, abs=0.001)
+    del other
+
+
+def test_history_survives_a_restart_and_reaches_the_log(root: Root) -> None:
+    name, token = root.producer()
+    c = root.client(token)
+    for i in range(5):
+        assert c.put(f"/v1/kv/{name}/k{i}", content=b"v").status_code == 200
+    root.close_clients()
+    root.procs.terminate(root.proc)  # SIGTERM: a clean stop writes the open minute
+    with Store.open(str(root.data_dir), readonly=True) as st_:
+        found = st_.scan_docs(f"usage/m/{name}/")
+        assert len(found) == 1
+        # written by a log entry (so replicas and a promoted root have it): its version
+        # is the seq of a record in the log
+        seq = found[0][1].seq
+        rec = st_.read_log(seq, max_records=1)[0]
+        assert rec.first_seq <= seq <= rec.last_seq
+    root.start()
+    r = root.client(token).get("/v1/usage/series", params={"since": "-1h"})
+    assert sum(p["writes"] for p in r.json()["points"]) == 5
+
+
+def test_usage_page_and_its_files(shared_root: Root) -> None:
+    c = shared_root.client()
+    r = c.get("/usage")
+    assert r.status_code == 200 and "<title>Mercury usage</title>" in r.text
+    assert "default-src 'none'" in r.headers["content-security-policy"]
+    js = c.get("/usage/static/vendor/uPlot.iife.min.js")
+    assert js.status_code == 200 and "uPlot" in js.text
+    assert c.get("/usage/static/usage.js").status_code == 200
+    assert c.get("/usage/static/../app.py").status_code == 404
+    assert c.get("/usage/static/vendor/README.md").status_code == 404
