@@ -33,7 +33,7 @@ from core.errors import (
     RangeOnRootError,
     ReadTooLargeError,
 )
-from reads import jsonkv, ranges
+from reads import jsonkv, ranges, watch
 from reads.metrics import READ_ERRORS, READ_SECONDS
 from reads.problems import PROBLEM_JSON, problem, problem_body, problem_for
 from store.format import MAX_KEY
@@ -166,6 +166,7 @@ def create_read_app(store: Store, *, role: str, status: Callable[[], dict[str, o
     app.add_exception_handler(StarletteHTTPException, _http_error)
     app.add_exception_handler(RequestValidationError, _invalid_body)
     app.include_router(router)
+    watch.install(app, store)  # GET /v1/watch (reads/watch.py)
     return app
 
 

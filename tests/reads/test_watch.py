@@ -1,0 +1,337 @@
+"""`GET /v1/watch` against real `mercury root` and `mercury replica` processes: changes in
+order with their seqs, prefix filtering, resuming from a seq (inclusive), 410 after log GC,
+a stalled watcher cut off without hurting another, SIGTERM with open streams, and the SDK's
+`Client.watch` and `mercury kv watch` against a real replica."""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import http.client
+import itertools
+import json
+import socket
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import pytest
+
+from mercury.client import Change, Client
+from tests.client.conftest import Cluster, make_cluster
+from tests.support.procs import REPO, Procs, mercury_cmd
+
+Doc = dict[str, Any]
+
+
+class Stream:
+    """One watch stream read line by line (http.client decodes the chunked body)."""
+
+    def __init__(self, base: str, prefix: str, from_seq: int | None = None) -> None:
+        host, port = base.removeprefix("http://").split(":")
+        self.conn = http.client.HTTPConnection(host, int(port), timeout=30)
+        q = f"prefix={quote(prefix)}"
+        if from_seq is not None:
+            q += f"&from_seq={from_seq}"
+        self.conn.request("GET", f"/v1/watch?{q}")
+        self.resp = self.conn.getresponse()
+        self.status = self.resp.status
+        self.lines: list[Doc] = []
+        self._thread: threading.Thread | None = None
+
+    def read_until(self, done: Callable[[list[Doc]], bool], timeout: float = 30) -> list[Doc]:
+        deadline = time.monotonic() + timeout
+        while not done(self.lines):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"watch lines so far: {_brief(self.lines)}")
+            if self._thread is not None:
+                if not self._thread.is_alive():
+                    raise EOFError(f"stream ended after {_brief(self.lines)}")
+                time.sleep(0.02)
+                continue
+            line = self.resp.readline()
+            if not line:
+                raise EOFError(f"stream ended after {_brief(self.lines)}")
+            self.lines.append(json.loads(line))
+        return self.lines
+
+    def follow(self) -> Stream:
+        """Read the stream in a background thread from now on (a consumer keeping up)."""
+
+        def run() -> None:
+            with contextlib.suppress(Exception):  # ends when the test closes the stream
+                while line := self.resp.readline():
+                    self.lines.append(json.loads(line))
+
+        self._thread = threading.Thread(target=run, daemon=True)
+        self._thread.start()
+        return self
+
+    def changes(self) -> list[Doc]:
+        return [d for d in self.lines if "op" in d]
+
+    def live(self) -> Stream:
+        """Wait for the first heartbeat: the stream is caught up and follows the hub."""
+        self.read_until(lambda ls: any(d.get("heartbeat") for d in ls))
+        return self
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self.resp.close()
+        self.conn.close()
+        if self._thread is not None:
+            self._thread.join(10)
+
+
+def _brief(lines: list[Doc]) -> list[Doc]:
+    """The last lines without their values (assertion messages stay short)."""
+    return [{k: v for k, v in d.items() if not k.startswith("value")} for d in lines[-5:]]
+
+
+def n_changes(n: int) -> Callable[[list[Doc]], bool]:
+    return lambda ls: sum(1 for d in ls if "op" in d) >= n
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    tmp = tmp_path_factory.mktemp("watch")
+    (tmp / "logs").mkdir()
+    procs = Procs(tmp / "logs")
+    try:
+        c = make_cluster(procs, tmp)
+        yield c
+        c.root.close_clients()
+    finally:
+        procs.stop_all()
+
+
+@pytest.fixture(scope="module")
+def writer(cluster: Cluster) -> Iterator[Client]:
+    _name, token = cluster.root.producer(["w/"])
+    with Client(cluster.root.url, token, read_url=cluster.read_url) as c:
+        yield c
+
+
+def _batch(root_url: str, token: str, ops: list[Doc]) -> Doc:
+    import httpx
+
+    r = httpx.post(
+        root_url + "/v1/batch",
+        json={"ops": ops},
+        params={"results": "true"},
+        headers={"Authorization": f"Bearer {token}"},
+        timeout=60,
+    )
+    assert r.status_code == 200, r.text
+    doc: Doc = r.json()
+    return doc
+
+
+def test_changes_arrive_in_order_with_seqs_and_only_under_the_prefix(
+    cluster: Cluster, writer: Client
+) -> None:
+    on_replica = Stream(cluster.read_url, "w/a/").live()
+    on_root = Stream(cluster.root.url, "w/a/").live()
+    other = Stream(cluster.read_url, "w/b/").live()
+    try:
+        s1 = writer.put("w/a/1", b"one").seq
+        writer.put("w/b/x", b"elsewhere")
+        s2 = writer.put(b"w/a/\xff", b"\xfe\x00").seq
+        s3 = writer.delete("w/a/1").seq
+        want = [
+            {"seq": s1, "op": "set", "key": "w/a/1", "value": "one"},
+            {
+                "seq": s2,
+                "op": "set",
+                "key_b64": base64.b64encode(b"w/a/\xff").decode(),
+                "value_b64": base64.b64encode(b"\xfe\x00").decode(),
+            },
+            {"seq": s3, "op": "delete", "key": "w/a/1"},
+        ]
+        for s in (on_replica, on_root):
+            s.read_until(n_changes(3))
+            assert s.changes() == want
+            assert s.status == 200
+        other.read_until(n_changes(1))
+        assert [d["key"] for d in other.changes()] == ["w/b/x"]
+        # heartbeats carry the applied seq: nothing up to it is missing
+        hb = [d for d in on_replica.lines if d.get("heartbeat")]
+        assert all(isinstance(d["seq"], int) for d in hb)
+    finally:
+        for s in (on_replica, on_root, other):
+            s.close()
+
+
+def test_resume_from_a_seq_is_inclusive_then_live(cluster: Cluster, writer: Client) -> None:
+    seqs = [writer.put(f"w/r/{i}", str(i).encode()).seq for i in range(5)]
+    cluster.caught_up()
+    s = Stream(cluster.read_url, "w/r/", from_seq=seqs[2])
+    try:
+        s.read_until(n_changes(3))
+        s.live()
+        s4 = writer.put("w/r/5", b"5").seq
+        s.read_until(n_changes(4))
+        assert [d["seq"] for d in s.changes()] == [*seqs[2:], s4]
+        assert [d["key"] for d in s.changes()] == ["w/r/2", "w/r/3", "w/r/4", "w/r/5"]
+        # the first heartbeat comes after the history: it covers it
+        first_hb = next(d for d in s.lines if d.get("heartbeat"))
+        assert first_hb["seq"] >= seqs[-1]
+    finally:
+        s.close()
+
+
+def test_many_changes_in_one_batch_keep_their_order(cluster: Cluster, writer: Client) -> None:
+    _name, token = cluster.root.producer(["m/"])
+    s = Stream(cluster.read_url, "m/").live()
+    try:
+        doc = _batch(
+            cluster.root.url,
+            token,
+            [{"op": "set", "key": f"m/{i:04d}", "value": str(i)} for i in range(1500)],
+        )
+        s.read_until(n_changes(1500))
+        got = s.changes()
+        assert [d["key"] for d in got] == [f"m/{i:04d}" for i in range(1500)]
+        seqs = [d["seq"] for d in got]
+        assert seqs == sorted(seqs) and len(set(seqs)) == 1500
+        assert seqs[-1] == doc["seq"]
+    finally:
+        s.close()
+
+
+def test_bad_parameters_are_400(cluster: Cluster) -> None:
+    import httpx
+
+    r = httpx.get(cluster.read_url + "/v1/watch?prefix=w/&from_seq=abc", timeout=10)
+    assert r.status_code == 400 and r.headers["content-type"].startswith("application/problem")
+    r = httpx.get(cluster.read_url + "/v1/watch?prefix=w/&from_seq=-1", timeout=10)
+    assert r.status_code == 400
+
+
+def test_a_stalled_watcher_is_cut_off_without_hurting_another(
+    cluster: Cluster, writer: Client
+) -> None:
+    host, port = cluster.read_url.removeprefix("http://").split(":")
+    stalled = socket.create_connection((host, int(port)), timeout=30)
+    # a small receive buffer so the server's side fills soon; this peer then reads nothing
+    stalled.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 << 10)
+    stalled.sendall(b"GET /v1/watch?prefix=w/big/ HTTP/1.1\r\nHost: x\r\n\r\n")
+    healthy = Stream(cluster.read_url, "w/big/").live().follow()
+    value = b"v" * (1 << 20)
+    n = 40  # 40 MiB: far beyond a watcher's 4 MiB queue plus the socket buffers
+    try:
+        time.sleep(0.5)  # the stalled stream has joined the hub
+        for i in range(n):
+            writer.put(f"w/big/{i}", value)
+        healthy.read_until(n_changes(n), timeout=120)
+        assert [d["key"] for d in healthy.changes()] == [f"w/big/{i}" for i in range(n)]
+        assert not any("error" in d for d in healthy.lines)
+        # now read the stalled stream: it ends with the cut-off line, short of n changes
+        stalled.settimeout(30)
+        buf = b""
+        deadline = time.monotonic() + 60
+        while b"fell too far behind" not in buf and time.monotonic() < deadline:
+            chunk = stalled.recv(1 << 20)
+            if not chunk:
+                break
+            buf += chunk
+        assert b"fell too far behind" in buf, buf[-300:]
+        assert buf.count(b'"op":"set"') < n, "the stalled watcher got everything"
+        assert b"resume_from_seq" in buf
+    finally:
+        stalled.close()
+        healthy.close()
+
+
+def test_sdk_watch_against_a_real_replica(cluster: Cluster, writer: Client) -> None:
+    start = writer.put("w/sdk/a", b"1").seq
+    s2 = writer.put(b"w/sdk/\xff", b"\xfe").seq
+    s3 = writer.delete("w/sdk/a").seq
+    with Client(cluster.root.url, read_url=cluster.read_url) as c:
+        got = list(itertools.islice(c.watch("w/sdk/", from_seq=start), 3))
+    assert got == [
+        Change(start, "set", b"w/sdk/a", b"1"),
+        Change(s2, "set", b"w/sdk/\xff", b"\xfe"),
+        Change(s3, "delete", b"w/sdk/a", None),
+    ]
+
+
+def test_cli_kv_watch_against_a_real_replica(
+    cluster: Cluster, writer: Client, tmp_path: Path
+) -> None:
+    start = writer.put("w/cli/a", b"x").seq
+    out = tmp_path / "watch.out"
+    argv = ["kv", "watch", "w/cli/", "--from-seq", str(start), "--read-url", cluster.read_url]
+    with out.open("wb") as f, (tmp_path / "watch.err").open("wb") as err:
+        p = subprocess.Popen(mercury_cmd(*argv), stdout=f, stderr=err, cwd=REPO)
+        try:
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline and len(out.read_bytes().splitlines()) < 1:
+                time.sleep(0.05)
+            s2 = writer.put("w/cli/b", b"y").seq
+            while time.monotonic() < deadline and len(out.read_bytes().splitlines()) < 2:
+                time.sleep(0.05)
+        finally:
+            p.terminate()
+            p.wait(10)
+    lines = [json.loads(x) for x in out.read_bytes().splitlines()]
+    assert lines[:2] == [
+        {"seq": start, "op": "set", "key": "w/cli/a", "value": "x"},
+        {"seq": s2, "op": "set", "key": "w/cli/b", "value": "y"},
+    ]
+
+
+def test_410_after_log_gc_and_sigterm_with_open_streams(tmp_path: Path) -> None:
+    (tmp_path / "logs").mkdir()
+    procs = Procs(tmp_path / "logs")
+    gc = ["--log-keep-entries", "5", "--log-min-entries", "5", "--log-gc-interval-s", "0.2"]
+    try:
+        from tests.gateway.conftest import make_root
+        from tests.replicator.nodes import start_replica
+
+        root = make_root(procs, tmp_path / "root", *gc)
+        repl = root.args[root.args.index("--repl-listen") + 1]
+        replica = start_replica(
+            procs, tmp_path / "replica", [int(repl.rsplit(":", 1)[1])], *gc, repl=False
+        )
+        c = Cluster(root, replica)
+        _name, token = root.producer(["g/"])
+        with Client(root.url, token) as w:
+            for i in range(30):
+                w.put(f"g/{i}", b"x")
+        c.caught_up()
+        import httpx
+
+        for url in (root.url, c.read_url):
+            deadline = time.monotonic() + 30
+            while True:
+                r = httpx.get(url + "/v1/watch?prefix=g/&from_seq=1", timeout=10)
+                if r.status_code == 410 or time.monotonic() > deadline:
+                    break
+                time.sleep(0.2)
+            assert r.status_code == 410, r.text
+            doc = r.json()
+            assert r.headers["content-type"].startswith("application/problem+json")
+            assert doc["log_first_seq"] > 1
+            assert "range" in doc["detail"] and "from_seq" in doc["detail"]
+            # from the first retained seq it streams
+            ok = Stream(url, "g/", from_seq=doc["log_first_seq"])
+            ok.read_until(n_changes(1))
+            assert ok.changes()[0]["seq"] >= doc["log_first_seq"]
+            ok.close()
+        # SIGTERM with open streams: both processes stop promptly (uvicorn waits for
+        # every open response; the hub ends the streams)
+        open_streams = [Stream(root.url, "g/").live(), Stream(c.read_url, "g/").live()]
+        for p in (replica.proc, root.proc):
+            t0 = time.monotonic()
+            assert Procs.terminate(p, timeout=20) != -9, procs.logs()
+            assert time.monotonic() - t0 < 20
+        for s in open_streams:
+            s.close()
+        root.close_clients()
+    finally:
+        procs.stop_all()
