@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import binascii
 import os
+import re
 from collections.abc import Callable
 from typing import Any
 from urllib.parse import unquote_to_bytes
@@ -103,12 +104,132 @@ def reference_batch_body_ops(
     max_value: int,
 ) -> tuple[list[Op], int]:
     """`batch_body_ops` in pure Python: the behaviour the compiled decoder must match."""
-    doc = parse_body(body, content_type)
+    doc = parse_batch_body(body, content_type, max_ops, max_key, max_value)
     ops = batch_ops(doc, owner, max_ops=max_ops, max_key=max_key, max_value=max_value)
     nbytes = 0
     for op in ops:
         nbytes += len(op.key) + len(op.value)
     return ops, nbytes
+
+
+# --- structure bounds while decoding ----------------------------------------------------
+#
+# A decoded body costs ~60 bytes per container: a 40 MiB msgpack array of empty maps was
+# 3 GB of dicts before any op count applied. A batch body is ``{"ops": [op, ...]}`` whose
+# ops are objects of scalars, so it has at most `max_ops` + 1 objects, one array and a
+# depth of 3; anything more is refused while (msgpack) or before (JSON) it is decoded,
+# which keeps a request's decoding within a small multiple of its body size.
+
+#: Largest nesting of a batch body: the document, its ops array, an op.
+MAX_DEPTH = 3
+#: Most members an object of a batch body may have (an op has at most 7 fields).
+MAX_MEMBERS = 16
+# A JSON string (escapes included) or one bracket, for the exact structure scan.
+_JSON_TOKEN = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{}]')
+
+
+def _too_many_ops(max_ops: int) -> TooLargeError:
+    return TooLargeError(
+        f"batch body holds more than {max_ops} ops (or objects); at most {max_ops} per request",
+        max_ops=max_ops,
+    )
+
+
+def _too_deep() -> BadRequestError:
+    return BadRequestError(
+        'a batch body is {"ops": [op, ...]} with ops of strings, numbers and booleans; '
+        "nested arrays or objects are refused"
+    )
+
+
+def check_json_structure(body: bytes, max_ops: int) -> None:
+    """Refuse a JSON batch body with more containers than `max_ops` + 2 or nested deeper
+    than `MAX_DEPTH`, before any of it is decoded.
+
+    Counting brackets is C-speed and can only over-count (brackets inside strings), so
+    a body under the bound is fine as it is; only above it are strings skipped exactly.
+    """
+    limit = max_ops + 2
+    if body.count(b"{") + body.count(b"[") <= limit:
+        return  # too few containers to cost anything (the op checks refuse bad shapes)
+    depth = 0
+    containers = 0
+    for m in _JSON_TOKEN.finditer(body):
+        c = m.group()[0]
+        if c == 0x22:  # a string: skipped whole
+            continue
+        if c in (0x5B, 0x7B):  # [ {
+            depth += 1
+            containers += 1
+            if depth > MAX_DEPTH:
+                raise _too_deep()
+            if containers > limit:
+                raise _too_many_ops(max_ops)
+        else:
+            depth -= 1
+
+
+def unpack_batch_msgpack(body: bytes, max_ops: int, max_key: int, max_value: int) -> Any:
+    """Decode a msgpack batch body with every container counted as it completes: one
+    array (the ops), at most `max_ops` + 1 maps of `MAX_MEMBERS` members, strings and
+    binaries no longer than a value may be (base64 included); refused at the first
+    container beyond that, so a hostile body is never decoded whole."""
+    maps = 0
+    arrays = 0
+
+    def on_map(d: dict[Any, Any]) -> dict[Any, Any]:
+        nonlocal maps
+        maps += 1
+        if maps > max_ops + 1:
+            raise _too_many_ops(max_ops)
+        return d
+
+    def on_array(a: list[Any]) -> list[Any]:
+        nonlocal arrays
+        arrays += 1
+        if arrays > 1:
+            raise _too_deep()
+        return a
+
+    longest = max(max_key, max_value)
+    try:
+        return msgpack.unpackb(
+            body,
+            raw=False,
+            strict_map_key=False,
+            object_hook=on_map,
+            list_hook=on_array,
+            max_array_len=max_ops,
+            max_map_len=MAX_MEMBERS,
+            max_str_len=longest * 4 // 3 + 4,  # a base64 value
+            max_bin_len=longest,
+            max_ext_len=0,
+        )
+    except (TooLargeError, BadRequestError):
+        raise
+    except ValueError as err:
+        if "max_array_len" in str(err):
+            raise _too_many_ops(max_ops) from err
+        if "max_map_len" in str(err):
+            raise BadRequestError(f"an object of more than {MAX_MEMBERS} members") from err
+        if "max_str_len" in str(err) or "max_bin_len" in str(err):
+            raise TooLargeError(
+                f"a string or binary longer than a value may be ({max_value} bytes)"
+            ) from err
+        raise BadRequestError(f"body is not valid msgpack: {err}") from err
+    except Exception as err:  # msgpack raises several unrelated classes
+        raise BadRequestError(f"body is not valid msgpack: {err}") from err
+
+
+def parse_batch_body(
+    body: bytes, content_type: str | None, max_ops: int, max_key: int, max_value: int
+) -> Any:
+    """`parse_body` for ``/v1/batch``: the same document, its structure bounded while
+    decoding (`check_json_structure`, `unpack_batch_msgpack`)."""
+    if is_msgpack(content_type):
+        return unpack_batch_msgpack(body, max_ops, max_key, max_value)
+    check_json_structure(body, max_ops)
+    return parse_body(body, content_type)
 
 
 def _bytes_field(op: dict[str, Any], name: str, i: int, required: bool) -> bytes | None:

@@ -228,3 +228,79 @@ def test_async_writers_at_full_speed_never_grow_a_batch_past_its_bounds(
             seq = recs[-1].last_seq + 1
     assert records > 0
     assert biggest <= 250, f"a log record of {biggest} ops (limit 250)"
+
+
+# --- batch bodies: structure checked while decoding, memory within ~3x the body -----------
+
+
+def _peak_while(fn: Any) -> tuple[int, BaseException | None]:
+    """Peak bytes Python allocated while `fn()` ran, and what it raised."""
+    import tracemalloc
+
+    tracemalloc.start()
+    tracemalloc.reset_peak()
+    base = tracemalloc.get_traced_memory()[0]
+    err: BaseException | None = None
+    try:
+        fn()
+    except Exception as e:  # the refusal under test
+        err = e
+    peak = tracemalloc.get_traced_memory()[1] - base
+    tracemalloc.stop()
+    return peak, err
+
+
+def _hostile_bodies() -> list[tuple[str, bytes, str | None]]:
+    import msgpack
+
+    n = 1 << 20  # a million empty containers (4 MiB bodies; the red team sent 40-90 MiB)
+    return [
+        ("msgpack ops of empty maps", msgpack.packb({"ops": [{}] * n}), "application/msgpack"),
+        ("msgpack array of empty maps", msgpack.packb([{}] * n), "application/msgpack"),
+        (
+            "msgpack nested arrays",
+            msgpack.packb({"ops": [[[]] * 8] * (n // 8)}),
+            "application/msgpack",
+        ),
+        ("json ops of empty objects", b'{"ops":[' + b",".join([b"{}"] * n) + b"]}", None),
+        ("json array of empty objects", b"[" + b",".join([b"{}"] * n) + b"]", None),
+        ("json nested arrays", b'{"ops":[' + b",".join([b"[[]]"] * n) + b"]}", None),
+        ("json deep nesting", b"[" * 200_000 + b"]" * 200_000, None),
+        ("msgpack deep nesting", b"\x91" * 200_000 + b"\x90", "application/msgpack"),
+    ]
+
+
+@pytest.mark.parametrize("label,body,ctype", _hostile_bodies(), ids=lambda x: str(x)[:30])
+def test_hostile_batch_bodies_are_refused_within_three_times_their_size(
+    label: str, body: bytes, ctype: str | None
+) -> None:
+    from core.errors import BadRequestError, TooLargeError
+    from gateway.bodies import batch_body_ops
+
+    def decode() -> None:
+        batch_body_ops(body, ctype, "p", max_ops=10_000, max_key=500, max_value=25 << 20)
+
+    peak, err = _peak_while(decode)
+    assert isinstance(err, (BadRequestError, TooLargeError)), (label, err)
+    assert peak <= 3 * len(body), f"{label}: {peak} bytes for a {len(body)}-byte body"
+
+
+def test_a_big_honest_body_decodes_within_three_times_its_size() -> None:
+    import msgpack
+
+    from gateway.bodies import batch_body_ops
+
+    ops = [{"op": "set", "key": f"k{i}", "value": "v" * 4000} for i in range(5000)]
+    for body, ctype in (
+        (msgpack.packb({"ops": ops}), "application/msgpack"),
+        (b'{"ops":' + __import__("orjson").dumps(ops) + b"}", None),
+    ):
+        out: list[Any] = []
+        peak, err = _peak_while(
+            lambda b=body, c=ctype: out.append(
+                batch_body_ops(b, c, "p", max_ops=10_000, max_key=500, max_value=25 << 20)
+            )
+        )
+        assert err is None
+        assert len(out[0][0]) == 5000
+        assert peak <= 3 * len(body), f"{peak} bytes for a {len(body)}-byte body"

@@ -193,3 +193,38 @@ def test_large_body_scanned_without_gil_equals_reference() -> None:
     assert len(body) > NOGIL_MIN
     fast = agree(body)
     assert fast is not None and len(fast[0]) == 2000
+
+
+# Values full of brackets and escapes: the structure bound counts brackets first (which
+# over-counts those inside strings) and then scans exactly; neither may refuse a body the
+# compiled decoder takes, whatever the escapes around the brackets.
+bracey = st.text(alphabet='{}[]"\\/abu0', max_size=30)
+
+
+@settings(max_examples=300)
+@given(common_ops(bracey), limits, st.integers(min_value=0, max_value=3))
+def test_brackets_inside_strings_never_count_as_structure(
+    ops: list[dict[str, str]], lim: Limits, style: int
+) -> None:
+    assume(len(ops) <= lim[0])
+    body = dumps({"ops": ops}, style)
+    bodies.check_json_structure(body, lim[0])  # exact: the strings hold every bracket
+    agree(body, lim)
+
+
+@settings(max_examples=200)
+@given(
+    st.recursive(
+        st.one_of(st.none(), st.booleans(), st.integers(-(2**63), 2**63 - 1), texts),
+        lambda inner: st.one_of(
+            st.lists(inner, max_size=4), st.dictionaries(plain, inner, max_size=4)
+        ),
+        max_leaves=30,
+    ),
+    st.integers(min_value=1, max_value=5),
+)
+def test_nested_documents_agree_and_stay_bounded(doc: Any, max_ops: int) -> None:
+    """Any JSON document: the compiled decoder and the reference agree, and the reference
+    either decodes it or refuses it with a Mercury error (never a bare exception)."""
+    body = orjson.dumps({"ops": doc})
+    agree(body, (max_ops, 500, 1000))
