@@ -27,7 +27,8 @@ def check_guards(
                 continue
             if op.op == SET and g.refuse_empty and not op.value:
                 raise WriteGuardError(
-                    f"keyspace {ks!r} refuses empty values (key {op.key!r})",
+                    f"keyspace {ks!r} refuses empty values "
+                    f"(key {op.key.decode('utf-8', 'backslashreplace')!r})",
                     producer=p.name,
                     keyspace=ks,
                 )

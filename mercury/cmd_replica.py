@@ -86,6 +86,7 @@ def register(sub: Any) -> None:
     )
     retention_flags.add_arguments(p)
     tls.add_arguments(p)
+    tls.add_read_arguments(p, read_auth=True)
     p.set_defaults(func=_run)
 
 

@@ -23,6 +23,7 @@ import signal
 import subprocess
 import sys
 import time
+from typing import Any
 
 import uvicorn
 
@@ -142,8 +143,8 @@ class _Server(uvicorn.Server):
 
 
 async def _serve(config: ReplicaConfig) -> int:
-    from reads.http_app import create_read_app
     from reads import watch
+    from reads.http_app import create_read_app
     from reads.wiring import replica_services
 
     cfg = config.worker
@@ -151,6 +152,10 @@ async def _serve(config: ReplicaConfig) -> int:
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    tls.check_tokenless_listeners(
+        [("kt", config.listeners.kt), ("memcached", config.listeners.memcached)],
+        config.allow_unauthenticated_reads,
+    )
     tls.warn_plaintext(
         [
             ("read API", config.listen),
@@ -186,8 +191,13 @@ async def _serve(config: ReplicaConfig) -> int:
     for s in services:
         await s.start()
     host, port = config.listen
+    asgi: Any = app
+    if config.read_auth:
+        from reads.auth import AclTokenIndex, ReadAuth
+
+        asgi = ReadAuth(app, AclTokenIndex(store))
     uv_config = uvicorn.Config(
-        app,
+        asgi,
         host=host,
         port=port,
         access_log=False,

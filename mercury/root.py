@@ -31,8 +31,8 @@ log = logging.getLogger("mercury.root")
 def run_root(args: argparse.Namespace) -> int:
     """Run the root until SIGTERM/SIGINT; the open batch is committed before exit."""
     # Imported here so `mercury --help` does not load the other components.
-    from reads import wiring as reads_wiring
     from reads import watch as reads_watch
+    from reads import wiring as reads_wiring
     from replicator import wiring as repl_wiring
 
     cfg = RootConfig.from_args(args)
@@ -46,6 +46,7 @@ def run_root(args: argparse.Namespace) -> int:
     # One writer per store: a second root (or a replica worker) on this directory fails
     # here, naming the holder, before it opens anything.
     writer_lock = WriterLock.acquire(cfg.data_dir, create=False)
+    tls.check_tokenless_listeners([("kt", cfg.listeners.kt)], cfg.allow_unauthenticated_reads)
     tls.warn_plaintext(
         [("gateway", cfg.listen), ("replication", cfg.source.listen), ("kt", cfg.listeners.kt)],
         cfg.tls is not None,

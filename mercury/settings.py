@@ -57,6 +57,8 @@ class RootConfig:
     kt_producer: str | None = None
     #: `--tls-*`: HTTPS and mutual-TLS replication (None: plaintext).
     tls: TlsFiles | None = None
+    #: `--allow-unauthenticated-reads`: KT may listen beyond loopback.
+    allow_unauthenticated_reads: bool = False
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> RootConfig:
@@ -83,6 +85,7 @@ class RootConfig:
             log_level=args.log_level,
             kt_producer=args.kt_producer,
             tls=files_from_args(args),
+            allow_unauthenticated_reads=bool(args.allow_unauthenticated_reads),
         )
 
 
@@ -96,6 +99,10 @@ class ReplicaConfig:
     log_level: str
     #: `--tls-*`: HTTPS reads and mutual-TLS replication (None: plaintext).
     tls: TlsFiles | None = None
+    #: `--read-auth`: HTTP reads need a token and see only its keyspaces.
+    read_auth: bool = False
+    #: `--allow-unauthenticated-reads`: KT and memcached may listen beyond loopback.
+    allow_unauthenticated_reads: bool = False
 
     @property
     def data_dir(self) -> str:
@@ -123,4 +130,6 @@ class ReplicaConfig:
             ),
             log_level=args.log_level,
             tls=tls,
+            read_auth=bool(args.read_auth),
+            allow_unauthenticated_reads=bool(args.allow_unauthenticated_reads),
         )

@@ -1,5 +1,7 @@
-"""TLS flags of `mercury root` and `mercury replica`, their SIGHUP reload, and the warning
-for a listener open beyond loopback without TLS (see docs/security.md).
+"""Security flags of `mercury root` and `mercury replica` (see docs/security.md): TLS and
+its SIGHUP reload, the warning for a listener open beyond loopback without TLS, read
+tokens (`--read-auth`) and the refusal to open the token-less KT and memcached listeners
+beyond loopback (unless `--allow-unauthenticated-reads`).
 
 One set of flags, `--tls-cert F --tls-key F --tls-ca F`, turns on HTTPS on the HTTP
 listener (uvicorn's ssl settings) and mutual TLS on every replication link. SIGHUP re-reads
@@ -34,6 +36,40 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="the deployment's CA (PEM): replication peers must present a certificate it "
         "signed (mutual TLS); HTTP listeners serve HTTPS",
     )
+
+
+def add_read_arguments(p: argparse.ArgumentParser, *, read_auth: bool) -> None:
+    """`--allow-unauthenticated-reads`, and `--read-auth` when `read_auth` (replicas: the
+    root's HTTP reads always need a producer's or the admin token)."""
+    if read_auth:
+        p.add_argument(
+            "--read-auth",
+            action="store_true",
+            help="HTTP reads need a bearer token (a producer's or consumer's from the ACL) "
+            "and see only its keyspaces",
+        )
+    p.add_argument(
+        "--allow-unauthenticated-reads",
+        action="store_true",
+        help="let the KT and memcached listeners (which carry no token) bind a non-loopback "
+        "address",
+    )
+
+
+def check_tokenless_listeners(
+    listeners: Iterable[tuple[str, tuple[str, int] | None]], allowed: bool
+) -> None:
+    """ConfigError for a token-less listener bound beyond loopback unless `allowed`: anyone
+    reaching it could read every key."""
+    if allowed:
+        return
+    for name, addr in listeners:
+        if addr is not None and not is_loopback(addr[0]):
+            raise ConfigError(
+                f"the {name} listener carries no token, so it may not listen on "
+                f"{addr[0]}:{addr[1]}",
+                hint="bind it to 127.0.0.1, or pass --allow-unauthenticated-reads",
+            )
 
 
 def files_from_args(args: argparse.Namespace) -> TlsFiles | None:

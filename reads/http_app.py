@@ -101,7 +101,10 @@ class ReadApp(FastAPI):
                     status, body = (
                         404,
                         problem_body(
-                            404, "not-found", f"key {key!r} is not stored", title="No such key"
+                            404,
+                            "not-found",
+                            f"key {key.decode('utf-8', 'backslashreplace')!r} is not stored",
+                            title="No such key",
                         ),
                     )
                     headers = [(b"content-type", PROBLEM_JSON.encode())]

@@ -10,6 +10,7 @@ import os
 import signal
 import socket
 import ssl
+import subprocess
 import time
 import uuid
 from dataclasses import dataclass
@@ -58,7 +59,9 @@ def https(files: TlsFiles) -> httpx.Client:
     return httpx.Client(verify=ssl.create_default_context(cafile=files.ca), timeout=5)
 
 
-def wait_https(url: str, files: TlsFiles, proc: object, timeout: float = 60.0) -> None:
+def wait_https(
+    url: str, files: TlsFiles, proc: subprocess.Popen[bytes], timeout: float = 60.0
+) -> None:
     deadline = time.monotonic() + timeout
     with https(files) as c:
         while time.monotonic() < deadline:
@@ -130,7 +133,9 @@ def _metric(text: str, reason: str) -> float:
     return 0.0
 
 
-def start_root(procs: Procs, tmp_path: Path, files: TlsFiles) -> tuple[object, int, int, Path]:
+def start_root(
+    procs: Procs, tmp_path: Path, files: TlsFiles
+) -> tuple[subprocess.Popen[bytes], int, int, Path]:
     data = tmp_path / "root"
     assert run_mercury("init", str(data)).returncode == 0
     gw, repl = free_port(), free_port()
@@ -144,7 +149,7 @@ def start_root(procs: Procs, tmp_path: Path, files: TlsFiles) -> tuple[object, i
 
 def start_tls_replica(
     procs: Procs, data: Path, source: int, files: TlsFiles, name: str, repl: bool = True
-) -> tuple[object, int, int]:
+) -> tuple[subprocess.Popen[bytes], int, int]:
     http, rport = free_port(), free_port()
     args = ["replica", str(data), "--listen", f"127.0.0.1:{http}", "--source",
             f"127.0.0.1:{source}", *tls_flags(files)]  # fmt: skip
@@ -171,18 +176,18 @@ def test_mutual_tls_replication_converges_through_a_tree(
         seq = root.store.last_seq()
         with https(root_files) as c:
             for port in (h1, h2):
-                wait_for(
-                    lambda p=port: c.get(f"https://127.0.0.1:{p}/v1/status").json()["seq"] >= seq,
-                    60,
-                    f"seq {seq} on {port}",
-                )
+
+                def caught_up(p: int = port) -> bool:
+                    return bool(c.get(f"https://127.0.0.1:{p}/v1/status").json()["seq"] >= seq)
+
+                wait_for(caught_up, 60, f"seq {seq} on {port}")
             got = c.get(f"https://127.0.0.1:{h2}/v1/kv/k00000700")
             assert got.status_code == 200 and got.content == b"v700-700"
         # Plain HTTP on a TLS listener is not served.
         with pytest.raises(httpx.HTTPError):
             httpx.get(f"http://127.0.0.1:{h1}/healthz", timeout=3)
         for p in (r1, r2):
-            procs.terminate(p)  # type: ignore[arg-type]
+            procs.terminate(p)
         expect = items(root.store)
         assert contents(str(tmp_path / "r1")) == expect
         assert contents(str(tmp_path / "r2")) == expect
@@ -211,7 +216,7 @@ def test_untrusted_peers_get_no_frame_and_the_root_keeps_serving(
     # The trusted peer is served (a WELCOME or a refusal of its made-up db id: a frame).
     good = first_bytes(repl, _client_ctx(pki.issue("good"), files.ca))
     assert good[:1] in (bytes([frames.WELCOME]), bytes([frames.REFUSE]))
-    assert root.poll() is None  # type: ignore[attr-defined]
+    assert root.poll() is None
     with https(files) as c:
         assert c.get(f"https://127.0.0.1:{gw}/healthz").status_code == 200
         metrics = c.get(f"https://127.0.0.1:{gw}/metrics").text
@@ -236,7 +241,7 @@ def test_a_replica_does_not_follow_a_source_from_another_ca(
         r, _http, _ = start_tls_replica(procs, tmp_path / "r", root.port, pki.issue("r"), "r")
         time.sleep(5)
         # It never got a snapshot: no store, still bootstrapping, the failure logged.
-        assert r.poll() is None  # type: ignore[attr-defined]
+        assert r.poll() is None
         assert not (tmp_path / "r" / "data.mdb").exists()
         assert "certificate verify failed" in procs.logs()
     finally:
@@ -254,7 +259,7 @@ def test_sighup_rotates_certificates_for_new_connections(
     new = pki.issue("root-next")
     os.replace(new.cert, files.cert)
     os.replace(new.key, files.key)
-    os.kill(root.pid, signal.SIGHUP)  # type: ignore[attr-defined]
+    os.kill(root.pid, signal.SIGHUP)
     wait_for(lambda: peer_cert(gw, files.ca) != before_http, 20, "new HTTPS certificate")
     wait_for(
         lambda: peer_cert(repl, files.ca, pki.issue("client2")) != before_repl,
@@ -262,14 +267,14 @@ def test_sighup_rotates_certificates_for_new_connections(
         "new replication certificate",
     )
     assert peer_cert(gw, files.ca) == _der(files.cert)
-    assert root.poll() is None  # type: ignore[attr-defined]
+    assert root.poll() is None
     # A CA change on the replication link: peers of the old CA are refused from now on.
     next_ca = trustme.CA()
     next_ca.cert_pem.write_to_path(files.ca)
     rotated = Pki(next_ca, Path(files.ca), pki.dir).issue("root-ca2")
     os.replace(rotated.cert, files.cert)
     os.replace(rotated.key, files.key)
-    os.kill(root.pid, signal.SIGHUP)  # type: ignore[attr-defined]
+    os.kill(root.pid, signal.SIGHUP)
     old_peer = _client_ctx(pki.issue("old-ca-client"), files.ca)
     wait_for(lambda: first_bytes(repl, old_peer) == b"", 20, "old-CA peer refused")
     new_peer = _client_ctx(Pki(next_ca, Path(files.ca), pki.dir).issue("new-client"), files.ca)
