@@ -221,3 +221,34 @@ def test_batch_answers_say_what_applying_op_by_op_does(setup: list[Op], batch: l
         finally:
             batched.close()
             one_by_one.close()
+
+
+# --- the fingerprint tells requests apart -------------------------------------------------
+
+_request = st.tuples(
+    st.sampled_from(["PUT", "DELETE", "POST"]),
+    st.binary(max_size=8),
+    st.binary(max_size=6),
+    st.dictionaries(
+        st.sampled_from(["if-match", "if-none-match", "content-type", "x-other"]),
+        st.text('ab*"0', max_size=3),
+        max_size=3,
+    ),
+    st.binary(max_size=8),
+)
+
+
+@given(_request, _request)
+def test_fingerprints_differ_exactly_when_requests_do(
+    a: tuple[str, bytes, bytes, dict[str, str], bytes],
+    b: tuple[str, bytes, bytes, dict[str, str], bytes],
+) -> None:
+    """Parts are length-prefixed (path "ab" + body "c" is not path "a" + body "bc"), and
+    a header outside the fingerprint (here x-other) never makes two requests differ."""
+
+    def meaningful(r: tuple[str, bytes, bytes, dict[str, str], bytes]) -> tuple[object, ...]:
+        h = {k: v for k, v in r[3].items() if k != "x-other" and v}
+        return (r[0], r[1], r[2], sorted(h.items()), r[4])
+
+    same = fingerprint(*a) == fingerprint(*b)
+    assert same == (meaningful(a) == meaningful(b))
