@@ -10,8 +10,8 @@ from typing import Any
 
 from core.addr import parse_hostport
 from core.errors import ConfigError
-from mercury.client import Client
-from mercury.kt_bridge import Bridge, BridgeState, Options, import_db
+from mercury.client import Client, MercuryClientError
+from mercury.kt_bridge import Bridge, BridgeState, KtBridgeError, Options, import_db
 
 
 def register(sub: Any) -> None:
@@ -89,7 +89,10 @@ def run(args: argparse.Namespace) -> int:
     )
     with client:
         if args.import_once:
-            n = import_db(opts, client, state)
+            try:
+                n = import_db(opts, client, state)
+            except MercuryClientError as err:
+                raise KtBridgeError(f"the root refused the import: {err}") from err
             print(f"imported {n} records; cursor {state.ts}")
             return 0
         stopping: list[int] = []

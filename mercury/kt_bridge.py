@@ -33,7 +33,14 @@ import httpx
 
 from core.errors import MercuryError
 from mercury import kt_ulog
-from mercury.client import Client
+from mercury.client import (
+    BatchResult,
+    Client,
+    MercuryClientError,
+    RateLimited,
+    ServerError,
+    Unavailable,
+)
 from reads import kt_protocol
 
 log = logging.getLogger("mercury.kt_bridge")
@@ -45,6 +52,8 @@ MAX_KEY = 500
 DEAD_AFTER_S = 30.0
 #: Pause before reconnecting after the master went away.
 RECONNECT_S = 1.0
+#: Pause before sending a batch again after the root did not take it.
+RETRY_S = 2.0
 
 
 class KtBridgeError(MercuryError):
@@ -256,7 +265,7 @@ class Bridge:
             idem = key or f"kt-bridge-{b.first_ts}-{self.seen_ts}"
             self.state.pending = {"last_ts": self.seen_ts, "key": idem}
             self.state.save()
-            res = self.client.batch(b.ops, idempotency_key=idem)
+            res = self._send(b.ops, idem)
             self.last_seq = max(self.last_seq, res.seq)
             self.applied += len(b.ops)
             log.info(
@@ -269,6 +278,25 @@ class Bridge:
         self.state.pending = None
         self.state.save()
         self.batch = Batch()
+
+    def _send(self, ops: list[tuple[Any, ...]], idem: str) -> BatchResult:
+        """One batch through the SDK. While the root is unreachable or busy (after the
+        SDK's own retries) the same batch is retried with the same key, until `stop()`;
+        a refusal that cannot succeed unchanged stops the bridge."""
+        while True:
+            try:
+                return self.client.batch(ops, idempotency_key=idem)
+            except (Unavailable, RateLimited, ServerError) as err:
+                if self.stop():
+                    raise KtBridgeError(f"stopped with batch {idem} unacknowledged") from err
+                log.warning("kt-bridge: the root did not take batch %s (%s); retrying", idem, err)
+                time.sleep(RETRY_S)
+            except MercuryClientError as err:
+                raise KtBridgeError(
+                    f"the root refused batch {idem}: {err}",
+                    hint="fix the producer's grants or the data; the bridge resumes from "
+                    "this batch when restarted",
+                ) from err
 
     def clear(self, ts: int) -> None:
         """KT's clear: delete every key under the prefix (listed from the read node)."""
@@ -283,9 +311,7 @@ class Bridge:
         keys = [it.key for it in self.client.range(self.o.prefix or None, keys_only=True)]
         if keys:
             digest = hashlib.blake2b(b"\0".join(keys), digest_size=8).hexdigest()
-            res = self.client.batch(
-                [("delete", k) for k in keys], idempotency_key=f"kt-bridge-clear-{ts}-{digest}"
-            )
+            res = self._send([("delete", k) for k in keys], f"kt-bridge-clear-{ts}-{digest}")
             self.last_seq = max(self.last_seq, res.seq)
         log.info("kt-bridge: KT clear at ts %d deleted %d keys", ts, len(keys))
         self.seen_ts = max(self.seen_ts, ts)

@@ -37,10 +37,13 @@ def kt_port() -> int:
     raise RuntimeError("no free port under 32768")
 
 
-def start_kt(procs: Procs, tmp: Path) -> tuple[subprocess.Popen[bytes], int]:
-    """A ktserver on 127.0.0.1 with an update log (sid 1) and one hash database."""
-    port = kt_port()
-    (tmp / "ulog").mkdir()
+def start_kt(
+    procs: Procs, tmp: Path, port: int | None = None
+) -> tuple[subprocess.Popen[bytes], int]:
+    """A ktserver on 127.0.0.1 with an update log (sid 1) and one hash database in `tmp`
+    (kept across restarts)."""
+    port = port or kt_port()
+    (tmp / "ulog").mkdir(exist_ok=True)
     p = procs.start(
         [
             "ktserver",
@@ -131,6 +134,13 @@ def test_import_then_follow_a_real_ktserver(
         "kt-bridge", *common, "--read-url", c.read_url, "--window-ms", "50", name="kt-bridge"
     )
     want["live/k02"] = "while down"
+    eventually(c, "live/", want)
+
+    # the master restarts (same update log): the bridge reconnects and resumes
+    procs.terminate(kt)
+    kt, _ = start_kt(procs, tmp_path, port=port)
+    assert kt_rpc(port, "set", key="k03", value="after restart") == 200
+    want["live/k03"] = "after restart"
     eventually(c, "live/", want)
 
     # KT's clear deletes every key under the prefix; later sets still arrive

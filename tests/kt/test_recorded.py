@@ -162,3 +162,23 @@ def test_bridge_resumes_after_sigkill_without_gap_or_double_write(
         assert _seq(c) - before == seqs_uninterrupted
     finally:
         master.close()
+
+
+def test_a_refused_batch_stops_the_bridge_and_is_kept_pending(
+    kt_cluster: tuple[Cluster, Procs], tmp_path: Path
+) -> None:
+    """Keys outside the producer's keyspaces: the bridge exits 2 naming the refusal, with
+    the batch still pending in its state (nothing skipped), and nothing was written."""
+    c, procs = kt_cluster
+    _, token = producer_token_file(c, tmp_path, "kt3/")
+    master = ReplayMaster(load(STREAM))
+    try:
+        state = tmp_path / "s3.state"
+        p = _bridge(procs, c, master.port, token, state, "elsewhere/")
+        assert p.wait(60) == 2
+        assert "refused" in procs.logs()
+        doc = json.loads(state.read_text())
+        assert doc["ts"] == 0 and doc["pending"] is not None
+        assert _under(c, b"elsewhere/") == {}
+    finally:
+        master.close()
