@@ -367,7 +367,10 @@ class Batcher:
 
         wants_answers = any(r.idem_key is not None for r in requests)
         series = self.series
-        changes = series.due(time.time(), self._usage_snapshot) if series is not None else None
+        changes = None
+        if series is not None:
+            producers = {r.producer for r in requests}
+            changes = series.due(time.time(), self._usage_snapshot, starting=producers)
         t0 = time.perf_counter()
         out = self.store.apply(
             applied,

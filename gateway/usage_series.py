@@ -239,17 +239,34 @@ class UsageSeries:
         return d
 
     def due(
-        self, now: float, usage: Callable[[], Mapping[str, tuple[int, int]]], *, all_: bool = False
+        self,
+        now: float,
+        usage: Callable[[], Mapping[str, tuple[int, int]]],
+        *,
+        all_: bool = False,
+        starting: Iterable[str] = (),
     ) -> dict[str, bytes | None]:
         """Fold the minutes that are over (every minute with `all_`) into their documents
         and return every document changed and not yet written (name -> bytes, None to
         delete). `usage()` gives (keys, bytes) per producer now: the state at the end of
-        the folded minutes, since no batch committed after them yet."""
+        the folded minutes, since no batch committed after them yet. `starting` are the
+        producers of the batch about to commit: one that starts a new minute gets the
+        state now as the previous minute's end, so a range shows where growth started
+        from (a new producer's first point is 0, not missing)."""
         self.add_quota(now)
         cur_minute = int(now) // 60 * 60
         with self._lock:
             closed = [k for k in self._open if all_ or k[1] < cur_minute]
-            snap = usage() if closed else {}
+            new = [p for p in starting if (p, cur_minute) not in self._open]
+            snap = usage() if closed or new else {}
+            for producer in new:
+                prev = cur_minute - 60
+                hname, dname = hour_name(producer, prev), day_name(producer, prev)
+                hdoc = self._doc(hname, prev // 3600 * 3600)
+                ddoc = self._doc(dname, prev // 86400 * 86400)
+                hdoc.snap[(prev - hdoc.t) // 60] = snap.get(producer, (0, 0))
+                ddoc.snap[(prev - ddoc.t) // 3600] = snap.get(producer, (0, 0))
+                self._dirty.update((hname, dname))
             for producer, minute in sorted(closed, key=lambda k: k[1]):
                 bucket = self._open.pop((producer, minute))
                 hour = minute // 3600 * 3600

@@ -19,6 +19,7 @@ from mercury import logsetup
 COMMAND_MODULES = (
     "mercury.cmd_store",
     "mercury.cmd_gateway",
+    "mercury.cmd_usage",
     "mercury.cmd_acl",
     "mercury.cmd_replica",
     "mercury.cmd_kv",

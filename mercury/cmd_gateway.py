@@ -1,15 +1,13 @@
-"""Commands of the gateway side: `root`, `usage` (docs/api.md lists every command; `acl`
-is `mercury/cmd_acl.py`)."""
+"""Commands of the gateway side: `root` (docs/api.md lists every command; `acl` is
+`mercury/cmd_acl.py`, `usage` is `mercury/cmd_usage.py`)."""
 
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 from typing import Any
 
 import httpx
-import orjson
 
 from core.errors import GatewayError
 from mercury import http_listener, retention_flags, tls
@@ -91,15 +89,6 @@ def register(sub: Any) -> None:
     )
     p.set_defaults(func=_root)
 
-    up = sub.add_parser(
-        "usage",
-        help="per-producer usage table",
-        description="Keys, bytes, writes, deletes, duplicates and throttled ops per producer.",
-    )
-    _client_args(up)
-    up.add_argument("--json", action="store_true", help="print the JSON report")
-    up.set_defaults(func=_usage)
-
 
 def _client_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--url", default="http://127.0.0.1:8080", help="gateway base URL")
@@ -133,28 +122,3 @@ def _check(resp: httpx.Response) -> Any:
             f"{resp.request.method} {resp.request.url.path}: {resp.status_code} {detail}"
         )
     return resp.json()
-
-
-def _usage(args: argparse.Namespace) -> int:
-    with _client(args) as c:
-        report = _check(c.get("/v1/usage"))
-    if args.json:
-        sys.stdout.write(orjson.dumps(report, option=orjson.OPT_INDENT_2).decode() + "\n")
-        return 0
-    cols = ("producer", "keys", "bytes", "writes", "deletes", "duplicates", "throttled")
-    rows = [[str(r.get(c, "")) for c in cols] for r in report["producers"]]
-    widths = [max(len(c), *(len(r[i]) for r in rows)) for i, c in enumerate(cols)]
-    print(
-        "  ".join(
-            c.ljust(w) if i == 0 else c.rjust(w)
-            for i, (c, w) in enumerate(zip(cols, widths, strict=True))
-        )
-    )
-    for r in rows:
-        print(
-            "  ".join(
-                v.ljust(w) if i == 0 else v.rjust(w)
-                for i, (v, w) in enumerate(zip(r, widths, strict=True))
-            )
-        )
-    return 0

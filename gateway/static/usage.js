@@ -95,7 +95,9 @@
     const colors = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728"];
     columns.forEach(([key, label], i) => {
       data.push(s.points.map((p) => p[key]));
-      series.push({ label, stroke: colors[i % colors.length], width: 1.5 });
+      // Stored bytes are carried forward between snapshots: join them, show each point.
+      series.push({ label, stroke: colors[i % colors.length], width: 1.5, spanGaps: true,
+        points: { show: (u, si) => u.data[si].filter((v) => v !== null).length < 50 } });
     });
     if (cap) {
       data.push(xs.map(() => cap));

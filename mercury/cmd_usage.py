@@ -1,0 +1,141 @@
+"""`mercury usage`: per-producer usage — totals since the store began, or over a window
+(``--since 24h``) with a unicode sparkline of writes per producer, from
+`GET /v1/usage` and `GET /v1/usage/series` (docs/usage.md)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+import orjson
+
+from mercury.cmd_gateway import _check, _client, _client_args
+
+BARS = "▁▂▃▄▅▆▇█"
+#: Cells of a sparkline: points are summed into this many bins.
+SPARK_WIDTH = 48
+
+
+def register(sub: Any) -> None:
+    """Add `mercury usage` to the `mercury` parser."""
+    up = sub.add_parser(
+        "usage",
+        help="per-producer usage: totals, or over a window with sparklines",
+        description="Without --since: keys, bytes, writes, deletes, duplicates, throttled "
+        "ops and the share of the storage cap per producer, since the store began. With "
+        "--since: what each producer did in that window (writes, bytes written, deletes, "
+        "duplicates, held, refused, stored-bytes growth) and a sparkline of its writes.",
+    )
+    _client_args(up)
+    up.add_argument(
+        "--since",
+        help="window start: relative (24h, 7d, 90m) or RFC 3339 (2026-11-23T10:00:00Z)",
+    )
+    up.add_argument("--producer", help="only this producer")
+    up.add_argument("--json", action="store_true", help="print the JSON report")
+    up.set_defaults(func=_usage)
+
+
+def sparkline(values: Sequence[int], width: int = SPARK_WIDTH) -> str:
+    """`values` summed into at most `width` bins, one bar each (a space for zero)."""
+    if not values:
+        return ""
+    n = min(width, len(values))
+    bins = [0] * n
+    for i, v in enumerate(values):
+        bins[i * n // len(values)] += v
+    top = max(bins)
+    if top <= 0:
+        return " " * n
+    return "".join(" " if b <= 0 else BARS[min(7, (b * 8 - 1) // top)] for b in bins)
+
+
+def _since(s: str) -> str:
+    """`24h` means the last 24 hours: the API's relative form is `-24h`."""
+    return s if s.startswith("-") or "T" in s or s == "now" else "-" + s
+
+
+def _table(cols: Sequence[str], rows: Sequence[Sequence[str]], left: int = 1) -> None:
+    """Columns right-aligned but the first and the last `left - 1` (names, sparklines)."""
+    widths = [max(len(c), *(len(r[i]) for r in rows)) for i, c in enumerate(cols)]
+    lefts = {0, *range(len(cols) - left + 1, len(cols))}
+    for r in [cols, *rows]:
+        cells = [
+            v.ljust(w) if i in lefts else v.rjust(w)
+            for i, (v, w) in enumerate(zip(r, widths, strict=True))
+        ]
+        print("  ".join(cells).rstrip())
+
+
+def _usage(args: argparse.Namespace) -> int:
+    with _client(args) as c:
+        report = _check(c.get("/v1/usage"))
+        rows = [r for r in report["producers"] if args.producer in (None, r["producer"])]
+        if args.since is None:
+            if args.json:
+                out = orjson.dumps({"producers": rows}, option=orjson.OPT_INDENT_2)
+                sys.stdout.write(out.decode() + "\n")
+                return 0
+            cols = ("producer", "keys", "bytes", "writes", "deletes", "duplicates", "throttled")
+            table = [[str(r.get(k, "")) for k in cols] for r in rows]
+            cap = [_pct(r.get("used_pct")) for r in rows]
+            _table((*cols, "used"), [[*t, u] for t, u in zip(table, cap, strict=True)])
+            return 0
+        windows = []
+        for r in rows:
+            s = _check(
+                c.get(
+                    "/v1/usage/series",
+                    params={"producer": r["producer"], "since": _since(args.since)},
+                )
+            )
+            windows.append((r, s))
+    out_rows = [_window(r, s) for r, s in windows]
+    if args.json:
+        doc = {"since": _since(args.since), "producers": out_rows}
+        sys.stdout.write(orjson.dumps(doc, option=orjson.OPT_INDENT_2).decode() + "\n")
+        return 0
+    cols = ("producer", "writes", "bytes_written", "deletes", "duplicates", "held", "refused")
+    _table(
+        (*cols, "bytes", "growth", "used", "writes over time"),
+        [
+            [
+                *(str(w[k]) for k in cols),
+                str(w["bytes"]),
+                f"{w['growth']:+d}",
+                _pct(w["used_pct"]),
+                w["sparkline"],
+            ]
+            for w in out_rows
+        ],
+        left=2,
+    )
+    if out_rows:
+        step = windows[0][1]["step"]
+        print(f"(since {args.since}; one bar = {_bar_span(len(windows[0][1]['points']), step)})")
+    return 0
+
+
+def _pct(v: float | None) -> str:
+    return "-" if v is None else f"{v:.1f}%"
+
+
+def _bar_span(n_points: int, step: str) -> str:
+    per = max(1, -(-n_points // SPARK_WIDTH))
+    return f"{per} x {step}"
+
+
+def _window(row: dict[str, Any], s: dict[str, Any]) -> dict[str, Any]:
+    """One producer's totals over the series' window."""
+    pts = s["points"]
+    stored = [p["bytes"] for p in pts if p["bytes"] is not None]
+    out: dict[str, Any] = {"producer": row["producer"], "step": s["step"]}
+    for k in ("writes", "bytes_written", "deletes", "duplicates", "held", "refused"):
+        out[k] = sum(p[k] or 0 for p in pts)
+    out["bytes"] = row["bytes"]
+    out["growth"] = stored[-1] - stored[0] if stored else 0
+    out["used_pct"] = row.get("used_pct")
+    out["sparkline"] = sparkline([p["writes"] or 0 for p in pts])
+    return out
