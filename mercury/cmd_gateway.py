@@ -71,6 +71,7 @@ def register(sub: Any) -> None:
     )
     retention_flags.add_arguments(p)
     tls.add_arguments(p)
+    tls.add_read_arguments(p, read_auth=False)
     p.add_argument(
         "--switch-interval-ms",
         type=float,
