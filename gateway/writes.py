@@ -19,7 +19,7 @@ from typing import Any
 import orjson
 
 from acl.model import Acl, Producer
-from gateway import aclstore, idempotency, metrics, usage_series
+from gateway import aclstore, idempotency, metrics, usage_metrics, usage_series
 from gateway.admission import Admission
 from gateway.answers import Answer, batch_answer, kv_answer
 from gateway.auth import ADMIN, Auth
@@ -63,6 +63,7 @@ class Gateway:
         self.admission = Admission(acl, self.batcher.note_throttled)
         self.series = usage_series.for_store(store, self._keyspaces, lambda: self.admission.counts)
         self.batcher.series = self.series
+        usage_metrics.bind(lambda: self.usage)
         self.storage = StorageQuota(store)
         self.idempotency = Idempotency(store, settings.idempotency_ttl_s)
         self._gc_task: asyncio.Task[None] | None = None

@@ -255,6 +255,8 @@ def test_history_survives_a_restart_and_reaches_the_log(root: Root) -> None:
     for i in range(5):
         assert c.put(f"/v1/kv/{name}/k{i}", content=b"v").status_code == 200
     root.close_clients()
+    metrics = root.client().get("/metrics").text
+    assert f'mercury_usage_writes_total{{producer="{name}"}} 5.0' in metrics
     root.procs.terminate(root.proc)  # SIGTERM: a clean stop writes the open minute
     with Store.open(str(root.data_dir), readonly=True) as st_:
         found = st_.scan_docs(f"usage/m/{name}/")
@@ -272,6 +274,9 @@ def test_history_survives_a_restart_and_reaches_the_log(root: Root) -> None:
     root.start()
     r = root.client(token).get("/v1/usage/series", params={"since": "-1h"})
     assert sum(p["writes"] for p in r.json()["points"]) == 5
+    # the Prometheus usage counters start where the last process left them
+    text = root.client().get("/metrics").text
+    assert f'mercury_usage_writes_total{{producer="{name}"}} 5.0' in text
 
 
 def test_usage_page_and_its_files(shared_root: Root) -> None:
