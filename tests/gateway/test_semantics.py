@@ -15,6 +15,7 @@ import httpx
 
 from gateway.answers import Answer
 from gateway.idempotency import Idempotency, fingerprint, store_key
+from mercury.client import Client
 from store.store import Store
 from tests.gateway.conftest import Root
 
@@ -134,6 +135,20 @@ def test_a_batch_no_wait_can_admit_is_413_with_the_largest_admissible(shared_roo
     assert "max_bytes" not in p  # no bytes quota: unlimited
     ok = c.post("/v1/batch", json={"ops": ops[:4]})
     assert ok.status_code == 200 and ok.json()["written"] == 4
+
+
+def test_the_sdk_honours_the_quota_answers_and_writes_everything(shared_root: Root) -> None:
+    """End to end: the SDK re-cuts on the 413's max_ops and waits out each 429's
+    Retry-After; every op lands, once."""
+    quota = {"ops_per_s": 4, "burst": 3, "max_delay_ms": 250}
+    name, tok = shared_root.producer(quota=quota)
+    with Client(shared_root.url, tok) as client:
+        total = client.batch([("set", f"{name}/{i}", f"v{i}") for i in range(10)])
+    assert total.written == 10
+    c = shared_root.client(tok)
+    assert all(c.get(f"/v1/kv/{name}/{i}").content == f"v{i}".encode() for i in range(10))
+    q = c.get(f"/v1/usage/{name}").json()["quota_ops"]
+    assert q["too_large"] == 10  # the first try, then pieces of at most 4
 
 
 def test_bytes_over_the_bytes_quota_are_413_with_max_bytes(shared_root: Root) -> None:
