@@ -27,10 +27,10 @@ T = TypeVar("T")
 #: Reply of a binary set_bulk/remove_bulk: its magic and the number of records done.
 _COUNT = struct.Struct(">BI")
 
-#: RPC procedures answered here (other writes — increment_double, seize, cursor writes,
+#: RPC procedures answered here (other writes — increment_double, cursor writes,
 #: synchronize, vacuum... — keep the read-only answers of `KtHandler`).
 RPC_WRITES = frozenset(
-    b"set add replace cas remove set_bulk remove_bulk increment append clear".split()
+    b"set add replace cas remove seize set_bulk remove_bulk increment append clear".split()
 )
 
 
@@ -159,6 +159,9 @@ class KtWriteHandler(KtHandler):
             if proc == b"remove":
                 yield from wait_for(self.writes.remove(key))
                 return 200, {}
+            if proc == b"seize":
+                value = yield from wait_for(self.writes.seize(key))
+                return 200, {b"value": value}
             if proc == b"cas":
                 yield from wait_for(self.writes.cas(key, params.get(b"oval"), params.get(b"nval")))
                 return 200, {}

@@ -9,8 +9,8 @@ KT's semantics on top of Mercury's ops: `add` is a set conditional on absence, `
 `cas`, `increment` and `append` read the current value and write conditionally on its
 seq (retried a few times when another writer got in between); a failed condition is KT's
 450 with KT's own error text. `clear` deletes every key of the producer's keyspaces in one
-write (so the producer's mass-delete guard applies). Mercury values never expire: `xt` is
-accepted and ignored.
+write (so the producer's mass-delete guard applies); `seize` reads the value and deletes
+it conditionally on its seq. Mercury values never expire: `xt` is accepted and ignored.
 """
 
 from __future__ import annotations
@@ -129,6 +129,19 @@ class KtWrites:
         if r.status is Status.ABSENT:
             self.cnt_remove_misses += 1
             raise KtWriteFailed(450, NO_RECORD)
+
+    async def seize(self, key: bytes) -> bytes:
+        """Remove the key and return the value it had (KtWriteFailed 450 when absent)."""
+        self.cnt_remove += 1
+        for _ in range(RMW_ATTEMPTS):
+            cur = self.store.get(key)
+            if cur is None:
+                self.cnt_remove_misses += 1
+                raise KtWriteFailed(450, NO_RECORD)
+            r = _one(await self._write([Op(DELETE, key, expect_seq=cur.seq)]))
+            if r.status is not Status.PRECONDITION_FAILED:
+                return cur.value
+        raise KtWriteFailed(503, b"timeout: the key kept changing")
 
     async def cas(self, key: bytes, oval: bytes | None, nval: bytes | None) -> None:
         """KT's cas: `oval` None = the key must be absent; `nval` None = remove it."""

@@ -129,3 +129,11 @@ def test_refusals_keep_their_retry_meaning(err: e.MercuryError, status: int) -> 
     got, message = kt_status(err)
     assert got == status
     assert err.message.encode() in message
+
+
+def test_seize(store: Store) -> None:
+    w = KtWrites(store, StoreWriter(store))
+    run(w.set(b"k/s", b"v"))
+    assert run(w.seize(b"k/s")) == b"v"
+    assert store.get(b"k/s") is None
+    assert failed(w.seize(b"k/s")) == (450, NO_RECORD)
