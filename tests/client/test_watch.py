@@ -1,7 +1,7 @@
 """`watch` over a real socket with mutual TLS: changes in order, a dropped stream resumed
 from the last seq without repeating a change, 410 as `Gone`, and `mercury kv watch` with
---ca/--cert/--key. The server is `watch_server.WatchApp` (the nodes do not serve
-/v1/watch yet)."""
+--ca/--cert/--key. The server is `watch_server.WatchApp`, which can drop a stream on
+purpose; `tests/reads/test_watch.py` runs the SDK and the CLI against a real replica."""
 
 from __future__ import annotations
 

@@ -2,8 +2,9 @@
 NDJSON changes then heartbeats, 410 for a seq no longer retained), run by uvicorn on
 127.0.0.1 in a thread, with mutual TLS from a throw-away CA made by the openssl CLI.
 
-The nodes do not serve /v1/watch yet; this server lets the SDK's watch (resumption after a
-dropped connection included) and its TLS options be tested over a real socket.
+This server drops a stream mid-seq on purpose, so the SDK's resumption after a dropped
+connection and its TLS options are tested over a real socket; the nodes' own
+`GET /v1/watch` is tested with the SDK in `tests/reads/test_watch.py`.
 """
 
 from __future__ import annotations

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
+import httpx
 import pytest
 
 from mercury.client import Change, Client
@@ -117,8 +118,6 @@ def writer(cluster: Cluster) -> Iterator[Client]:
 
 
 def _batch(root_url: str, token: str, ops: list[Doc]) -> Doc:
-    import httpx
-
     r = httpx.post(
         root_url + "/v1/batch",
         json={"ops": ops},
@@ -204,8 +203,6 @@ def test_many_changes_in_one_batch_keep_their_order(cluster: Cluster, writer: Cl
 
 
 def test_bad_parameters_are_400(cluster: Cluster) -> None:
-    import httpx
-
     r = httpx.get(cluster.read_url + "/v1/watch?prefix=w/&from_seq=abc", timeout=10)
     assert r.status_code == 400 and r.headers["content-type"].startswith("application/problem")
     r = httpx.get(cluster.read_url + "/v1/watch?prefix=w/&from_seq=-1", timeout=10)
@@ -220,6 +217,11 @@ def test_a_stalled_watcher_is_cut_off_without_hurting_another(
     # a small receive buffer so the server's side fills soon; this peer then reads nothing
     stalled.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 << 10)
     stalled.sendall(b"GET /v1/watch?prefix=w/big/ HTTP/1.1\r\nHost: x\r\n\r\n")
+    # a second one that does not even read its last line: its stream is cancelled 10 s
+    # after the cut-off and the connection closed (it never holds the node for ever)
+    dead = socket.create_connection((host, int(port)), timeout=30)
+    dead.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 << 10)
+    dead.sendall(b"GET /v1/watch?prefix=w/big/ HTTP/1.1\r\nHost: x\r\n\r\n")
     healthy = Stream(cluster.read_url, "w/big/").live().follow()
     value = b"v" * (1 << 20)
     n = 40  # 40 MiB: far beyond a watcher's 4 MiB queue plus the socket buffers
@@ -242,8 +244,24 @@ def test_a_stalled_watcher_is_cut_off_without_hurting_another(
         assert b"fell too far behind" in buf, buf[-300:]
         assert buf.count(b'"op":"set"') < n, "the stalled watcher got everything"
         assert b"resume_from_seq" in buf
+        time.sleep(12)  # past the grace after the cut-off
+        dead.settimeout(30)
+        total, t_end = 0, time.monotonic() + 60
+        while time.monotonic() < t_end:
+            try:
+                chunk = dead.recv(1 << 20)
+            except ConnectionResetError:
+                break
+            if not chunk:
+                break
+            total += len(chunk)
+        else:
+            raise AssertionError("the stalled stream was never closed")
+        assert total < n * (1 << 20), "the stalled stream got everything"
+        assert httpx.get(cluster.read_url + "/healthz", timeout=10).status_code == 200
     finally:
         stalled.close()
+        dead.close()
         healthy.close()
 
 
@@ -304,8 +322,6 @@ def test_410_after_log_gc_and_sigterm_with_open_streams(tmp_path: Path) -> None:
             for i in range(30):
                 w.put(f"g/{i}", b"x")
         c.caught_up()
-        import httpx
-
         for url in (root.url, c.read_url):
             deadline = time.monotonic() + 30
             while True:
