@@ -49,6 +49,21 @@ def fingerprint(
     return h.hexdigest()
 
 
+#: Bodies from this size are hashed in a worker thread: hashlib releases the GIL, so the
+#: event loop keeps serving meanwhile (SHA-256 runs at about 700 MB/s here: 15 ms for
+#: 10 MiB, which would otherwise stall every other request).
+THREAD_HASH_MIN = 1 << 20
+
+
+async def fingerprint_async(
+    method: str, raw_path: bytes, query: bytes, headers: Mapping[str, str], body: bytes
+) -> str:
+    """`fingerprint`, off the event loop for a large body."""
+    if len(body) < THREAD_HASH_MIN:
+        return fingerprint(method, raw_path, query, headers, body)
+    return await asyncio.to_thread(fingerprint, method, raw_path, query, headers, body)
+
+
 def conflict(idem: str) -> Answer:
     """422: the Idempotency-Key was first used with a different request."""
     body = problem_document(

@@ -92,7 +92,7 @@ async def put_kv(
         len(key) + len(value),
         kv_answer,
         idem=idem,
-        fp=idempotency.fingerprint("PUT", raw_path, query, h, value) if idem else "",
+        fp=await idempotency.fingerprint_async("PUT", raw_path, query, h, value) if idem else "",
         is_async=is_async(query),
         t0=t0,
     )
@@ -150,7 +150,7 @@ async def post_batch(
         nbytes,
         answer,
         idem=idem,
-        fp=idempotency.fingerprint("POST", raw_path, query, h, body) if idem else "",
+        fp=await idempotency.fingerprint_async("POST", raw_path, query, h, body) if idem else "",
         is_async=is_async(query),
         t0=t0,
     )
