@@ -351,3 +351,31 @@ def test_410_after_log_gc_and_sigterm_with_open_streams(tmp_path: Path) -> None:
         root.close_clients()
     finally:
         procs.stop_all()
+
+
+def test_read_slice_skips_documents_and_starts_mid_record(tmp_path: Path) -> None:
+    """The hub's reader over a real store: changes from `from_seq` on even inside one
+    batch record, deletes without a value, replicated documents (op 3) left out."""
+    from reads.watch import read_slice
+    from store.ops import DELETE, SET, Op
+    from store.store import Store
+
+    store = Store.create(str(tmp_path / "s"), sync=False, map_size=1 << 28)
+    try:
+        r1 = store.apply([Op(SET, b"a/1", b"x"), Op(SET, b"a/\xff", b"\xfe"), Op(SET, b"b", b"y")])
+        store.put_docs({"note": b"{}"})
+        r2 = store.apply([Op(DELETE, b"a/1")])
+        lines, nxt = read_slice(store, r1.first_seq + 1)
+        docs = [json.loads(x.line) for x in lines]
+        assert [d["seq"] for d in docs] == [r1.first_seq + 1, r1.last_seq, r2.last_seq]
+        assert docs[0] == {
+            "seq": r1.first_seq + 1,
+            "op": "set",
+            "key_b64": base64.b64encode(b"a/\xff").decode(),
+            "value_b64": "/g==",
+        }
+        assert docs[2] == {"seq": r2.last_seq, "op": "delete", "key": "a/1"}
+        assert nxt == r2.last_seq + 1
+        assert read_slice(store, nxt) == ([], nxt)
+    finally:
+        store.close()
