@@ -43,6 +43,20 @@ def is_async(query: bytes) -> bool:
     return query_flag(query, "async")
 
 
+def async_mode(query: bytes, conditional: bool) -> bool:
+    """`is_async`, refused (400) for a conditional write: a 202 is sent before the commit
+    decides the condition, so its outcome could never reach the client."""
+    if not is_async(query):
+        return False
+    if conditional:
+        raise BadRequestError(
+            "a conditional write cannot be async: the condition is decided at commit, "
+            "after a 202 would have been sent",
+            hint="drop ?async=true to learn the condition's outcome",
+        )
+    return True
+
+
 def condition(h: Mapping[str, str]) -> int | None:
     """expect_seq from If-Match / If-None-Match (None when unconditional)."""
     im = h.get("if-match")
@@ -93,7 +107,7 @@ async def put_kv(
         kv_answer,
         idem=idem,
         fp=await idempotency.fingerprint_async("PUT", raw_path, query, h, value) if idem else "",
-        is_async=is_async(query),
+        is_async=async_mode(query, cond is not None),
         t0=t0,
     )
 
@@ -104,15 +118,16 @@ async def delete_kv(
     """DELETE /v1/kv/{key}: 200 `{"seq", "status": "deleted" | "absent"}` after commit."""
     p = gw.producer(h.get("authorization"))
     key = key_of(raw_path, gw.settings.max_key)
+    cond = condition(h)
     idem = h.get("idempotency-key")
     return await gw.write(
         p,
-        [Op(DELETE, key, b"", p.name, condition(h))],
+        [Op(DELETE, key, b"", p.name, cond)],
         len(key),
         kv_answer,
         idem=idem,
         fp=idempotency.fingerprint("DELETE", raw_path, query, h, b"") if idem else "",
-        is_async=is_async(query),
+        is_async=async_mode(query, cond is not None),
         t0=t0,
     )
 
@@ -136,7 +151,9 @@ async def post_batch(
     )
     idem = h.get("idempotency-key")
     answer: Callable[[list[Result]], Answer] = batch_answer
-    if query_flag(query, "results") or any(op.expect_seq is not None for op in ops):
+    conditional = any(op.expect_seq is not None for op in ops)
+    mode = async_mode(query, conditional)
+    if query_flag(query, "results") or conditional:
         keys = [op.key for op in ops]
 
         def with_results(results: list[Result]) -> Answer:
@@ -151,7 +168,7 @@ async def post_batch(
         answer,
         idem=idem,
         fp=await idempotency.fingerprint_async("POST", raw_path, query, h, body) if idem else "",
-        is_async=is_async(query),
+        is_async=mode,
         t0=t0,
     )
 

@@ -308,6 +308,21 @@ def test_if_match_on_a_batch_is_refused_not_ignored(shared_root: Root) -> None:
     assert c.get(f"/v1/kv/{name}/a").status_code == 404
 
 
+def test_a_conditional_write_cannot_be_async(shared_root: Root) -> None:
+    """A 202 is sent before the commit decides the condition: its outcome could never be
+    reported, so the combination is refused rather than the condition silently lost."""
+    name, tok = shared_root.producer()
+    c = shared_root.client(tok)
+    q = {"async": "true"}
+    _problem(c.put(f"/v1/kv/{name}/a", content=b"1", params=q, headers={"If-Match": '"0"'}), 400)
+    _problem(c.delete(f"/v1/kv/{name}/a", params=q, headers={"If-None-Match": "*"}), 400)
+    op = {"op": "set", "key": f"{name}/a", "value": "1", "if_absent": True}
+    _problem(c.post("/v1/batch", params=q, json={"ops": [op]}), 400)
+    assert c.get(f"/v1/kv/{name}/a").status_code == 404
+    # unconditional async writes still answer 202
+    assert c.put(f"/v1/kv/{name}/a", content=b"1", params=q).status_code == 202
+
+
 def test_per_op_conditions_are_checked_at_commit(shared_root: Root) -> None:
     name, tok = shared_root.producer()
     c = shared_root.client(tok)
