@@ -164,22 +164,22 @@ class KtWrites:
 
     async def increment(self, key: bytes, num: int, orig: str | None) -> int:
         """KT's increment on an 8-byte big-endian integer value; returns the new number.
-        `orig`: the initial value ("try": fail when absent, "set": overwrite whatever is
-        there with `num`)."""
+        `orig`: the initial value when absent ("try": fail instead; "set": the number
+        becomes `num` whether present or not). A value that is not 8 bytes is KT's 450."""
         self.cnt_set += 1
         for _ in range(RMW_ATTEMPTS):
             cur = self.store.get(key)
-            if orig == "set" or cur is None:
-                if cur is None and orig == "try":
+            if cur is not None and len(cur.value) != 8:
+                self.cnt_set_misses += 1
+                raise KtWriteFailed(450, NOT_NUMBER)
+            if cur is None:
+                if orig == "try":
                     self.cnt_set_misses += 1
                     raise KtWriteFailed(450, NO_RECORD)
-                base = 0 if orig in (None, "set", "try") else int(orig)
-                new = base + num
+                new = num + (0 if orig in (None, "set") else int(orig or 0))
             else:
-                if len(cur.value) != 8:
-                    self.cnt_set_misses += 1
-                    raise KtWriteFailed(450, NOT_NUMBER)
-                new = _I64.unpack(cur.value)[0] + num
+                # as Kyoto Cabinet: orig "set" replaces the number, otherwise num is added
+                new = num if orig == "set" else _I64.unpack(cur.value)[0] + num
             if not -(1 << 63) <= new < (1 << 63):
                 raise KtWriteFailed(450, b"DB: 8: logical inconsistency: overflow")
             seq = 0 if cur is None else cur.seq
