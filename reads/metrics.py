@@ -40,3 +40,11 @@ LISTENER_REFUSED = Counter(
     "Connections a TCP read listener refused or closed on a limit, by reason",
     ["listener", "reason"],
 )
+
+#: Watch streams (`GET /v1/watch`) open now on this process.
+WATCH_STREAMS = Gauge("mercury_watch_streams", "Watch streams open on this node")
+#: Watch streams the node ended itself, by reason: `slow` (the watcher fell too far
+#: behind), `stopping` (the server stops), `log` (the log could not be read).
+WATCH_ENDED = Counter(
+    "mercury_watch_ended_total", "Watch streams ended by the node, by reason", ["reason"]
+)

@@ -34,6 +34,7 @@ from starlette.responses import Response, StreamingResponse
 
 from core.errors import CorruptionError, CRCError, InvalidReadError, LogRetentionError
 from reads import jsonkv
+from reads.metrics import WATCH_ENDED, WATCH_STREAMS
 from reads.problems import problem
 from replicator.notify import WakeListener
 from store import codec
@@ -185,7 +186,7 @@ class WatchHub:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
-        self._end_all(b'{"error": "the node is stopping"}\n')
+        self._end_all(b'{"error": "the node is stopping"}\n', "stopping")
         if self._listener is not None:
             self._listener.stop()
 
@@ -199,7 +200,7 @@ class WatchHub:
                 await asyncio.wait_for(self._wake.wait(), POLL_S)
             self._wake.clear()
             if self.closing():
-                self._end_all(b'{"error": "the node is stopping"}\n')
+                self._end_all(b'{"error": "the node is stopping"}\n', "stopping")
                 continue
             try:
                 await self._pump()
@@ -207,9 +208,13 @@ class WatchHub:
                 log.exception("watch hub failed to read the log at seq %d", self.next_seq)
                 self._end_all(
                     orjson.dumps(
-                        {"error": "this node failed to read its log", "resume_from_seq": 0}
+                        {
+                            "error": "this node failed to read its log",
+                            "resume_from_seq": self.next_seq,
+                        }
                     )
-                    + b"\n"
+                    + b"\n",
+                    "log",
                 )
                 self.next_seq = self.store.last_seq() + 1
             now = time.monotonic()
@@ -238,7 +243,9 @@ class WatchHub:
             except (LogRetentionError, CRCError, CorruptionError) as err:
                 # The hub itself fell behind retention (or met a bad record): every
                 # watcher must re-read; nothing is skipped silently.
-                self._end_all(orjson.dumps({"error": str(err), "resume_from_seq": start}) + b"\n")
+                self._end_all(
+                    orjson.dumps({"error": str(err), "resume_from_seq": start}) + b"\n", "log"
+                )
                 self.next_seq = head + 1
                 return
             if nxt <= start:
@@ -293,6 +300,7 @@ class WatchHub:
     def _cut(self, w: Watcher, final: bytes) -> None:
         self._unregister(w)
         self.cut_off += 1
+        WATCH_ENDED.labels("slow").inc()
         w.chunks.clear()
         w.size = 0
         w.final = final
@@ -302,9 +310,10 @@ class WatchHub:
             # A peer that reads nothing keeps its stream blocked in a send: end it.
             asyncio.get_running_loop().call_later(self.cutoff_grace_s, task.cancel)
 
-    def _end_all(self, final: bytes) -> None:
+    def _end_all(self, final: bytes, reason: str) -> None:
         for group_ in list(self._groups.values()):
             for w in list(group_):
+                WATCH_ENDED.labels(reason).inc()
                 self._unregister(w)
                 w.final = final
                 w.event.set()
@@ -341,6 +350,7 @@ class WatchHub:
         """The NDJSON of one watcher: the history from `start` up to the hub, read in
         bounded slices in a worker thread, then the hub's live chunks and heartbeats."""
         self._count += 1
+        WATCH_STREAMS.inc()
         w = Watcher(prefix)
         w.task = asyncio.current_task()
         try:
@@ -378,6 +388,7 @@ class WatchHub:
         finally:
             self._unregister(w)
             self._count -= 1
+            WATCH_STREAMS.dec()
 
 
 def _query(qs: bytes) -> dict[str, bytes]:

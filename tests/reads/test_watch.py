@@ -259,6 +259,8 @@ def test_a_stalled_watcher_is_cut_off_without_hurting_another(
             raise AssertionError("the stalled stream was never closed")
         assert total < n * (1 << 20), "the stalled stream got everything"
         assert httpx.get(cluster.read_url + "/healthz", timeout=10).status_code == 200
+        metrics = httpx.get(cluster.read_url + "/metrics", timeout=10).text
+        assert 'mercury_watch_ended_total{reason="slow"} 2.0' in metrics
     finally:
         stalled.close()
         dead.close()
