@@ -231,16 +231,16 @@ def codec_speed() -> dict[str, object]:
 
     rnd = random.Random(3)
     ops = [(1, b"bench", b"key:%012d" % i, rnd.randbytes(VALUE)) for i in range(10_000)]
-    rec = ref.encode_record(5, b"bench", ops[0][3], False)
+    rec = ref.encode_record(b"bench-key", 5, b"bench", ops[0][3], False)
     payload, _ = ref.pack_entries(1, ops, ref.ZERO_HASH)
     out: dict[str, object] = {}
     cases: dict[str, tuple[Callable[[Any], object], int, int]] = {
         "encode_record": (
-            lambda m: [m.encode_record(5, b"bench", o[3], False) for o in ops],
+            lambda m: [m.encode_record(o[2], 5, b"bench", o[3], False) for o in ops],
             5,
             len(ops),
         ),
-        "record_value": (lambda m: m.record_value(rec), 100_000, 1),
+        "record_value": (lambda m: m.record_value(b"bench-key", rec), 100_000, 1),
         "decode_record_header": (lambda m: m.decode_record_header(rec), 100_000, 1),
         "pack_entries_per_entry": (lambda m: m.pack_entries(1, ops, ref.ZERO_HASH), 5, len(ops)),
         "unpack_entries_per_entry": (

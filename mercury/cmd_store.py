@@ -11,6 +11,7 @@ from typing import Any
 from tqdm import tqdm
 
 from acl.tokens import hash_token, new_token
+from core.errors import MercuryError
 from migrations import runner
 from store import check as store_check
 from store.lock import WriterLock
@@ -111,8 +112,15 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    """`mercury verify DATA_DIR`: exit 0 clean, 1 with a report."""
-    store = Store.open(args.data_dir, readonly=True)
+    """`mercury verify DATA_DIR`: exit 0 clean, 1 with a report (a file too damaged to
+    open is a report too, never a traceback)."""
+    try:
+        store = Store.open(args.data_dir, readonly=True)
+    except MercuryError:
+        raise  # not a store, pending migrations...: the CLI's message and exit status 2
+    except Exception as err:  # LMDB refusing a damaged file
+        print(f"1 problem(s):\n  - store cannot be opened: {type(err).__name__}: {err}")
+        return 1
     try:
         total = store_check.work_units(store)
         with tqdm(total=total, unit="rec", desc="verify", disable=None, file=sys.stderr) as bar:

@@ -9,13 +9,17 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from migrations import m0002_usage_counters, m0003_replicated_docs
+from migrations import m0002_usage_counters, m0003_replicated_docs, m0004_key_checksum
 from migrations.plan import Step, plan
 from store.migration import data_entries, run_step
 from store.version import CURRENT_FORMAT, read_format_version
 
 #: Every known step, in order. Format 1 is the initial format.
-STEPS: tuple[Step, ...] = (m0002_usage_counters.STEP, m0003_replicated_docs.STEP)
+STEPS: tuple[Step, ...] = (
+    m0002_usage_counters.STEP,
+    m0003_replicated_docs.STEP,
+    m0004_key_checksum.STEP,
+)
 
 
 def pending(path: str) -> list[Step]:

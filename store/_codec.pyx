@@ -129,12 +129,13 @@ cdef inline uint32_t _get_u32(const uint8_t* p) noexcept nogil:
             | (<uint32_t>p[3] << 24))
 
 
-def encode_record(uint64_t seq, bytes owner, bytes value, bint chunked):
-    """Encode a value record; when `chunked`, the value is left out."""
-    return _encode_record(seq, owner, value, chunked)
+def encode_record(bytes key, uint64_t seq, bytes owner, bytes value, bint chunked):
+    """Encode the value record of `key` (its CRC covers the key); when `chunked`, the
+    value is left out."""
+    return _encode_record(key, seq, owner, value, chunked)
 
 
-cdef bytes _encode_record(uint64_t seq, bytes owner, bytes value, bint chunked):
+cdef bytes _encode_record(bytes key, uint64_t seq, bytes owner, bytes value, bint chunked):
     cdef Py_ssize_t on = PyBytes_GET_SIZE(owner)
     cdef Py_ssize_t vn = PyBytes_GET_SIZE(value)
     cdef Py_ssize_t total = RECORD_FIXED + on + (0 if chunked else vn)
@@ -151,7 +152,9 @@ cdef bytes _encode_record(uint64_t seq, bytes owner, bytes value, bint chunked):
     memcpy(p + 19, PyBytes_AS_STRING(owner), on)
     if not chunked:
         memcpy(p + 19 + on, v, vn)
-    cdef uint32_t crc = _crc_update(0, p, 14)
+    cdef uint32_t crc = _crc_update(
+        0, <const uint8_t*>PyBytes_AS_STRING(key), PyBytes_GET_SIZE(key))
+    crc = _crc_update(crc, p, 14)
     crc = _crc_update(crc, p + 18, 1 + on)
     crc = _crc_update(crc, v, vn)
     _put_u32(p + 14, crc)
@@ -173,8 +176,9 @@ def decode_record_header(const uint8_t[:] rec):
     return _tuple_new(_header, (p[1], _get_u64(p + 2), vlen, _get_u32(p + 14), owner, off))
 
 
-def record_value(const uint8_t[:] rec):
-    """The inline value of `rec` after checking its CRC; None when the CRC fails."""
+def record_value(const uint8_t[:] key, const uint8_t[:] rec):
+    """The inline value of `rec` (stored under `key`) after checking its CRC; None when
+    the CRC fails."""
     cdef Py_ssize_t n = rec.shape[0]
     if n < RECORD_FIXED or rec[0] != RECORD_TAG:
         raise ValueError("malformed value record")
@@ -185,7 +189,10 @@ def record_value(const uint8_t[:] rec):
     cdef Py_ssize_t off = RECORD_FIXED + p[18]
     if n != off + vlen:
         raise ValueError("malformed value record")
-    cdef uint32_t crc = _crc_update(0, p, 14)
+    cdef uint32_t crc = 0
+    if key.shape[0]:
+        crc = _crc_update(0, &key[0], key.shape[0])
+    crc = _crc_update(crc, p, 14)
     crc = _crc_update(crc, p + 18, n - 18)
     if crc != _get_u32(p + 14):
         return None
@@ -445,10 +452,10 @@ def apply_ops(ops, get, put, delete, uint64_t last_seq, rare, max_key=None, appe
             if big:
                 rare.put_chunks(seq, value)
             if fresh:
-                append(key, _encode_record(seq, owner, value, big), True, True, True)
+                append(key, _encode_record(key, seq, owner, value, big), True, True, True)
                 max_key = key
             else:
-                put(key, _encode_record(seq, owner, value, big))
+                put(key, _encode_record(key, seq, owner, value, big))
             if p != NULL:
                 _forget(p, kn, delta, rare)
             c_keys += 1

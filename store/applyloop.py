@@ -100,10 +100,10 @@ def apply_ops(
             if big:
                 rare.put_chunks(seq, value)
             if fresh and append is not None:
-                append(key, fmt.encode_record(seq, owner, value, big), True, True, True)
+                append(key, fmt.encode_record(key, seq, owner, value, big), True, True, True)
                 max_key = key
             else:
-                put(key, fmt.encode_record(seq, owner, value, big))
+                put(key, fmt.encode_record(key, seq, owner, value, big))
             if h is not None:
                 forget(h, len(key), delta, rare)
             d[0] += 1

@@ -1,7 +1,9 @@
 """`check(store)`: the store's invariants, verified by reading everything once.
 
-- every value record decodes and its CRC holds (chunked ones reassembled), no chunk is
-  orphaned or missing;
+- keys come out of the data tree strictly increasing (a damaged key or page breaks the
+  order the B-tree's searches rely on);
+- every value record decodes and its CRC holds over its key and value (chunked ones
+  reassembled), no chunk is orphaned or missing;
 - the retained log is contiguous from ``log_first_seq`` to ``last_seq``, each record's CRC
   holds, and the hash chain from ``log_base_hash`` reproduces every record's head and the
   meta ``hash_head``;
@@ -77,27 +79,43 @@ def work_units(store: Store) -> int:
 
 
 def check(store: Store, progress: Progress | None = None) -> CheckReport:
-    """Verify every invariant of `store`; never raises for a broken invariant, reports it."""
+    """Verify every invariant of `store`; never raises for a broken invariant, reports it.
+
+    A damaged file can make LMDB itself fail mid-walk (a page that is not a page, a
+    missing meta value): that is reported as the file being unreadable from there on,
+    never raised, so `mercury verify` always ends with a report.
+    """
     report = CheckReport()
     tick = progress or (lambda n: None)
-    with store.env.begin() as txn:
-        meta = store.dbs.meta
-        version = U32.unpack(txn.get(K_FORMAT, db=meta))[0]
-        if version != CURRENT_FORMAT:
-            report.add(f"format version {version}, expected {CURRENT_FORMAT}")
-        live_chunks = _check_data(store, txn, report, tick)
-        _check_log(store, txn, report, tick, live_chunks)
-        _check_chunks(store, txn, report, live_chunks)
+    phase = "meta"
+    try:
+        with store.env.begin() as txn:
+            meta = store.dbs.meta
+            version = U32.unpack(txn.get(K_FORMAT, db=meta))[0]
+            if version != CURRENT_FORMAT:
+                report.add(f"format version {version}, expected {CURRENT_FORMAT}")
+            phase = "data"
+            live_chunks = _check_data(store, txn, report, tick)
+            phase = "log"
+            _check_log(store, txn, report, tick, live_chunks)
+            phase = "chunks"
+            _check_chunks(store, txn, report, live_chunks)
+    except Exception as err:  # LMDB, struct or decode errors on a damaged file
+        report.add(f"store unreadable while checking {phase}: {type(err).__name__}: {err}")
     return report
 
 
 def _check_data(store: Store, txn: Any, report: CheckReport, tick: Progress) -> set[bytes]:
     recount: dict[str, Usage] = {}
     live: set[bytes] = set()
+    prev: bytes | None = None
     for key, rec in txn.cursor(db=store.dbs.data):
         report.values += 1
         tick(1)
         key = bytes(key)
+        if prev is not None and key <= prev:
+            report.add(f"key {key!r} out of order after {prev!r} (damaged key or page)")
+        prev = key
         try:
             h = codec.decode_record_header(rec)
         except ValueError:
@@ -107,11 +125,11 @@ def _check_data(store: Store, txn: Any, report: CheckReport, tick: Progress) -> 
             value = chunks.get(txn, store.dbs.chunks, chunks.VALUE_NS, h.seq, h.vlen)
             if value is None:
                 report.add(f"key {key!r}: chunks missing")
-            elif not check_chunked_record(bytes(rec), value):
+            elif not check_chunked_record(key, bytes(rec), value):
                 report.add(f"key {key!r}: CRC mismatch (chunked value)")
             n = (h.vlen + CHUNK_SIZE - 1) // CHUNK_SIZE
             live.update(_chunk_keys(chunks.VALUE_NS, h.seq, n))
-        elif codec.record_value(rec) is None:
+        elif codec.record_value(key, rec) is None:
             report.add(f"key {key!r}: CRC mismatch")
         u = recount.setdefault(h.owner, Usage())
         u.keys += 1

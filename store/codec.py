@@ -17,9 +17,9 @@ from store import format as _ref
 
 IMPLEMENTATION: str
 
-encode_record: Callable[[int, bytes, bytes, bool], bytes]
+encode_record: Callable[[bytes, int, bytes, bytes, bool], bytes]
 decode_record_header: Callable[[Any], _ref.RecordHeader]
-record_value: Callable[[Any], bytes | None]
+record_value: Callable[[Any, Any], bytes | None]
 encode_entry: Callable[[int, int, bytes, bytes, bytes], bytes]
 chain: Callable[[bytes, Any], bytes]
 pack_entries: Callable[[int, list[tuple[int, bytes, bytes, bytes]], bytes], tuple[bytes, bytes]]

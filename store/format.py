@@ -13,7 +13,8 @@ Value record (value of the ``data`` sub-database; the LMDB key is the user key):
     1    1     flags: bit 0 = value is chunked (held in the ``chunks`` sub-database)
     2    8     seq of the change that wrote this value (u64)
     10   4     value length V (u32, whole value even when chunked)
-    14   4     CRC-32 over bytes [0:14] ++ bytes [18:] ++ the whole value
+    14   4     CRC-32 over the user key ++ bytes [0:14] ++ bytes [18:] ++ the whole
+               value (format >= 4; format 3 and older left the key out)
     18   1     owner length N (the producer that wrote the value; may be 0)
     19   N     owner, UTF-8
     19+N V     value bytes — only when not chunked
@@ -148,17 +149,19 @@ class LogHeader(NamedTuple):
     crc: int
 
 
-def record_crc(head14: bytes, tail: bytes, value: bytes) -> int:
-    """CRC of a record: its first 14 bytes, everything after the CRC field, then the value."""
-    return zlib.crc32(value, zlib.crc32(tail, zlib.crc32(head14)))
+def record_crc(key: bytes, head14: bytes, tail: bytes, value: bytes) -> int:
+    """CRC of a record: the user key it is stored under (a flipped key byte must not
+    pass), its first 14 bytes, everything after the CRC field, then the value."""
+    return zlib.crc32(value, zlib.crc32(tail, zlib.crc32(head14, zlib.crc32(key))))
 
 
-def encode_record(seq: int, owner: bytes, value: bytes, chunked: bool) -> bytes:
-    """Encode a value record; when `chunked`, the value is left out (it goes to chunks)."""
+def encode_record(key: bytes, seq: int, owner: bytes, value: bytes, chunked: bool) -> bytes:
+    """Encode the value record of `key`; when `chunked`, the value is left out (it goes to
+    chunks). The key itself is not stored in the record, only covered by its CRC."""
     flags = FLAG_CHUNKED if chunked else 0
     head14 = _PREFIX.pack(RECORD_TAG, flags, seq, len(value))
     tail = bytes((len(owner),)) + owner
-    crc = record_crc(head14, tail, value)
+    crc = record_crc(key, head14, tail, value)
     out = head14 + struct.pack("<I", crc) + tail
     return out if chunked else out + value
 
@@ -175,8 +178,9 @@ def decode_record_header(rec: bytes) -> RecordHeader:
     return RecordHeader(flags, seq, vlen, crc, bytes(rec[19:off]).decode("utf-8", "replace"), off)
 
 
-def record_value(rec: bytes) -> bytes | None:
-    """The inline value of `rec` after checking its CRC; None when the CRC fails.
+def record_value(key: bytes, rec: bytes) -> bytes | None:
+    """The inline value of `rec` (stored under `key`) after checking its CRC; None when
+    the CRC fails.
 
     Raises ValueError for a chunked or malformed record.
     """
@@ -184,15 +188,17 @@ def record_value(rec: bytes) -> bytes | None:
     if h.flags & FLAG_CHUNKED:
         raise ValueError("record is chunked")
     value = rec[h.value_offset :]
-    if record_crc(rec[:14], rec[18 : h.value_offset], value) != h.crc:
+    if record_crc(key, rec[:14], rec[18 : h.value_offset], value) != h.crc:
         return None
     return bytes(value)
 
 
-def check_chunked_record(rec: bytes, value: bytes) -> bool:
-    """True when the CRC of chunked record `rec` matches the reassembled `value`."""
+def check_chunked_record(key: bytes, rec: bytes, value: bytes) -> bool:
+    """True when the CRC of chunked record `rec` (under `key`) matches the reassembled
+    `value`."""
     h = decode_record_header(rec)
-    return record_crc(rec[:14], rec[18 : h.value_offset], value) == h.crc and len(value) == h.vlen
+    crc = record_crc(key, rec[:14], rec[18 : h.value_offset], value)
+    return crc == h.crc and len(value) == h.vlen
 
 
 def encode_entry(seq: int, op: int, owner: bytes, key: bytes, value: bytes) -> bytes:

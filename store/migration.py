@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from store import docs, layout
+from store import chunks, docs, layout
 from store.layout import K_FORMAT, U32
 
 Progress = Callable[[int], object]
@@ -29,6 +29,25 @@ class MigrationTxn:
         """(user key, value record) of every key, in key order."""
         for k, v in self._txn.cursor(db=self._dbs.data):
             yield bytes(k), bytes(v)
+
+    def rewrite_data(self, fn: Callable[[bytes, bytes], bytes | None]) -> int:
+        """Replace each value record by ``fn(key, record)`` (None keeps it), in key order;
+        returns how many records were seen."""
+        cur = self._txn.cursor(db=self._dbs.data)
+        n = 0
+        more = cur.first()
+        while more:
+            k, v = bytes(cur.key()), bytes(cur.value())
+            new = fn(k, v)
+            if new is not None and new != v:
+                cur.put(k, new)  # leaves the cursor on k
+            n += 1
+            more = cur.next()
+        return n
+
+    def value_chunks(self, seq: int, vlen: int) -> bytes | None:
+        """The reassembled chunked value written at `seq`, or None when chunks are missing."""
+        return chunks.get(self._txn, self._dbs.chunks, chunks.VALUE_NS, seq, vlen)
 
     def meta_keys(self, prefix: bytes) -> list[bytes]:
         """The keys of ``meta`` starting with `prefix`."""

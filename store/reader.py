@@ -22,9 +22,9 @@ def decode(txn: Any, chunks_db: Any, key: bytes, rec: bytes) -> Value:
         h = codec.decode_record_header(rec)
         if h.flags & FLAG_CHUNKED:
             value = chunks.get(txn, chunks_db, chunks.VALUE_NS, h.seq, h.vlen)
-            ok = value is not None and check_chunked_record(rec, value)
+            ok = value is not None and check_chunked_record(key, rec, value)
         else:
-            value = codec.record_value(rec)
+            value = codec.record_value(key, rec)
             ok = value is not None
     except ValueError:
         ok, value, h = False, None, None

@@ -101,7 +101,7 @@ def _apply_record(
             big = chunks.is_chunked(len(e.value))
             if big:
                 chunks.put(txn, dbs.chunks, chunks.VALUE_NS, e.seq, e.value)
-            put(e.key, codec.encode_record(e.seq, owner, e.value, big))
+            put(e.key, codec.encode_record(e.key, e.seq, owner, e.value, big))
             d = delta.get(e.owner)
             if d is None:
                 d = delta[e.owner] = [0, 0, 0, 0, 0, 0]

@@ -9,8 +9,8 @@ from store import layout
 from store.layout import K_FORMAT, U32
 
 #: Format written by this code. Format 1 had no usage counters, format 2 no replicated
-#: documents (see migrations/).
-CURRENT_FORMAT = 3
+#: documents, format 3 value records whose CRC left the key out (see migrations/).
+CURRENT_FORMAT = 4
 
 
 def read_format_version(path: str) -> int:

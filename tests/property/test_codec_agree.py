@@ -43,25 +43,49 @@ def test_crc32_matches_zlib(data: bytes, start: int) -> None:
     assert cy.crc32(data, start) == zlib.crc32(data, start)
 
 
-@given(seqs, owner_bytes, st.binary(max_size=5000), st.booleans())
-def test_encode_record_identical(seq: int, owner: bytes, value: bytes, chunked: bool) -> None:
-    a = cy.encode_record(seq, owner, value, chunked)
-    assert a == ref.encode_record(seq, owner, value, chunked)
+record_keys = st.binary(min_size=1, max_size=500)
+
+
+@given(record_keys, seqs, owner_bytes, st.binary(max_size=5000), st.booleans())
+def test_encode_record_identical(
+    key: bytes, seq: int, owner: bytes, value: bytes, chunked: bool
+) -> None:
+    a = cy.encode_record(key, seq, owner, value, chunked)
+    assert a == ref.encode_record(key, seq, owner, value, chunked)
     assert cy.decode_record_header(a) == ref.decode_record_header(a)
     if not chunked:
-        assert cy.record_value(a) == ref.record_value(a) == value
+        assert cy.record_value(key, a) == ref.record_value(key, a) == value
+    else:
+        assert ref.check_chunked_record(key, a, value)
 
 
-@given(seqs, owner_bytes, st.binary(max_size=200), st.integers(min_value=0, max_value=300))
-def test_flipped_byte_fails_crc_in_both(seq: int, owner: bytes, value: bytes, pos: int) -> None:
-    rec = bytearray(ref.encode_record(seq, owner, value, False))
+@given(record_keys, seqs, owner_bytes, st.binary(max_size=200), st.integers(0, 300))
+def test_flipped_byte_fails_crc_in_both(
+    key: bytes, seq: int, owner: bytes, value: bytes, pos: int
+) -> None:
+    rec = bytearray(ref.encode_record(key, seq, owner, value, False))
     i = pos % len(rec)
     if 14 <= i < 18 or i in (0, 18):
         return  # the CRC itself, the tag and the owner length are structural
     rec[i] ^= 0x40
     for impl in (cy, ref):
         with contextlib.suppress(ValueError):  # a flipped length is malformed: refused too
-            assert impl.record_value(bytes(rec)) is None
+            assert impl.record_value(key, bytes(rec)) is None
+
+
+@given(record_keys, seqs, owner_bytes, st.binary(max_size=200), st.integers(0, 499))
+def test_flipped_key_byte_fails_crc_in_both(
+    key: bytes, seq: int, owner: bytes, value: bytes, pos: int
+) -> None:
+    """The record is intact but stored under a key one bit off: both refuse it."""
+    rec = ref.encode_record(key, seq, owner, value, False)
+    bad = bytearray(key)
+    bad[pos % len(bad)] ^= 0x01
+    for impl in (cy, ref):
+        assert impl.record_value(bytes(bad), rec) is None
+        assert impl.record_value(key, rec) == value
+    big = ref.encode_record(key, seq, owner, value, True)
+    assert not ref.check_chunked_record(bytes(bad), big, value)
 
 
 @given(st.binary(min_size=32, max_size=32), st.binary(max_size=1000))

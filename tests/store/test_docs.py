@@ -15,7 +15,7 @@ from migrations.runner import migrate
 from store.layout import K_FORMAT, U32
 from store.ops import SET, Op
 from store.snapshot import install_snapshot, make_snapshot
-from store.store import Store, read_format_version
+from store.store import CURRENT_FORMAT, Store, read_format_version
 from tests.conftest import assert_store_ok
 from tests.support.procs import mercury_cmd
 
@@ -99,7 +99,7 @@ def _format2_store_with_acl(path: str) -> None:
 def test_migration_moves_the_acl_into_the_log(tmp_path: Path) -> None:
     d = str(tmp_path / "s")
     _format2_store_with_acl(d)
-    assert [s.name for s in migrate(d)] == ["0003_replicated_docs"]
+    assert [s.name for s in migrate(d)] == ["0003_replicated_docs", "0004_key_checksum"]
     with Store.open(d) as s:
         assert s.get_state("acl") is None
         assert s.get_state("admin_token_hash") == b"h"  # stays node-local
@@ -130,8 +130,8 @@ def test_sigkill_mid_migration_leaves_format_2(tmp_path: Path) -> None:
     assert read_format_version(d) == 2
     with Store.open(d, check_format=False) as s:
         assert s.get_state("acl") is not None and s.last_seq() == 1
-    assert [st.name for st in migrate(d)] == ["0003_replicated_docs"]
+    assert [st.name for st in migrate(d)] == ["0003_replicated_docs", "0004_key_checksum"]
     with Store.open(d) as s:
         assert s.get_doc("acl") is not None and s.last_seq() == 2
         with s.env.begin(db=s.dbs.meta) as txn:
-            assert U32.unpack(txn.get(K_FORMAT))[0] == 3
+            assert U32.unpack(txn.get(K_FORMAT))[0] == CURRENT_FORMAT

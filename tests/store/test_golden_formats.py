@@ -16,7 +16,7 @@ from store import format as ref
 from store.store import CURRENT_FORMAT
 
 DATA = Path(__file__).resolve().parents[1] / "data"
-GOLDEN_FORMAT = 3  # the format these files describe
+GOLDEN_FORMAT = 4  # the format these files describe
 
 
 def _cases() -> dict[str, bytes]:
@@ -33,8 +33,12 @@ def _cases() -> dict[str, bytes]:
     doc_payload, _ = codec.pack_entries(44, [(ref.OP_DOC, b"", b"acl", b'{"producers":{}}')], head)
     return {
         "golden_log_doc_entry.bin": doc_payload,
-        "golden_record_inline.bin": codec.encode_record(7, b"team-a", b"hello", False),
-        "golden_record_chunked.bin": codec.encode_record(2**40 + 3, b"team-b", b"x" * 5000, True),
+        "golden_record_inline.bin": codec.encode_record(
+            b"cfg/greeting", 7, b"team-a", b"hello", False
+        ),
+        "golden_record_chunked.bin": codec.encode_record(
+            b"cfg/big", 2**40 + 3, b"team-b", b"x" * 5000, True
+        ),
         "golden_log_payload.bin": payload,
         "golden_log_header.bin": header,
         "golden_chain_head.bin": head,

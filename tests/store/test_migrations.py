@@ -71,7 +71,11 @@ def test_migrate_backfills_usage_counters(tmp_path: Path) -> None:
     r = run_mercury("migrate", "--dry-run", d)
     assert r.returncode == 0 and "0002_usage_counters" in r.stdout
     assert read_format_version(d) == 1  # dry run changed nothing
-    assert [s.name for s in migrate(d)] == ["0002_usage_counters", "0003_replicated_docs"]
+    assert [s.name for s in migrate(d)] == [
+        "0002_usage_counters",
+        "0003_replicated_docs",
+        "0004_key_checksum",
+    ]
     assert pending(d) == [] and migrate(d) == []  # idempotent
     s = Store.open(d)
     try:
