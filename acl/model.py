@@ -275,6 +275,11 @@ class Acl:
         ps = replace(p, tokens={**p.tokens, token_id: info})
         return replace(self, producers={**self.producers, name: ps})
 
+    def without_tokens(self, name: str) -> Acl:
+        """Producer `name` with every token revoked (NotFoundError when absent)."""
+        p = self.get(name)
+        return replace(self, producers={**self.producers, name: replace(p, tokens={})})
+
     def revoke_token(self, name: str, token_id: str, *, kind: str = PRODUCER) -> Acl:
         """Revoke one token of producer (or consumer) `name` (NotFoundError when unknown)."""
         holder: Producer | Consumer = (

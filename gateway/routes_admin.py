@@ -255,12 +255,25 @@ async def delete_producer(name: str, request: Request) -> Response:
     """200 `{"removed": name, "purged": n}`; 404 when unknown. Its keys stay (and keep its
     usage) unless `?purge=true`: then every key it owns in its keyspaces is deleted through
     the log first, in transactions no larger than its delete guards allow, one per batch
-    window, and the producer is removed only when all are gone."""
+    window, and the producer is removed only when all are gone. Its tokens are revoked
+    before the purge starts (so it cannot write behind the purge's cursor) and the writes
+    it had in flight are let commit first: a failed purge leaves the producer, tokenless,
+    for a retry."""
     gw = _admin(request)
     purge = request.query_params.get("purge", "false").lower() in ("1", "true", "yes")
     async with _lock(gw):
-        gw.acl.get(name)
-        purged = await _purge(gw, name) if purge else 0
+        p = gw.acl.get(name)
+        purged = 0
+        if purge:
+            if p.tokens:
+                gone = [f"- token {tid}" for tid in sorted(p.tokens)]
+                await _commit(gw, gw.acl.without_tokens(name), "revoke_token", name, gone)
+            # requests admitted before the revocation: held by their quota at most
+            # max_delay_ms, then committed within a batch window
+            await asyncio.sleep(
+                p.quota.max_delay_ms / 1000 + 2 * gw.settings.batch_window_ms / 1000
+            )
+            purged = await _purge(gw, name)
         old = gw.acl
         new = old.remove(name)
         diff = document_diff(old.document(), new.document())
