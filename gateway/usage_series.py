@@ -11,8 +11,8 @@ single keyspace's.
 Layout (documents in the store's replicated ``docs`` sub-database, written through the
 log in a batch's own transaction, so every replica — and a promoted root — holds them):
 
-- ``usage/m/<producer>/<YYYYMMDDHH>``: one hour of minute slots,
-  ``{"t": hour start (epoch s), "m": {keyspace: [[minute, writes, bytes_written, deletes,
+- ``usage/m/<producer>/<YYYYMMDDHH><tens of minute>``: a 10-minute block of minute slots,
+  ``{"t": block start (epoch s), "m": {keyspace: [[minute, writes, bytes_written, deletes,
   duplicates, held, refused_429, refused_413], ...]}, "s": [[minute, keys, bytes], ...]}``
   with only the minutes that saw activity. A busy keyspace costs about 26 bytes a
   minute, 2.6 kB an hour, 63 kB a day; kept 31 days.
@@ -52,6 +52,10 @@ QUOTA_COL = {"held": _HELD, "refused": _R429, "too_large": _R413}
 MINUTE_KEEP_S = 31 * 86400
 HOUR_KEEP_S = 366 * 86400
 STEPS = {"1m": 60, "1h": 3600, "1d": 86400}
+#: Seconds of minute slots in one document: a document is rewritten each time one of its
+#: minutes closes, so the log carries about (slots + 1) / 2 x its final size per slot;
+#: 10 keeps that small while a day still fits in 144 documents.
+BLOCK = 600
 MAX_POINTS = 5000
 
 #: Reads one replicated document (name -> bytes or None).
@@ -61,14 +65,25 @@ LoadFn = Callable[[str], bytes | None]
 ListFn = Callable[[str, str, int], list[tuple[str, bytes]]]
 
 
-def hour_name(producer: str, t: int) -> str:
-    """Name of the minute-slot document of `producer` for the hour holding `t`."""
-    return f"usage/m/{producer}/{datetime.fromtimestamp(t, UTC):%Y%m%d%H}"
+def block_suffix(t: float) -> str:
+    """``YYYYMMDDHH`` + the tens of the minute: the 10-minute block holding `t`."""
+    d = datetime.fromtimestamp(t, UTC)
+    return f"{d:%Y%m%d%H}{d.minute // 10}"
+
+
+def day_suffix(t: float) -> str:
+    """``YYYYMMDD`` of the day holding `t`."""
+    return f"{datetime.fromtimestamp(t, UTC):%Y%m%d}"
+
+
+def block_name(producer: str, t: int) -> str:
+    """Name of the minute-slot document of `producer` for the 10-minute block of `t`."""
+    return f"usage/m/{producer}/{block_suffix(t)}"
 
 
 def day_name(producer: str, t: int) -> str:
     """Name of the hour-slot (rollup) document of `producer` for the day holding `t`."""
-    return f"usage/h/{producer}/{datetime.fromtimestamp(t, UTC):%Y%m%d}"
+    return f"usage/h/{producer}/{day_suffix(t)}"
 
 
 @dataclass
@@ -183,6 +198,9 @@ class UsageSeries:
         # (producer, minute start) -> keyspace -> columns: minutes not yet folded
         self._open: dict[tuple[str, int], dict[str, list[int]]] = {}
         self._docs: dict[str, SlotDoc] = {}  # documents touched recently (cache)
+        # minutes folded into their block's document, not yet into the day's (rollup)
+        self._unrolled: dict[tuple[str, int], dict[str, list[int]]] = {}
+        self._snaps: dict[tuple[str, int], tuple[int, int]] = {}
         self._dirty: set[str] = set()
         self._deleted: set[str] = set()
         self._last_retention = 0.0
@@ -261,25 +279,24 @@ class UsageSeries:
             snap = usage() if closed or new else {}
             for producer in new:
                 prev = cur_minute - 60
-                hname, dname = hour_name(producer, prev), day_name(producer, prev)
-                hdoc = self._doc(hname, prev // 3600 * 3600)
-                ddoc = self._doc(dname, prev // 86400 * 86400)
+                hname = block_name(producer, prev)
+                hdoc = self._doc(hname, prev // BLOCK * BLOCK)
                 hdoc.snap[(prev - hdoc.t) // 60] = snap.get(producer, (0, 0))
-                ddoc.snap[(prev - ddoc.t) // 3600] = snap.get(producer, (0, 0))
-                self._dirty.update((hname, dname))
+                self._snaps.setdefault((producer, prev), snap.get(producer, (0, 0)))
+                self._dirty.add(hname)
             for producer, minute in sorted(closed, key=lambda k: k[1]):
                 bucket = self._open.pop((producer, minute))
-                hour = minute // 3600 * 3600
-                day = minute // 86400 * 86400
-                hname, dname = hour_name(producer, minute), day_name(producer, minute)
-                hdoc, ddoc = self._doc(hname, hour), self._doc(dname, day)
+                block = minute // BLOCK * BLOCK
+                hname = block_name(producer, minute)
+                hdoc = self._doc(hname, block)
                 for ks, cols in bucket.items():
-                    hdoc.add(ks, (minute - hour) // 60, cols)
-                    ddoc.add(ks, (minute - day) // 3600, cols)
+                    hdoc.add(ks, (minute - block) // 60, cols)
                 if producer in snap:
-                    hdoc.snap[(minute - hour) // 60] = snap[producer]
-                    ddoc.snap[(minute - day) // 3600] = snap[producer]
-                self._dirty.update((hname, dname))
+                    hdoc.snap[(minute - block) // 60] = snap[producer]
+                    self._snaps[(producer, minute)] = snap[producer]
+                self._unrolled[(producer, minute)] = bucket
+                self._dirty.add(hname)
+            self._roll(cur_minute // BLOCK * BLOCK, all_)
             if now - self._last_retention >= 3600:
                 self._last_retention = now
                 self._deleted.update(self._expired(now, usage()))
@@ -287,6 +304,23 @@ class UsageSeries:
             out: dict[str, bytes | None] = {n: self._docs[n].encode() for n in self._dirty}
             out.update(dict.fromkeys(self._deleted))
             return out
+
+    def _roll(self, cur_block: int, all_: bool) -> None:
+        """Add the folded minutes of the blocks that are over into the day documents: a
+        day document is rewritten once per block (not per minute), which keeps what the
+        log carries for it small."""
+        keys = {k for k in (*self._unrolled, *self._snaps) if all_ or k[1] < cur_block}
+        for producer, minute in sorted(keys, key=lambda k: k[1]):
+            if all_ or minute // BLOCK * BLOCK < cur_block:
+                day = minute // 86400 * 86400
+                dname = day_name(producer, minute)
+                ddoc = self._doc(dname, day)
+                for ks, cols in self._unrolled.pop((producer, minute), {}).items():
+                    ddoc.add(ks, (minute - day) // 3600, cols)
+                s = self._snaps.pop((producer, minute), None)
+                if s is not None:
+                    ddoc.snap[(minute - day) // 3600] = s
+                self._dirty.add(dname)
 
     def written(self, changes: Iterable[str]) -> None:
         """The documents named were committed."""
@@ -297,8 +331,8 @@ class UsageSeries:
 
     def _evict(self, cur_minute: int) -> None:
         # Keep only the current hour's and day's documents (and unwritten ones) cached.
-        hour, day = cur_minute // 3600 * 3600, cur_minute // 86400 * 86400
-        for n in [n for n, d in self._docs.items() if d.t not in (hour, day)]:
+        block, day = cur_minute // BLOCK * BLOCK, cur_minute // 86400 * 86400
+        for n in [n for n, d in self._docs.items() if d.t not in (block, day)]:
             if n not in self._dirty:
                 del self._docs[n]
 
@@ -307,13 +341,13 @@ class UsageSeries:
         by time within a producer; the pass runs hourly, so a few suffice)."""
         out = []
         for producer in producers:
-            for kind, keep, fmt in (
-                ("m", MINUTE_KEEP_S, "%Y%m%d%H"),
-                ("h", HOUR_KEEP_S, "%Y%m%d"),
+            for kind, keep, suffix in (
+                ("m", MINUTE_KEEP_S, block_suffix),
+                ("h", HOUR_KEEP_S, day_suffix),
             ):
-                cutoff = datetime.fromtimestamp(now - keep, UTC).strftime(fmt)
+                cutoff = suffix(now - keep)
                 prefix = f"usage/{kind}/{producer}/"
-                for name, _raw in self._list(prefix, "", 48):
+                for name, _raw in self._list(prefix, "", 160):
                     if name[len(prefix) :] < cutoff:
                         out.append(name)
         return out
@@ -324,23 +358,30 @@ class UsageSeries:
         """Stored documents (see `ListFn`)."""
         return self._list(prefix, after, limit)
 
-    def cached(self, prefix: str, start: str, end: str) -> dict[str, bytes]:
-        """In-memory documents under `prefix` with suffix in [start, end] (encoded)."""
+    def view(
+        self, producer: str, prefix: str, start: str, end: str, *, rollup: bool
+    ) -> tuple[dict[str, bytes], dict[int, dict[str, list[int]]], dict[int, tuple[int, int]]]:
+        """In one consistent look: the in-memory documents under `prefix` with suffix in
+        [start, end] (encoded), the minutes of `producer` in no such document yet (minute
+        start -> keyspace -> columns: the open ones, and with `rollup` those not yet
+        rolled into the day documents) and their (keys, bytes) snapshots."""
         with self._lock:
-            return {
+            docs = {
                 n: d.encode()
                 for n, d in self._docs.items()
                 if n.startswith(prefix) and start <= n[len(prefix) :] <= end
             }
-
-    def pending(self, producer: str) -> dict[int, dict[str, list[int]]]:
-        """Minutes of `producer` not yet folded (minute start -> keyspace -> columns)."""
-        with self._lock:
-            return {
-                m: {ks: list(c) for ks, c in b.items()}
-                for (p, m), b in self._open.items()
-                if p == producer
-            }
+            sources = [self._open, self._unrolled] if rollup else [self._open]
+            minutes: dict[int, dict[str, list[int]]] = {}
+            for src in sources:
+                for (p, m), b in src.items():
+                    if p == producer:
+                        for ks, c in b.items():
+                            cur = minutes.setdefault(m, {}).setdefault(ks, [0] * len(COLS))
+                            for j, v in enumerate(c):
+                                cur[j] += v
+            snaps = {m: v for (p, m), v in self._snaps.items() if p == producer and rollup}
+            return docs, minutes, snaps
 
 
 @dataclass(frozen=True)
@@ -397,7 +438,7 @@ def query(
     keyspace)."""
     minute_docs = rng.step < 3600
     unit = 60 if minute_docs else 3600
-    kind, width, fmt = ("m", 3600, "%Y%m%d%H") if minute_docs else ("h", 86400, "%Y%m%d")
+    kind, width, suffix = ("m", BLOCK, block_suffix) if minute_docs else ("h", 86400, day_suffix)
     # slot start (epoch) -> columns, and snapshot slots
     cols: dict[int, list[int]] = {}
     snaps: dict[int, tuple[int, int]] = {}
@@ -410,11 +451,15 @@ def query(
             cur[j] += v
 
     first = rng.since - width  # one document earlier: the snapshot to carry forward
-    start = datetime.fromtimestamp(first // width * width, UTC).strftime(fmt)
-    end = datetime.fromtimestamp(rng.until, UTC).strftime(fmt)
+    start, end = suffix(first // width * width), suffix(rng.until)
     prefix = f"usage/{kind}/{producer}/"
     limit = (rng.until - first) // width + 2
-    for _name, raw in series_docs(series, prefix, start, end, limit):
+    found = stored_docs(series, prefix, start, end, limit)
+    cached, minutes, minute_snaps = series.view(
+        producer, prefix, start, end, rollup=not minute_docs
+    )
+    found.update(cached)  # the in-memory versions are the newer ones
+    for _name, raw in sorted(found.items()):
         d = SlotDoc.decode(raw, 0)
         for ks, slots in d.rows.items():
             for i, c in slots.items():
@@ -422,9 +467,11 @@ def query(
         for i, s in d.snap.items():
             snaps[d.t + i * unit] = s
     # The minutes still in memory (and, at a coarser step, not yet in any document).
-    for minute, bucket in series.pending(producer).items():
+    for minute, bucket in minutes.items():
         for ks, c in bucket.items():
             take(minute // unit * unit, ks, c)
+    for minute, snap in sorted(minute_snaps.items()):  # later than the rolled ones
+        snaps[minute // unit * unit] = snap
     if now_usage is not None:
         snaps[int(series.clock()) // unit * unit] = now_usage
 
@@ -453,20 +500,17 @@ def query(
     return points
 
 
-def series_docs(
+def stored_docs(
     series: UsageSeries, prefix: str, start: str, end: str, limit: int
-) -> list[tuple[str, bytes | None]]:
-    """Documents under `prefix` whose suffix lies in [start, end] (digit strings), in name
-    order, the unwritten in-memory versions taking precedence over the stored ones."""
+) -> dict[str, bytes]:
+    """Stored documents under `prefix` whose suffix lies in [start, end] (digit strings)."""
     # The name just before `start`: its last digit lowered by one ('0' -> '/').
     after = prefix + start[:-1] + chr(ord(start[-1]) - 1)
-    found = {
+    return {
         n: raw
         for n, raw in series.list_docs(prefix, after, limit)
         if start <= n[len(prefix) :] <= end
     }
-    found.update(series.cached(prefix, start, end))
-    return sorted(found.items())
 
 
 def for_store(

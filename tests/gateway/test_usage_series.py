@@ -101,9 +101,11 @@ def test_minutes_fold_into_replicated_documents_with_the_next_batch(tmp_path: Pa
     # The minute is open: its counts are not written yet; the state before it (a new
     # producer: nothing) is, as the previous minute's end.
     first = {n: orjson.loads(d.body) for n, d in store.scan_docs("usage/")}
-    assert sorted(first) == ["usage/h/p/20261118", "usage/m/p/2026111809"]
-    assert first["usage/m/p/2026111809"]["s"] == [[59, 0, 0]]
-    assert first["usage/m/p/2026111809"]["m"] == {}
+    # (the day's rollup gets it when that 10-minute block is over: at once here)
+    assert sorted(first) == ["usage/h/p/20261118", "usage/m/p/20261118095"]
+    assert first["usage/m/p/20261118095"]["s"] == [[9, 0, 0]]
+    assert first["usage/m/p/20261118095"]["m"] == {}
+    assert first["usage/h/p/20261118"]["s"] == [[9, 0, 0]]
     # ...but it is already visible to a query (from memory)
     rng = us.parse_range("-10m", None, "1m", clock.t + 60)
     clock.t += 60
@@ -113,16 +115,25 @@ def test_minutes_fold_into_replicated_documents_with_the_next_batch(tmp_path: Pa
     seq_before = store.last_seq()
     _commit(store, s, clock.t, [_set("p/3", b"v", "p")], "p")  # next minute's first batch
     docs = dict(store.scan_docs("usage/"))
-    assert sorted(docs) == ["usage/h/p/20261118", "usage/m/p/2026111809", "usage/m/p/2026111810"]
-    # written in that batch's transaction and log record: one record for data + documents
-    assert store.last_seq() == seq_before + 1 + 2
-    hour = orjson.loads(docs["usage/m/p/2026111810"].body)
+    assert sorted(docs) == ["usage/h/p/20261118", "usage/m/p/20261118095", "usage/m/p/20261118100"]
+    # written in that batch's transaction and log record: one record for data + document
+    assert store.last_seq() == seq_before + 1 + 1
+    hour = orjson.loads(docs["usage/m/p/20261118100"].body)
     assert hour["t"] == T0 + 10 * 3600
     assert hour["m"] == {"p/": [[0, 2, 3 + 2 + 3 + 3, 0, 0, 0, 0, 0]]}
     # keys and stored bytes as the minute ended (before the third key)
     assert hour["s"] == [[0, 2, stored_bytes(3, 2, 1) + stored_bytes(3, 3, 1)]]
-    day = orjson.loads(docs["usage/h/p/20261118"].body)
-    assert day["m"] == {"p/": [[10, 2, 11, 0, 0, 0, 0, 0]]}
+    # the day's rollup gets the block when the block is over; until then an hourly query
+    # reads those minutes from memory
+    assert orjson.loads(docs["usage/h/p/20261118"].body)["m"] == {}
+    hourly = us.query(s, "p", None, us.parse_range("-2h", None, "1h", clock.t), None)
+    assert sum(p["writes"] or 0 for p in hourly) == 3
+    clock.t = T0 + 10 * 3600 + 600 + 5
+    _commit(store, s, clock.t, [_set("p/4", b"v", "p")], "p")
+    day = orjson.loads(store.get_doc("usage/h/p/20261118").body)  # type: ignore[union-attr]
+    assert day["m"] == {"p/": [[10, 3, 15, 0, 0, 0, 0, 0]]}
+    hourly = us.query(s, "p", None, us.parse_range("-2h", None, "1h", clock.t), None)
+    assert sum(p["writes"] or 0 for p in hourly) == 4  # rolled + open, never twice
     store.close()
 
 
@@ -135,7 +146,7 @@ def test_a_restarted_series_adds_to_the_stored_hour(tmp_path: Path) -> None:
     s2 = _series(store, clock, {"p": ("p/",)})  # a new process, same minute
     _commit(store, s2, clock.t, [_set("p/2", b"b", "p")], "p")
     store.put_docs(s2.due(clock.t + 60, dict))
-    hour = orjson.loads(store.get_doc("usage/m/p/2026111801").body)  # type: ignore[union-attr]
+    hour = orjson.loads(store.get_doc("usage/m/p/20261118010").body)  # type: ignore[union-attr]
     assert hour["m"]["p/"] == [[0, 2, 8, 0, 0, 0, 0, 0]]
     store.close()
 
@@ -159,8 +170,8 @@ def test_retention_drops_old_minute_and_hour_documents(tmp_path: Path) -> None:
     now = T0 + 400 * 86400
     store.put_docs(
         {
-            us.hour_name("p", int(now) - 32 * 86400): b'{"t":0,"m":{},"s":[]}',
-            us.hour_name("p", int(now) - 30 * 86400): b'{"t":0,"m":{},"s":[]}',
+            us.block_name("p", int(now) - 32 * 86400): b'{"t":0,"m":{},"s":[]}',
+            us.block_name("p", int(now) - 30 * 86400): b'{"t":0,"m":{},"s":[]}',
             us.day_name("p", int(now) - 367 * 86400): b'{"t":0,"m":{},"s":[]}',
             us.day_name("p", int(now) - 300 * 86400): b'{"t":0,"m":{},"s":[]}',
         }
@@ -169,7 +180,7 @@ def test_retention_drops_old_minute_and_hour_documents(tmp_path: Path) -> None:
     changes = s.due(now, lambda: {"p": (0, 0)})
     assert sorted(n for n, v in changes.items() if v is None) == [
         us.day_name("p", int(now) - 367 * 86400),
-        us.hour_name("p", int(now) - 32 * 86400),
+        us.block_name("p", int(now) - 32 * 86400),
     ]
     store.put_docs(changes)
     s.written(changes)

@@ -1,0 +1,267 @@
+"""Usage series costs, each beside its baseline or goal in the same run (JSON).
+
+- ``load``: bulk-load pairs/s through the real `Batcher` committing to a real store (fsync
+  on, 5 ms window, 1,000 new ascending keys per request, 16 concurrent writers in this
+  process), with the usage series on and off, in interleaved rounds (off, on, off, on…);
+  the median round of each and their ratio (goal >= 0.97).
+- ``storage``: one producer-keyspace active every minute of a day (the worst case for the
+  minute-slot layout): bytes its documents hold at the end of the day (names + bodies +
+  the 8-byte version), and bytes the day's document rewrites carried in the log.
+  Goal <= 100 kB stored per producer-keyspace per day.
+- ``query``: `GET /v1/usage/series` latency on a real root over 30 days x 100 producers of
+  synthetic documents (each minute active with probability ``--active``): one producer's
+  30 days hourly, one producer's last 24 h by minute, and the admin's sum of every
+  producer over 7 days hourly; median and max of ``--queries`` requests. Goal <= 50 ms for
+  one producer.
+
+Usage: .venv/bin/python bench/usage.py [--quick] [--rounds N] [--requests N]
+       [--producers N] [--days N] [--active F] [--queries N] [--only load,storage,query]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from gateway import usage_series as us  # noqa: E402
+from gateway.batcher import Batcher  # noqa: E402
+from store.ops import SET, Op, Result, Status  # noqa: E402
+from store.store import Store  # noqa: E402
+from tests.support.procs import Procs, free_port, run_mercury, wait_http  # noqa: E402
+
+# --- load --------------------------------------------------------------------------------
+
+
+async def _load_round(path: Path, series_on: bool, requests: int, pairs: int) -> float:
+    store = Store.create(str(path))
+    b = Batcher(store, window_s=0.005, max_ops=16_000, max_bytes=16 << 20, max_queued=2)
+    if series_on:
+        b.series = us.for_store(store, lambda _p: ("bulk/",), dict)
+    b.start()
+    value = b"v" * 100
+    next_req = iter(range(requests))
+
+    async def writer() -> None:
+        for r in next_req:
+            ops = [Op(SET, b"bulk/%012d" % (r * pairs + i), value, "bulk") for i in range(pairs)]
+            nbytes = sum(len(o.key) + len(o.value) for o in ops)
+            while True:
+                try:
+                    fut = b.submit(ops, nbytes, "bulk")
+                    break
+                except Exception:  # queue full (503): wait for a commit, as a client would
+                    await asyncio.sleep(0.002)
+            await fut
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(writer() for _ in range(16)))
+    dt = time.perf_counter() - t0
+    await b.close()
+    store.close()
+    shutil.rmtree(path)
+    return requests * pairs / dt
+
+
+def bench_load(tmp: Path, rounds: int, requests: int) -> dict[str, Any]:
+    off: list[float] = []
+    on: list[float] = []
+    for i in range(rounds):
+        for series_on, out in ((False, off), (True, on)):
+            out.append(
+                asyncio.run(_load_round(tmp / f"load{i}{series_on}", series_on, requests, 1000))
+            )
+    r = statistics.median(on) / statistics.median(off)
+    return {
+        "pairs_per_s_series_off": round(statistics.median(off)),
+        "pairs_per_s_series_on": round(statistics.median(on)),
+        "rounds_off": [round(x) for x in off],
+        "rounds_on": [round(x) for x in on],
+        "ratio_on_vs_off": round(r, 3),
+        "goal": ">= 0.97",
+    }
+
+
+# --- storage -----------------------------------------------------------------------------
+
+
+def bench_storage() -> dict[str, Any]:
+    saved: dict[str, bytes | None] = {}
+    t0 = 1_795_000_000 // 86400 * 86400
+    s = us.UsageSeries(saved.get, lambda *_: [], lambda _p: ("ks/",), clock=lambda: t0)
+    rnd = random.Random(1)
+    carried = 0
+    keys = 0
+    for minute in range(1440):
+        now = t0 + minute * 60 + 1
+        state = {"p": (keys, keys * 180)}
+        changes = s.due(now, lambda: state, starting=["p"])  # noqa: B023 - called at once
+        carried += sum(len(n) + len(v or b"") for n, v in changes.items())
+        saved.update(changes)
+        s.written(changes)
+        n = rnd.randint(100, 20_000)  # busy every minute: counters of 3 to 5 digits
+        ops = [Op(SET, b"ks/k", b"x" * 100, "p")] * n
+        res = [Result(Status.WRITTEN, 1)] * (n - 7) + [Result(Status.DUPLICATE, 0)] * 7
+        s.add_results("p", ops, res, now)
+        keys += n
+    final = s.due(t0 + 86400 + 1, lambda: {"p": (keys, keys * 180)})
+    saved.update(final)
+    day_docs = {n: v for n, v in saved.items() if v and us.day_name("p", t0) != n}
+    stored = sum(len(n) + len(v) + 8 for n, v in day_docs.items() if v)
+    rollup = saved[us.day_name("p", t0)] or b""
+    return {
+        "minute_docs": len(day_docs),
+        "minute_docs_bytes_per_day": stored,
+        "hour_rollup_doc_bytes": len(rollup),
+        "stored_bytes_per_producer_keyspace_day": stored + len(rollup),
+        "log_bytes_carried_per_day": carried,
+        "goal_stored": "<= 100000",
+    }
+
+
+# --- query -------------------------------------------------------------------------------
+
+
+def _synth(store: Store, producers: int, days: int, active: float, now: int) -> int:
+    """30 days of minute docs and day docs per producer; returns documents written."""
+    rnd = random.Random(7)
+    start = (now - days * 86400) // 86400 * 86400
+    written = 0
+    for p in range(producers):
+        name = f"prod{p:03d}"
+        batch: dict[str, bytes | None] = {}
+        stored = 0
+        for day in range(start, now, 86400):
+            ddoc = us.SlotDoc(day, {}, {})
+            for hour in range(day, min(day + 86400, now), 3600):
+                hdoc = us.SlotDoc(hour, {}, {})
+                for m in range(60):
+                    if rnd.random() >= active:
+                        continue
+                    w = rnd.randint(1, 5000)
+                    stored += w * 150
+                    cols = [w, w * 150, w // 50, w // 20, 0, 0, 0]
+                    hdoc.add(f"{name}/", m, cols)
+                    ddoc.add(f"{name}/", (hour - day) // 3600, cols)
+                    hdoc.snap[m] = (stored // 150, stored)
+                    ddoc.snap[(hour - day) // 3600] = (stored // 150, stored)
+                batch[us.hour_name(name, hour)] = hdoc.encode()
+            batch[us.day_name(name, day)] = ddoc.encode()
+            if len(batch) >= 400:
+                store.put_docs(batch)
+                written += len(batch)
+                batch = {}
+        if batch:
+            store.put_docs(batch)
+            written += len(batch)
+    return written
+
+
+def bench_query(
+    tmp: Path, producers: int, days: int, active: float, queries: int
+) -> dict[str, Any]:
+    data = tmp / "root"
+    r = run_mercury("init", str(data))
+    assert r.returncode == 0, r.stderr
+    token = (data / "admin.token").read_text().strip()
+    now = int(time.time())
+    t0 = time.perf_counter()
+    with Store.open(str(data), sync=False) as store:  # synthetic history: no fsync per doc
+        docs = _synth(store, producers, days, active, now)
+        size = store.stat()["file_size"]
+    synth_s = time.perf_counter() - t0
+    logs = tmp / "logs"
+    logs.mkdir()
+    procs = Procs(logs)
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    try:
+        args = ("--listen", f"127.0.0.1:{port}", "--repl-listen", f"127.0.0.1:{free_port()}")
+        proc = procs.start_mercury("root", str(data), *args, name="root")
+        wait_http(url + "/healthz", proc=proc, timeout=120)
+        with httpx.Client(
+            base_url=url, headers={"Authorization": f"Bearer {token}"}, timeout=60
+        ) as c:
+            for p in range(producers):
+                resp = c.put(
+                    f"/v1/admin/producers/prod{p:03d}", json={"keyspaces": [f"prod{p:03d}/"]}
+                )
+                assert resp.status_code in (200, 201), resp.text
+
+            one = f"prod{producers // 2:03d}"
+
+            def timed(params: dict[str, str]) -> dict[str, Any]:
+                ms = []
+                npts = 0
+                for _ in range(queries):
+                    t = time.perf_counter()
+                    resp = c.get("/v1/usage/series", params=params)
+                    ms.append((time.perf_counter() - t) * 1000)
+                    assert resp.status_code == 200, resp.text
+                    npts = len(resp.json()["points"])
+                return {
+                    "points": npts,
+                    "median_ms": round(statistics.median(ms), 2),
+                    "max_ms": round(max(ms), 2),
+                }
+
+            out = {
+                "producers": producers,
+                "days": days,
+                "active_fraction": active,
+                "documents": docs,
+                "store_file_bytes": size,
+                "synthesis_s": round(synth_s, 1),
+                "one_producer_30d_1h": timed({"producer": one, "since": f"-{days}d", "step": "1h"}),
+                "one_producer_24h_1m": timed({"producer": one, "since": "-24h", "step": "1m"}),
+                "admin_all_producers_7d_1h": timed({"since": "-7d", "step": "1h"}),
+                "goal_one_producer_ms": "<= 50",
+            }
+    finally:
+        procs.stop_all()
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="fewer rounds, 20 producers")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--requests", type=int, default=200, help="1,000-pair requests per round")
+    ap.add_argument("--producers", type=int, default=100)
+    ap.add_argument("--days", type=int, default=30)
+    ap.add_argument("--active", type=float, default=0.25)
+    ap.add_argument("--queries", type=int, default=20)
+    ap.add_argument("--only", default="load,storage,query")
+    a = ap.parse_args()
+    if a.quick:
+        a.rounds, a.requests, a.producers, a.queries = 2, 60, 20, 10
+    only = set(a.only.split(","))
+    tmp = Path(tempfile.mkdtemp(prefix="mercury-bench-usage-"))
+    out: dict[str, Any] = {"settings": vars(a)}
+    try:
+        if "load" in only:
+            out["load"] = bench_load(tmp, a.rounds, a.requests)
+        if "storage" in only:
+            out["storage"] = bench_storage()
+        if "query" in only:
+            out["query"] = bench_query(tmp, a.producers, a.days, a.active, a.queries)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    print(json.dumps(out, indent=2))
+
+
+if __name__ == "__main__":
+    main()
