@@ -14,16 +14,19 @@ log in a batch's own transaction, so every replica — and a promoted root — h
 - ``usage/m/<producer>/<YYYYMMDDHH><tens of minute>``: a 10-minute block of minute slots,
   ``{"t": block start (epoch s), "m": {keyspace: [[minute, writes, bytes_written, deletes,
   duplicates, held, refused_429, refused_413], ...]}, "s": [[minute, keys, bytes], ...]}``
-  with only the minutes that saw activity. A busy keyspace costs about 26 bytes a
-  minute, 2.6 kB an hour, 63 kB a day; kept 31 days.
+  with only the minutes that saw activity (minute = offset in the block, 0-9). A keyspace
+  busy every minute costs about 82 kB a day (`bench/usage.py`); kept 31 days.
 - ``usage/h/<producer>/<YYYYMMDD>``: one day of hour slots (the rollup), the same shape
-  with hours 0–23 in place of minutes; kept a year.
+  with hours 0-23 in place of minutes; kept a year.
 
 When: a minute's counts stay in memory until it is over; the first batch committed after
-that carries the changed hour and day documents in its transaction (no commit of its
-own, no extra fsync). A crash loses at most the open minute's counts (as the deferred
-duplicate counters, never data); a clean stop writes them (`flush`). Retention deletions
-ride the same way, at most once an hour.
+that carries the changed block document in its transaction (no commit of its own, no
+extra fsync). The day document takes a block's minutes once the block is over (so it is
+rewritten once per block, not per minute: every rewrite goes through the log); until
+then hourly queries read those minutes from memory. A crash loses at most the open
+minute's counts (the open block's in the rollup), as the deferred duplicate counters:
+statistics, never data. A clean stop writes everything (`due(..., all_=True)`).
+Retention deletions ride the same way, at most once an hour.
 
 This module is pure apart from the store reads it is handed (`load`): counting
 (`add_results`, `add_quota`), folding into documents (`due`), and reading a range back
@@ -88,7 +91,7 @@ def day_name(producer: str, t: int) -> str:
 
 @dataclass
 class SlotDoc:
-    """An hour of minute slots or a day of hour slots, decoded."""
+    """A block of minute slots or a day of hour slots, decoded."""
 
     t: int
     rows: dict[str, dict[int, list[int]]]  # keyspace -> slot -> columns
@@ -330,7 +333,7 @@ class UsageSeries:
                 self._deleted.discard(n)
 
     def _evict(self, cur_minute: int) -> None:
-        # Keep only the current hour's and day's documents (and unwritten ones) cached.
+        # Keep only the current block's and day's documents (and unwritten ones) cached.
         block, day = cur_minute // BLOCK * BLOCK, cur_minute // 86400 * 86400
         for n in [n for n, d in self._docs.items() if d.t not in (block, day)]:
             if n not in self._dirty:
