@@ -8,7 +8,9 @@
   holds, and the hash chain from ``log_base_hash`` reproduces every record's head and the
   meta ``hash_head``;
 - the format version is the one this code writes;
-- usage counters (keys, bytes) equal a recount from the data.
+- usage counters (keys, bytes) equal a recount from the data;
+- every replicated document is the one its latest retained log entry wrote, and none is
+  missing or left over (`store/docs.py:check`).
 
 Run in the teardown of every test that uses a store, and by `mercury verify`. Reads in one
 read transaction (a consistent view); on a live node that holds back page reuse for as long
@@ -23,11 +25,12 @@ from typing import Any
 
 import cramjam
 
-from store import chunks, codec
+from store import chunks, codec, docs
 from store.format import (
     CHUNK_SIZE,
     FLAG_CHUNKED,
     LOG_HEADER,
+    OP_DOC,
     check_chunked_record,
     decode_log_header,
     log_crc_ok,
@@ -97,7 +100,13 @@ def check(store: Store, progress: Progress | None = None) -> CheckReport:
             phase = "data"
             live_chunks = _check_data(store, txn, report, tick)
             phase = "log"
-            _check_log(store, txn, report, tick, live_chunks)
+            logged: dict[bytes, tuple[int, bytes]] = {}
+            before = report.problem_count
+            _check_log(store, txn, report, tick, live_chunks, logged)
+            if report.problem_count == before:  # documents are checked against a sound log
+                phase = "docs"
+                for problem in docs.check(txn, store.dbs, logged):
+                    report.add(problem)
             phase = "chunks"
             _check_chunks(store, txn, report, live_chunks)
     except Exception as err:  # LMDB, struct or decode errors on a damaged file
@@ -148,7 +157,12 @@ def _check_data(store: Store, txn: Any, report: CheckReport, tick: Progress) -> 
 
 
 def _check_log(
-    store: Store, txn: Any, report: CheckReport, tick: Progress, live: set[bytes]
+    store: Store,
+    txn: Any,
+    report: CheckReport,
+    tick: Progress,
+    live: set[bytes],
+    logged: dict[bytes, tuple[int, bytes]],
 ) -> None:
     meta = store.dbs.meta
     last = U64.unpack(txn.get(K_LAST_SEQ, db=meta))[0]
@@ -192,6 +206,7 @@ def _check_log(
             report.add(f"hash chain broken at log record {first}")
             return
         report.log_entries += lh.num_entries
+        logged.update((e.key, (e.seq, e.value)) for e in entries if e.op == OP_DOC)
         expect = first + lh.num_entries
     if expect != last + 1:
         report.add(f"log ends at seq {expect - 1} but meta says last seq {last}")

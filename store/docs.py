@@ -23,7 +23,7 @@ from typing import Any
 from core.errors import InvalidOpError
 from store import codec, layout, txlog
 from store.format import MAX_KEY, MAX_VALUE, OP_DOC
-from store.layout import K_HASH_HEAD, K_LAST_SEQ, U64
+from store.layout import K_HASH_HEAD, K_LAST_SEQ, K_LOG_FIRST, U64
 
 #: What a document change is: new bytes, or None to remove the document.
 DocChanges = Mapping[str, bytes | None]
@@ -116,4 +116,37 @@ def scan(
             if not bytes(k).startswith(p) or len(out) >= limit:
                 break
             out.append((bytes(k).decode(), _decode(v)))
+    return out
+
+
+def check(txn: Any, dbs: layout.Dbs, logged: Mapping[bytes, tuple[int, bytes]]) -> list[str]:
+    """Problems of the ``docs`` sub-database against the retained log (for `store.check`).
+
+    `logged` is the latest op-3 entry per document name in the retained log, (seq, value).
+    A document must hold exactly what its latest retained entry wrote (or be absent when
+    that entry removed it); one written before the retained log must have a seq below its
+    first seq and at most the last seq.
+    """
+    if dbs.docs is None:
+        return []
+    out: list[str] = []
+    first = int(U64.unpack(txn.get(K_LOG_FIRST, db=dbs.meta))[0])
+    last = int(U64.unpack(txn.get(K_LAST_SEQ, db=dbs.meta))[0])
+    seen: set[bytes] = set()
+    for k, v in txn.cursor(db=dbs.docs):
+        key, doc = bytes(k), _decode(v)
+        seen.add(key)
+        want = logged.get(key)
+        if want is None:
+            if not doc.seq < first:
+                out.append(f"document {key!r} at seq {doc.seq} has no entry in the retained log")
+        elif not want[1]:
+            out.append(f"document {key!r} was removed at seq {want[0]} but is still stored")
+        elif (doc.seq, doc.body) != want:
+            out.append(f"document {key!r} differs from its log entry at seq {want[0]}")
+        if doc.seq > last:
+            out.append(f"document {key!r} has seq {doc.seq}, past the last seq {last}")
+    for key, (seq, value) in logged.items():
+        if value and key not in seen:
+            out.append(f"document {key!r} written at seq {seq} is missing")
     return out

@@ -12,7 +12,8 @@ import pytest
 
 from core.errors import InvalidOpError
 from migrations.runner import migrate
-from store.layout import K_FORMAT, U32
+from store.check import check
+from store.layout import K_FORMAT, U32, U64
 from store.ops import SET, Op
 from store.snapshot import install_snapshot, make_snapshot
 from store.store import CURRENT_FORMAT, Store, read_format_version
@@ -135,3 +136,26 @@ def test_sigkill_mid_migration_leaves_format_2(tmp_path: Path) -> None:
         assert s.get_doc("acl") is not None and s.last_seq() == 2
         with s.env.begin(db=s.dbs.meta) as txn:
             assert U32.unpack(txn.get(K_FORMAT))[0] == CURRENT_FORMAT
+
+
+def test_check_holds_documents_to_their_log_entries(store: Store) -> None:
+    store.put_docs({"acl": b"one", "gone": b"x"})
+    store.put_docs({"gone": None})
+    store.apply([Op(SET, b"k", b"v", "p")])
+    assert check(store).ok
+    store.gc_log(keep_entries=1)  # the documents' entries leave the retained log
+    assert store.log_bounds()[0] == 4 and check(store).ok
+    store.put_docs({"acl": b"two"})
+    with store.env.begin(write=True) as txn:  # tamper: a body its entry never wrote
+        txn.put(b"acl", U64.pack(5) + b"three", db=store.dbs.docs)
+        txn.put(b"stray", U64.pack(5) + b"s", db=store.dbs.docs)
+    problems = check(store).problems
+    assert any("'acl'" in p and "differs" in p for p in problems), problems
+    assert any("b'stray'" in p and "no entry" in p for p in problems), problems
+    with store.env.begin(write=True) as txn:
+        txn.delete(b"acl", db=store.dbs.docs)
+        txn.delete(b"stray", db=store.dbs.docs)
+    assert any("missing" in p for p in check(store).problems)
+    with store.env.begin(write=True) as txn:  # repair, so the fixture's teardown passes
+        txn.put(b"acl", U64.pack(5) + b"two", db=store.dbs.docs)
+    assert check(store).ok
