@@ -264,25 +264,27 @@ class Resume:
     def __init__(self, from_seq: int) -> None:
         self.from_seq = from_seq
         self._seq = -1
-        self._seen = 0
+        #: Changes of seq `_seq` delivered so far, over every connection: a reconnection
+        #: that failed before redelivering them must not forget them.
+        self._delivered = 0
+        #: Of those, how many the current connection has yet to redeliver.
         self._skip = 0
 
     def restart(self) -> int:
         """The `from_seq` to ask for on (re)connecting."""
         if self._seq >= 0:
-            self._skip = self._seen
-            self._seen = 0
+            self._skip = self._delivered
             return self._seq
         return self.from_seq
 
     def fresh(self, c: Change) -> bool:
         """Whether `c` is new (False for a change redelivered after a resume)."""
         if c.seq != self._seq:
-            self._seq, self._seen, self._skip = c.seq, 0, 0
-        self._seen += 1
+            self._seq, self._delivered, self._skip = c.seq, 0, 0
         if self._skip:
             self._skip -= 1
             return False
+        self._delivered += 1
         return True
 
 

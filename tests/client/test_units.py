@@ -146,6 +146,10 @@ def test_watch_resume_skips_changes_of_the_last_seq_already_delivered() -> None:
     assert not r.fresh(_change(7, "e"))
     assert r.restart() == 7
     assert not r.fresh(_change(7, "e")) and r.fresh(_change(8, "f"))
+    # two reconnections in a row with nothing received between them (the node was down
+    # for both): the change of seq 8 already delivered is still skipped
+    assert r.restart() == 8 and r.restart() == 8
+    assert not r.fresh(_change(8, "f")) and r.fresh(_change(9, "g"))
 
 
 def test_watch_lines() -> None:
