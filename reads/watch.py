@@ -170,7 +170,10 @@ class WatchHub:
         self.next_seq = self.store.last_seq() + 1
 
         def on_commit(_seq: int) -> None:
-            loop.call_soon_threadsafe(wake.set)
+            # Runs in the committing thread, which must never fail for us: after the loop
+            # closed (process exit) there is simply no one left to wake.
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(wake.set)
 
         # Commits of this process (the root) call back in the commit thread...
         self.store.add_commit_listener(on_commit)
