@@ -136,7 +136,7 @@ def bench_storage() -> dict[str, Any]:
 
 
 def _synth(store: Store, producers: int, days: int, active: float, now: int) -> int:
-    """30 days of minute docs and day docs per producer; returns documents written."""
+    """`days` of block and day documents per producer; returns documents written."""
     rnd = random.Random(7)
     start = (now - days * 86400) // 86400 * 86400
     written = 0
@@ -146,19 +146,20 @@ def _synth(store: Store, producers: int, days: int, active: float, now: int) -> 
         stored = 0
         for day in range(start, now, 86400):
             ddoc = us.SlotDoc(day, {}, {})
-            for hour in range(day, min(day + 86400, now), 3600):
-                hdoc = us.SlotDoc(hour, {}, {})
-                for m in range(60):
+            for block in range(day, min(day + 86400, now), us.BLOCK):
+                bdoc = us.SlotDoc(block, {}, {})
+                for m in range(us.BLOCK // 60):
                     if rnd.random() >= active:
                         continue
                     w = rnd.randint(1, 5000)
                     stored += w * 150
                     cols = [w, w * 150, w // 50, w // 20, 0, 0, 0]
-                    hdoc.add(f"{name}/", m, cols)
-                    ddoc.add(f"{name}/", (hour - day) // 3600, cols)
-                    hdoc.snap[m] = (stored // 150, stored)
-                    ddoc.snap[(hour - day) // 3600] = (stored // 150, stored)
-                batch[us.hour_name(name, hour)] = hdoc.encode()
+                    hour_slot = (block - day) // 3600
+                    bdoc.add(f"{name}/", m, cols)
+                    ddoc.add(f"{name}/", hour_slot, cols)
+                    bdoc.snap[m] = (stored // 150, stored)
+                    ddoc.snap[hour_slot] = (stored // 150, stored)
+                batch[us.block_name(name, block)] = bdoc.encode()
             batch[us.day_name(name, day)] = ddoc.encode()
             if len(batch) >= 400:
                 store.put_docs(batch)
