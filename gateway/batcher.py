@@ -15,8 +15,9 @@ Bounds: a request joins the open batch only while the batch stays within `max_op
 `max_bytes` and within what one log record may hold (`store.format.MAX_LOG_PAYLOAD`; a
 request alone may exceed the first two, never the last: 413). A request that does not fit
 seals the open batch into a queue of at most `max_queued` batches waiting for the commit
-thread and opens a new one; when that queue is full too, the request is refused with 503
-and Retry-After (async writes are answered 202 before their commit, so without this a
+thread and opens a new one; when that queue is full too, the writer is held
+(`wait_room`, up to `hold_s`) until a commit makes room, then refused with 503 and
+Retry-After (async writes are answered 202 before their commit, so without this a
 writer at full speed grew the open batch without limit while a commit ran, up to a log
 record no replica accepts). Memory held by waiting writes is thereby at most
 (`max_queued` + 1) batches.
@@ -189,6 +190,7 @@ class Batcher:
         max_ops: int,
         max_bytes: int,
         max_queued: int = 1,
+        hold_s: float = 5.0,
         on_commit: Callable[[], None] | None = None,
     ) -> None:
         self.store = store
@@ -196,6 +198,9 @@ class Batcher:
         self.max_ops = max_ops
         self.max_bytes = min(max_bytes, MAX_LOG_PAYLOAD)
         self.max_queued = max_queued
+        self.hold_s = hold_s
+        #: set (and replaced) after every commit: writers held in `wait_room` look again
+        self._room = asyncio.Event()
         #: full batches sealed while a commit ran, committed in order before the open one
         self._queued: deque[_Open] = deque()
         self.on_commit = on_commit
@@ -245,6 +250,39 @@ class Batcher:
     def open_deletes(self, producer: str, keyspace: str) -> int:
         """Deletes of `producer` under `keyspace` already in the open batch (write guard)."""
         return self._open.deletes.get((producer, keyspace), 0)
+
+    def has_room(self, n_ops: int, nbytes: int, producer: str) -> bool:
+        """Whether `submit` would take a request of this size now (without a refusal)."""
+        b = self._open
+        return (
+            not b.requests
+            or len(self._queued) < self.max_queued
+            or fits(
+                b.n_ops,
+                b.n_bytes,
+                b.n_log,
+                n_ops,
+                nbytes,
+                log_bytes(n_ops, nbytes, producer),
+                self.max_ops,
+                self.max_bytes,
+            )
+        )
+
+    async def wait_room(self, n_ops: int, nbytes: int, producer: str) -> None:
+        """Hold a writer while the open batch and the queue of full ones are both full,
+        for at most `hold_s`: the backpressure async writers feel. Returns either way;
+        `submit` (called with no await in between) refuses with 503 if still full."""
+        if self.has_room(n_ops, nbytes, producer):
+            return
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.hold_s
+        while not self._closing and not self.has_room(n_ops, nbytes, producer):
+            left = deadline - loop.time()
+            if left <= 0:
+                return
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._room.wait(), left)
 
     def submit(
         self,
@@ -322,6 +360,7 @@ class Batcher:
                 b = self._open
                 self._open = _Open()
             throttled, self._throttled = self._throttled, {}
+            self._signal_room()  # one batch fewer waiting: held writers look again
             nxt = self._open
             if not self._queued and not nxt.requests:
                 self._wake.clear()
@@ -343,8 +382,13 @@ class Batcher:
                     for r, res in zip(b.requests, results, strict=True):
                         if not r.future.done():
                             r.future.set_result(res)
+            self._signal_room()  # the open batch moved on
             if self._closing and not self._open.requests and not self._queued:
                 return
+
+    def _signal_room(self) -> None:
+        room, self._room = self._room, asyncio.Event()
+        room.set()
 
     def _commit(self, requests: list[Request], throttled: dict[str, int]) -> list[list[Result]]:
         """Runs in the worker thread: one `store.apply` for the whole batch."""

@@ -183,6 +183,7 @@ class Gateway:
         self.storage.reserve(p.name, growth)
         try:
             headers = await self.admission.admit(p, len(ops), nbytes)
+            await self.batcher.wait_room(len(ops), nbytes, p.name)  # held while full
 
             def stored_answer(results: list[Result]) -> bytes:
                 a = answer(results)

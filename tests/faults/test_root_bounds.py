@@ -297,10 +297,51 @@ def test_a_big_honest_body_decodes_within_three_times_its_size() -> None:
     ):
         out: list[Any] = []
         peak, err = _peak_while(
-            lambda b=body, c=ctype: out.append(
+            lambda b=body, c=ctype, o=out: o.append(
                 batch_body_ops(b, c, "p", max_ops=10_000, max_key=500, max_value=25 << 20)
             )
         )
         assert err is None
         assert len(out[0][0]) == 5000
         assert peak <= 3 * len(body), f"{peak} bytes for a {len(body)}-byte body"
+
+
+def test_a_writer_is_held_while_the_batches_are_full_then_admitted(tmp_path: Path) -> None:
+    """The open batch and the one queued behind the running commit are full: a writer is
+    held (not refused) until a commit makes room, and with no commit in time it gets 503
+    with Retry-After."""
+    from core.errors import OverloadedError
+    from gateway.batcher import Batcher
+    from store.ops import SET, Op
+    from store.store import Store
+
+    def ops(tag: str) -> list[Op]:
+        return [Op(SET, f"{tag}/{i}".encode(), b"v", "p") for i in range(10)]
+
+    async def main(store: Store) -> None:
+        b = Batcher(store, window_s=0.3, max_ops=10, max_bytes=1 << 20, hold_s=10.0)
+        b.start()
+        try:
+            f1 = b.submit(ops("a"), 20, "p")  # the open batch, full: sealed...
+            f2 = b.submit(ops("b"), 20, "p")  # ...behind it in the queue, or open
+            f3 = None
+            if b.has_room(10, 20, "p"):
+                f3 = b.submit(ops("c"), 20, "p")
+            assert not b.has_room(10, 20, "p")
+            with pytest.raises(OverloadedError) as err:
+                b.submit(ops("d"), 20, "p")
+            assert err.value.fields["headers"]["Retry-After"]
+            t0 = time.monotonic()
+            await b.wait_room(10, 20, "p")  # held until a commit took a batch
+            assert b.has_room(10, 20, "p")
+            assert time.monotonic() - t0 < 9  # room came from a commit, not the hold limit
+            f4 = b.submit(ops("d"), 20, "p")
+            for f in (f1, f2, f3, f4):
+                if f is not None:
+                    assert len(await f) == 10
+        finally:
+            await b.close()
+
+    with Store.create(str(tmp_path / "s"), sync=False) as store:
+        asyncio.run(main(store))
+        assert store.get(b"d/9") is not None
