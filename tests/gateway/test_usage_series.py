@@ -335,3 +335,25 @@ def test_cli_usage_since_with_sparklines(shared_root: Root, tmp_path: Path) -> N
     assert p["growth"] == p["bytes"]  # a new producer grew from nothing in the window
     totals = run_mercury(*base)
     assert totals.returncode == 0 and "used" in totals.stdout.splitlines()[0]
+
+
+def test_a_replica_holds_the_series_so_a_promoted_root_keeps_it(root: Root) -> None:
+    from tests.replicator.harness import status, wait_for
+    from tests.replicator.nodes import start_replica
+
+    name, token = root.producer()
+    c = root.client(token)
+    for i in range(4):
+        assert c.put(f"/v1/kv/{name}/r{i}", content=b"v").status_code == 200
+    repl_port = int(root.args[root.args.index("--repl-listen") + 1].rsplit(":", 1)[1])
+    rep = start_replica(root.procs, root.data_dir.parent / "rep", [repl_port], repl=False)
+    root.close_clients()
+    root.procs.terminate(root.proc)  # the clean stop writes the open minute through the log
+    with Store.open(str(root.data_dir), readonly=True) as s:
+        want = s.scan_docs("usage/")
+        seq = s.last_seq()
+    assert any(n.startswith(f"usage/m/{name}/") for n, _d in want)
+    wait_for(lambda: status(rep.http)["seq"] >= seq, 60, "replica caught up")
+    root.procs.terminate(rep.proc)
+    with Store.open(str(rep.data_dir), readonly=True) as r:
+        assert r.scan_docs("usage/") == want  # same bodies, same versions
