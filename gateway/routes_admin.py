@@ -78,6 +78,32 @@ PURGE_CHUNK = 10_000
 _locks: weakref.WeakKeyDictionary[Gateway, asyncio.Lock] = weakref.WeakKeyDictionary()
 
 
+_CONSUMER_SCHEMA = {
+    "type": "object",
+    "properties": {"keyspaces": {"type": "array", "items": {"type": "string"}}},
+}
+_ACL_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "producers": {"type": "object", "additionalProperties": _PRODUCER_SCHEMA},
+        "consumers": {"type": "object", "additionalProperties": _CONSUMER_SCHEMA},
+    },
+}
+_TOKEN_SCHEMA = {
+    "type": "object",
+    "properties": {"label": {"type": "string"}, "expires_in_s": {"type": "integer"}},
+}
+
+
+def _body_doc(schema: Any, required: bool = True) -> dict[str, Any]:
+    return {
+        "requestBody": {
+            "required": required,
+            "content": {"application/json": {"schema": schema}},
+        }
+    }
+
+
 def _admin(request: Request) -> Gateway:
     gw: Gateway = request.app.state.gw
     gw.require_admin(request.headers.get("authorization"))
@@ -137,7 +163,11 @@ def _if_match(request: Request) -> int | None:
     return int(v)
 
 
-@router.put("/v1/admin/acl", summary="Replace the whole ACL document, all or nothing")
+@router.put(
+    "/v1/admin/acl",
+    summary="Replace the whole ACL document, all or nothing",
+    openapi_extra=_body_doc(_ACL_SCHEMA),
+)
 async def put_acl(request: Request) -> Response:
     """Needs `If-Match: "<version>"` (428 without, 412 when the ACL changed meanwhile).
     Validates the whole document and answers 422 with every problem in `errors`, changing
@@ -326,7 +356,11 @@ def _owned_keys(gw: Gateway, name: str, prefix: bytes, start: bytes, limit: int)
 # --- consumers ---------------------------------------------------------------------------
 
 
-@router.put("/v1/admin/consumers/{name}", summary="Create or update a consumer (keyspaces)")
+@router.put(
+    "/v1/admin/consumers/{name}",
+    summary="Create or update a consumer (keyspaces)",
+    openapi_extra=_body_doc(_CONSUMER_SCHEMA),
+)
 async def put_consumer(name: str, request: Request) -> Response:
     """Body `{"keyspaces": [...]}` (the prefixes it may read on replicas); 201 created,
     200 updated, with its configuration."""
@@ -431,7 +465,11 @@ async def _revoke(kind: str, name: str, token_id: str, request: Request) -> Resp
     return json_response({"revoked": token_id})
 
 
-@router.post("/v1/admin/producers/{name}/tokens", summary="Issue a new token (shown once)")
+@router.post(
+    "/v1/admin/producers/{name}/tokens",
+    summary="Issue a new token (shown once)",
+    openapi_extra=_body_doc(_TOKEN_SCHEMA, required=False),
+)
 async def new_producer_token(name: str, request: Request) -> Response:
     """Optional body `{"label", "expires_in_s"}`. 201 `{"token_id", "token", "label",
     "created", "expires"}`: the token is never shown again (only its hash is kept)."""
@@ -454,7 +492,11 @@ async def revoke_token(name: str, token_id: str, request: Request) -> Response:
     return await _revoke(PRODUCER, name, token_id, request)
 
 
-@router.post("/v1/admin/consumers/{name}/tokens", summary="Issue a consumer token (shown once)")
+@router.post(
+    "/v1/admin/consumers/{name}/tokens",
+    summary="Issue a consumer token (shown once)",
+    openapi_extra=_body_doc(_TOKEN_SCHEMA, required=False),
+)
 async def new_consumer_token(name: str, request: Request) -> Response:
     """As for producers: optional `{"label", "expires_in_s"}`; 201 `{"token_id", "token",
     ...}`."""
