@@ -167,6 +167,19 @@ async def _serve(config: ReplicaConfig) -> int:
     )
     os.makedirs(cfg.data_dir, exist_ok=True)
     sup = WorkerSupervisor(cfg, stop, config.log_level)
+    reloader: tls.TlsReloader | None = None
+    http: list[uvicorn.Config] = []
+    if config.tls is not None:
+        # SIGHUP, handled from the start (its default action would end the process): this
+        # process's HTTPS context in place once it serves, and the worker's replication
+        # contexts (it re-reads the files itself on the forwarded signal).
+        reloader = tls.TlsReloader(
+            config.tls,
+            None,
+            lambda: http[0].ssl if http else None,
+            also=lambda: sup.signal(signal.SIGHUP),
+        )
+        await reloader.start()
     await sup.start()
     # The worker bootstraps a missing store before streaming; reads start once it exists.
     while not stop.is_set() and not _store_ready(cfg.data_dir):
@@ -209,15 +222,7 @@ async def _serve(config: ReplicaConfig) -> int:
     server = _Server(uv_config)
     # uvicorn waits for every open response before stopping: watch streams must end.
     watch.end_streams_when(app, lambda: server.should_exit)
-    if config.tls is not None:
-        # SIGHUP: this process's HTTPS context in place, and the worker's replication
-        # contexts (it re-reads the files itself on the forwarded signal).
-        services.append(
-            tls.TlsReloader(
-                config.tls, None, lambda: uv_config.ssl, also=lambda: sup.signal(signal.SIGHUP)
-            )
-        )
-        await services[-1].start()
+    http.append(uv_config)  # the SIGHUP reloader reloads its HTTPS context from now on
     logsetup.event(
         log,
         "start",
@@ -245,6 +250,8 @@ async def _serve(config: ReplicaConfig) -> int:
         with contextlib.suppress(Exception):
             await s.stop()
     await sup.stop()
+    if reloader is not None:
+        await reloader.stop()
     logsetup.event(
         log, "stop", role="replica", seq=store.last_seq(), rebootstrap=sup.rebootstrap.is_set()
     )

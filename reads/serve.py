@@ -14,10 +14,12 @@ import contextlib
 import signal
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 import uvicorn
 
 from core.addr import parse_hostport
+from reads.auth import AclTokenIndex, ReadAuth
 from reads.http_app import create_read_app
 from reads.tcp import add_listener_flags, listener_limits
 from reads.wiring import ListenerSettings, replica_services, root_services
@@ -34,6 +36,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     add_listener_flags(p)
     p.add_argument("--role", default="replica", choices=("replica", "consumer", "root"))
     p.add_argument(
+        "--read-auth",
+        action="store_true",
+        help="reads need a producer's or consumer's token and see only its keyspaces",
+    )
+    p.add_argument(
         "--noop-path",
         default=None,
         help="also answer GET on this path with a fixed body from raw ASGI (benchmarks)",
@@ -45,7 +52,8 @@ async def serve(args: argparse.Namespace) -> None:
     """Run until SIGTERM/SIGINT."""
     store = Store.open(args.data_dir)
     app = create_read_app(store, role=args.role, status=dict)
-    asgi = app if args.noop_path is None else NoopWrapper(app, args.noop_path.encode())
+    guarded: Any = ReadAuth(app, AclTokenIndex(store)) if args.read_auth else app
+    asgi = guarded if args.noop_path is None else NoopWrapper(guarded, args.noop_path.encode())
     listeners = ListenerSettings(
         kt=parse_hostport(args.kt_listen, "--kt-listen") if args.kt_listen else None,
         memcached=(

@@ -32,6 +32,7 @@ import socket
 import ssl
 import time
 import uuid
+from asyncio import sslproto
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import cast
@@ -127,6 +128,7 @@ class ReplicationSource:
         self._snapshot_lock = asyncio.Lock()
         self._waiters: set[asyncio.Event] = set()
         self._conns: set[asyncio.Task[None]] = set()
+        self._accepting: set[asyncio.Task[None]] = set()
         self._server: asyncio.Server | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._wake_listener: notify.WakeListener | None = None
@@ -231,9 +233,8 @@ class ReplicationSource:
             self._conns.discard(task)
             await wire.close(writer)
 
-    async def _handle_tls(self, transport: asyncio.Transport) -> None:
-        """A connection to a TLS source: reading is paused since it was accepted (the
-        peer's ClientHello must reach the TLS layer, not a stream buffer)."""
+    async def _handle_tls(self, transport: asyncio.Transport, hs: _Handshake) -> None:
+        """A connection to a TLS source: TLS was put on it when it was accepted."""
         task = asyncio.current_task()
         assert task is not None
         peer = transport.get_extra_info("peername")
@@ -242,7 +243,7 @@ class ReplicationSource:
             return
         self._conns.add(task)
         try:
-            pair = await self._start_tls(transport, peer)
+            pair = await self._start_tls(transport, hs, peer)
             if pair is None:
                 return
             reader, writer = pair
@@ -311,25 +312,12 @@ class ReplicationSource:
         REFUSED.labels(reason=reason).inc()
 
     async def _start_tls(
-        self, transport: asyncio.Transport, peer: object
+        self, transport: asyncio.Transport, hs: _Handshake, peer: object
     ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter] | None:
-        """The TLS handshake (mutual: the peer's certificate must be signed by our CA),
-        then streams over it; None (logged, counted, no frame sent) when it fails."""
-        assert self.tls is not None
-        loop = asyncio.get_running_loop()
-        reader = asyncio.StreamReader(limit=_STREAM_LIMIT)
-        proto = asyncio.StreamReaderProtocol(reader)
+        """Wait for the TLS handshake (mutual: the peer's certificate must be signed by our
+        CA); streams over it, or None (logged, counted, no frame sent) when it failed."""
         try:
-            tls_transport = await asyncio.wait_for(
-                loop.start_tls(
-                    transport,
-                    proto,
-                    self.tls.server,
-                    server_side=True,
-                    ssl_handshake_timeout=self.hello_timeout,
-                ),
-                self.hello_timeout + 1,
-            )
+            await asyncio.wait_for(asyncio.shield(hs.done), self.hello_timeout + 1)
         except TimeoutError:
             reason = "tls_timeout"
             detail = f"no TLS handshake within {self.hello_timeout:g}s"
@@ -337,14 +325,14 @@ class ReplicationSource:
             reason = tls_refusal_reason(err)
             detail = f"{err.reason or err}"
         except (ConnectionError, OSError) as err:
-            # The loop aborts a handshake past `ssl_handshake_timeout` itself (uvloop does
-            # so too for a peer speaking plaintext whose bytes never parse as a record).
+            # The TLS layer aborts a handshake past its timeout itself.
             timed_out = isinstance(err, ConnectionAbortedError) and "longer" in str(err)
             reason, detail = ("tls_timeout" if timed_out else "tls_failed"), str(err) or repr(err)
         else:
+            tls_transport = hs.app.tls_transport
             assert tls_transport is not None
-            proto.connection_made(tls_transport)
-            return reader, asyncio.StreamWriter(tls_transport, proto, reader, loop)
+            loop = asyncio.get_running_loop()
+            return hs.reader, asyncio.StreamWriter(tls_transport, hs.app, hs.reader, loop)
         self._refused(reason)
         log.warning("refused replica %s: TLS handshake failed (%s: %s)", peer, reason, detail)
         transport.abort()  # nothing to say to a peer we cannot trust
@@ -572,16 +560,58 @@ async def send_file(
 
 
 class _TlsAccept(asyncio.Protocol):
-    """Holds a new connection still (reading paused) until `_handle_tls` starts TLS on it."""
+    """Puts TLS on a new connection before anything is read from it.
+
+    The TLS layer is installed in `connection_made`, synchronously: uvloop starts reading
+    right after that call (a `pause_reading` there does not hold), so a later
+    `loop.start_tls` could lose the peer's ClientHello to this protocol and the handshake
+    would hang. `asyncio.sslproto.SSLProtocol` runs on uvloop's transports as on asyncio's.
+    """
 
     def __init__(self, source: ReplicationSource) -> None:
         self.source = source
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert self.source.tls is not None
+        loop = asyncio.get_running_loop()
         # A stream transport (uvloop's are not asyncio.Transport subclasses).
         stream = cast(asyncio.Transport, transport)
-        stream.pause_reading()
-        asyncio.get_running_loop().create_task(self.source._handle_tls(stream))
+        reader = asyncio.StreamReader(limit=_STREAM_LIMIT)
+        app = _TlsStream(reader)
+        waiter: asyncio.Future[None] = loop.create_future()
+        layer = sslproto.SSLProtocol(
+            loop,
+            app,
+            self.source.tls.server,
+            waiter,
+            server_side=True,
+            # A float works (asyncio compares it to elapsed seconds); the stub says int.
+            ssl_handshake_timeout=self.source.hello_timeout,  # type: ignore[arg-type]
+        )
+        stream.set_protocol(layer)
+        layer.connection_made(stream)
+        task = loop.create_task(self.source._handle_tls(stream, _Handshake(reader, app, waiter)))
+        self.source._accepting.add(task)  # a reference until it runs (then `_conns` holds it)
+        task.add_done_callback(self.source._accepting.discard)
+
+
+class _TlsStream(asyncio.StreamReaderProtocol):
+    """The stream protocol under TLS; remembers the TLS transport it is given."""
+
+    tls_transport: asyncio.Transport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.tls_transport = cast(asyncio.Transport, transport)
+        super().connection_made(transport)
+
+
+@dataclass
+class _Handshake:
+    """A TLS handshake under way: its stream ends and the future it completes."""
+
+    reader: asyncio.StreamReader
+    app: _TlsStream
+    done: asyncio.Future[None]
 
 
 _REFUSAL_REASONS = {
