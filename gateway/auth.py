@@ -37,6 +37,8 @@ class Auth:
         self.acl = acl
         self._index = acl.token_index()
         self._prefixes = {n: p.prefixes() for n, p in acl.producers.items()}
+        live = {o.token_id for o in self._index.values()}
+        self.last_used = {t: us for t, us in self.last_used.items() if t in live}
 
     def authenticate(self, authorization: str | None) -> str:
         """Producer name (or ADMIN) of a ``Bearer`` header; AuthError when unknown."""
