@@ -345,3 +345,16 @@ def test_a_writer_is_held_while_the_batches_are_full_then_admitted(tmp_path: Pat
     with Store.create(str(tmp_path / "s"), sync=False) as store:
         asyncio.run(main(store))
         assert store.get(b"d/9") is not None
+
+
+def test_the_largest_log_record_fits_one_replication_frame() -> None:
+    """What the store may write (and the batcher may build) a replica always accepts."""
+    from gateway.batcher import log_bytes
+    from replicator import frames
+    from store.format import LOG_HEADER, MAX_LOG_PAYLOAD, MAX_LOG_RECORD
+
+    assert frames.MAX_BODY_OF[frames.RECORD] >= MAX_LOG_RECORD
+    # snappy's worst case for the largest payload the batcher admits
+    assert LOG_HEADER.size + 32 + MAX_LOG_PAYLOAD + MAX_LOG_PAYLOAD // 6 <= MAX_LOG_RECORD
+    # a request of the gateway's largest body (100 MiB) and op count (10,000) fits alone
+    assert log_bytes(10_000, 100 << 20, "x" * 255) <= MAX_LOG_PAYLOAD
