@@ -29,7 +29,13 @@ import uvicorn
 
 from mercury import logsetup, tls
 from mercury.settings import ReplicaConfig
-from replicator.metrics import APPLIED_SEQ, DIVERGED, REPLICATION_LAG, WORKER_RESTARTS
+from replicator.metrics import (
+    APPLIED_SEQ,
+    DIVERGED,
+    REFUSED,
+    REPLICATION_LAG,
+    WORKER_RESTARTS,
+)
 from replicator.status import diverged, read_status
 from replicator.worker import EXIT_REBOOTSTRAP, WorkerConfig
 from store import layout
@@ -198,6 +204,7 @@ async def _serve(config: ReplicaConfig) -> int:
 
     REPLICATION_LAG.set_function(lag)
     DIVERGED.set_function(lambda: diverged(cfg.data_dir))
+    REFUSED.external = lambda: _worker_refused(cfg.data_dir)
     APPLIED_SEQ.set_function(lambda: float(store.last_seq()))
     app = create_read_app(store, role="replica", status=lambda: replica_status(cfg.data_dir))
     services = replica_services(store, config.listeners)
@@ -261,6 +268,12 @@ async def _serve(config: ReplicaConfig) -> int:
         log.warning("re-executing to install the new snapshot")
         os.execv(sys.executable, [sys.executable, "-m", "mercury", *sys.argv[1:]])
     return 0
+
+
+def _worker_refused(data_dir: str) -> dict[str, int]:
+    """What the worker's replication source refused (from its status document)."""
+    st = read_status(data_dir)
+    return dict(st.refused) if st is not None else {}
 
 
 def _hp(addr: tuple[str, int] | None) -> str | None:

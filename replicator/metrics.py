@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
-from prometheus_client import Counter, Gauge
+import threading
+from collections.abc import Callable, Iterator
+
+from prometheus_client import REGISTRY, Counter, Gauge
+from prometheus_client.core import CounterMetricFamily
+from prometheus_client.registry import Collector
 
 REPLICATION_LAG = Gauge(
     "mercury_replication_lag_seconds",
@@ -19,10 +24,44 @@ DIVERGED = Gauge(
     "1 when this replica's history differs from its source's (replication stopped; "
     "re-bootstrap: see docs/operations.md), else 0",
 )
-REFUSED = Counter(
-    "mercury_repl_refused",
-    "Connections a replication source closed without serving them, by reason (plaintext, "
-    "no_certificate, untrusted_certificate, tls_failed, tls_timeout, too_many, or the "
-    "handshake refusal: db_id, self, bootstrap, protocol, not_ready)",
-    ["reason"],
-)
+
+
+class _Refused(Collector):
+    """`mercury_repl_refused_total{reason}`: connections a replication source closed
+    without serving them. Counted in the process that runs the source; a replica's parent
+    adds its worker's counts (published in its status document) through `external`."""
+
+    def __init__(self) -> None:
+        self._local: dict[str, int] = {}
+        self._lock = threading.Lock()
+        self.external: Callable[[], dict[str, int]] = dict
+
+    def inc(self, reason: str) -> None:
+        """Count one refusal."""
+        with self._lock:
+            self._local[reason] = self._local.get(reason, 0) + 1
+
+    def counts(self) -> dict[str, int]:
+        """This process's counts by reason."""
+        with self._lock:
+            return dict(self._local)
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        """The counts of this process plus the external ones, by reason."""
+        total = self.counts()
+        for reason, n in self.external().items():
+            total[reason] = total.get(reason, 0) + n
+        family = CounterMetricFamily(
+            "mercury_repl_refused",
+            "Connections a replication source closed without serving them, by reason "
+            "(plaintext, no_certificate, untrusted_certificate, tls_failed, tls_timeout, "
+            "too_many, or the handshake refusal: db_id, self, bootstrap, protocol, not_ready)",
+            labels=["reason"],
+        )
+        for reason, n in sorted(total.items()):
+            family.add_metric([reason], n)
+        yield family
+
+
+REFUSED = _Refused()
+REGISTRY.register(REFUSED)

@@ -118,6 +118,8 @@ class ReplicationSource:
         self.stall_timeout = stall_timeout
         self.hello_timeout = hello_timeout
         self.refused_connections = 0
+        #: Told each refusal's reason (a replica's worker publishes its counts to its parent).
+        self.on_refused: Callable[[str], None] = lambda _reason: None
         self._db_id = _uuid_bytes(store.db_id)
         self._slots = asyncio.Semaphore(max_bootstraps)
         self._queue: list[object] = []
@@ -309,7 +311,8 @@ class ReplicationSource:
             pass
 
     def _refused(self, reason: str) -> None:
-        REFUSED.labels(reason=reason).inc()
+        REFUSED.inc(reason)
+        self.on_refused(reason)
 
     async def _start_tls(
         self, transport: asyncio.Transport, hs: _Handshake, peer: object

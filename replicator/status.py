@@ -42,6 +42,8 @@ class ReplicaStatus:
     hb_interval_ms: int = 1000
     error: str | None = None
     errors: dict[str, int] = field(default_factory=dict)
+    #: Connections this node's replication source refused, by reason (its metric).
+    refused: dict[str, int] = field(default_factory=dict)
     updated_us: int = 0
 
     def lag(self, now_us: int | None = None) -> float | None:

@@ -39,6 +39,7 @@ from core.tlsconf import TlsContexts, TlsFiles
 from replicator import bootstrap, frames, notify
 from replicator.client import ReplicaClient, ReplicationFailed
 from replicator.heartbeat import RelayedHeartbeat
+from replicator.metrics import REFUSED
 from replicator.selection import Selector
 from replicator.source import ReplicationSource
 from replicator.status import StatusBoard
@@ -176,6 +177,8 @@ async def _run_locked(cfg: WorkerConfig, stop: asyncio.Event) -> int:
                 max_bootstraps=cfg.max_bootstraps,
                 tls=tls,
             )
+            # The parent exports the refusals' counts (it serves /metrics).
+            source.on_refused = lambda _reason: board.update(refused=REFUSED.counts())
             await source.start()
             relay.add_listener(source.wake)
         if cfg.retention is not None:

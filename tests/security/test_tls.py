@@ -183,6 +183,15 @@ def test_mutual_tls_replication_converges_through_a_tree(
                 wait_for(caught_up, 60, f"seq {seq} on {port}")
             got = c.get(f"https://127.0.0.1:{h2}/v1/kv/k00000700")
             assert got.status_code == 200 and got.content == b"v700-700"
+            # A replica's source (in its worker) refuses a plaintext peer too; the
+            # replica's /metrics counts it.
+            assert first_bytes(rp1, None) == b""
+
+            def counted() -> bool:
+                text = c.get(f"https://127.0.0.1:{h1}/metrics").text
+                return _metric(text, "plaintext") == 1
+
+            wait_for(counted, 20, "the replica's refusal counted")
         # Plain HTTP on a TLS listener is not served.
         with pytest.raises(httpx.HTTPError):
             httpx.get(f"http://127.0.0.1:{h1}/healthz", timeout=3)
