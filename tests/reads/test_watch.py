@@ -468,3 +468,46 @@ def test_sdk_watch_resumes_across_a_replica_restart_without_loss_or_repeat(
         c.root.close_clients()
     finally:
         procs.stop_all()
+
+
+def test_watch_under_read_auth_needs_a_token_and_sees_only_its_keyspace(
+    tmp_path: Path,
+) -> None:
+    from tests.gateway.conftest import make_root
+    from tests.replicator.nodes import start_replica
+
+    (tmp_path / "logs").mkdir()
+    procs = Procs(tmp_path / "logs")
+    try:
+        root = make_root(procs, tmp_path / "root")
+        repl = root.args[root.args.index("--repl-listen") + 1]
+        replica = start_replica(
+            procs, tmp_path / "replica", [int(repl.rsplit(":", 1)[1])], "--read-auth", repl=False
+        )
+        c = Cluster(root, replica)
+        _a, token_a = root.producer(["ra/"])
+        _b, token_b = root.producer(["rb/"])
+        c.caught_up()
+        r = httpx.get(c.read_url + "/v1/watch?prefix=ra/", timeout=10)
+        assert r.status_code == 401
+        host, port = c.read_url.removeprefix("http://").split(":")
+        conn = http.client.HTTPConnection(host, int(port), timeout=30)
+        # asks for every key: narrowed to the token's keyspace
+        conn.request("GET", "/v1/watch?prefix=", headers={"Authorization": f"Bearer {token_a}"})
+        resp = conn.getresponse()
+        assert resp.status == 200
+        with Client(root.url, token_b) as wb, Client(root.url, token_a) as wa:
+            wb.put("rb/secret", b"no")
+            sa = wa.put("ra/mine", b"yes").seq
+        lines: list[Doc] = []
+        deadline = time.monotonic() + 30
+        while not any("op" in d for d in lines) and time.monotonic() < deadline:
+            lines.append(json.loads(resp.readline()))
+        assert [d for d in lines if "op" in d] == [
+            {"seq": sa, "op": "set", "key": "ra/mine", "value": "yes"}
+        ]
+        resp.close()
+        conn.close()
+        root.close_clients()
+    finally:
+        procs.stop_all()
