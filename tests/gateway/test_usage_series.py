@@ -70,6 +70,7 @@ def test_count_results_splits_by_keyspace_and_status() -> None:
 
 def test_keyspace_finder_takes_the_longest_prefix() -> None:
     find = us.keyspace_finder(["a/", "a/b/", "c/"])
+    assert callable(find) and us.keyspace_finder(["only/"]) == "only/"
     assert find(b"a/b/1") == "a/b/"
     assert find(b"a/x") == "a/"
     assert find(b"zz") == ""
@@ -357,3 +358,41 @@ def test_a_replica_holds_the_series_so_a_promoted_root_keeps_it(root: Root) -> N
     root.procs.terminate(rep.proc)
     with Store.open(str(rep.data_dir), readonly=True) as r:
         assert r.scan_docs("usage/") == want  # same bodies, same versions
+
+
+def _naive_counts(ops: list[Op], results: list[Result], kss: list[str]) -> dict[str, list[int]]:
+    """The counting rule, op by op (what the fast paths must agree with)."""
+    out: dict[str, list[int]] = {}
+    for op, res in zip(ops, results, strict=True):
+        ks = max((k for k in kss if op.key.startswith(k.encode())), key=len, default="")
+        col = {Status.WRITTEN: 0, Status.DELETED: 2, Status.DUPLICATE: 3}.get(res.status)
+        if col is None:
+            continue
+        row = out.setdefault(ks, [0] * 7)
+        row[col] += 1
+        if col == 0:
+            row[1] += len(op.key) + len(op.value)
+    return out
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    kss=st.sampled_from([["a/"], ["a/", "b/"], ["a/", "a/x/", "b/"]]),
+    rows=st.lists(
+        st.tuples(
+            st.sampled_from(["a/", "b/", "a/x/", "z/"]),
+            st.binary(max_size=5),
+            st.binary(max_size=9),
+            st.sampled_from(list(Status)),
+        ),
+        max_size=40,
+    ),
+)
+def test_count_results_agrees_with_the_op_by_op_rule(
+    kss: list[str], rows: list[tuple[str, bytes, bytes, Status]]
+) -> None:
+    rows = [r for r in rows if len(kss) > 1 or r[0].startswith(kss[0])]  # one keyspace: all in
+    ops = [Op(SET, p.encode() + k, v, "p") for p, k, v, _s in rows]
+    results = [Result(s, 1) for *_x, s in rows]
+    got = us.count_results(ops, results, us.keyspace_finder(kss))
+    assert got == _naive_counts(ops, results, kss)
