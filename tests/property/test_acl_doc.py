@@ -16,6 +16,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from acl.doc import check_document, document_diff
+from acl.model import Acl
 from store.store import Store
 from tests.gateway.conftest import make_root
 from tests.support.procs import Procs
@@ -119,3 +121,20 @@ def test_a_rejected_put_leaves_the_document_byte_identical(
     assert store.get_doc("acl") == before  # bytes and version
     assert store.head() == head  # nothing logged
     assert client.get("/v1/admin/acl").headers["etag"] == etag
+
+
+@given(documents, documents)
+def test_document_round_trip_and_diff(doc: dict[str, Any], other: dict[str, Any]) -> None:
+    """A valid document survives check -> Acl -> document unchanged in meaning (checking
+    it again finds nothing and diffs empty), and a diff is empty iff documents are equal."""
+    ps, cs, errors = check_document(doc)
+    if errors:
+        return
+    shown = Acl().with_document(ps, cs).document()
+    ps2, cs2, errors2 = check_document(shown)
+    assert errors2 == [] and Acl().with_document(ps2, cs2).document() == shown
+    assert document_diff(shown, shown) == []
+    ps3, cs3, errors3 = check_document(other)
+    if not errors3:
+        shown3 = Acl().with_document(ps3, cs3).document()
+        assert (document_diff(shown, shown3) == []) == (shown == shown3)
