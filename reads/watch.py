@@ -404,7 +404,9 @@ def _query(qs: bytes) -> dict[str, bytes]:
 router = APIRouter()
 
 
-@router.get("/v1/watch")
+# Not in the OpenAPI schema: an endless stream is no request a schema-driven client (or
+# fuzzer) can complete; the contract is docs/api.md.
+@router.get("/v1/watch", include_in_schema=False)
 async def watch(request: Request) -> Response:
     """Changes under `prefix` with seq >= `from_seq` (omitted: from now on), as NDJSON."""
     hub: WatchHub = request.app.state.watch_hub
