@@ -3,6 +3,7 @@ a real root process over HTTP."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import threading
 import time
@@ -11,6 +12,7 @@ from typing import Any
 
 import httpx
 
+from acl.tokens import hash_token, new_token
 from store import codec
 from store.format import ZERO_HASH
 from store.ops import DELETE
@@ -19,7 +21,7 @@ from store.store import Store
 from tests.gateway.conftest import Root
 from tests.replicator.harness import status, wait_for
 from tests.replicator.nodes import start_replica
-from tests.support.procs import run_mercury
+from tests.support.procs import Procs, free_port, run_mercury, wait_http
 
 ACL = "/v1/admin/acl"
 
@@ -300,3 +302,38 @@ def test_cli_token_create_list_revoke_and_log(root: Root, tmp_path: Path) -> Non
     assert f"- token {tid}" in log.stdout
     bad = _cli(root, tmp_path, "acl", "token", "create", name, "--expires", "soon")
     assert bad.returncode == 2 and "--expires" in bad.stderr
+
+
+def test_a_migrated_format_2_root_keeps_its_producers_and_tokens(
+    tmp_path: Path, procs: Procs
+) -> None:
+    """A root store from before replicated documents (the ACL in the node-local state,
+    tokens stored as id -> hash): `mercury migrate`, then the root serves the same ACL."""
+    d = tmp_path / "old"
+    admin, tok = new_token(), new_token()
+    legacy = {
+        "producers": [{"name": "old", "keyspaces": ["old/"], "tokens": {"tok_1": hash_token(tok)}}]
+    }
+    s = Store.create(str(d), format_version=2, sync=False)
+    s.put_state("admin_token_hash", hash_token(admin).encode())
+    s.put_state("acl", json.dumps(legacy).encode())
+    s.close()
+    r = run_mercury("migrate", str(d))
+    assert r.returncode == 0, r.stderr
+    port = free_port()
+    proc = procs.start_mercury(
+        "root", str(d), "--listen", f"127.0.0.1:{port}", "--repl-listen",
+        f"127.0.0.1:{free_port()}", "--batch-window-ms", "20", name="migrated",
+    )  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    wait_http(url + "/healthz", proc=proc)
+    with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {admin}"}) as a:
+        got = a.get(ACL).json()
+        assert got["producers"]["old"]["keyspaces"] == ["old/"] and got["version"] == 1
+        listed = a.get("/v1/admin/producers/old/tokens").json()["tokens"]
+        assert [t["token_id"] for t in listed] == ["tok_1"]
+    with httpx.Client(base_url=url, headers={"Authorization": f"Bearer {tok}"}) as p:
+        assert p.put("/v1/kv/old/k", content=b"v").status_code in (200, 201)
+    procs.terminate(proc)
+    with Store.open(str(d), readonly=True) as st:
+        assert st.get_state("acl") is None and st.get_doc("acl") is not None
