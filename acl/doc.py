@@ -250,6 +250,6 @@ def merge_kept(current: dict[str, Any], desired: dict[str, Any], *, prune: bool)
     if prune:
         return desired
     return {
-        kind: {**{n: c for n, c in current.get(kind, {}).items()}, **desired.get(kind, {})}
+        kind: {**current.get(kind, {}), **desired.get(kind, {})}
         for kind in ("producers", "consumers")
     }
