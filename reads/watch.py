@@ -22,7 +22,7 @@ import collections
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qsl
@@ -349,7 +349,7 @@ class WatchHub:
             )
         return start
 
-    async def stream(self, prefix: bytes, start: int) -> AsyncIterator[bytes]:
+    async def stream(self, prefix: bytes, start: int) -> AsyncGenerator[bytes, None]:
         """The NDJSON of one watcher: the history from `start` up to the hub, read in
         bounded slices in a worker thread, then the hub's live chunks and heartbeats."""
         self._count += 1

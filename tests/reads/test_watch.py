@@ -5,6 +5,7 @@ a stalled watcher cut off without hurting another, SIGTERM with open streams, an
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import contextlib
 import http.client
@@ -511,3 +512,50 @@ def test_watch_under_read_auth_needs_a_token_and_sees_only_its_keyspace(
         root.close_clients()
     finally:
         procs.stop_all()
+
+
+def test_a_cut_off_names_the_first_change_it_did_not_send(tmp_path: Path) -> None:
+    """The hub over a real store in this process: a stream that stops reading is cut off
+    at its queue bound, its last line names the oldest change it was not sent, and a new
+    stream from there gets exactly the rest."""
+    from reads.watch import WatchHub
+    from store.store import Store
+
+    store = Store.create(str(tmp_path / "s"), sync=False, map_size=1 << 28)
+
+    async def run() -> None:
+        hub = WatchHub(store, queue_bytes=300, queue_chunks=100)
+        try:
+            gen = hub.stream(b"k/", hub.admit(None))
+            assert b"heartbeat" in await anext(gen)  # live: joined the hub
+            seqs = []
+            for i in range(10):  # ~60-byte lines: the 300-byte queue overflows
+                seqs.append(await asyncio.to_thread(_put, store, f"k/{i}"))
+                await asyncio.sleep(0.05)  # the hub hands each commit out
+            assert hub.cut_off == 1
+            lines = [json.loads(x) async for chunk in gen for x in chunk.splitlines()]
+            sent = [d["seq"] for d in lines if "op" in d]
+            assert sent == []  # nothing was taken before the cut: the queue was dropped
+            resume = lines[-1]["resume_from_seq"]
+            assert resume == seqs[0] and "fell too far behind" in lines[-1]["error"]
+            again = hub.stream(b"k/", hub.admit(resume))
+            got: list[int] = []
+            while len(got) < len(seqs):
+                got += [
+                    json.loads(x)["seq"] for x in (await anext(again)).splitlines() if b'"op"' in x
+                ]
+            assert got == seqs
+            await again.aclose()
+        finally:
+            await hub.stop()
+
+    try:
+        asyncio.run(run())
+    finally:
+        store.close()
+
+
+def _put(store: Any, key: str) -> int:
+    from store.ops import SET, Op
+
+    return int(store.apply([Op(SET, key.encode(), b"v" * 10, "t")]).last_seq)
