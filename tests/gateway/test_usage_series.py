@@ -348,14 +348,20 @@ def test_a_replica_holds_the_series_so_a_promoted_root_keeps_it(root: Root) -> N
         assert c.put(f"/v1/kv/{name}/r{i}", content=b"v").status_code == 200
     repl_port = int(root.args[root.args.index("--repl-listen") + 1].rsplit(":", 1)[1])
     rep = start_replica(root.procs, root.data_dir.parent / "rep", [repl_port], repl=False)
+    seq = root.admin().get("/v1/status").json()["seq"]
+    wait_for(lambda: status(rep.http)["seq"] >= seq, 60, "replica bootstrapped")
     root.close_clients()
     root.procs.terminate(root.proc)  # the clean stop writes the open minute through the log
     with Store.open(str(root.data_dir), readonly=True) as s:
         want = s.scan_docs("usage/")
         seq = s.last_seq()
     assert any(n.startswith(f"usage/m/{name}/") for n, _d in want)
+    root.start()  # the replica reconnects and receives that last record
     wait_for(lambda: status(rep.http)["seq"] >= seq, 60, "replica caught up")
     root.procs.terminate(rep.proc)
+    root.procs.terminate(root.proc)
+    with Store.open(str(root.data_dir), readonly=True) as s:
+        want = s.scan_docs("usage/")  # the restarted root may have added a minute
     with Store.open(str(rep.data_dir), readonly=True) as r:
         assert r.scan_docs("usage/") == want  # same bodies, same versions
 
