@@ -162,9 +162,10 @@ class ReplicationSource:
             self._server.close()
         if self._wake_listener is not None:
             self._wake_listener.stop()
-        for t in [*self._conns, *([self._poll_task] if self._poll_task else [])]:
+        pending = [*self._conns, *self._accepting]  # TLS ones may not have been admitted yet
+        for t in [*pending, *([self._poll_task] if self._poll_task else [])]:
             t.cancel()
-        for t in list(self._conns):
+        for t in pending:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await t
         if self._server is not None:
