@@ -31,7 +31,8 @@ def decode(txn: Any, chunks_db: Any, key: bytes, rec: bytes) -> Value:
     if not ok or value is None or h is None:
         CRC_FAILURES.inc()
         raise CRCError(
-            f"stored value of key {key!r} fails its CRC; not served",
+            f"stored value of key {key.decode('utf-8', 'backslashreplace')!r} fails its CRC; "
+            "not served",
             key=key,
             hint="run `mercury verify`; re-bootstrap this node from a healthy one",
         )
