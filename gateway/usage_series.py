@@ -218,6 +218,9 @@ class UsageSeries:
         # minutes folded into their block's document, not yet into the day's (rollup)
         self._unrolled: dict[tuple[str, int], dict[str, list[int]]] = {}
         self._snaps: dict[tuple[str, int], tuple[int, int]] = {}
+        # the state before a producer's first batch of a minute, as the previous minute's
+        # end; written with that minute's document
+        self._presnap: dict[tuple[str, int], tuple[int, int]] = {}
         self._dirty: set[str] = set()
         self._deleted: set[str] = set()
         self._last_retention = 0.0
@@ -295,12 +298,17 @@ class UsageSeries:
             new = [p for p in starting if (p, cur_minute) not in self._open]
             snap = usage() if closed or new else {}
             for producer in new:
-                prev = cur_minute - 60
-                hname = block_name(producer, prev)
-                hdoc = self._doc(hname, prev // BLOCK * BLOCK)
-                hdoc.snap[(prev - hdoc.t) // 60] = snap.get(producer, (0, 0))
-                self._snaps.setdefault((producer, prev), snap.get(producer, (0, 0)))
-                self._dirty.add(hname)
+                # Held until this minute closes too, so that it rides with that minute's
+                # document instead of adding a log entry to a batch of its own.
+                self._presnap.setdefault((producer, cur_minute - 60), snap.get(producer, (0, 0)))
+            for (producer, prev), state in list(self._presnap.items()):
+                if all_ or prev + 60 < cur_minute:
+                    del self._presnap[(producer, prev)]
+                    hname = block_name(producer, prev)
+                    hdoc = self._doc(hname, prev // BLOCK * BLOCK)
+                    hdoc.snap.setdefault((prev - hdoc.t) // 60, state)
+                    self._snaps.setdefault((producer, prev), state)
+                    self._dirty.add(hname)
             for producer, minute in sorted(closed, key=lambda k: k[1]):
                 bucket = self._open.pop((producer, minute))
                 block = minute // BLOCK * BLOCK
@@ -397,7 +405,9 @@ class UsageSeries:
                             cur = minutes.setdefault(m, {}).setdefault(ks, [0] * len(COLS))
                             for j, v in enumerate(c):
                                 cur[j] += v
-            snaps = {m: v for (p, m), v in self._snaps.items() if p == producer and rollup}
+            snaps = {m: v for (p, m), v in self._presnap.items() if p == producer}
+            if rollup:
+                snaps.update((m, v) for (p, m), v in self._snaps.items() if p == producer)
             return docs, minutes, snaps
 
 
