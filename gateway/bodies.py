@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import base64
 import binascii
+import json
+import math
 import os
 import re
 from collections.abc import Callable
@@ -229,7 +231,72 @@ def parse_batch_body(
     if is_msgpack(content_type):
         return unpack_batch_msgpack(body, max_ops, max_key, max_value)
     check_json_structure(body, max_ops)
+    if len(body) > ORJSON_MAX_BODY:
+        return loads_json_lean(body)
     return parse_body(body, content_type)
+
+
+#: Largest JSON batch body decoded by orjson. orjson (yyjson) sizes its parse buffer
+#: from the body's length — about 13 times the body at its peak, whatever the body holds —
+#: so a larger body goes through the leaner `loads_json_lean` (about 2 times).
+ORJSON_MAX_BODY = 1 << 20
+# A surrogate code point: only a \u escape can put one in a decoded string (strict UTF-8
+# decoding refuses them raw); orjson refuses such text, so the lean decoder does too.
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _has_surrogate(doc: Any) -> bool:
+    """Whether any string of `doc` (keys included) holds a surrogate code point."""
+    stack = [doc]
+    while stack:
+        x = stack.pop()
+        if type(x) is str:
+            if not x.isascii() and _SURROGATE.search(x):
+                return True
+        elif type(x) is dict:
+            stack.extend(x.keys())
+            stack.extend(x.values())
+        elif type(x) is list:
+            stack.extend(x)
+    return False
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def loads_json_lean(body: bytes) -> Any:
+    """The document orjson would give for `body`, decoded by the standard library's
+    scanner (Python objects only, no body-sized parse buffer); the same refusals: invalid
+    UTF-8, NaN/Infinity, lone surrogate escapes, integers beyond 64 bits."""
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise BadRequestError(f"body is not valid JSON: {err}") from err
+    try:
+        doc = json.loads(text, parse_constant=_no_constant, parse_int=_int64, parse_float=_finite)
+    except ValueError as err:  # JSONDecodeError is a ValueError
+        raise BadRequestError(f"body is not valid JSON: {err}") from err
+    del text
+    if _has_surrogate(doc):
+        raise BadRequestError("body is not valid JSON: a lone surrogate escape")
+    return doc
+
+
+def _finite(digits: str) -> float:
+    x = float(digits)
+    if math.isinf(x):
+        raise ValueError("a number beyond a double's range")
+    return x
+
+
+def _int64(digits: str) -> int | float:
+    """An integer as orjson reads it: exact within 64 bits, a double beyond."""
+    if len(digits) <= 20:
+        n = int(digits)
+        if -(1 << 63) <= n < (1 << 64):
+            return n
+    return _finite(digits)
 
 
 def _bytes_field(op: dict[str, Any], name: str, i: int, required: bool) -> bytes | None:

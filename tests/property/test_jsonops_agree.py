@@ -228,3 +228,63 @@ def test_nested_documents_agree_and_stay_bounded(doc: Any, max_ops: int) -> None
     either decodes it or refuses it with a Mercury error (never a bare exception)."""
     body = orjson.dumps({"ops": doc})
     agree(body, (max_ops, 500, 1000))
+
+
+def _orjson_or_refusal(body: bytes) -> Any:
+    try:
+        return ("ok", orjson.loads(body))
+    except orjson.JSONDecodeError:
+        return ("refused",)
+
+
+def _lean_or_refusal(body: bytes) -> Any:
+    try:
+        return ("ok", bodies.loads_json_lean(body))
+    except MercuryError:
+        return ("refused",)
+
+
+json_scalars = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-(2**63), 2**64 - 1),
+    st.floats(allow_nan=False, allow_infinity=False),
+    texts,
+)
+
+
+@settings(max_examples=300)
+@given(
+    st.recursive(
+        json_scalars,
+        lambda inner: st.one_of(st.lists(inner, max_size=4), st.dictionaries(texts, inner)),
+        max_leaves=20,
+    ),
+    st.integers(min_value=0, max_value=3),
+)
+def test_the_lean_json_decoder_gives_orjsons_document(doc: Any, style: int) -> None:
+    """Big JSON bodies are decoded by `loads_json_lean` (orjson's parse buffer is ~13x the
+    body): same document for every body orjson writes or clients write."""
+    body = dumps(doc, style)
+    assert _lean_or_refusal(body) == _orjson_or_refusal(body)
+
+
+@settings(max_examples=300)
+@given(
+    st.lists(
+        st.one_of(
+            st.sampled_from(
+                [b"\\ud800", b"\\udc00", b"\\ud83d\\ude00", b"\\uDBFF\\uDFFF", b"\\\\ud800"]
+            ),
+            st.sampled_from([b"NaN", b"Infinity", b"-Infinity", b"1e400", b"18446744073709551616"]),
+            st.binary(max_size=6),
+            st.sampled_from([b'"', b"[", b"]", b",", b"{", b"}", b":", b"1", b"\xff"]),
+        ),
+        max_size=10,
+    )
+)
+def test_the_lean_json_decoder_refuses_what_orjson_refuses(parts: list[bytes]) -> None:
+    """Odd texts (lone surrogates, NaN, huge numbers, invalid UTF-8) inside or outside
+    strings: both decoders accept the same bodies and give the same documents."""
+    for body in (b"".join(parts), b'["' + b"".join(parts) + b'"]'):
+        assert _lean_or_refusal(body) == _orjson_or_refusal(body), body
