@@ -46,8 +46,10 @@ def _gw(request: Request) -> Gateway:
 @router.get("/v1/usage/series", tags=["producer"], summary="Usage over time of a producer (or all)")
 async def usage_series(request: Request) -> Response:
     """`?producer=&keyspace=&since=&until=&step=` -> `{"producer", "keyspace", "step",
-    "since", "until", "quota", "points": [{"t", "writes", "bytes_written", "deletes",
-    "duplicates", "held", "refused", "refused_429", "refused_413", "keys", "bytes"}]}`.
+    "since", "until", "max_bytes_stored", "start": {"keys", "bytes"}, "points": [{"t",
+    "writes", "bytes_written", "deletes", "duplicates", "held", "refused", "refused_429",
+    "refused_413", "keys", "bytes"}]}`; `start` is the state the range began with (at
+    minute resolution, whatever the step).
 
     since/until are RFC 3339 or relative (``-24h``, ``-7d``); step is ``1m``, ``1h`` or
     ``1d`` (default: the finest giving at most 5,000 points). A producer's token reads only
@@ -73,11 +75,18 @@ async def usage_series(request: Request) -> Response:
     else:
         names = sorted(n for n in set(usage) | set(gw.acl.producers) if n)
 
+    start: dict[str, int | None] = {"keys": None, "bytes": None}
+
     def run() -> list[dict[str, int | None]]:
         total: list[dict[str, int | None]] = []
         for n in names:
             u = usage.get(n)
-            pts = query(series, n, keyspace, rng, None if u is None else (u.keys, u.bytes))
+            first: dict[str, int | None] = {}
+            now_usage = None if u is None else (u.keys, u.bytes)
+            pts = query(series, n, keyspace, rng, now_usage, first)
+            for k, v in first.items():
+                a = start[k]
+                start[k] = None if a is None and v is None else (a or 0) + (v or 0)
             if not total:
                 total = pts
                 continue
@@ -102,6 +111,7 @@ async def usage_series(request: Request) -> Response:
             "since": rng.since,
             "until": rng.until,
             "max_bytes_stored": cap,
+            "start": start,
             "points": points,
         }
     )

@@ -458,11 +458,15 @@ def query(
     keyspace: str | None,
     rng: Range,
     now_usage: tuple[int, int] | None,
+    start: dict[str, int | None] | None = None,
 ) -> list[dict[str, int | None]]:
     """Points of `producer` (one keyspace, or all with None) over `rng`: one per step,
     oldest first, counters summed over the step, keys/bytes as at the step's end (carried
     forward from the last snapshot; None before any; per producer only, so None with a
-    keyspace)."""
+    keyspace). A `start` dict gets the range's starting "keys"/"bytes" at full
+    resolution: the last state known at or before `since`, else the first after it (a
+    producer created within one step still shows its growth)."""
+    raw: list[tuple[int, tuple[int, int]]] = []  # (time, state) of every snapshot
     minute_docs = rng.step < 3600
     unit = 60 if minute_docs else 3600
     kind, width, suffix = ("m", BLOCK, block_suffix) if minute_docs else ("h", 86400, day_suffix)
@@ -477,30 +481,38 @@ def query(
         for j, v in enumerate(c):
             cur[j] += v
 
-    first = rng.since - width  # one document earlier: the snapshot to carry forward
-    start, end = suffix(first // width * width), suffix(rng.until)
+    first_t = rng.since - width  # one document earlier: the snapshot to carry forward
+    lo, hi = suffix(first_t // width * width), suffix(rng.until)
     prefix = f"usage/{kind}/{producer}/"
-    limit = (rng.until - first) // width + 2
-    found = stored_docs(series, prefix, start, end, limit)
-    cached, minutes, minute_snaps = series.view(
-        producer, prefix, start, end, rollup=not minute_docs
-    )
+    limit = (rng.until - first_t) // width + 2
+    found = stored_docs(series, prefix, lo, hi, limit)
+    cached, minutes, minute_snaps = series.view(producer, prefix, lo, hi, rollup=not minute_docs)
     found.update(cached)  # the in-memory versions are the newer ones
-    for _name, raw in sorted(found.items()):
-        d = SlotDoc.decode(raw, 0)
+    for _name, body in sorted(found.items()):
+        d = SlotDoc.decode(body, 0)
         for ks, slots in d.rows.items():
             for i, c in slots.items():
                 take(d.t + i * unit, ks, c)
         for i, s in d.snap.items():
             snaps[d.t + i * unit] = s
+            raw.append((d.t + i * unit, s))
     # The minutes still in memory (and, at a coarser step, not yet in any document).
     for minute, bucket in minutes.items():
         for ks, c in bucket.items():
             take(minute // unit * unit, ks, c)
     for minute, snap in sorted(minute_snaps.items()):  # later than the rolled ones
         snaps[minute // unit * unit] = snap
+        raw.append((minute, snap))
     if now_usage is not None:
         snaps[int(series.clock()) // unit * unit] = now_usage
+        raw.append((int(series.clock()), now_usage))
+    if start is not None:
+        raw.sort()
+        before = [st for t, st in raw if t <= rng.since]
+        after = [st for t, st in raw if rng.since < t <= rng.until]
+        began = before[-1] if before else (after[0] if after else None)
+        start["keys"] = None if keyspace is not None or began is None else began[0]
+        start["bytes"] = None if keyspace is not None or began is None else began[1]
 
     points: list[dict[str, int | None]] = []
     snap_times = sorted(snaps)

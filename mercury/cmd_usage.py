@@ -135,7 +135,8 @@ def _window(row: dict[str, Any], s: dict[str, Any]) -> dict[str, Any]:
     for k in ("writes", "bytes_written", "deletes", "duplicates", "held", "refused"):
         out[k] = sum(p[k] or 0 for p in pts)
     out["bytes"] = row["bytes"]
-    out["growth"] = stored[-1] - stored[0] if stored else 0
+    began = (s.get("start") or {}).get("bytes")
+    out["growth"] = stored[-1] - (began if began is not None else stored[0]) if stored else 0
     out["used_pct"] = row.get("used_pct")
     out["sparkline"] = sparkline([p["writes"] or 0 for p in pts])
     return out

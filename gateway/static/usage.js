@@ -58,7 +58,10 @@
     const stored = pts.map((p) => p.bytes).filter((b) => b !== null);
     const sum = (k) => pts.reduce((a, p) => a + (p[k] || 0), 0);
     return {
-      growth: stored.length ? stored[stored.length - 1] - stored[0] : 0,
+      // from the state the range began with (finer than one step) to the last point
+      growth: stored.length
+        ? stored[stored.length - 1] - (s.start && s.start.bytes !== null ? s.start.bytes : stored[0])
+        : 0,
       writes: sum("writes"),
       held: sum("held"),
       refused: sum("refused"),

@@ -109,6 +109,9 @@ def test_usage_page_plots_a_real_workload(tmp_path: Path, procs: Procs, browser:
     week = _chart(browser, "chart-writes")
     assert int(week["points"]) in (168, 169)  # hourly steps
     assert int(week["sum"]) == 40
+    # growth from the state the range began with (a new producer: all it stores)
+    growth = browser.find_element(By.CSS_SELECTOR, "#producers tbody tr td:nth-child(2)").text
+    assert growth not in ("0", "–", ""), growth
     assert browser.save_screenshot(str(ARTIFACTS / "usage.png"))
     root.close_clients()
     assert root.admin_token not in procs.logs()

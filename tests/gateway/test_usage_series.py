@@ -243,6 +243,10 @@ def test_series_endpoint_on_a_real_root(shared_root: Root) -> None:
     by_ks = c.get("/v1/usage/series", params={"since": "-1h", "keyspace": f"{name}/"}).json()
     assert sum(p["writes"] for p in by_ks["points"]) == 20
     assert by_ks["points"][-1]["keys"] is None  # stored bytes are per producer only
+    # at a coarse step the range still says what it started from (finer than a step)
+    daily = c.get("/v1/usage/series", params={"since": "-2d", "step": "1d"}).json()
+    assert daily["start"] == {"keys": 0, "bytes": 0}  # a new producer: nothing before
+    assert daily["points"][-1]["bytes"] == body["points"][-1]["bytes"] > 0
     # a producer sees only itself; the admin sees anyone
     r = shared_root.client(other_token).get("/v1/usage/series", params={"producer": name})
     assert r.status_code == 403
