@@ -65,12 +65,13 @@ def is_binary(first_byte: int) -> bool:
 
 @dataclass(frozen=True, slots=True)
 class BinaryRequest:
-    """A parsed binary request. `keys` holds (dbidx, key) of get_bulk/remove_bulk/set_bulk;
-    `no_reply` is BONOREPLY."""
+    """A parsed binary request. `keys` holds (dbidx, key) of get_bulk/remove_bulk/set_bulk,
+    `values` the values of set_bulk (in the same order); `no_reply` is BONOREPLY."""
 
     magic: int
     flags: int = 0
     keys: list[tuple[int, bytes]] = field(default_factory=list)
+    values: list[bytes] = field(default_factory=list)
 
     @property
     def no_reply(self) -> bool:
@@ -107,6 +108,7 @@ class BinaryParser:
         self.left = 0  # records still to parse
         self.pos = 0  # offset of the next unparsed byte
         self.keys: list[tuple[int, bytes]] = []
+        self.values: list[bytes] = []
         self.starved = True
 
     @property
@@ -139,7 +141,7 @@ class BinaryParser:
                         return None
                     pos, left, budget = end, left - 1, budget - 1
             elif magic == MAGIC_SET_BULK:
-                keys = self.keys
+                keys, values = self.keys, self.values
                 while left and budget:
                     if pos + _SET_REC.size > n:
                         return None
@@ -150,6 +152,7 @@ class BinaryParser:
                     if end > n:
                         return None
                     keys.append((dbidx, bytes(buf[a : a + ksiz])))
+                    values.append(bytes(buf[a + ksiz : end]))
                     pos, left, budget = end, left - 1, budget - 1
             else:
                 keys = self.keys
@@ -171,7 +174,7 @@ class BinaryParser:
             return None
         if magic == MAGIC_PLAY_SCRIPT:
             return self._done(BinaryRequest(magic, self.flags))
-        return self._done(BinaryRequest(magic, self.flags, self.keys))
+        return self._done(BinaryRequest(magic, self.flags, self.keys, self.values))
 
     def _start(self, buf: bytes | bytearray) -> bool:
         """Parse the fixed header of a new request; False when it is not all here."""
@@ -248,6 +251,11 @@ def encode_get_bulk_reply(hits: list[tuple[int, bytes, bytes]]) -> bytes:
         parts.append(key)
         parts.append(value)
     return b"".join(parts)
+
+
+def bulk_count_reply(magic: int, count: int) -> bytes:
+    """Reply of a binary set_bulk/remove_bulk: its magic and how many records it did."""
+    return _MAGIC_HITS.pack(magic, count)
 
 
 def get_bulk_reply_head(hits: int) -> bytes:
@@ -589,8 +597,9 @@ def _needs_encoding(col: bytes) -> bool:
 
 
 def _b64_len(col: bytes) -> int:
-    n = min(len(col), 255)
-    return (n + 2) // 3 * 4
+    # KT's estimate (`checkmapenc`), not Base64's real length: clients were written
+    # against the encoding KT actually picks
+    return min(len(col), 255) * 6 // 4 + 3
 
 
 def _url_len(col: bytes) -> int:

@@ -53,10 +53,13 @@ class KtHandler:
         *,
         point_only: bool = False,
         connections: Callable[[], int] = lambda: 0,
+        db_aliases: tuple[bytes, ...] = (),
     ) -> None:
         self.store = store
         self.point_only = point_only
         self.db_name = os.path.basename(os.path.normpath(store.path)).encode()
+        #: Other database names clients use for database 0 (`--kt-db-alias`).
+        self.db_aliases = frozenset(db_aliases)
         self.connections = connections
         self.started = time.time()
         self.cnt_get = 0
@@ -207,7 +210,7 @@ class KtHandler:
         return reply
 
     def _db_ok(self, db: bytes) -> bool:
-        return db in (b"0", self.db_name)
+        return db in (b"0", self.db_name) or db in self.db_aliases
 
     def _rpc(
         self, proc: bytes, req: kt.HttpRequest
@@ -443,10 +446,16 @@ def kt_service(
     *,
     point_only: bool = False,
     limits: ListenerLimits | None = None,
+    db_aliases: tuple[bytes, ...] = (),
 ) -> TcpService:
     """The KT listener as a `Service` (all connections share one handler and its counters)."""
     holder: list[TcpService] = []
-    handler = KtHandler(store, point_only=point_only, connections=lambda: holder[0].connections)
+    handler = KtHandler(
+        store,
+        point_only=point_only,
+        connections=lambda: holder[0].connections,
+        db_aliases=db_aliases,
+    )
     svc = TcpService("kt", host, port, handler.session, limits=limits)
     holder.append(svc)
     return svc

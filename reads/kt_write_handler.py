@@ -10,7 +10,6 @@ connection's pipelined requests are still answered in order.
 from __future__ import annotations
 
 import asyncio
-import struct
 from collections.abc import Callable, Coroutine, Generator
 from typing import Any, TypeVar
 
@@ -23,9 +22,6 @@ from store.format import MAX_KEY
 from store.store import Store
 
 T = TypeVar("T")
-
-#: Reply of a binary set_bulk/remove_bulk: its magic and the number of records done.
-_COUNT = struct.Struct(">BI")
 
 #: RPC procedures answered here (other writes — increment_double, cursor writes,
 #: synchronize, vacuum... — keep the read-only answers of `KtHandler`).
@@ -62,12 +58,13 @@ class KtWriteHandler(KtHandler):
         connections: Callable[[], int] = lambda: 0,
         db_aliases: tuple[bytes, ...] = (),
     ) -> None:
-        super().__init__(store, point_only=point_only, connections=connections)
-        self.db_aliases = db_aliases
+        super().__init__(
+            store, point_only=point_only, connections=connections, db_aliases=db_aliases
+        )
         self.writes = KtWrites(store, writer)
 
     def _db_allowed(self, db: bytes | None) -> bool:
-        return db is None or db in self.db_aliases or self._db_ok(db)
+        return db is None or self._db_ok(db)
 
     # --- HTTP ------------------------------------------------------------------------------
 
@@ -185,14 +182,21 @@ class KtWriteHandler(KtHandler):
     # --- binary ----------------------------------------------------------------------------
 
     def binary_slices(self, req: kt.BinaryRequest) -> Generator[bytes, None, bytes]:
-        if req.magic != kt.MAGIC_REMOVE_BULK:
+        if req.magic not in (kt.MAGIC_SET_BULK, kt.MAGIC_REMOVE_BULK):
             return (yield from super().binary_slices(req))
-        keys = [k for dbidx, k in req.keys if dbidx == 0]  # KT skips unknown databases
+        # KT skips the records of databases it does not have
         try:
-            n = yield from wait_for(self.writes.remove_bulk(keys))
+            if req.magic == kt.MAGIC_SET_BULK:
+                items = [
+                    (k, v) for (dbidx, k), v in zip(req.keys, req.values, strict=True) if dbidx == 0
+                ]
+                n = yield from wait_for(self.writes.set_bulk(items))
+            else:
+                keys = [k for dbidx, k in req.keys if dbidx == 0]
+                n = yield from wait_for(self.writes.remove_bulk(keys))
         except KtWriteFailed:
             return b"" if req.no_reply else kt.BINARY_ERROR
-        return b"" if req.no_reply else _COUNT.pack(req.magic, n)
+        return b"" if req.no_reply else kt.bulk_count_reply(req.magic, n)
 
 
 def kt_write_service(

@@ -50,14 +50,26 @@ def root_services(
                 db_aliases=settings.kt_db_aliases,
             )
         ]
-    return [kt_service(store, *settings.kt, point_only=True, limits=settings.limits)]
+    return [
+        kt_service(
+            store,
+            *settings.kt,
+            point_only=True,
+            limits=settings.limits,
+            db_aliases=settings.kt_db_aliases,
+        )
+    ]
 
 
 def replica_services(store: Store, settings: ListenerSettings) -> list[Service]:
     """Read listeners of a replica or consumer node (KT, memcached)."""
     out: list[Service] = []
     if settings.kt is not None:
-        out.append(kt_service(store, *settings.kt, limits=settings.limits))
+        out.append(
+            kt_service(
+                store, *settings.kt, limits=settings.limits, db_aliases=settings.kt_db_aliases
+            )
+        )
     if settings.memcached is not None:
         out.append(
             memcached_service(

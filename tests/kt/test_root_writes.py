@@ -1,0 +1,183 @@
+"""KT writes on the root (`--kt-producer NAME`), with real clients on a real root: the same
+ACL, guards and durable commit as HTTP writes, KT's statuses (450 for a failed
+add/replace/cas/remove), clear limited to the producer's keyspaces; without the flag,
+writes stay refused."""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+import ukt
+
+from tests.gateway.conftest import Root, make_root
+from tests.support.procs import Procs, free_port
+
+NAME = "ktw"
+
+
+@pytest.fixture(scope="module")
+def kt_root(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Root, int, str]]:
+    """A root whose KT listener writes as producer `NAME` (keyspaces ``w/`` and ``g/``, the
+    latter guarded at 3 deletes per batch), and a second producer owning ``other/``."""
+    tmp = tmp_path_factory.mktemp("ktroot")
+    (tmp / "logs").mkdir()
+    procs = Procs(tmp / "logs")
+    kt = free_port()
+    try:
+        root = make_root(
+            procs,
+            tmp / "data",
+            "--kt-listen",
+            f"127.0.0.1:{kt}",
+            "--kt-producer",
+            NAME,
+            "--kt-db-alias",
+            "casket.kch",
+        )
+        r = root.admin().put(
+            f"/v1/admin/producers/{NAME}",
+            json={"keyspaces": ["w/", "g/"], "guards": {"g/": {"max_deletes_per_batch": 3}}},
+        )
+        assert r.status_code in (200, 201), r.text
+        r = root.admin().post(f"/v1/admin/producers/{NAME}/tokens")
+        assert r.status_code == 201, r.text
+        root.producer(["other/"])
+        yield root, kt, r.json()["token"]
+        root.close_clients()
+    finally:
+        procs.stop_all()
+
+
+def rpc(kt: int, proc: str, **params: str) -> tuple[int, dict[str, str]]:
+    r = httpx.post(f"http://127.0.0.1:{kt}/rpc/{proc}", data=params, timeout=10)
+    out = {}
+    for line in r.text.splitlines():
+        k, _, v = line.partition("\t")
+        out[k] = v
+    return r.status_code, out
+
+
+def stored(root: Root, token: str, key: str) -> bytes | None:
+    r = root.client(token).get(f"/v1/kv/{key}")
+    return None if r.status_code == 404 else r.content
+
+
+def test_binary_and_rpc_sets_are_durable_gateway_writes(kt_root: tuple[Root, int, str]) -> None:
+    root, kt, token = kt_root
+    db = ukt.KyotoTycoon("127.0.0.1", kt, serializer=ukt.KT_NONE)
+    try:
+        assert db.set("w/a", b"1") == 1  # binary set_bulk of one record
+        assert db.set_bulk({"w/b": b"2", "w/c": b"3"}) == 2
+        assert stored(root, token, "w/a") == b"1"
+        assert db.get_bulk(["w/a", "w/b", "w/c"]) == {"w/a": b"1", "w/b": b"2", "w/c": b"3"}
+        assert db.remove_bulk(["w/b", "w/missing"]) == 1
+        assert stored(root, token, "w/b") is None
+    finally:
+        db.close_all()
+    assert rpc(kt, "set", key="w/r", value="v") == (200, {})
+    assert stored(root, token, "w/r") == b"v"
+
+
+def test_conditional_procedures_answer_450(kt_root: tuple[Root, int, str]) -> None:
+    root, kt, token = kt_root
+    assert rpc(kt, "add", key="w/x", value="1")[0] == 200
+    status, out = rpc(kt, "add", key="w/x", value="2")
+    assert status == 450 and out["ERROR"] == "DB: 6: record duplication: record duplication"
+    assert rpc(kt, "replace", key="w/x", value="3")[0] == 200
+    status, out = rpc(kt, "replace", key="w/nope", value="3")
+    assert status == 450 and out["ERROR"] == "DB: 7: no record: no record"
+    status, out = rpc(kt, "cas", key="w/x", oval="wrong", nval="4")
+    assert status == 450 and "logical inconsistency" in out["ERROR"]
+    assert rpc(kt, "cas", key="w/x", oval="3", nval="4")[0] == 200
+    assert stored(root, token, "w/x") == b"4"
+    assert rpc(kt, "cas", key="w/x", oval="4")[0] == 200  # no nval: remove
+    assert stored(root, token, "w/x") is None
+    status, out = rpc(kt, "remove", key="w/x")
+    assert status == 450 and out["ERROR"] == "DB: 7: no record: no record"
+    assert rpc(kt, "set", key="w/x", value="5", DB="casket.kch")[0] == 200
+    assert rpc(kt, "seize", key="w/x") == (200, {"value": "5"})
+    assert rpc(kt, "seize", key="w/x")[0] == 450
+    assert rpc(kt, "set", key="w/x", value="5", DB="nope")[0] == 400
+
+
+def test_increment_and_append(kt_root: tuple[Root, int, str]) -> None:
+    root, kt, token = kt_root
+    assert rpc(kt, "increment", key="w/n", num="5") == (200, {"num": "5"})
+    assert rpc(kt, "increment", key="w/n", num="-7") == (200, {"num": "-2"})
+    assert stored(root, token, "w/n") == struct.pack(">q", -2)
+    assert rpc(kt, "increment", key="w/absent", num="1", orig="try")[0] == 450
+    assert rpc(kt, "set", key="w/s", value="abc")[0] == 200
+    assert rpc(kt, "increment", key="w/s", num="1")[0] == 450  # not an 8-byte number
+    assert rpc(kt, "append", key="w/s", value="def")[0] == 200
+    assert rpc(kt, "append", key="w/t", value="new")[0] == 200
+    assert stored(root, token, "w/s") == b"abcdef"
+    assert stored(root, token, "w/t") == b"new"
+
+
+def test_rest_put_and_delete(kt_root: tuple[Root, int, str]) -> None:
+    root, kt, token = kt_root
+    base = f"http://127.0.0.1:{kt}"
+    r = httpx.put(f"{base}/w%2Frest", content=b"body", timeout=10)
+    assert r.status_code == 201
+    assert stored(root, token, "w/rest") == b"body"
+    r = httpx.put(f"{base}/w%2Frest", content=b"x", headers={"X-Kt-Mode": "add"}, timeout=10)
+    assert r.status_code == 450 and "duplication" in r.headers["X-Kt-Error"]
+    r = httpx.put(f"{base}/w%2Fnew", content=b"x", headers={"X-Kt-Mode": "replace"}, timeout=10)
+    assert r.status_code == 450 and "no record" in r.headers["X-Kt-Error"]
+    # a database alias (--kt-db-alias) names database 0; another name is refused
+    r = httpx.put(f"{base}/casket.kch/w%2Falias", content=b"a", timeout=10)
+    assert r.status_code == 201 and stored(root, token, "w/alias") == b"a"
+    assert httpx.put(f"{base}/other.kch/w%2Fx", content=b"a", timeout=10).status_code == 400
+    assert httpx.delete(f"{base}/w%2Frest", timeout=10).status_code == 204
+    r = httpx.delete(f"{base}/w%2Frest", timeout=10)
+    assert r.status_code == 404 and "no record" in r.headers["X-Kt-Error"]
+
+
+def test_acl_refusal_is_not_retryable_and_writes_nothing(kt_root: tuple[Root, int, str]) -> None:
+    root, kt, token = kt_root
+    status, out = rpc(kt, "set", key="other/k", value="v")
+    assert status == 400, out  # a refusal that can never succeed: not 503 (retry later)
+    assert "other/k" in out["ERROR"]
+    status, _ = rpc(kt, "set_bulk", **{"_w/ok": "1", "_other/no": "2"})
+    assert status == 400
+    assert stored(root, token, "w/ok") is None  # all-or-nothing, like an HTTP batch
+
+
+def test_clear_deletes_only_the_producers_keys(kt_root: tuple[Root, int, str]) -> None:
+    root, kt, token = kt_root
+    _, other_token = root.producer(["keep/"])
+    assert root.client(other_token).put("/v1/kv/keep/1", content=b"x").status_code == 200
+    assert rpc(kt, "set", key="w/z", value="z")[0] == 200
+    assert rpc(kt, "clear")[0] == 200
+    assert stored(root, token, "w/z") is None
+    assert stored(root, other_token, "keep/1") == b"x"
+
+
+def test_without_kt_producer_writes_stay_refused(tmp_path: Path, procs: Procs) -> None:
+    kt = free_port()
+    root = make_root(procs, tmp_path / "data", "--kt-listen", f"127.0.0.1:{kt}")
+    try:
+        status, out = rpc(kt, "set", key="w/a", value="1")
+        assert status == 500 and "no permission" in out["ERROR"]
+        r = httpx.put(f"http://127.0.0.1:{kt}/w%2Fa", content=b"1", timeout=10)
+        assert r.status_code == 500
+    finally:
+        root.close_clients()
+
+
+def test_clear_obeys_the_mass_delete_guard(kt_root: tuple[Root, int, str]) -> None:
+    root, kt, token = kt_root
+    db = ukt.KyotoTycoon("127.0.0.1", kt, serializer=ukt.KT_NONE)
+    try:
+        assert db.set_bulk({f"g/{i}": b"x" for i in range(5)}) == 5
+        status, out = rpc(kt, "clear")
+        assert status == 400 and "deletes per batch" in out["ERROR"], out
+        assert stored(root, token, "g/0") == b"x"  # nothing deleted
+        assert db.remove_bulk([f"g/{i}" for i in range(3)]) == 3
+        assert db.remove_bulk(["g/3", "g/4"]) == 2
+    finally:
+        db.close_all()
