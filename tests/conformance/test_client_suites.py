@@ -1,0 +1,153 @@
+"""Conformance: a KT client library's OWN test suite, unchanged, against Mercury.
+
+ukt's suite (its `ukt/tests.py`, taken from the sdist of the installed version) starts
+"ktserver" through ``$KT_BINARY``; here that is `tests/conformance/ktshim.py`, which
+forwards to the KT listener of one real Mercury root started with ``--kt-producer``. Writes
+therefore go through the gateway's write path and reads come from the same listener (the
+suite uses one address for both). The pass count may not drop below `UKT_PASSED`;
+docs/kt-compat.md explains every remaining failure.
+
+The sdist comes from the package index (``pip download``); without network access the
+test is skipped with that reason.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import re
+import subprocess
+import sys
+import tarfile
+import xml.etree.ElementTree as ET
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.gateway.conftest import Root, make_root
+from tests.support.procs import REPO, Procs, free_port
+
+#: ukt tests passing against Mercury when this figure was recorded (docs/kt-compat.md).
+UKT_PASSED = 30
+#: Per-test bound inside the suite (a hang is a failure, never a stuck run).
+PER_TEST_TIMEOUT_S = 5
+CACHE = Path(os.environ.get("MERCURY_CONFORMANCE_CACHE", Path.home() / ".cache" / "mercury-conf"))
+
+
+def ukt_suite(dest: Path) -> Path:
+    """Extract ukt's tests.py (and the Lua scripts it loads) from the installed version's
+    sdist into `dest`; the path of tests.py."""
+    version = importlib.metadata.version("ukt")
+    CACHE.mkdir(parents=True, exist_ok=True)
+    sdist = CACHE / f"ukt-{version}.tar.gz"
+    if not sdist.exists():
+        r = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                "--no-binary",
+                "ukt",
+                "--no-deps",
+                "--no-build-isolation",
+                f"ukt=={version}",
+                "-d",
+                str(CACHE),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        if r.returncode != 0 or not sdist.exists():
+            pytest.skip(f"cannot download the ukt {version} sdist: {r.stderr.strip()[-300:]}")
+    with tarfile.open(sdist) as tar:
+        members = [
+            m
+            for m in tar.getmembers()
+            if m.name == f"ukt-{version}/ukt/tests.py"
+            or m.name.startswith(f"ukt-{version}/ukt/scripts/")
+        ]
+        tar.extractall(dest, members=members, filter="data")
+    return dest / f"ukt-{version}" / "ukt" / "tests.py"
+
+
+@pytest.fixture
+def kt_root(tmp_path: Path) -> Iterator[tuple[Root, int]]:
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    procs = Procs(logs)
+    kt_port = free_port()
+    try:
+        root = make_root(
+            procs,
+            tmp_path / "root",
+            "--kt-listen",
+            f"127.0.0.1:{kt_port}",
+            "--kt-producer",
+            "conf",
+            window_ms=2,
+        )
+        # every printable ASCII first byte: the suite's keys are all the producer's
+        keyspaces = [chr(c) for c in range(0x20, 0x7F)]
+        r = root.admin().put("/v1/admin/producers/conf", json={"keyspaces": keyspaces})
+        assert r.status_code in (200, 201), r.text
+        yield root, kt_port
+        root.close_clients()
+    finally:
+        procs.stop_all()
+
+
+def run_suite(tests_py: Path, kt_port: int, out: Path) -> dict[str, str]:
+    """Run the suite; outcome ("passed", "failed", "error", "skipped") per test id."""
+    shim = out / "ktserver"
+    shim.write_text(
+        f'#!/bin/sh\nexec {sys.executable} {REPO / "tests" / "conformance" / "ktshim.py"} "$@"\n'
+    )
+    shim.chmod(0o755)
+    xml = out / "ukt.xml"
+    env = {**os.environ, "KT_BINARY": str(shim), "MERCURY_KT": f"127.0.0.1:{kt_port}"}
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            str(tests_py),
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            f"--timeout={PER_TEST_TIMEOUT_S}",
+            f"--junitxml={xml}",
+            "--rootdir",
+            str(tests_py.parent),
+        ],
+        cwd=tests_py.parent,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    outcomes: dict[str, str] = {}
+    for case in ET.parse(xml).getroot().iter("testcase"):
+        tid = f"{case.get('classname', '').rsplit('.', 1)[-1]}.{case.get('name')}"
+        kinds = [child.tag for child in case]
+        outcomes[tid] = next(
+            (k for k in ("failure", "error", "skipped") if k in kinds), "passed"
+        ).replace("failure", "failed")
+    return outcomes
+
+
+def test_ukt_suite(kt_root: tuple[Root, int], tmp_path: Path) -> None:
+    _, kt_port = kt_root
+    tests_py = ukt_suite(tmp_path / "ukt")
+    outcomes = run_suite(tests_py, kt_port, tmp_path)
+    passed = sorted(t for t, o in outcomes.items() if o == "passed")
+    failed = sorted(t for t, o in outcomes.items() if o in ("failed", "error"))
+    report = tmp_path / "ukt-outcomes.txt"
+    report.write_text("".join(f"{outcomes[t]} {t}\n" for t in sorted(outcomes)))
+    print(f"ukt suite against Mercury: {len(passed)} passed, {len(failed)} failed ({report})")
+    assert len(passed) >= UKT_PASSED, f"ukt conformance dropped: {len(passed)} < {UKT_PASSED}"
+    assert all(re.match(r"^\w+\.\w+$", t) for t in outcomes)
+    assert httpx.get(f"{kt_root[0].url}/healthz", timeout=5).status_code == 200
