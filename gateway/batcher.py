@@ -382,6 +382,11 @@ class Batcher:
                     for r, res in zip(b.requests, results, strict=True):
                         if not r.future.done():
                             r.future.set_result(res)
+                    if self.series is not None:  # here, not in the commit thread: counting
+                        # then overlaps the next commit's fsync instead of delaying it
+                        now = time.time()
+                        for r, res in zip(b.requests, results, strict=True):
+                            self.series.add_results(r.producer, r.ops, res, now)
             self._signal_room()  # the open batch moved on
             if self._closing and not self._open.requests and not self._queued:
                 return
@@ -430,12 +435,8 @@ class Batcher:
         results = out.results if order is None else unsort(out.results, order)
         per_op = _spread(ops, kept, winner, results)
         split = _split(requests, per_op)
-        if series is not None:
-            if changes:
-                series.written(changes)
-            now = time.time()
-            for r, res in zip(requests, split, strict=True):
-                series.add_results(r.producer, r.ops, res, now)
+        if series is not None and changes:
+            series.written(changes)
         _log_batch(requests, split, out.first_seq, out.last_seq, len(applied), dt)
         if self.on_commit is not None:
             self.on_commit()
