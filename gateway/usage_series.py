@@ -193,8 +193,9 @@ def keyspace_finder(keyspaces: Sequence[str]) -> Callable[[bytes], str] | str:
 class UsageSeries:
     """Minute counters in memory and the documents they fold into.
 
-    Thread use: `add_results`/`due`/`written` run in the batcher's commit thread,
-    `add_quota` on the event loop, `query` in route handlers; one lock guards the state.
+    Thread use: `due`/`written` run in the batcher's commit thread, `add_results` on the
+    event loop once a batch's futures are resolved, `add_quota` from `due`, `query` in
+    route handlers (or a worker thread); one lock guards the state.
     """
 
     def __init__(
