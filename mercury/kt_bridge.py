@@ -31,6 +31,7 @@ from typing import Any
 
 import httpx
 
+from core import failpoints
 from core.errors import MercuryError
 from mercury import kt_ulog
 from mercury.client import (
@@ -266,6 +267,7 @@ class Bridge:
             self.state.pending = {"last_ts": self.seen_ts, "key": idem}
             self.state.save()
             res = self._send(b.ops, idem)
+            failpoints.hit("kt_bridge.acked")  # fault tests: acknowledged, cursor not moved
             self.last_seq = max(self.last_seq, res.seq)
             self.applied += len(b.ops)
             log.info(

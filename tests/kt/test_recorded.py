@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
 
 from mercury import kt_ulog
 from tests.client.conftest import Cluster
@@ -180,5 +181,49 @@ def test_a_refused_batch_stops_the_bridge_and_is_kept_pending(
         doc = json.loads(state.read_text())
         assert doc["ts"] == 0 and doc["pending"] is not None
         assert _under(c, b"elsewhere/") == {}
+    finally:
+        master.close()
+
+
+def test_a_replayed_batch_is_answered_not_reapplied(
+    kt_cluster: tuple[Cluster, Procs], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The bridge dies right after the root acknowledged its first batch, before moving its
+    cursor; meanwhile someone overwrites a key of that batch. The restarted bridge sends
+    the same batch with the same Idempotency-Key: the root answers it from its record and
+    does NOT write the batch's older values over the newer one (sent again without the key,
+    `cfg/a=3` would overwrite it and log one more seq)."""
+    c, procs = kt_cluster
+    entries = load(STREAM)
+
+    _, token1 = producer_token_file(c, tmp_path, "kt4/")
+    master = ReplayMaster(entries)
+    try:
+        before = _seq(c)
+        _run_until(procs, c, master, token1, tmp_path / "s4.state", "kt4/")
+        seqs_uninterrupted = _seq(c) - before
+    finally:
+        master.close()
+
+    _, token2 = producer_token_file(c, tmp_path, "kt5/")
+    master = ReplayMaster(entries)
+    try:
+        before = _seq(c)
+        state = tmp_path / "s5.state"
+        with monkeypatch.context() as m:
+            m.setenv("MERCURY_FAILPOINTS", "kt_bridge.acked=kill")
+            p = _bridge(procs, c, master.port, token2, state, "kt5/")
+        p.wait(60)
+        doc = json.loads(state.read_text())
+        assert doc["ts"] == 0 and doc["pending"] is not None  # acknowledged, not recorded
+        h = {"Authorization": f"Bearer {token2.read_text().strip()}"}
+        r = httpx.put(f"{c.root.url}/v1/kv/kt5/cfg/a", content=b"operator", headers=h, timeout=10)
+        assert r.status_code == 200, r.text
+        assert _under(c, b"kt5/")[b"kt5/cfg/a"] == b"operator"
+        _run_until(procs, c, master, token2, state, "kt5/")
+        assert _under(c, b"kt5/") == final_state(b"kt5/")
+        # the operator's write is the only extra seq: the replay wrote nothing
+        assert _seq(c) - before == seqs_uninterrupted + 1
+        assert "1 replayed requests" in procs.logs()
     finally:
         master.close()
