@@ -124,8 +124,8 @@ def test_bridge_resumes_after_sigkill_without_gap_or_double_write(
 ) -> None:
     """Batches are cut by count only (3 changes; a 10 s window; a clear flushes first), so
     a run killed midway must end with the same state AND the same number of log seqs as an
-    uninterrupted run: a batch replayed after the kill is answered from its idempotency
-    record, never applied again (re-applying `cfg/a=1` over `cfg/a=3` would log more)."""
+    uninterrupted run: no change lost, none applied in a different cut. (That a replayed
+    batch is answered rather than re-applied is proven below, where it would show.)"""
     c, procs = kt_cluster
     entries = load(STREAM)
 
