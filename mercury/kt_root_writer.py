@@ -8,6 +8,7 @@ rate quota, batching, durable commit) — and its per-op results come back to th
 
 from __future__ import annotations
 
+import ipaddress
 from typing import Any
 
 from acl.model import Producer
@@ -74,10 +75,28 @@ class GatewayKtWriter:
 def kt_writer_for(
     producer: str | None, kt_listen: tuple[str, int] | None
 ) -> GatewayKtWriter | None:
-    """The root's KT writer for `--kt-producer` (None without it); the flag needs
-    `--kt-listen`."""
+    """The root's KT writer for `--kt-producer` (None without it). The flag needs
+    `--kt-listen` on a loopback address: KT carries no credentials, so whoever reaches the
+    port writes as the producer; beyond loopback that would be an unauthenticated write
+    path, which no flag allows."""
     if producer is None:
         return None
     if kt_listen is None:
         raise ConfigError("--kt-producer needs --kt-listen", hint="add --kt-listen H:P")
+    if not _loopback(kt_listen[0]):
+        raise ConfigError(
+            f"--kt-producer needs a loopback --kt-listen, got {kt_listen[0]!r}: KT carries no "
+            "credentials, so anyone reaching the port would write as the producer",
+            hint="listen on 127.0.0.1 and run the KT clients on the root's machine, or "
+            "follow a ktserver with mercury kt-bridge",
+        )
     return GatewayKtWriter(producer)
+
+
+def _loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False

@@ -137,3 +137,15 @@ def test_seize(store: Store) -> None:
     assert run(w.seize(b"k/s")) == b"v"
     assert store.get(b"k/s") is None
     assert failed(w.seize(b"k/s")) == (450, NO_RECORD)
+
+
+def test_kt_writes_need_a_loopback_listener() -> None:
+    from core.errors import ConfigError
+    from mercury.kt_root_writer import kt_writer_for
+
+    assert kt_writer_for(None, None) is None
+    assert kt_writer_for("p", ("127.0.0.1", 1978)) is not None
+    assert kt_writer_for("p", ("::1", 1978)) is not None
+    for bad in (None, ("0.0.0.0", 1978), ("10.1.2.3", 1978), ("kt.example", 1978)):
+        with pytest.raises(ConfigError):
+            kt_writer_for("p", bad)
