@@ -66,6 +66,18 @@ class KtWriteHandler(KtHandler):
     def _db_allowed(self, db: bytes | None) -> bool:
         return db is None or self._db_ok(db)
 
+    def _report(self) -> dict[bytes, bytes]:
+        out = super()._report()
+        w = self.writes
+        out[b"conf_kt_features"] = b"(Mercury root: writes as producer %s)" % (
+            w.writer.producer.encode()
+        )
+        out[b"cnt_set"] = b"%d" % w.cnt_set
+        out[b"cnt_set_misses"] = b"%d" % w.cnt_set_misses
+        out[b"cnt_remove"] = b"%d" % w.cnt_remove
+        out[b"cnt_remove_misses"] = b"%d" % w.cnt_remove_misses
+        return out
+
     # --- HTTP ------------------------------------------------------------------------------
 
     def http_slices(self, req: kt.HttpRequest) -> Generator[bytes, None, tuple[bytes, bool]]:

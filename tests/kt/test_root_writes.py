@@ -104,6 +104,17 @@ def test_conditional_procedures_answer_450(kt_root: tuple[Root, int, str]) -> No
     assert rpc(kt, "set", key="w/x", value="5", DB="nope")[0] == 400
 
 
+def test_report_counts_the_writes(kt_root: tuple[Root, int, str]) -> None:
+    _, kt, _ = kt_root
+    before = rpc(kt, "report")[1]
+    assert rpc(kt, "set", key="w/rep", value="1")[0] == 200
+    assert rpc(kt, "remove", key="w/rep-missing")[0] == 450
+    after = rpc(kt, "report")[1]
+    assert int(after["cnt_set"]) == int(before["cnt_set"]) + 1
+    assert int(after["cnt_remove_misses"]) == int(before["cnt_remove_misses"]) + 1
+    assert NAME in after["conf_kt_features"]
+
+
 def test_increment_and_append(kt_root: tuple[Root, int, str]) -> None:
     root, kt, token = kt_root
     assert rpc(kt, "increment", key="w/n", num="5") == (200, {"num": "5"})
