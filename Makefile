@@ -62,9 +62,14 @@ browser-deps:
 	       && apt-get install -y -qq --no-install-recommends $(BROWSER_DEPS); } \
 	  || echo "chromium missing (apt-get install $(BROWSER_DEPS)): tests/browser will skip" >&2
 
+# Tests spend most of their time waiting on real processes (start-up, batch windows,
+# timeouts), not on the CPU: four pytest-xdist workers, one test file each at a time
+# (--dist loadfile keeps a file's shared root/replica fixtures in one worker).
+XDIST := -n $(or $(TEST_WORKERS),4) --dist loadfile
+
 test: build lint browser-deps
-	MERCURY_REQUIRE_CYTHON=1 $(VENV)/bin/pytest -q -m "not bench" tests
-	MERCURY_PURE=1 $(VENV)/bin/pytest -q -m "not bench" tests/store tests/property \
+	MERCURY_REQUIRE_CYTHON=1 $(VENV)/bin/pytest -q -m "not bench" $(XDIST) tests
+	MERCURY_PURE=1 $(VENV)/bin/pytest -q -m "not bench" $(XDIST) tests/store tests/property \
 		tests/gateway tests/reads tests/replicator \
 		--ignore tests/gateway/test_schemathesis.py
 
