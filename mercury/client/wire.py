@@ -68,6 +68,10 @@ class BatchResult:
     deleted: int = 0
     duplicates: int = 0
     absent: int = 0
+    #: sets replaced by a later set of the same key in the same batch (stored, never served)
+    superseded: int = 0
+    #: ops whose `if_seq` / `if_absent` condition failed at commit (nothing written for them)
+    precondition_failed: int = 0
     requests: int = 0
     replayed: int = 0
 
@@ -78,6 +82,8 @@ class BatchResult:
         self.deleted += int(doc.get("deleted") or 0)
         self.duplicates += int(doc.get("duplicates") or 0)
         self.absent += int(doc.get("absent") or 0)
+        self.superseded += int(doc.get("superseded") or 0)
+        self.precondition_failed += int(doc.get("precondition_failed") or 0)
         self.requests += 1
         self.replayed += int(replayed)
 

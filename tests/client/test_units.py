@@ -206,3 +206,11 @@ def test_a_malformed_stream_line_is_a_server_error_not_data() -> None:
     assert err.value.detail == "crc failure"
     with pytest.raises(errors.ServerError):
         calls.watch_change({"op": "set", "key": "k"})  # no seq
+
+
+def test_batch_result_counts_every_status_the_root_answers() -> None:
+    r = wire.BatchResult()
+    r.add({"seq": 7, "written": 2, "superseded": 1, "precondition_failed": 3, "absent": 1}, False)
+    r.add({"seq": 5, "deleted": 1, "duplicates": 2}, True)
+    assert (r.seq, r.written, r.deleted, r.duplicates, r.absent) == (7, 2, 1, 2, 1)
+    assert (r.superseded, r.precondition_failed, r.requests, r.replayed) == (1, 3, 2, 1)
