@@ -21,11 +21,38 @@ import httpx
 REPO = Path(__file__).resolve().parents[2]
 
 
+# Ports handed to the processes a test starts. Not bind(0): the kernel takes those from the
+# ephemeral range, where any outgoing connection (of this run or another xdist worker) may
+# grab the port between our probe and the server's bind, and the server then fails to
+# start (uvicorn exits 3). Below the ephemeral range (32768+ on Linux), each xdist worker
+# walks its own slice, so two workers never hand out the same port.
+_PORT_BASE = 20_000
+_PORT_SLICE = 1_500
+_next_port: list[int] = []
+
+
+def _worker_index() -> int:
+    w = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+    return int(w[2:]) if w[2:].isdigit() else 0
+
+
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A TCP port on 127.0.0.1, free now and handed out by no other call of this test run."""
+    lo = _PORT_BASE + (_worker_index() % 8) * _PORT_SLICE
+    if not _next_port:
+        # Start each process's walk somewhere new, so a rerun soon after does not meet
+        # sockets of the last run's processes still in TIME_WAIT on the same ports.
+        _next_port.append(lo + (os.getpid() * 97) % _PORT_SLICE)
+    for _ in range(_PORT_SLICE):
+        port = _next_port[0]
+        _next_port[0] = lo + (port - lo + 1) % _PORT_SLICE
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue  # in use (or lingering): try the next one
+            return port
+    raise RuntimeError(f"no free port in {lo}..{lo + _PORT_SLICE - 1}")
 
 
 def wait_port(
