@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install build run test test-fast lint bench clean browser-deps
+.PHONY: install build run test test-fast lint bench bench-deps browser-deps clean
 
 $(STAMP): pyproject.toml setup.py
 	$(PYTHON) -m venv $(VENV)
@@ -43,14 +43,11 @@ lint: build
 # The whole suite on the compiled code, then again on the pure-Python references
 # (MERCURY_PURE=1: the store codec and the gateway's batch-body decoder; child processes
 # inherit it) for every component that runs them: store, property, gateway, reads and
-# replicator. Left out of the second pass, by measurement: the schemathesis suite (72 s of
-# the pass's 6 min 54 s, measured 2026-11-24 at load average ~5 with `time MERCURY_PURE=1
-# pytest ... --durations=25`) checks HTTP conformance; what the switch changes under it, the
-# store codec and the body decoder, is run by tests/store and proven to agree with the
-# compiled code by tests/property. At that load the first pass's other suites (faults,
-# client, top level) took 5 min 56 s more, so `make test` on a machine shared that heavily
-# takes about 18 minutes; on an idle one it was not measured (its CPU time: 3 min 31 s for
-# this second pass, 2 min 21 s for those other suites).
+# replicator. Left out of the second pass: the schemathesis suite, which checks HTTP
+# conformance (72 s of that pass when it ran serially); what the switch changes under it,
+# the store codec and the body decoder, is run by tests/store and proven to agree with the
+# compiled code by tests/property. Measured 2026-11-24 on 2 cores with four workers: first
+# pass 496 tests in 6 min 1 s (10 min 47 s CPU), second pass 299 tests in 2 min 57 s.
 # The browser test (tests/browser: the usage page in headless Chromium via selenium) needs
 # Debian's chromium and its driver: installed when missing and we are root; otherwise the
 # test skips and says why.
@@ -73,7 +70,15 @@ test: build lint browser-deps
 		tests/gateway tests/reads tests/replicator \
 		--ignore tests/gateway/test_schemathesis.py
 
-bench: build
+# wrk drives the gateway benches' HTTP load; installed from Debian when missing and root
+# (without it bench/gateway_write.py falls back to a Python client whose ratios are not
+# comparable with wrk runs, and says so).
+bench-deps:
+	@command -v wrk >/dev/null 2>&1 \
+	  || { [ "$$(id -u)" = 0 ] && apt-get update -qq && apt-get install -y -qq wrk; } \
+	  || echo "wrk missing (apt-get install wrk): gateway benches use the Python client" >&2
+
+bench: build bench-deps
 	$(VENV)/bin/pytest -q -m bench tests || test $$? -eq 5
 	@for b in bench/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
 
