@@ -211,6 +211,8 @@ class Batcher:
         self._full = asyncio.Event()
         self._closing = False
         self._task: asyncio.Task[None] | None = None
+        # Read at scrape time: no bookkeeping on the write path.
+        metrics.BATCH_WAITING.set_function(self.waiting_requests)
         #: usage over time (`gateway/usage_series.py`): counts each committed request,
         #: and its finished minutes ride in the next batch's transaction as documents
         self.series: UsageSeries | None = None
@@ -246,6 +248,10 @@ class Batcher:
     def closing(self) -> bool:
         """Whether `close` has begun (new writes are refused with 503)."""
         return self._closing
+
+    def waiting_requests(self) -> int:
+        """Requests admitted to the open batch or to a sealed batch still queued."""
+        return len(self._open.requests) + sum(len(b.requests) for b in self._queued)
 
     def open_deletes(self, producer: str, keyspace: str) -> int:
         """Deletes of `producer` under `keyspace` already in the open batch (write guard)."""

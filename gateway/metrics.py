@@ -76,5 +76,10 @@ BATCH_OVERLOADED = Counter(
     "Writes refused with 503 because the open batch and the queue of full ones were full",
 )
 LOG_LAST_SEQ = _shared_gauge("mercury_log_last_seq", "Seq of the last committed log entry")
+BATCH_WAITING = Gauge(
+    "mercury_batch_waiting_requests",
+    "Write requests in the open batch or in full batches queued behind a commit (not yet "
+    "being committed)",
+)
 USAGE_BYTES = Gauge("mercury_usage_bytes", "Bytes stored per producer", ("producer",))
 USAGE_KEYS = Gauge("mercury_usage_keys", "Keys stored per producer", ("producer",))

@@ -154,7 +154,12 @@ def test_sigterm_commits_and_acknowledges_the_open_batch(root_factory: Any, proc
     threads = [threading.Thread(target=put, args=(i,)) for i in range(4)]
     for t in threads:
         t.start()
-    time.sleep(0.4)  # the batch is open, nothing committed yet
+    # SIGTERM only once all four requests sit in the open batch (the 1.5 s window keeps it
+    # open): a fixed sleep raced the clients' connects on a loaded machine.
+    deadline = time.monotonic() + 20
+    while _waiting_requests(root.url) < 4:
+        assert time.monotonic() < deadline, "the four PUTs never reached the open batch"
+        time.sleep(0.02)
     # uvicorn re-raises SIGTERM after its graceful shutdown: exit by signal 15 is clean
     assert procs.terminate(root.proc) in (0, -15)
     for t in threads:
@@ -162,3 +167,12 @@ def test_sigterm_commits_and_acknowledges_the_open_batch(root_factory: Any, proc
     assert results == {i: 200 for i in range(4)}, procs.logs()
     with Store.open(str(root.data_dir)) as s:
         assert all(s.get(f"{name}/t{i}".encode()) is not None for i in range(4))
+
+
+def _waiting_requests(url: str) -> float:
+    """The root's `mercury_batch_waiting_requests` gauge."""
+    text = httpx.get(url + "/metrics", timeout=5).text
+    for line in text.splitlines():
+        if line.startswith("mercury_batch_waiting_requests "):
+            return float(line.split()[1])
+    return 0.0
