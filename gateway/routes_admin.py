@@ -132,6 +132,14 @@ async def _commit(gw: Gateway, acl: Acl, action: str, target: str, diff: list[st
     return await gw.set_acl(acl, aclstore.Change(ADMIN_WHO, action, target, tuple(diff)))
 
 
+async def _commit_if_changed(gw: Gateway, new: Acl, action: str, target: str) -> None:
+    """Commit `new` with its audit record, unless it leaves the document as it is (an
+    idempotent PUT writes nothing to the log). Call under `_lock(gw)`."""
+    diff = document_diff(gw.acl.document(), new.document())
+    if diff:
+        await _commit(gw, new, action, target, diff)
+
+
 def _problem(status: int, title: str, detail: str, **extra: Any) -> Response:
     """A problem+json answer for the statuses no error class carries (422, 428)."""
     slug = title.lower().replace(" ", "-")
@@ -259,10 +267,7 @@ async def put_producer(name: str, request: Request) -> Response:
     async with _lock(gw):
         old = gw.acl
         created = name not in old.producers
-        new = old.put(p)
-        diff = document_diff(old.document(), new.document())
-        if diff:
-            await _commit(gw, new, "put_producer", name, diff)
+        await _commit_if_changed(gw, old.put(p), "put_producer", name)
     return json_response(gw.acl.producers[name].config(), 201 if created else 200)
 
 
@@ -372,10 +377,7 @@ async def put_consumer(name: str, request: Request) -> Response:
     async with _lock(gw):
         old = gw.acl
         created = name not in old.consumers
-        new = old.put_consumer(c)
-        diff = document_diff(old.document(), new.document())
-        if diff:
-            await _commit(gw, new, "put_consumer", name, diff)
+        await _commit_if_changed(gw, old.put_consumer(c), "put_consumer", name)
     return json_response(gw.acl.consumers[name].config(), 201 if created else 200)
 
 
