@@ -52,7 +52,7 @@ from core.errors import (
     StreamGapError,
 )
 from core.tlsconf import TlsContexts
-from replicator import frames, validate, wire
+from replicator import frames, upstream, validate, wire
 from replicator.heartbeat import RelayedHeartbeat
 from replicator.selection import Selector
 from replicator.status import StatusBoard
@@ -149,8 +149,11 @@ class ReplicaClient:
         staleness: float = 30.0,
         failback: float = 30.0,
         tls: TlsContexts | None = None,
+        outbox: upstream.UpstreamOutbox | None = None,
     ) -> None:
         self.store = store
+        #: Frames for the source (sent only to a source that accepts them; None: none).
+        self.outbox = outbox
         #: Mutual TLS to every source (None: plaintext).
         self.tls = tls
         self.failback = failback
@@ -241,8 +244,11 @@ class ReplicaClient:
             open_source(host, port, self.tls, limit=READ_LIMIT), CONNECT_TIMEOUT
         )
         try:
-            await wire.send(writer, self._hello(0))
-            ftype, body = await asyncio.wait_for(wire.read_frame(reader), CONNECT_TIMEOUT)
+            opts = frames.OPT_UPSTREAM if self.outbox is not None else 0
+            await wire.send(writer, self._hello(opts))
+            ftype, flags, body = await asyncio.wait_for(
+                upstream.read_welcome(reader), CONNECT_TIMEOUT
+            )
             if ftype == frames.REFUSE:
                 raise refusal_error(frames.decode_refuse(body))
             if ftype != frames.WELCOME:
@@ -254,9 +260,14 @@ class ReplicaClient:
             probe = None
             if self.selector.index > 0 and self.failback > 0:
                 probe = asyncio.ensure_future(self._probe_preferred(reader))
+            pump = upstream.pump_while(self.outbox, flags, writer)
             try:
                 await self._stream(reader)
             finally:
+                if pump is not None:
+                    pump.cancel()
+                    with contextlib.suppress(asyncio.CancelledError, Exception):
+                        await pump
                 if probe is not None:
                     probe.cancel()
                     with contextlib.suppress(asyncio.CancelledError):

@@ -8,7 +8,7 @@ Frame::
 
     off  size  field
     0    1     type (below)
-    1    1     flags: reserved, 0
+    1    1     flags: 0, except WELCOME's bit 0 (below)
     2    4     body length L (u32; at most MAX_BODY_OF[type], checked before the body is read)
     6    4     CRC-32 over bytes [0:6] ++ body
     10   L     body
@@ -28,7 +28,8 @@ Bodies by type:
 
       0   2   protocol version (u16)
       2   1   mode: 1 = stream the log, 2 = fetch a snapshot (bootstrap)
-      3   1   options: bit 0 = newest-only (start at the source's head, skip history)
+      3   1   options: bit 0 = newest-only (start at the source's head, skip history);
+                  bit 1 = upstream-capable (this client may send UPSTREAM frames)
       4   16  client id (random per process; equal to the source's id = itself)
       20  16  db id (all zero = unknown, allowed only with mode 2)
       36  8   last applied seq (the stream starts at last + 1)
@@ -38,7 +39,11 @@ Bodies by type:
 
 - ``WELCOME`` (2, source -> replica), 54 bytes: protocol version (u16), the source's own
   id (16), db id (16), source head seq (u64), first retained seq (u64), heartbeat interval
-  in ms (u32). Records (mode 1) or a snapshot offer (mode 2) follow.
+  in ms (u32). Records (mode 1) or a snapshot offer (mode 2) follow. Header flag bit 0
+  (`WELCOME_UPSTREAM`), set only in answer to an upstream-capable HELLO in mode 1: the
+  source reads UPSTREAM frames on this connection. A client sends UPSTREAM frames only
+  after a WELCOME with that bit, so an older source (which ignores the option and sends
+  flags 0) never receives one; an older client never sets the option.
 - ``REFUSE`` (3), 2 + n bytes: refusal code (u16), UTF-8 message. Codes: 1 db id
   mismatch, 2 replicating from itself, 3 history no longer retained (bootstrap needed),
   4 unsupported protocol or request, 5 source not ready. The source closes after it.
@@ -58,6 +63,10 @@ Bodies by type:
 - ``WAIT`` (7), 4 bytes: position in the bootstrap queue (u32); the source bounds
   concurrent bootstraps and tells waiting replicas their turn.
 - ``END`` (8), 8 bytes: last seq sent (u64); the stop seq was reached, the source closes.
+- ``UPSTREAM`` (9, replica -> source, the only frame a client sends after HELLO), 2 + n
+  bytes, n at most `MAX_UPSTREAM_PAYLOAD`: kind (u16), payload. The kinds and their
+  payloads are `replicator/upstream.py`'s; a source ignores (and logs) a kind it does not
+  know, so a newer replica can talk to an older source of the same protocol version.
 """
 
 from __future__ import annotations
@@ -80,13 +89,19 @@ HEARTBEAT = 5
 SNAPSHOT = 6
 WAIT = 7
 END = 8
-TYPES = frozenset({HELLO, WELCOME, REFUSE, RECORD, HEARTBEAT, SNAPSHOT, WAIT, END})
+UPSTREAM = 9
+TYPES = frozenset({HELLO, WELCOME, REFUSE, RECORD, HEARTBEAT, SNAPSHOT, WAIT, END, UPSTREAM})
 #: Longest REFUSE message accepted (the source sends one line).
 MAX_REFUSE_MESSAGE = 4096
 
 MODE_STREAM = 1
 MODE_SNAPSHOT = 2
 OPT_NEWEST_ONLY = 0x01
+OPT_UPSTREAM = 0x02
+#: WELCOME header flag: the source reads UPSTREAM frames on this connection.
+WELCOME_UPSTREAM = 0x01
+#: Largest UPSTREAM payload: senders split bigger summaries into several frames.
+MAX_UPSTREAM_PAYLOAD = 1 << 20
 
 REFUSE_DB_ID = 1
 REFUSE_SELF = 2
@@ -104,6 +119,7 @@ _HEARTBEAT = struct.Struct("<QQIQ")
 _SNAPSHOT = struct.Struct("<Q32s16sQ32sQ")
 _U32 = struct.Struct("<I")
 _U64 = struct.Struct("<Q")
+_U16 = struct.Struct("<H")
 
 #: The largest body each frame type may claim (see the module docstring).
 MAX_BODY_OF: dict[int, int] = {
@@ -115,6 +131,7 @@ MAX_BODY_OF: dict[int, int] = {
     SNAPSHOT: _SNAPSHOT.size,
     WAIT: _U32.size,
     END: _U64.size,
+    UPSTREAM: _U16.size + MAX_UPSTREAM_PAYLOAD,
 }
 
 
@@ -184,9 +201,9 @@ class FrameHeader(NamedTuple):
     crc: int
 
 
-def encode_frame(ftype: int, body: bytes) -> bytes:
+def encode_frame(ftype: int, body: bytes, flags: int = 0) -> bytes:
     """One frame: header (with CRC over header prefix and body) then body."""
-    prefix = HEADER.pack(ftype, 0, len(body), 0)[:6]
+    prefix = HEADER.pack(ftype, flags, len(body), 0)[:6]
     crc = zlib.crc32(body, zlib.crc32(prefix))
     return prefix + _U32.pack(crc) + body
 
@@ -224,9 +241,9 @@ def decode_hello(body: bytes) -> Hello:
     return Hello(*_HELLO.unpack(body))
 
 
-def encode_welcome(w: Welcome) -> bytes:
-    """WELCOME frame."""
-    return encode_frame(WELCOME, _WELCOME.pack(*w))
+def encode_welcome(w: Welcome, flags: int = 0) -> bytes:
+    """WELCOME frame (`flags`: `WELCOME_UPSTREAM` or 0)."""
+    return encode_frame(WELCOME, _WELCOME.pack(*w), flags)
 
 
 def decode_welcome(body: bytes) -> Welcome:
@@ -299,3 +316,17 @@ def decode_end(body: bytes) -> int:
     if len(body) != _U64.size:
         raise ValueError("malformed END")
     return int(_U64.unpack(body)[0])
+
+
+def encode_upstream(kind: int, payload: bytes) -> bytes:
+    """UPSTREAM frame; ValueError when `payload` exceeds MAX_UPSTREAM_PAYLOAD."""
+    if len(payload) > MAX_UPSTREAM_PAYLOAD:
+        raise ValueError(f"upstream payload of {len(payload)} bytes exceeds {MAX_UPSTREAM_PAYLOAD}")
+    return encode_frame(UPSTREAM, _U16.pack(kind) + payload)
+
+
+def decode_upstream(body: bytes) -> tuple[int, bytes]:
+    """Decode an UPSTREAM body as (kind, payload); ValueError when malformed."""
+    if len(body) < _U16.size:
+        raise ValueError("malformed UPSTREAM")
+    return int(_U16.unpack_from(body)[0]), body[_U16.size :]

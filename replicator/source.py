@@ -42,6 +42,7 @@ from core.tlsconf import TlsContexts
 from replicator import frames, handshake, notify, wire
 from replicator.heartbeat import HeartbeatSource
 from replicator.metrics import REFUSED
+from replicator.upstream import Origin, UpstreamRouter
 from store import snapshot
 from store.store import Store
 
@@ -102,8 +103,11 @@ class ReplicationSource:
         stall_timeout: float = STALL_TIMEOUT,
         hello_timeout: float = HELLO_TIMEOUT,
         tls: TlsContexts | None = None,
+        upstream: UpstreamRouter | None = None,
     ) -> None:
         self.store = store
+        #: Reads UPSTREAM frames of clients that offer them (None: never offered).
+        self.upstream = upstream
         #: Mutual TLS on every connection (None: plaintext, loopback deployments only).
         self.tls = tls
         self.host = host
@@ -278,6 +282,11 @@ class ReplicationSource:
                 await wire.send(writer, frames.encode_refuse(code, message))
                 return
             first, _base = self.store.log_bounds()
+            upstream = (
+                self.upstream is not None
+                and hello.mode == frames.MODE_STREAM
+                and bool(hello.options & frames.OPT_UPSTREAM)
+            )
             await wire.send(
                 writer,
                 frames.encode_welcome(
@@ -288,11 +297,15 @@ class ReplicationSource:
                         self.store.last_seq(),
                         first,
                         self.heartbeat.interval_ms,
-                    )
+                    ),
+                    frames.WELCOME_UPSTREAM if upstream else 0,
                 ),
             )
             if hello.mode == frames.MODE_SNAPSHOT:
                 await self._send_snapshot(hello, reader, writer)
+            elif upstream and self.upstream is not None:
+                origin = Origin(hello.client_id, str(peer))
+                await self.upstream.serve_beside(reader, origin, self._stream(hello, writer))
             else:
                 await self._stream(hello, writer)
         except (ProtocolError, ValueError) as err:

@@ -11,6 +11,7 @@ from replicator import notify
 from replicator.heartbeat import RootHeartbeat
 from replicator.metrics import APPLIED_SEQ, REPLICATION_LAG
 from replicator.source import ReplicationSource
+from replicator.upstream import UpstreamRouter
 from store.store import Store
 
 
@@ -25,14 +26,18 @@ class SourceSettings:
 
 
 def root_services(
-    store: Store, settings: SourceSettings, tls: TlsContexts | None = None
+    store: Store,
+    settings: SourceSettings,
+    tls: TlsContexts | None = None,
+    upstream: UpstreamRouter | None = None,
 ) -> list[Service]:
     """Services the root runs beside the gateway: the replication source.
 
     Also makes every commit of this process ping sources of other processes on the same
     store, and exports `mercury_replication_lag_seconds` (0) and
     `mercury_replication_applied_seq`. With `tls`, every replica must present a
-    certificate signed by the CA (mutual TLS).
+    certificate signed by the CA (mutual TLS). `upstream` dispatches the frames replicas
+    send up (`replicator/upstream.py`).
     """
     if settings.listen is None:
         return []
@@ -49,5 +54,6 @@ def root_services(
         heartbeat=RootHeartbeat(store, settings.heartbeat_ms),
         max_bootstraps=settings.max_bootstraps,
         tls=tls,
+        upstream=upstream,
     )
     return [source]

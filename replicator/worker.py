@@ -43,6 +43,7 @@ from replicator.metrics import REFUSED
 from replicator.selection import Selector
 from replicator.source import ReplicationSource
 from replicator.status import StatusBoard
+from replicator.upstream import UpstreamOutbox, UpstreamRouter, relay_to
 from store import layout
 from store.lock import WriterLock
 from store.retention import RetentionPolicy, RetentionService
@@ -167,6 +168,10 @@ async def _run_locked(cfg: WorkerConfig, stop: asyncio.Event) -> int:
         store = Store.open(cfg.data_dir, sync=cfg.sync)
         notify.install_pinger(store)
         relay = RelayedHeartbeat()
+        # Upstream frames of this node, and of downstream replicas relayed toward the root.
+        outbox = UpstreamOutbox()
+        router = UpstreamRouter()
+        router.fallback = relay_to(outbox)
         if cfg.repl_listen is not None:
             source = ReplicationSource(
                 store,
@@ -176,6 +181,7 @@ async def _run_locked(cfg: WorkerConfig, stop: asyncio.Event) -> int:
                 heartbeat=relay,
                 max_bootstraps=cfg.max_bootstraps,
                 tls=tls,
+                upstream=router,
             )
             # The parent exports the refusals' counts (it serves /metrics).
             source.on_refused = lambda _reason: board.update(refused=REFUSED.counts())
@@ -194,6 +200,7 @@ async def _run_locked(cfg: WorkerConfig, stop: asyncio.Event) -> int:
             staleness=cfg.staleness,
             failback=cfg.failback,
             tls=tls,
+            outbox=outbox,
         )
         try:
             await _until(stop, client.run())

@@ -1,0 +1,248 @@
+"""The upstream channel: typed frames from a replication client to its source.
+
+A replication link carries the log down the tree; this module is its way back up, on the
+same connection: a replica sends ``UPSTREAM`` frames (kind u16 + payload, at most
+`frames.MAX_UPSTREAM_PAYLOAD` bytes; byte layout in `replicator/frames.py`) to the source
+it streams from, and the source dispatches each one by kind to a registered handler.
+
+- Negotiated per connection: the client sets `frames.OPT_UPSTREAM` in its HELLO, the
+  source answers with the `frames.WELCOME_UPSTREAM` header flag when it will read them.
+  A client never sends to a source that did not say so (an older one), and a source only
+  reads after a WELCOME carrying the flag.
+- Forward compatible: a kind with no handler is logged (once per kind and connection
+  origin) and ignored, never a reason to drop the link.
+- Bounded: a frame's size is checked on its header before a byte of the body is read; the
+  client's outbox holds at most `OUTBOX_FRAMES` frames / `OUTBOX_BYTES` bytes while no
+  upstream-capable source is connected, dropping the oldest (counted).
+- Relayed: a tier-1 replica's source hands kinds it does not handle itself to its own
+  client's outbox (`relay_to`), so tier-2 frames travel on toward the root.
+- Best effort, at most once: frames in flight when a link is cut are lost. Senders that
+  must not lose state re-send it in full when a link comes up (`UpstreamOutbox.on_connect`).
+
+Handlers run on the source's event loop (on the root: the gateway's), so they must be cheap:
+fold the payload into memory and let a batch or a timer persist it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+from collections.abc import Awaitable, Callable
+from typing import NamedTuple
+
+from core.errors import ProtocolError
+from replicator import frames
+
+log = logging.getLogger("mercury.replication.upstream")
+
+#: Kinds (u16). Add new ones here; a source that does not know a kind ignores it.
+#: Read summaries of a node's readers (`reads/readstats.py`'s payload).
+READS = 1
+
+#: Frames the client keeps while no upstream-capable source is connected.
+OUTBOX_FRAMES = 1024
+OUTBOX_BYTES = 16 << 20
+#: A source must take an upstream frame within this time (else the session ends).
+SEND_TIMEOUT = 30.0
+_UPSTREAM_ONLY = frozenset({frames.UPSTREAM})
+
+
+class Origin(NamedTuple):
+    """Which connection an upstream frame came in on: the client's id (from its HELLO)
+    and its address. A relayed frame's origin is the relaying replica, not the node that
+    made it: a payload that needs its maker names it itself."""
+
+    client_id: bytes
+    peer: str
+
+
+Handler = Callable[[Origin, int, bytes], None]
+
+
+class UpstreamRouter:
+    """The source side: reads UPSTREAM frames and dispatches them by kind."""
+
+    def __init__(self) -> None:
+        self._handlers: dict[int, Handler] = {}
+        #: Called for kinds with no handler (a replica relays them upstream); None: log
+        #: and ignore them.
+        self.fallback: Handler | None = None
+        #: Frames received, by kind (tests and status read it).
+        self.received: collections.Counter[int] = collections.Counter()
+        self.ignored: collections.Counter[int] = collections.Counter()
+        self._warned: set[tuple[int, str]] = set()
+
+    def register(self, kind: int, handler: Handler) -> None:
+        """Call `handler(origin, kind, payload)` for every frame of `kind`."""
+        self._handlers[kind] = handler
+
+    def dispatch(self, origin: Origin, kind: int, payload: bytes) -> None:
+        """Hand one frame to its handler; an unknown kind is logged once and ignored. A
+        handler's error is logged and the link stays up (one bad summary is not a reason
+        to cut replication)."""
+        self.received[kind] += 1
+        handler = self._handlers.get(kind, self.fallback)
+        if handler is None:
+            self.ignored[kind] += 1
+            if (kind, origin.peer) not in self._warned and len(self._warned) < 1024:
+                self._warned.add((kind, origin.peer))
+                log.warning("ignoring upstream frames of unknown kind %d from %s", kind, origin[1])
+            return
+        try:
+            handler(origin, kind, payload)
+        except Exception:
+            log.exception("upstream handler of kind %d failed on a frame from %s", kind, origin[1])
+
+    async def read_frames(self, reader: asyncio.StreamReader, origin: Origin) -> None:
+        """Dispatch UPSTREAM frames until the client closes (returns) or sends anything
+        else or a bad frame (ProtocolError: the connection is closed)."""
+        while True:
+            if reader.at_eof():
+                return
+            try:
+                _, body = await _read(reader, _UPSTREAM_ONLY)
+            except _Eof:
+                return
+            try:
+                kind, payload = frames.decode_upstream(body)
+            except ValueError as err:
+                raise ProtocolError(str(err)) from err
+            self.dispatch(origin, kind, payload)
+
+    async def serve_beside(
+        self, reader: asyncio.StreamReader, origin: Origin, stream: Awaitable[None]
+    ) -> None:
+        """Run `stream` (the source's sending side) and the upstream reader together until
+        either ends: a client that closed or sent a bad frame ends its stream too."""
+        sending = asyncio.ensure_future(stream)
+        reading = asyncio.ensure_future(self.read_frames(reader, origin))
+        try:
+            await asyncio.wait({sending, reading}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for t in (sending, reading):
+                t.cancel()
+            await asyncio.gather(sending, reading, return_exceptions=True)
+        for t in (sending, reading):
+            err = t.exception() if t.done() and not t.cancelled() else None
+            if err is not None:
+                raise err
+
+
+class UpstreamOutbox:
+    """The client side: frames waiting for (or being written to) an upstream-capable
+    source. Call its methods on the event loop that runs the replication client."""
+
+    def __init__(self, max_frames: int = OUTBOX_FRAMES, max_bytes: int = OUTBOX_BYTES) -> None:
+        self.max_frames = max_frames
+        self.max_bytes = max_bytes
+        self._q: collections.deque[bytes] = collections.deque()
+        self._bytes = 0
+        self._ready = asyncio.Event()
+        self._listeners: list[Callable[[], None]] = []
+        #: Frames written to a source, and frames dropped because the outbox was full.
+        self.sent = 0
+        self.dropped = 0
+        #: True while a session to an upstream-capable source pumps this outbox.
+        self.connected = False
+
+    def send(self, kind: int, payload: bytes) -> None:
+        """Queue one frame (ValueError when `payload` is over the frame bound); the oldest
+        frames are dropped (counted) when the outbox is over its bounds."""
+        frame = frames.encode_upstream(kind, payload)
+        self._q.append(frame)
+        self._bytes += len(frame)
+        while len(self._q) > self.max_frames or self._bytes > self.max_bytes:
+            self._bytes -= len(self._q.popleft())
+            self.dropped += 1
+        self._ready.set()
+
+    def pending(self) -> int:
+        """Frames waiting to be sent."""
+        return len(self._q)
+
+    def on_connect(self, listener: Callable[[], None]) -> None:
+        """Call `listener()` each time a session to an upstream-capable source starts
+        (before anything queued is written): the place to re-send state in full."""
+        self._listeners.append(listener)
+
+    async def pump(self, writer: asyncio.StreamWriter, send_timeout: float = SEND_TIMEOUT) -> None:
+        """Write queued frames to `writer` until cancelled (the session's end). A frame
+        leaves the queue once handed to the transport; TimeoutError when the source takes
+        nothing for `send_timeout` seconds."""
+        self.connected = True
+        try:
+            for listener in list(self._listeners):
+                try:
+                    listener()
+                except Exception:
+                    log.exception("upstream on_connect listener failed")
+            while True:
+                while self._q:
+                    frame = self._q.popleft()
+                    self._bytes -= len(frame)
+                    writer.write(frame)
+                    self.sent += 1
+                    async with asyncio.timeout(send_timeout):
+                        await writer.drain()
+                self._ready.clear()
+                await self._ready.wait()
+        finally:
+            self.connected = False
+
+
+def relay_to(outbox: UpstreamOutbox) -> Handler:
+    """A handler forwarding frames unchanged to `outbox` (a replica's own upstream)."""
+
+    def relay(_origin: Origin, kind: int, payload: bytes) -> None:
+        outbox.send(kind, payload)
+
+    return relay
+
+
+class _Eof(Exception):
+    """The peer closed the connection between two frames."""
+
+
+async def _read(
+    reader: asyncio.StreamReader, allowed: frozenset[int] | None
+) -> tuple[frames.FrameHeader, bytes]:
+    """One frame with its header (the flags matter here); _Eof when the peer closed
+    between frames, ProtocolError on a bad header, CRC or a cut frame."""
+    try:
+        raw = await reader.readexactly(frames.HEADER_SIZE)
+    except asyncio.IncompleteReadError as err:
+        if not err.partial:
+            raise _Eof() from err
+        raise ProtocolError("connection closed mid-frame") from err
+    try:
+        h = frames.decode_header(raw, allowed)
+    except ValueError as err:
+        raise ProtocolError(f"bad frame header: {err}") from err
+    try:
+        body = await reader.readexactly(h.length) if h.length else b""
+    except asyncio.IncompleteReadError as err:
+        raise ProtocolError(f"frame truncated: got {len(err.partial)} of {h.length}") from err
+    if not frames.check_body(raw, body):
+        raise ProtocolError(f"frame of type {h.type} fails its CRC")
+    return h, body
+
+
+async def read_welcome(reader: asyncio.StreamReader) -> tuple[int, int, bytes]:
+    """The source's answer to a HELLO as (type, header flags, body): the flags say
+    whether it reads upstream frames (`frames.WELCOME_UPSTREAM`)."""
+    try:
+        h, body = await _read(reader, None)
+    except _Eof:
+        raise ProtocolError("connection closed by the peer") from None
+    return h.type, h.flags, body
+
+
+def pump_while(
+    outbox: UpstreamOutbox | None, flags: int, writer: asyncio.StreamWriter
+) -> asyncio.Task[None] | None:
+    """Start pumping `outbox` into `writer` when the source's WELCOME `flags` accepted
+    upstream frames; the task (cancel it when the session ends) or None."""
+    if outbox is None or not flags & frames.WELCOME_UPSTREAM:
+        return None
+    return asyncio.ensure_future(outbox.pump(writer))
