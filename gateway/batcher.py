@@ -30,7 +30,7 @@ import contextlib
 import logging
 import time
 from collections import Counter, deque
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -216,6 +216,13 @@ class Batcher:
         #: usage over time (`gateway/usage_series.py`): counts each committed request,
         #: and its finished minutes ride in the next batch's transaction as documents
         self.series: UsageSeries | None = None
+        #: Awaited with a committed batch's last seq before its writers are answered (the
+        #: root's HA wiring: standbys' acknowledgement, lease check); it raises to answer
+        #: them with its error instead. Answers are sent in commit order; the commit loop
+        #: does not wait for it.
+        self.ack_gate: Callable[[int], Awaitable[None]] | None = None
+        self._acks: asyncio.Task[None] | None = None
+        self._committed_seq = 0
 
     # -- public ---------------------------------------------------------------------------
 
@@ -385,9 +392,14 @@ class Batcher:
                         if not r.future.done():
                             r.future.set_exception(err)
                 else:
-                    for r, res in zip(b.requests, results, strict=True):
-                        if not r.future.done():
-                            r.future.set_result(res)
+                    if self.ack_gate is not None:
+                        self._acks = loop.create_task(
+                            self._gated(
+                                self.ack_gate, self._committed_seq, b.requests, results, self._acks
+                            )
+                        )
+                    else:
+                        _answer(b.requests, results)
                     if self.series is not None:  # here, not in the commit thread: counting
                         # then overlaps the next commit's fsync instead of delaying it
                         now = time.time()
@@ -395,7 +407,29 @@ class Batcher:
                             self.series.add_results(r.producer, r.ops, res, now)
             self._signal_room()  # the open batch moved on
             if self._closing and not self._open.requests and not self._queued:
+                if self._acks is not None:
+                    await self._acks
                 return
+
+    async def _gated(
+        self,
+        gate: Callable[[int], Awaitable[None]],
+        seq: int,
+        requests: list[Request],
+        results: list[list[Result]],
+        before: asyncio.Task[None] | None,
+    ) -> None:
+        # After the previous batch's answers: writers are answered in commit order.
+        if before is not None:
+            await before
+        try:
+            await gate(seq)
+        except Exception as err:  # committed, not confirmed: the gate's error says so
+            for r in requests:
+                if not r.future.done():
+                    r.future.set_exception(err)
+        else:
+            _answer(requests, results)
 
     def _signal_room(self) -> None:
         room, self._room = self._room, asyncio.Event()
@@ -438,6 +472,9 @@ class Batcher:
         metrics.BATCH_OPS.observe(len(applied))
         if out.last_seq:
             metrics.LOG_LAST_SEQ.set(out.last_seq)
+        # What the ack gate waits for (a batch of duplicates only writes no record: its
+        # answers still rest on the state up to the current head).
+        self._committed_seq = out.last_seq or self.store.last_seq()
         results = out.results if order is None else unsort(out.results, order)
         per_op = _spread(ops, kept, winner, results)
         split = _split(requests, per_op)
@@ -447,6 +484,12 @@ class Batcher:
         if self.on_commit is not None:
             self.on_commit()
         return split
+
+
+def _answer(requests: list[Request], results: list[list[Result]]) -> None:
+    for r, res in zip(requests, results, strict=True):
+        if not r.future.done():
+            r.future.set_result(res)
 
 
 def _spread(
