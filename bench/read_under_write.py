@@ -1,109 +1,242 @@
-"""Reads never wait for writes: the experiment that condemned Kyoto Tycoon, on Mercury.
+"""Reads under writes, Kyoto Tycoon and Mercury side by side in one run (prints JSON).
 
-One reader, one keep-alive connection per protocol, loops over 20 two-byte keys on a
-replica and records per-request latency (P50/P99/P99.9/max) in three phases:
+Two cores stand for two machines: the root (or KT master) and its writers run on CPU 0;
+the serving node — a real `mercury replica` (reads and the applier worker), or a `ktserver`
+slave following the master's update log (`-mhost -mport -ulog -sid`) — and this script's
+reader run on CPU 1. The reader keeps one keep-alive HTTP connection and GETs 20 hot keys
+round-robin at a steady pace (`--read-rate`, default 1,000/s), timing each from send to
+the last byte. Phases, interleaved over `--rounds` (each system in turn, each phase in
+turn, so load drifting on a shared machine falls on all alike):
 
-  (a) idle, (b) while the replica applies a stream of 40 kB writes from one writer,
-  (c) from two writers,
+- ``idle``: no writes.
+- ``full_40k``: one writer process with `--conns` keep-alive connections PUTting fresh
+  (random) 40 KiB values as fast as the root acknowledges them.
+- ``matched_40k``: the same writers paced to `--matched-mbps` (default 16 MB/s).
+- ``full_100b``: 100-byte values at full speed (the per-entry cost of the applier).
 
-over HTTP (`GET /v1/kv/{key}`) and over memcached (`get`), requests of both protocols
-interleaved so each phase treats them alike. Topology (`--mode stream`, the default): a root
-store with a replication source (helper process), writer processes committing one 40 kB
-value per transaction to the root store (fsync on), and a real `mercury replica` serving
-reads and applying the stream. `--mode local` skips replication: the writers commit to the
-read server's own store (the applier-is-another-process situation without the network).
+Per phase: read P50/P99/P99.9/max; MB/s the root acknowledged and MB/s the serving node
+absorbed; replica lag (the writer stamps a clock key with the time and the count of
+writes acknowledged before it every 100 ms; reading it back from the serving node gives
+both the lag and how many writes it has applied); CPU ms per MB absorbed of the applier
+process (`/proc/PID/stat`: the Mercury replica's worker; the KT slave's whole process,
+which also serves the reads) and of the whole serving node; and the seconds the node
+needed to catch up after the writers stopped. Mercury's root runs with a
+`--batch-window-ms` of `--window-ms` (default 10) and fsync; KT writes without fsync
+(its default), which favours KT.
 
-Also, in the same run: point-read P50 over HTTP beside a no-op raw ASGI endpoint answering
-the same bytes on the same server (`python -m reads.serve --noop-path`), requests
-alternating, and the memcached get P50.
-
-Kyoto Tycoon's published P99 went 9 -> 154 -> 701 ms; a real KT on this kind of machine
-went 0.24 -> 1.1 -> 1.9 ms with stalls up to 740 ms. Prints one JSON document.
-
-Usage: .venv/bin/python bench/read_under_write.py [--requests N] [--mode stream|local]
+Usage: .venv/bin/python bench/read_under_write.py [--quick] [--rounds N] [--seconds S]
+       [--systems kt,mercury] [--read-rate R] [--conns N] [--matched-mbps M]
+       [--applier-nice N]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import random
 import shutil
 import signal
 import socket
-import struct
 import subprocess
 import sys
 import tempfile
 import time
-import uuid
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from store.ops import SET, Op  # noqa: E402
-from store.store import Store  # noqa: E402
-from tests.support.procs import free_port, wait_http, wait_port  # noqa: E402
+from tests.support.procs import free_port, mercury_cmd, wait_http, wait_port  # noqa: E402
 
-KEYS = [f"{i:02d}".encode() for i in range(20)]
-VALUE_40K = 40 << 10
-
-
-# --- helper processes ------------------------------------------------------------------
-
-
-def run_source(data_dir: str, port: int) -> None:
-    """Serve the root store's log to replicas until SIGTERM (the root without a gateway)."""
-    from replicator.heartbeat import RootHeartbeat
-    from replicator.source import ReplicationSource
-
-    async def main() -> None:
-        store = Store.open(data_dir)
-        src = ReplicationSource(
-            store,
-            "127.0.0.1",
-            port,
-            node_id=uuid.uuid4().bytes,
-            heartbeat=RootHeartbeat(store, 200),
-        )
-        await src.start()
-        stop = asyncio.Event()
-        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
-        await stop.wait()
-        await src.stop()
-        store.close()
-
-    asyncio.run(main())
+HOT = [f"hot/{i:02d}" for i in range(20)]
+CLOCK_KEY = "w/clock"
+KTSERVER = shutil.which("ktserver") or "/usr/local/bin/ktserver"
+PHASES = ("idle", "full_40k", "matched_40k", "full_100b")
+#: Longest wait for a serving node to catch up after a phase (then the phase says so).
+CATCH_UP_LIMIT = 60.0
+MB = 1e6
 
 
-def run_writer(data_dir: str, seed: int, stream: bool) -> None:
-    """Commit one 40 kB value per transaction (fsync on) until SIGTERM; print the count."""
-    store = Store.open(data_dir)
-    if stream:
-        from replicator.notify import install_pinger
+# --- writer process (CPU 0) ----------------------------------------------------------------
 
-        install_pinger(store)  # wake the source in the other process after each commit
-    rng = random.Random(seed)
-    stop = False
 
-    def on_term(*_: object) -> None:
-        nonlocal stop
-        stop = True
+class _Conn(asyncio.Protocol):
+    """One keep-alive HTTP/1.1 connection, one request at a time (Content-Length framing)."""
 
-    signal.signal(signal.SIGTERM, on_term)
-    n = 0
+    def __init__(self) -> None:
+        self.buf = bytearray()
+        self.waiter: asyncio.Future[int] | None = None
+        self.transport: Any = None
+
+    def connection_made(self, transport: Any) -> None:
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        self.buf += data
+        if self.waiter is None:
+            return
+        i = self.buf.find(b"\r\n\r\n")
+        if i < 0:
+            return
+        head = bytes(self.buf[:i]).lower()
+        j = head.find(b"content-length:")
+        n = 0
+        if j >= 0:
+            end = head.find(b"\r\n", j)
+            n = int(head[j + 15 : end if end != -1 else len(head)])
+        if len(self.buf) < i + 4 + n:
+            return
+        status = int(head[9:12])
+        del self.buf[: i + 4 + n]
+        w, self.waiter = self.waiter, None
+        w.set_result(status)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.waiter is not None and not self.waiter.done():
+            self.waiter.set_exception(ConnectionError("connection lost"))
+
+    async def request(self, raw: bytes) -> int:
+        self.waiter = asyncio.get_running_loop().create_future()
+        self.transport.write(raw)
+        return await self.waiter
+
+
+def kt_path(key: str) -> str:
+    """KT's REST path of `key` (a bare "/" would name a database: it is percent-encoded)."""
+    return "/" + key.replace("/", "%2F")
+
+
+def put_request(system: str, key: str, value: bytes, token: str) -> bytes:
+    """A PUT of `key`: Mercury's gateway (`/v1/kv/KEY`, bearer token) or KT's REST (`/KEY`)."""
+    path = f"/v1/kv/{key}" if system == "mercury" else kt_path(key)
+    head = f"PUT {path} HTTP/1.1\r\nHost: b\r\nContent-Length: {len(value)}\r\n"
+    if token:
+        head += f"Authorization: Bearer {token}\r\n"
+    return head.encode() + b"\r\n" + value
+
+
+async def writer_main(a: argparse.Namespace) -> None:
+    """PUT fresh values over `a.conns` connections until `a.seconds` pass (or SIGTERM), at
+    full speed or paced to `a.rate` MB/s; stamp the clock key every 100 ms; print JSON."""
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    loop.add_signal_handler(signal.SIGTERM, stop.set)
+    pool = random.Random(a.seed).randbytes(1 << 20)
+    size = a.value_size
+    acked = 0
+    errors = 0
+    per_conn_interval = a.conns * size / (a.rate * MB) if a.rate else 0.0
     t0 = time.monotonic()
-    while not stop:
-        key = b"w/%d/%03d" % (seed, rng.randrange(100))
-        store.apply([Op(SET, key, rng.randbytes(VALUE_40K), "bench")])
-        n += 1
+    deadline = t0 + a.seconds
+
+    async def conn(c: int) -> None:
+        nonlocal acked, errors
+        _, p = await loop.create_connection(_Conn, "127.0.0.1", a.port)
+        rng = random.Random(a.seed * 1000 + c)
+        i = 0
+        nxt = time.monotonic()
+        while not stop.is_set() and time.monotonic() < deadline:
+            off = rng.randrange(len(pool) - size)
+            # fresh bytes every time: a counter prefix on a random window of the pool
+            value = (b"%016d" % (i * 1000 + c) + pool[off : off + size])[:size]
+            st = await p.request(put_request(a.system, f"w/{c}/{i % 64}", value, a.token))
+            if 200 <= st < 300:
+                acked += 1
+            else:
+                errors += 1
+            i += 1
+            if per_conn_interval:
+                nxt += per_conn_interval
+                delay = nxt - time.monotonic()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+        p.transport.close()
+
+    async def stamp(cp: _Conn) -> str:
+        v = f"{time.time_ns()} {acked}"
+        await cp.request(put_request(a.system, CLOCK_KEY, v.encode(), a.token))
+        return v
+
+    async def clock(cp: _Conn) -> None:
+        while not stop.is_set() and time.monotonic() < deadline:
+            await stamp(cp)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), 0.1)
+
+    _, clock_conn = await loop.create_connection(_Conn, "127.0.0.1", a.port)
+    writers = [asyncio.ensure_future(conn(c)) for c in range(a.conns)]
+    clock_task = asyncio.ensure_future(clock(clock_conn))
+    await asyncio.gather(*writers, return_exceptions=True)
+    stop.set()
+    await clock_task
     dt = time.monotonic() - t0
-    print(json.dumps({"writes": n, "seconds": round(dt, 2)}), flush=True)
-    store.close()
+    # After every acknowledged write: the serving node has them all once it has this stamp.
+    final = await stamp(clock_conn)
+    print(json.dumps({"acked": acked, "errors": errors, "seconds": dt, "final": final}), flush=True)
+
+
+# --- reader (CPU 1) -----------------------------------------------------------------------
+
+
+class SyncConn:
+    """A blocking keep-alive HTTP/1.1 GET client (the same code path for both systems)."""
+
+    def __init__(self, port: int) -> None:
+        self.s = socket.create_connection(("127.0.0.1", port), timeout=10)
+        self.s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.buf = b""
+
+    def get(self, path: bytes) -> tuple[int, bytes]:
+        self.s.sendall(b"GET " + path + b" HTTP/1.1\r\nHost: b\r\n\r\n")
+        while b"\r\n\r\n" not in self.buf:
+            chunk = self.s.recv(65536)
+            if not chunk:
+                raise ConnectionError("closed")
+            self.buf += chunk
+        head, _, rest = self.buf.partition(b"\r\n\r\n")
+        length = 0
+        for line in head.split(b"\r\n")[1:]:
+            name, _, value = line.partition(b":")
+            if name.strip().lower() == b"content-length":
+                length = int(value)
+        while len(rest) < length:
+            chunk = self.s.recv(65536)
+            if not chunk:
+                raise ConnectionError("closed")
+            rest += chunk
+        self.buf = rest[length:]
+        return int(head[9:12]), rest[:length]
+
+    def close(self) -> None:
+        self.s.close()
+
+
+def pct(samples_ns: list[int]) -> dict[str, float]:
+    """P50/P99/P99.9/max in microseconds."""
+    s = sorted(samples_ns)
+    n = len(s)
+    if not n:
+        return {"n": 0}
+
+    def at(q: float) -> float:
+        return round(s[min(n - 1, int(q * n))] / 1e3, 1)
+
+    return {"n": n, "p50_us": at(0.5), "p99_us": at(0.99), "p999_us": at(0.999), "max_us": at(1.0)}
+
+
+def cpu_s(pid: int) -> float:
+    """User + system CPU seconds of process `pid` so far (0 when it is gone)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def children(pid: int) -> list[int]:
@@ -115,323 +248,359 @@ def children(pid: int) -> list[int]:
     return out
 
 
-def last_seq(data_dir: str) -> int:
-    """The store's last applied seq (opened and closed again)."""
-    with Store.open(data_dir, readonly=True) as s:
-        return s.last_seq()
+# --- the two systems -------------------------------------------------------------------------
 
 
-# --- clients ----------------------------------------------------------------------------
+@dataclass
+class System:
+    """One system under test: where writes go, where reads come from, what to watch."""
+
+    name: str
+    write_port: int
+    read_port: int
+    token: str = ""
+    applier_pid: int = 0
+    node_pids: list[int] = field(default_factory=list)
+
+    def path(self, key: str) -> bytes:
+        return (f"/v1/kv/{key}" if self.name == "mercury" else kt_path(key)).encode()
 
 
-class HttpConn:
-    """One keep-alive HTTP/1.1 connection doing GETs (minimal client: the same cost for
-    every phase)."""
+class Bench:
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.tmp = Path(tempfile.mkdtemp(prefix="mercury-ruw-"))
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self.me = [sys.executable, str(Path(__file__).resolve())]
 
-    def __init__(self, port: int) -> None:
-        self.s = socket.create_connection(("127.0.0.1", port))
-        self.s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self.buf = b""
+    def start(self, argv: list[str], name: str, cpu: int) -> subprocess.Popen[bytes]:
+        with open(self.tmp / f"{name}.log", "ab") as log:
+            p = subprocess.Popen(
+                ["taskset", "-c", str(cpu), *argv],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd=REPO,
+                start_new_session=True,
+            )
+        self.procs.append(p)
+        return p
 
-    def get(self, path: bytes) -> bytes:
-        self.s.sendall(b"GET " + path + b" HTTP/1.1\r\nHost: bench\r\n\r\n")
-        while b"\r\n\r\n" not in self.buf:
-            self.buf += self.s.recv(65536)
-        head, _, rest = self.buf.partition(b"\r\n\r\n")
-        length = 0
-        for line in head.split(b"\r\n")[1:]:
-            name, _, value = line.partition(b":")
-            if name.strip().lower() == b"content-length":
-                length = int(value)
-        if not head.startswith(b"HTTP/1.1 200"):
-            raise RuntimeError(head.decode(errors="replace"))
-        while len(rest) < length:
-            rest += self.s.recv(65536)
-        self.buf = rest[length:]
-        return rest[:length]
+    def stop(self, p: subprocess.Popen[bytes]) -> None:
+        if p.poll() is None:
+            os.kill(p.pid, signal.SIGTERM)
+            try:
+                p.wait(30)
+            except subprocess.TimeoutExpired:
+                os.kill(p.pid, signal.SIGKILL)
+                p.wait(10)
+
+    def close(self) -> None:
+        for p in reversed(self.procs):
+            self.stop(p)
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+    # -- Mercury: a root on CPU 0, a replica on CPU 1 --
+
+    def mercury(self) -> System:
+        root_dir, rep_dir = self.tmp / "root", self.tmp / "replica"
+        r = subprocess.run(
+            mercury_cmd("init", str(root_dir)), capture_output=True, text=True, cwd=REPO
+        )
+        if r.returncode:
+            raise RuntimeError(r.stderr)
+        admin = (root_dir / "admin.token").read_text().strip()
+        gw, repl, http = free_port(), free_port(), free_port()
+        root = self.start(
+            mercury_cmd(
+                "root", str(root_dir), "--listen", f"127.0.0.1:{gw}",
+                "--repl-listen", f"127.0.0.1:{repl}",
+                "--batch-window-ms", str(self.args.window_ms), "--log-level", "warning",
+            ),
+            "root", 0,
+        )  # fmt: skip
+        wait_http(f"http://127.0.0.1:{gw}/healthz", timeout=60, proc=root)
+        import httpx
+
+        with httpx.Client(
+            base_url=f"http://127.0.0.1:{gw}",
+            headers={"Authorization": f"Bearer {admin}"},
+            timeout=60,
+        ) as c:
+            c.put(
+                "/v1/admin/producers/bench", json={"keyspaces": ["hot/", "w/"]}
+            ).raise_for_status()
+            token = str(c.post("/v1/admin/producers/bench/tokens").json()["token"])
+            for k in HOT:
+                c.put(
+                    f"/v1/kv/{k}", content=b"v" + k.encode(),
+                    headers={"Authorization": f"Bearer {token}"},
+                ).raise_for_status()  # fmt: skip
+        extra = []
+        if self.args.applier_nice is not None:
+            extra = ["--applier-nice", str(self.args.applier_nice)]
+        rep = self.start(
+            mercury_cmd(
+                "replica", str(rep_dir), "--source", f"127.0.0.1:{repl}",
+                "--listen", f"127.0.0.1:{http}", "--log-level", "warning", *extra,
+            ),
+            "replica", 1,
+        )  # fmt: skip
+        wait_http(f"http://127.0.0.1:{http}/healthz", timeout=120, proc=rep)
+        sysm = System("mercury", gw, http, token)
+        self._wait_hot(sysm)
+        deadline = time.monotonic() + 30
+        while not children(rep.pid):
+            if time.monotonic() > deadline:
+                raise RuntimeError("the replica started no worker")
+            time.sleep(0.1)
+        sysm.applier_pid = children(rep.pid)[0]
+        sysm.node_pids = [rep.pid, sysm.applier_pid]
+        return sysm
+
+    # -- Kyoto Tycoon: a master on CPU 0, a slave on CPU 1 --
+
+    def kt(self) -> System:
+        m, s = free_port(), free_port()
+        for d in ("ulog-m", "ulog-s"):
+            (self.tmp / d).mkdir()
+        master = self.start(
+            [KTSERVER, "-host", "127.0.0.1", "-port", str(m), "-ulog", str(self.tmp / "ulog-m"),
+             "-sid", "1", "-log", str(self.tmp / "kt-m.log"), "-ls", str(self.tmp / "m.kch")],
+            "ktmaster", 0,
+        )  # fmt: skip
+        wait_port(m, proc=master)
+        slave = self.start(
+            [KTSERVER, "-host", "127.0.0.1", "-port", str(s), "-ulog", str(self.tmp / "ulog-s"),
+             "-sid", "2", "-mhost", "127.0.0.1", "-mport", str(m),
+             "-rts", str(self.tmp / "s.rts"), "-log", str(self.tmp / "kt-s.log"), "-ls",
+             str(self.tmp / "s.kch")],
+            "ktslave", 1,
+        )  # fmt: skip
+        wait_port(s, proc=slave)
+        c = SyncConn(m)
+        for k in HOT:
+            req = put_request("kt", k, b"v" + k.encode(), "")
+            c.s.sendall(req)
+            c.buf = b""
+            while b"\r\n\r\n" not in c.buf:
+                c.buf += c.s.recv(4096)
+        c.close()
+        sysk = System("kt", m, s, "", slave.pid, [slave.pid])
+        self._wait_hot(sysk)
+        return sysk
+
+    def _wait_hot(self, s: System) -> None:
+        deadline = time.monotonic() + 60
+        c = SyncConn(s.read_port)
+        try:
+            while c.get(s.path(HOT[-1]))[0] != 200:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"{s.name}: hot keys never reached the serving node")
+                time.sleep(0.1)
+        finally:
+            c.close()
+
+    # -- one phase --
+
+    def phase(self, s: System, phase: str) -> dict[str, Any]:
+        a = self.args
+        writer = None
+        if phase != "idle":
+            size = 100 if phase.endswith("100b") else 40 << 10
+            rate = a.matched_mbps if phase.startswith("matched") else 0
+            writer = self.start(
+                [*self.me, "--role", "writer", "--system", s.name, "--port", str(s.write_port),
+                 "--token", s.token, "--conns", str(a.conns), "--value-size", str(size),
+                 "--rate", str(rate), "--seconds", str(a.seconds + 1.5),
+                 "--seed", str(random.randrange(1 << 30))],
+                f"writer-{s.name}-{phase}", 0,
+            )  # fmt: skip
+            time.sleep(1.0)  # let the write stream reach a steady state
+        reads = SyncConn(s.read_port)
+        probe = SyncConn(s.read_port)
+        clock_path = s.path(CLOCK_KEY)
+
+        def clock() -> tuple[int, int] | None:
+            st, body = probe.get(clock_path)
+            if st != 200:
+                return None
+            t, n = body.split()
+            return int(t), int(n)
+
+        c0 = clock() if writer else None
+        cpu0 = cpu_s(s.applier_pid)
+        node0 = sum(cpu_s(p) for p in s.node_pids)
+        t0 = time.monotonic()
+        lat: list[int] = []
+        lags: list[float] = []
+        interval = 1.0 / a.read_rate
+        nxt = time.perf_counter()
+        next_probe = t0 + 0.5
+        paths = [s.path(k) for k in HOT]
+        clk = time.perf_counter_ns
+        i = 0
+        end = t0 + a.seconds
+        while time.monotonic() < end and i < a.read_rate * a.seconds * 2:
+            t = clk()
+            st, _ = reads.get(paths[i % 20])
+            lat.append(clk() - t)
+            if st != 200:
+                raise RuntimeError(f"{s.name}: GET answered {st}")
+            i += 1
+            if writer and time.monotonic() >= next_probe:
+                got = clock()
+                if got is not None:
+                    lags.append((time.time_ns() - got[0]) / 1e9)
+                next_probe += 0.5
+            nxt += interval
+            delay = nxt - time.perf_counter()
+            if delay > 0:
+                time.sleep(delay)
+            else:
+                nxt = time.perf_counter()  # fell behind: do not burst to catch up
+        dt = time.monotonic() - t0
+        c1 = clock() if writer else None
+        cpu1 = cpu_s(s.applier_pid)
+        node1 = sum(cpu_s(p) for p in s.node_pids)
+        out: dict[str, Any] = {"read": pct(lat)}
+        if writer is not None:
+            size = 100 if phase.endswith("100b") else 40 << 10
+            try:
+                writer.wait(timeout=a.seconds + 60)
+            except subprocess.TimeoutExpired:
+                self.stop(writer)
+            wlog = (self.tmp / f"writer-{s.name}-{phase}.log").read_text().strip().splitlines()
+            w = json.loads(wlog[-1]) if wlog and wlog[-1].startswith("{") else {}
+            applied = (c1[1] - c0[1]) if c0 and c1 else 0
+            mb = applied * size / MB
+            out.update(
+                {
+                    "accepted_mb_s": round(w.get("acked", 0) * size / MB / w["seconds"], 2)
+                    if w.get("seconds")
+                    else None,
+                    "write_errors": w.get("errors"),
+                    "absorbed_mb_s": round(mb / dt, 2),
+                    "absorbed_writes_s": round(applied / dt, 1),
+                    "lag_max_s": round(max(lags), 2) if lags else None,
+                    "lag_end_s": round(lags[-1], 2) if lags else None,
+                    "applier_cpu_ms_per_mb": round((cpu1 - cpu0) * 1000 / mb, 2) if mb else None,
+                    "node_cpu_ms_per_mb": round((node1 - node0) * 1000 / mb, 2) if mb else None,
+                    "applier_cpu_share": round((cpu1 - cpu0) / dt, 3),
+                }
+            )
+            # Catch up: the node has everything once it serves the writer's final stamp.
+            final = w.get("final")
+            t_end = time.monotonic()
+            caught = None
+            while final and time.monotonic() - t_end < CATCH_UP_LIMIT:
+                st, body = probe.get(clock_path)
+                if st == 200 and body.decode() == final:
+                    caught = round(time.monotonic() - t_end, 2)
+                    break
+                time.sleep(0.05)
+            out["catch_up_s"] = caught
+        reads.close()
+        probe.close()
+        return out
 
 
-class McConn:
-    """One memcached text-protocol connection doing single-key gets."""
+def summarize(results: dict[str, dict[str, list[dict[str, Any]]]]) -> dict[str, Any]:
+    """Per system and phase: the median round's figures and the spread of read P99."""
 
-    def __init__(self, port: int) -> None:
-        self.s = socket.create_connection(("127.0.0.1", port))
-        self.s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    def med(xs: list[float]) -> float | None:
+        xs = sorted(x for x in xs if x is not None)
+        return xs[len(xs) // 2] if xs else None
 
-    def get(self, key: bytes) -> bytes:
-        self.s.sendall(b"get " + key + b"\r\n")
-        buf = b""
-        while not buf.endswith(b"END\r\n"):
-            buf += self.s.recv(65536)
-        if not buf.startswith(b"VALUE"):
-            raise RuntimeError(buf)
-        return buf
-
-
-def pct(samples_ns: list[int]) -> dict[str, float]:
-    """P50/P99/P99.9/max in milliseconds."""
-    s = sorted(samples_ns)
-    n = len(s)
-
-    def at(q: float) -> float:
-        return round(s[min(n - 1, int(q * n))] / 1e6, 4)
-
-    return {"n": n, "p50_ms": at(0.5), "p99_ms": at(0.99), "p999_ms": at(0.999), "max_ms": at(1.0)}
-
-
-def measure(http: HttpConn, mc: McConn, n: int, max_s: float) -> tuple[list[int], list[int]]:
-    """Interleaved HTTP and memcached gets over the 20 keys: latencies in ns."""
-    h: list[int] = []
-    m: list[int] = []
-    clock = time.perf_counter_ns
-    paths = [b"/v1/kv/" + k for k in KEYS]
-    deadline = time.monotonic() + max_s
-    for i in range(n):
-        j = i % 20
-        t = clock()
-        http.get(paths[j])
-        h.append(clock() - t)
-        t = clock()
-        mc.get(KEYS[j])
-        m.append(clock() - t)
-        if i % 256 == 0 and time.monotonic() > deadline:
-            break
-    return h, m
-
-
-def kt_binary_get_p50_us(port: int, n: int) -> float:
-    """P50 of a KT binary get (get_bulk of one key, as ukt's `get` sends it), one connection."""
-    s = socket.create_connection(("127.0.0.1", port))
-    s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    reqs = [struct.pack(">BIIHI", 0xBA, 0, 1, 0, len(k)) + k for k in KEYS]
-    lat: list[int] = []
-    clock = time.perf_counter_ns
-    # reply: BA, hits (u32), one record header (18 bytes), the key, the value (b"v" + key)
-    want = [5 + 18 + len(k) + len(b"v" + k) for k in KEYS]
-    for i in range(n + 500):
-        t = clock()
-        s.sendall(reqs[i % 20])
-        got = s.recv(4096)
-        while len(got) < want[i % 20]:
-            got += s.recv(4096)
-        if i >= 500:
-            lat.append(clock() - t)
-    s.close()
-    return round(pct(lat)["p50_ms"] * 1000, 1)
-
-
-def noop_vs_get(port: int, n: int) -> dict[str, float]:
-    """P50 of a point get and of the raw ASGI no-op, alternating on one connection."""
-    c = HttpConn(port)
-    for _ in range(500):
-        c.get(b"/noop")
-        c.get(b"/v1/kv/00")
-    get_ns: list[int] = []
-    noop_ns: list[int] = []
-    clock = time.perf_counter_ns
-    for i in range(n):
-        t = clock()
-        c.get(b"/v1/kv/" + KEYS[i % 20])
-        get_ns.append(clock() - t)
-        t = clock()
-        c.get(b"/noop")
-        noop_ns.append(clock() - t)
-    g, o = pct(get_ns), pct(noop_ns)
-    return {
-        "get_p50_us": round(g["p50_ms"] * 1000, 1),
-        "noop_p50_us": round(o["p50_ms"] * 1000, 1),
-        "ratio": round(g["p50_ms"] / o["p50_ms"], 3),
-    }
-
-
-# --- orchestration ------------------------------------------------------------------------
+    out: dict[str, Any] = {}
+    for sysname, phases in results.items():
+        o: dict[str, Any] = {}
+        for ph, rounds in phases.items():
+            keys = [k for k in rounds[0] if k != "read"]
+            o[ph] = {
+                "read_p50_us": med([r["read"]["p50_us"] for r in rounds]),
+                "read_p99_us": med([r["read"]["p99_us"] for r in rounds]),
+                "read_p99_us_rounds": [r["read"]["p99_us"] for r in rounds],
+                "read_p999_us": med([r["read"]["p999_us"] for r in rounds]),
+                **{k: med([r.get(k) for r in rounds]) for k in keys},
+            }
+        idle = o["idle"]["read_p99_us"]
+        for ph in PHASES[1:]:
+            if ph in o and idle:
+                o[ph]["p99_over_idle"] = round(o[ph]["read_p99_us"] / idle, 2)
+        out[sysname] = o
+    if "kt" in out and "mercury" in out:
+        out["mercury_over_kt_p99"] = {
+            ph: round(out["mercury"][ph]["read_p99_us"] / out["kt"][ph]["read_p99_us"], 2)
+            for ph in PHASES
+        }
+    return out
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("--requests", type=int, default=20_000, help="gets per protocol and phase")
-    ap.add_argument("--max-seconds", type=float, default=20.0, help="time cap per phase")
-    ap.add_argument("--mode", choices=("stream", "local"), default="stream")
-    ap.add_argument("--rounds", type=int, default=4, help="rounds of the three phases")
-    ap.add_argument("--role", choices=("source", "writer"), help=argparse.SUPPRESS)
-    ap.add_argument("--dir", help=argparse.SUPPRESS)
+    ap.add_argument("--quick", action="store_true", help="one round of 4 s phases")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--seconds", type=float, default=8.0, help="measured seconds per phase")
+    ap.add_argument("--systems", default="kt,mercury")
+    ap.add_argument("--read-rate", type=float, default=1000.0, help="reads per second")
+    ap.add_argument("--conns", type=int, default=32, help="writer connections")
+    ap.add_argument("--matched-mbps", type=float, default=16.0)
+    ap.add_argument("--window-ms", type=float, default=10.0, help="Mercury root batch window")
+    ap.add_argument("--applier-nice", type=int, default=None, help="Mercury replica flag")
+    ap.add_argument("--phases", default=",".join(PHASES))
+    ap.add_argument("--role", choices=("writer",), help=argparse.SUPPRESS)
+    ap.add_argument("--system", help=argparse.SUPPRESS)
     ap.add_argument("--port", type=int, help=argparse.SUPPRESS)
-    ap.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
-    ap.add_argument(
-        "--nice-root-side",
-        type=int,
-        default=19,
-        help="niceness of the writer and source processes, which stand for the root machine "
-        "(on a real deployment they do not share the replica's cores); 0 = same priority",
-    )
-    ap.add_argument(
-        "--nice-applier",
-        type=int,
-        default=0,
-        help="experiment: renice the replica's applier process (its child) by this much",
-    )
+    ap.add_argument("--token", default="", help=argparse.SUPPRESS)
+    ap.add_argument("--value-size", type=int, default=40 << 10, help=argparse.SUPPRESS)
+    ap.add_argument("--rate", type=float, default=0.0, help=argparse.SUPPRESS)
+    ap.add_argument("--seed", type=int, default=1, help=argparse.SUPPRESS)
     args = ap.parse_args()
-    if args.role in ("source", "writer") and args.nice_root_side:
-        os.nice(args.nice_root_side)
-    if args.role == "source":
-        run_source(args.dir, args.port)
-        return 0
     if args.role == "writer":
-        run_writer(args.dir, args.seed, args.mode == "stream")
+        import uvloop
+
+        uvloop.run(writer_main(args))
         return 0
-
-    tmp = Path(tempfile.mkdtemp(prefix="mercury-rw-"))
-    procs: list[subprocess.Popen[bytes]] = []
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-
-    def start(argv: list[str], name: str) -> subprocess.Popen[bytes]:
-        log = open(tmp / f"{name}.log", "wb")  # noqa: SIM115
-        p = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, cwd=REPO, env=env)
-        log.close()
-        procs.append(p)
-        return p
-
-    def stop(p: subprocess.Popen[bytes]) -> None:
-        if p.poll() is None:
-            os.kill(p.pid, signal.SIGTERM)
-            try:
-                p.wait(20)
-            except subprocess.TimeoutExpired:
-                os.kill(p.pid, signal.SIGKILL)
-                p.wait(5)
-
-    me = [sys.executable, str(Path(__file__).resolve())]
-    out: dict[str, object] = {
-        "mode": args.mode,
-        "cores": os.cpu_count(),
-        "nice_root_side": args.nice_root_side,
-        "rounds": args.rounds,
-        "nice_applier": args.nice_applier,
+    if args.quick:
+        args.rounds, args.seconds = 1, 4.0
+    systems = [x for x in args.systems.split(",") if x]
+    notes = []
+    if "kt" in systems and not os.access(KTSERVER, os.X_OK):
+        systems.remove("kt")
+        notes.append(f"Kyoto Tycoon half skipped: no ktserver at {KTSERVER}")
+    os.sched_setaffinity(0, {1})  # the reader runs beside the serving node
+    bench = Bench(args)
+    phases = [p for p in args.phases.split(",") if p in PHASES]
+    if "idle" not in phases:
+        phases.insert(0, "idle")
+    out: dict[str, Any] = {
+        "settings": {
+            k: getattr(args, k)
+            for k in ("rounds", "seconds", "read_rate", "conns", "matched_mbps", "window_ms")
+        }
+        | {"applier_nice": args.applier_nice, "kernel": os.uname().release},
         "load_avg_at_start": os.getloadavg(),
+        "notes": notes,
     }
     try:
-        root_dir = str(tmp / "root")
-        root = Store.create(root_dir, map_size=8 << 30)
-        root.apply([Op(SET, k, b"v" + k, "bench") for k in KEYS])
-        seq0 = root.last_seq()
-        root.close()
-        if args.mode == "stream":
-            src_port = free_port()
-            src = start(
-                [*me, "--role", "source", "--dir", root_dir, "--port", str(src_port),
-                 "--nice-root-side", str(args.nice_root_side)],
-                "source",
-            )  # fmt: skip
-            wait_port(src_port, proc=src)
-            read_dir = str(tmp / "replica")
-            http_port, mc_port = free_port(), free_port()
-            rep = start(
-                [
-                    sys.executable, "-m", "mercury", "replica", read_dir,
-                    "--source", f"127.0.0.1:{src_port}",
-                    "--listen", f"127.0.0.1:{http_port}",
-                    "--memcached-listen", f"127.0.0.1:{mc_port}",
-                ],
-                "replica",
-            )  # fmt: skip
-            wait_http(f"http://127.0.0.1:{http_port}/healthz", timeout=60, proc=rep)
-            wait_port(mc_port, proc=rep)
-            if args.nice_applier:
-                # the replica's applier is its child process (`replicator.worker`)
-                for child in children(rep.pid):
-                    os.setpriority(os.PRIO_PROCESS, child, args.nice_applier)
-                out["applier_pids_reniced"] = children(rep.pid)
-            deadline = time.monotonic() + 60
-            while last_seq(read_dir) < seq0:
-                if time.monotonic() > deadline:
-                    raise TimeoutError("replica did not catch up")
-                time.sleep(0.05)
-        else:
-            read_dir = root_dir
-        # the yardstick server (and, in local mode, the measured one)
-        y_http, y_mc, y_kt = free_port(), free_port(), free_port()
-        ys = start(
-            [
-                sys.executable, "-m", "reads.serve", read_dir,
-                "--listen", f"127.0.0.1:{y_http}",
-                "--memcached-listen", f"127.0.0.1:{y_mc}",
-                "--kt-listen", f"127.0.0.1:{y_kt}",
-                "--noop-path", "/noop",
-            ],
-            "reads",
-        )  # fmt: skip
-        wait_http(f"http://127.0.0.1:{y_http}/healthz", proc=ys)
-        wait_port(y_mc, proc=ys)
-        if args.mode == "local":
-            http_port, mc_port = y_http, y_mc
-
-        out["http_get_vs_noop_asgi_same_server"] = noop_vs_get(y_http, min(args.requests, 20_000))
-        wait_port(y_kt, proc=ys)
-        out["kt_binary_get_p50_us_same_server"] = kt_binary_get_p50_us(
-            y_kt, min(args.requests, 20_000)
-        )
-        http, mc = HttpConn(http_port), McConn(mc_port)
-        measure(http, mc, 1000, 10)  # warm up
-        # Phases are interleaved over rounds (0, 1, 2 writers, then again...) so that load
-        # drifting on a shared machine falls on every phase alike.
-        samples: dict[int, tuple[list[int], list[int]]] = {w: ([], []) for w in (0, 1, 2)}
-        applied_rate: dict[int, list[float]] = {w: [] for w in (0, 1, 2)}
-        per_round = max(1, args.requests // args.rounds)
-        for _round in range(args.rounds):
-            for writers in (0, 1, 2):
-                ws = [
-                    start(
-                        [
-                            *me,
-                            "--role",
-                            "writer",
-                            "--dir",
-                            root_dir,
-                            "--seed",
-                            str(i + 1),
-                            "--mode",
-                            args.mode,
-                            "--nice-root-side",
-                            str(args.nice_root_side),
-                        ],
-                        f"writer{i}",
-                    )
-                    for i in range(writers)
-                ]
-                time.sleep(1.0 if writers else 0.2)  # let the write stream reach steady state
-                seq_before = last_seq(read_dir)
-                t0 = time.monotonic()
-                h, m = measure(http, mc, per_round, args.max_seconds / args.rounds)
-                dt = time.monotonic() - t0
-                applied_rate[writers].append((last_seq(read_dir) - seq_before) / dt)
-                for w in ws:
-                    stop(w)
-                samples[writers][0].extend(h)
-                samples[writers][1].extend(m)
-        phases: dict[str, dict[str, object]] = {
-            f"writers_{w}": {
-                "http": pct(samples[w][0]),
-                "memcached": pct(samples[w][1]),
-                "applied_40kB_writes_per_s": round(sum(applied_rate[w]) / len(applied_rate[w]), 1),
-            }
-            for w in (0, 1, 2)
+        nodes = {name: getattr(bench, name)() for name in systems}
+        for s in nodes.values():  # warm up the read path
+            c = SyncConn(s.read_port)
+            for i in range(500):
+                c.get(s.path(HOT[i % 20]))
+            c.close()
+        results: dict[str, dict[str, list[dict[str, Any]]]] = {
+            n: {p: [] for p in phases} for n in nodes
         }
-        out["phases"] = phases
-        for proto in ("http", "memcached"):
-            idle = pct(samples[0][0 if proto == "http" else 1])["p99_ms"]
-            two = pct(samples[2][0 if proto == "http" else 1])["p99_ms"]
-            out[f"{proto}_p99_two_writers_over_idle"] = round(two / idle, 3)
-        out["goal"] = (
-            "p99 with two writers <= 1.5x idle; HTTP get p50 <= 1.3x no-op; memcached p50 <= 0.1 ms"
-        )
-        out["kyoto_tycoon_reference_p99_ms"] = {
-            "published": [9, 154, 701],
-            "this_machine": [0.24, 1.1, 1.9],
-        }
+        for _ in range(args.rounds):
+            for ph in phases:
+                for n, s in nodes.items():
+                    results[n][ph].append(bench.phase(s, ph))
+                    time.sleep(0.5)
+        out["summary"] = summarize(results)
+        out["rounds"] = results
     finally:
-        for p in reversed(procs):
-            stop(p)
-        shutil.rmtree(tmp, ignore_errors=True)
+        bench.close()
     print(json.dumps(out, indent=2))
     return 0
 
