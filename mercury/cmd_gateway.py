@@ -40,6 +40,19 @@ def register(sub: Any) -> None:
         metavar="NAME",
         help="a KT database name accepted as database 0 (repeatable; e.g. casket.kch)",
     )
+    p.add_argument("--memcached-listen", default=None, metavar="H:P", help="memcached protocol")
+    p.add_argument(
+        "--memcached-producer",
+        default=None,
+        metavar="NAME",
+        help="accept memcached writes on --memcached-listen as producer NAME (docs/kt-compat.md)",
+    )
+    p.add_argument(
+        "--memcached-flags",
+        action="store_true",
+        help="memcached flags are each value's last 4 bytes (KT's memcached opts=f); "
+        "with --memcached-producer, sets store them so",
+    )
     add_listener_flags(p)
     http_listener.add_flags(p)
     p.add_argument(

@@ -1,4 +1,5 @@
-"""The gateway's write path as the root KT listener's `KtWriter` (`--kt-producer NAME`).
+"""The gateway's write path as the root KT listener's `KtWriter` (`--kt-producer NAME`),
+and the memcached listener's (`--memcached-producer NAME`).
 
 Composition only: the KT listener (`reads/`) may not import the gateway, so the root
 hands it this adapter. Each KT write becomes one gateway request of producer NAME — the
@@ -73,22 +74,28 @@ class GatewayKtWriter:
 
 
 def kt_writer_for(
-    producer: str | None, kt_listen: tuple[str, int] | None
+    producer: str | None,
+    kt_listen: tuple[str, int] | None,
+    *,
+    flag: str = "--kt-producer",
+    listen_flag: str = "--kt-listen",
+    protocol: str = "KT",
 ) -> GatewayKtWriter | None:
-    """The root's KT writer for `--kt-producer` (None without it). The flag needs
-    `--kt-listen` on a loopback address: KT carries no credentials, so whoever reaches the
-    port writes as the producer; beyond loopback that would be an unauthenticated write
-    path, which no flag allows."""
+    """The root's KT (or memcached: `flag`, `listen_flag`, `protocol`) writer for
+    `--kt-producer` (None without it). The flag needs its listener on a loopback address:
+    KT and memcached carry no credentials, so whoever reaches the port writes as the
+    producer; beyond loopback that would be an unauthenticated write path, which no flag
+    allows."""
     if producer is None:
         return None
     if kt_listen is None:
-        raise ConfigError("--kt-producer needs --kt-listen", hint="add --kt-listen H:P")
+        raise ConfigError(f"{flag} needs {listen_flag}", hint=f"add {listen_flag} H:P")
     if not _loopback(kt_listen[0]):
         raise ConfigError(
-            f"--kt-producer needs a loopback --kt-listen, got {kt_listen[0]!r}: KT carries no "
-            "credentials, so anyone reaching the port would write as the producer",
-            hint="listen on 127.0.0.1 and run the KT clients on the root's machine, or "
-            "follow a ktserver with mercury kt-bridge",
+            f"{flag} needs a loopback {listen_flag}, got {kt_listen[0]!r}: {protocol} carries "
+            "no credentials, so anyone reaching the port would write as the producer",
+            hint=f"listen on 127.0.0.1 and run the {protocol} clients on the root's machine"
+            + (", or follow a ktserver with mercury kt-bridge" if protocol == "KT" else ""),
         )
     return GatewayKtWriter(producer)
 

@@ -46,7 +46,10 @@ def run_root(args: argparse.Namespace) -> int:
     # One writer per store: a second root (or a replica worker) on this directory fails
     # here, naming the holder, before it opens anything.
     writer_lock = WriterLock.acquire(cfg.data_dir, create=False)
-    tls.check_tokenless_listeners([("kt", cfg.listeners.kt)], cfg.allow_unauthenticated_reads)
+    tls.check_tokenless_listeners(
+        [("kt", cfg.listeners.kt), ("memcached", cfg.listeners.memcached)],
+        cfg.allow_unauthenticated_reads,
+    )
     tls.warn_plaintext(
         [("gateway", cfg.listen), ("replication", cfg.source.listen), ("kt", cfg.listeners.kt)],
         cfg.tls is not None,
@@ -55,17 +58,25 @@ def run_root(args: argparse.Namespace) -> int:
     repl_tls = TlsContexts(cfg.tls) if cfg.tls is not None else None
     # KT writes as one producer: the gateway's write path, bound once the app exists.
     kt_writer = kt_writer_for(cfg.kt_producer, cfg.listeners.kt)
+    mc_writer = kt_writer_for(
+        cfg.memcached_producer,
+        cfg.listeners.memcached,
+        flag="--memcached-producer",
+        listen_flag="--memcached-listen",
+        protocol="memcached",
+    )
     store = Store.open(cfg.data_dir, sync=cfg.sync)
     try:
         services: list[Service] = [
             logsetup.StopLog(log, lambda: {"role": "root", "seq": store.last_seq()}),
             *repl_wiring.root_services(store, cfg.source, repl_tls),
-            *reads_wiring.root_services(store, cfg.listeners, kt_writer),
+            *reads_wiring.root_services(store, cfg.listeners, kt_writer, mc_writer),
             RetentionService(store, cfg.retention),
         ]
         app = create_app(cfg.gateway, store, services)
-        if kt_writer is not None:
-            kt_writer.app = app
+        for writer in (kt_writer, mc_writer):
+            if writer is not None:
+                writer.app = app
         config = uvicorn.Config(
             FastPath(app),
             host=host,
@@ -92,6 +103,7 @@ def run_root(args: argparse.Namespace) -> int:
             listen=_hp(cfg.listen),
             repl_listen=_hp(cfg.source.listen),
             kt_listen=_hp(cfg.listeners.kt),
+            memcached_listen=_hp(cfg.listeners.memcached),
             seq=store.last_seq(),
             tls=cfg.tls is not None,
         )

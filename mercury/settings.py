@@ -55,6 +55,8 @@ class RootConfig:
     log_level: str
     #: `--kt-producer`: the producer KT writes on the KT listener are made as.
     kt_producer: str | None = None
+    #: `--memcached-producer`: the producer memcached writes are made as.
+    memcached_producer: str | None = None
     #: `--tls-*`: HTTPS and mutual-TLS replication (None: plaintext).
     tls: TlsFiles | None = None
     #: `--allow-unauthenticated-reads`: KT may listen beyond loopback.
@@ -78,12 +80,13 @@ class RootConfig:
                 heartbeat_ms=int(args.heartbeat_ms),
                 max_bootstraps=int(args.max_bootstraps),
             ),
-            listeners=listener_settings(args, memcached=False),
+            listeners=listener_settings(args, memcached=True),
             retention=policy_from_args(args),
             switch_interval_s=float(args.switch_interval_ms) / 1000.0,
             sync=not args.no_sync,
             log_level=args.log_level,
             kt_producer=args.kt_producer,
+            memcached_producer=args.memcached_producer,
             tls=files_from_args(args),
             allow_unauthenticated_reads=bool(args.allow_unauthenticated_reads),
         )

@@ -222,16 +222,23 @@ class KtWrites:
 
     async def clear(self) -> int:
         """Delete every key of the producer's keyspaces in one write; how many."""
-        keys: list[bytes] = []
-        with self.store.reader() as r:
-            for prefix in self.writer.keyspaces():
-                left = MAX_CLEAR + 1 - len(keys)
-                if left > 0:
-                    keys += [k for k, _ in r.scan(prefix=prefix, limit=left, keys_only=True)]
-        if len(keys) > MAX_CLEAR:
+        keys = keys_to_clear(self.store, self.writer)
+        if keys is None:
             raise KtWriteFailed(
                 400,
                 b"invalid parameters: clear deletes at most %d keys at once; "
                 b"remove them in bulk instead" % MAX_CLEAR,
             )
         return await self.remove_bulk(keys)
+
+
+def keys_to_clear(store: Store, writer: KtWriter) -> list[bytes] | None:
+    """Every key of the writer's producer's keyspaces, or None when there are more than
+    MAX_CLEAR (KT's `clear`, memcached's `flush_all`: one write, all or nothing)."""
+    keys: list[bytes] = []
+    with store.reader() as r:
+        for prefix in writer.keyspaces():
+            left = MAX_CLEAR + 1 - len(keys)
+            if left > 0:
+                keys += [k for k, _ in r.scan(prefix=prefix, limit=left, keys_only=True)]
+    return None if len(keys) > MAX_CLEAR else keys

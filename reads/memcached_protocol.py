@@ -39,6 +39,9 @@ class Command:
     args: list[bytes] = field(default_factory=list)
     noreply: bool = False
     reply: bytes | None = None
+    #: A storage command's data block (without its CRLF); the root's write listener
+    #: stores it (reads/memcached_writes.py).
+    data: bytes = b""
 
 
 def client_error(msg: str) -> bytes:
@@ -96,7 +99,7 @@ def parse_command(buf: bytes | bytearray) -> tuple[Command, int] | None:
         noreply = len(args) == want and args[-1] == b"noreply"
         if buf[end - 2 : end] != b"\r\n":
             return Command(verb, reply=client_error("bad data chunk")), end
-        return Command(verb, args=args, noreply=noreply), end
+        return Command(verb, args=args, noreply=noreply, data=bytes(buf[pos : end - 2])), end
     if verb in OTHER_WRITES:
         return Command(verb, args=args, noreply=bool(args) and args[-1] == b"noreply"), pos
     if verb in (b"version", b"stats", b"quit", b"verbosity"):

@@ -12,6 +12,7 @@ from collections.abc import Callable
 
 from core.errors import CRCError, ReadProtocolError
 from reads import memcached_protocol as mc
+from reads import readstats
 from reads.metrics import READ_ERRORS, READ_SECONDS
 from reads.tcp import ListenerLimits, Run, TcpService, drain
 from store.store import Store
@@ -72,8 +73,15 @@ class MemcachedHandler:
                 yield self._stats()
             elif cmd.name == b"verbosity":
                 yield b"OK\r\n"
-            elif not cmd.noreply:  # a write: this node is read-only
-                yield mc.READ_ONLY
+            else:
+                yield from self.write(cmd)
+        return False
+
+    def write(self, cmd: mc.Command) -> Run:
+        """A write command: refused on this read-only node (the root's write listener,
+        reads/memcached_writes.py, overrides this)."""
+        if not cmd.noreply:
+            yield mc.READ_ONLY
         return False
 
     @staticmethod
@@ -91,6 +99,7 @@ class MemcachedHandler:
                 for k in keys:
                     v = r.get(k)
                     if v is not None:
+                        readstats.note_read(k)
                         hits.append((k, v.value, v.seq))
                         size += len(v.value)
                         if size > MAX_REPLY_BYTES:

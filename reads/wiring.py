@@ -1,6 +1,7 @@
 """Read listeners a node runs beside its HTTP server.
 
-The root runs a KT listener for point reads only; a replica or consumer node runs KT and
+The root runs a KT listener for point reads only and a memcached listener (each taking
+writes as one producer when configured); a replica or consumer node runs KT and
 memcached listeners with every read. Each is absent when its address is None. The
 listeners are asyncio servers on the caller's event loop: start them from the process's
 lifespan, stop them before closing the store.
@@ -15,6 +16,7 @@ from reads.kt_server import kt_service
 from reads.kt_write_handler import kt_write_service
 from reads.kt_writes import KtWriter
 from reads.memcached_server import memcached_service
+from reads.memcached_writes import memcached_write_service
 from reads.tcp import ListenerLimits
 from store.store import Store
 
@@ -34,30 +36,57 @@ class ListenerSettings:
 
 
 def root_services(
-    store: Store, settings: ListenerSettings, kt_writer: KtWriter | None = None
+    store: Store,
+    settings: ListenerSettings,
+    kt_writer: KtWriter | None = None,
+    memcached_writer: KtWriter | None = None,
 ) -> list[Service]:
     """Listeners the root runs beside the gateway: KT with point and bulk reads, and with
-    writes through `kt_writer` when given (`--kt-producer`)."""
+    writes through `kt_writer` when given (`--kt-producer`); memcached, with writes through
+    `memcached_writer` when given (`--memcached-producer`)."""
+    out: list[Service] = []
+    if settings.memcached is not None:
+        if memcached_writer is not None:
+            out.append(
+                memcached_write_service(
+                    store,
+                    *settings.memcached,
+                    memcached_writer,
+                    limits=settings.limits,
+                    flags_in_value=settings.memcached_flags,
+                )
+            )
+        else:
+            out.append(
+                memcached_service(
+                    store,
+                    *settings.memcached,
+                    limits=settings.limits,
+                    flags_in_value=settings.memcached_flags,
+                )
+            )
     if settings.kt is None:
-        return []
+        return out
     if kt_writer is not None:
         return [
+            *out,
             kt_write_service(
                 store,
                 *settings.kt,
                 kt_writer,
                 limits=settings.limits,
                 db_aliases=settings.kt_db_aliases,
-            )
+            ),
         ]
     return [
+        *out,
         kt_service(
             store,
             *settings.kt,
             point_only=True,
             limits=settings.limits,
             db_aliases=settings.kt_db_aliases,
-        )
+        ),
     ]
 
 
