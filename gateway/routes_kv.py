@@ -17,6 +17,10 @@ from store.ops import SET, Op
 
 router = APIRouter(tags=["producer"])
 
+#: The scope key `reads.auth.ReadAuth` sets on a read it authorized (the gateway does not
+#: import `reads`; `mercury/root.py` puts that middleware in front with `--read-auth`).
+READ_KEYSPACES = "mercury.read_keyspaces"
+
 _KV_PARAMS = [
     {
         "name": "If-Match",
@@ -160,11 +164,15 @@ async def delete_prefix(request: Request) -> Response:
 async def get_kv(request: Request) -> Response:
     """The value bytes with `ETag: "<seq of last change>"`; 404 when absent."""
     gw = _gw(request)
-    who = gw.authenticate(request.headers.get("authorization"))
-    key = _key(request, gw)
-    if who != ADMIN:
-        p = gw.acl.producers[who]
-        gw.check_keys(p, [Op(SET, key)])
+    # With `--read-auth`, reads.auth.ReadAuth checked the token (consumers' too) and the key
+    # and marks the request with the token's keyspaces (`reads.ranges.READ_KEYSPACES`).
+    if request.scope.get(READ_KEYSPACES) is not None:
+        key = _key(request, gw)
+    else:  # without it: a producer's token (its keyspaces) or the admin token
+        who = gw.authenticate(request.headers.get("authorization"))
+        key = _key(request, gw)
+        if who != ADMIN:
+            gw.check_keys(gw.acl.producers[who], [Op(SET, key)])
     v = gw.store.get(key)
     if v is None:
         raise NotFoundError(f"no key {key.decode('utf-8', 'backslashreplace')!r}")

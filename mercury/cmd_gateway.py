@@ -84,7 +84,7 @@ def register(sub: Any) -> None:
     )
     retention_flags.add_arguments(p)
     tls.add_arguments(p)
-    tls.add_read_arguments(p, read_auth=False)
+    tls.add_read_arguments(p, read_auth=True)
     p.add_argument(
         "--switch-interval-ms",
         type=float,

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from typing import Any
 
 import uvicorn
 
@@ -18,6 +19,7 @@ from core.service import Service
 from core.tlsconf import TlsContexts
 from gateway.app import create_app
 from gateway.fastpath import FastPath
+from gateway.read_tokens import GatewayReadTokens
 from mercury import gctune, http_listener, logsetup, tls
 from mercury.kt_root_writer import kt_writer_for
 from mercury.settings import RootConfig
@@ -33,6 +35,7 @@ def run_root(args: argparse.Namespace) -> int:
     # Imported here so `mercury --help` does not load the other components.
     from reads import watch as reads_watch
     from reads import wiring as reads_wiring
+    from reads.auth import ReadAuth
     from replicator import wiring as repl_wiring
 
     cfg = RootConfig.from_args(args)
@@ -77,8 +80,13 @@ def run_root(args: argparse.Namespace) -> int:
         for writer in (kt_writer, mc_writer):
             if writer is not None:
                 writer.app = app
+        asgi: Any = FastPath(app)
+        if cfg.read_auth:
+            # Reads take consumer tokens too (each sees its keyspaces), checked against the
+            # gateway's live token index: the one rule of reads/auth.py, as on replicas.
+            asgi = ReadAuth(asgi, GatewayReadTokens(app))
         config = uvicorn.Config(
-            FastPath(app),
+            asgi,
             host=host,
             port=port,
             loop="uvloop",
@@ -106,6 +114,7 @@ def run_root(args: argparse.Namespace) -> int:
             memcached_listen=_hp(cfg.listeners.memcached),
             seq=store.last_seq(),
             tls=cfg.tls is not None,
+            read_auth=cfg.read_auth,
         )
         server = uvicorn.Server(config)
         # GET /v1/watch on the root too; its endless streams end once the server stops.

@@ -61,6 +61,8 @@ class RootConfig:
     tls: TlsFiles | None = None
     #: `--allow-unauthenticated-reads`: KT may listen beyond loopback.
     allow_unauthenticated_reads: bool = False
+    #: `--read-auth`: HTTP reads take consumer tokens too, each sees only its keyspaces.
+    read_auth: bool = False
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> RootConfig:
@@ -89,6 +91,7 @@ class RootConfig:
             memcached_producer=args.memcached_producer,
             tls=files_from_args(args),
             allow_unauthenticated_reads=bool(args.allow_unauthenticated_reads),
+            read_auth=bool(args.read_auth),
         )
 
 

@@ -39,14 +39,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def add_read_arguments(p: argparse.ArgumentParser, *, read_auth: bool) -> None:
-    """`--allow-unauthenticated-reads`, and `--read-auth` when `read_auth` (replicas: the
-    root's HTTP reads always need a producer's or the admin token)."""
+    """`--allow-unauthenticated-reads`, and `--read-auth` when `read_auth` (root and
+    replica: without it a replica's reads are open and the root's take only producer and
+    admin tokens)."""
     if read_auth:
         p.add_argument(
             "--read-auth",
             action="store_true",
-            help="HTTP reads need a bearer token (a producer's or consumer's from the ACL) "
-            "and see only its keyspaces",
+            help="HTTP reads (kv, get_bulk, range, watch) need a bearer token (a producer's "
+            "or consumer's from the ACL; on the root the admin token too) and see only its "
+            "keyspaces",
         )
     p.add_argument(
         "--allow-unauthenticated-reads",

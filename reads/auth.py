@@ -8,14 +8,18 @@ writes and admin routes, which check their own tokens) passes through untouched.
 - no token, or one the node does not know (or expired): 401;
 - a point get or a get_bulk naming a key outside the token's keyspaces: 403 (the caller
   named the key itself; the answer says nothing about whether it exists);
-- a range or watch: narrowed to the token's keyspace when it reaches past it (a range
-  over ``app/`` read with a token for ``app/a/`` returns the keys of ``app/a/`` only, and
-  its cursors name only those keys); 403 when it touches none of the token's keyspaces, or
-  more than one of them (read each keyspace in its own request).
+- a range: 403 when it touches none of the token's keyspaces; otherwise the app reads only
+  the parts inside them (the request carries the keyspaces in its ASGI scope under
+  `READ_KEYSPACES`, and the read app scans through `ranges.KeyspaceReader`), so a range
+  over ``[a/, d)`` read with a token for ``a/`` and ``c/`` returns the keys of both and
+  none of ``b/``, and its cursors name only those keys;
+- a watch: narrowed to the token's keyspace when it reaches past it; 403 when it touches
+  none of them, or several (a watch follows one prefix: watch each keyspace apart).
 
 Tokens and their keyspaces come from a `TokenIndex`; `AclTokenIndex` reads the replicated
 ACL document (`acl`), so producers' and consumers' tokens work on every replica and
-a revoked token stops working as soon as the change is applied.
+a revoked token stops working as soon as the change is applied. The root passes its
+gateway's own token index (which also knows the admin token), see `mercury/root.py`.
 """
 
 from __future__ import annotations
@@ -33,10 +37,11 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from acl.model import DOC_NAME, Acl, Consumer, Producer
 from acl.tokens import hash_token
 from reads.problems import PROBLEM_JSON, problem_body
-from reads.ranges import prefix_end
+from reads.ranges import READ_KEYSPACES, clip, prefix_end
 from store.store import Store
 
 KV_PREFIX = b"/v1/kv/"
+
 #: A get_bulk body is read whole to check its keys; the read API's own bound is far below.
 MAX_BULK_BODY = 16 << 20
 
@@ -106,16 +111,10 @@ def allowed(spaces: tuple[bytes, ...], key: bytes) -> bool:
 def narrow(
     spaces: tuple[bytes, ...], start: bytes, end: bytes | None
 ) -> tuple[bytes, bytes | None] | None:
-    """The part of [start, end) inside the token's keyspaces when that is one keyspace's
-    (None: it touches none, or several)."""
-    hits = []
-    for s in spaces:
-        s_end = prefix_end(s)
-        lo = max(start, s)
-        hi = s_end if end is None else (end if s_end is None else min(end, s_end))
-        if hi is None or lo < hi:
-            hits.append((lo, hi))
-    return hits[0] if len(hits) == 1 else None
+    """The part of [start, end) inside the token's keyspaces when that is one contiguous
+    part (None: it touches none, or several)."""
+    parts = clip(spaces, start, end)
+    return parts[0] if len(parts) == 1 else None
 
 
 class ReadAuth:
@@ -145,7 +144,7 @@ class ReadAuth:
             if not allowed(spaces, unquote_to_bytes(path[len(KV_PREFIX) :])):
                 await _refuse(send, 403, "this token may not read that key")
                 return
-            await self.app(scope, receive, send)
+            await self.app({**scope, READ_KEYSPACES: spaces}, receive, send)
         elif kind == "bulk":
             await self._bulk(scope, receive, send, spaces)
         else:
@@ -179,7 +178,7 @@ class ReadAuth:
             sent = True
             return {"type": "http.request", "body": bytes(body), "more_body": False}
 
-        await self.app(scope, replay, send)
+        await self.app({**scope, READ_KEYSPACES: spaces}, replay, send)
 
     async def _ranged(
         self, scope: Scope, receive: Receive, send: Send, spaces: tuple[bytes, ...], kind: str
@@ -194,34 +193,37 @@ class ReadAuth:
         ]
         params = dict(q)
         prefix = params.get("prefix")
-        if kind == "watch" or prefix is not None:
-            if prefix is not None and allowed(spaces, prefix):
-                await self.app(scope, receive, send)
+        if kind == "range":
+            if prefix is not None:
+                start, end = prefix, prefix_end(prefix)
+            else:
+                start, end = params.get("start") or b"", params.get("end")
+            # Invalid bounds (an empty prefix, end <= start) reach the app for its 400; the
+            # keyspaces travel with every range request, so nothing is read unfiltered.
+            valid = prefix != b"" and (end is None or start < end)
+            if valid and not clip(spaces, start, end):
+                await _refuse(send, 403, "this token may read no key of this range")
                 return
-            start, end = (prefix, prefix_end(prefix)) if prefix else (b"", None)
-        else:
-            start, end = params.get("start") or b"", params.get("end")
-            if end is not None and end <= start:
-                await self.app(scope, receive, send)  # the app's 400
-                return
-        part = narrow(spaces, start, end)
+            await self.app({**scope, READ_KEYSPACES: spaces}, receive, send)
+            return
+        if prefix is not None and allowed(spaces, prefix):
+            await self.app({**scope, READ_KEYSPACES: spaces}, receive, send)
+            return
+        lo_hi = (prefix, prefix_end(prefix)) if prefix else (b"", None)
+        part = narrow(spaces, *lo_hi)
         if part is None:
             await _refuse(
                 send,
                 403,
-                "this token may read this range in none or several of its keyspaces",
-                hint="read each of the token's keyspaces in its own request",
+                "this token may read this watch's prefix in none or several of its keyspaces",
+                hint="a watch follows one prefix: watch each of the token's keyspaces apart",
             )
             return
-        lo, hi = part
-        keep = [(k, v) for k, v in q if k not in ("prefix", "start", "end")]
-        if kind == "watch" or (prefix is not None and hi == prefix_end(lo)):
-            # The narrowed range is exactly one keyspace: as a prefix (watch takes only that).
-            new = [("prefix", lo), *keep]
-        else:
-            new = [("start", lo), *([("end", hi)] if hi is not None else []), *keep]
+        # Two prefix ranges meet only when one prefix starts the other: the part is the
+        # token's keyspace, watched as a prefix.
+        new = [("prefix", part[0]), *((k, v) for k, v in q if k != "prefix")]
         qs = "&".join(f"{k}={quote_from_bytes(v, safe='')}" for k, v in new).encode()
-        await self.app({**scope, "query_string": qs}, receive, send)
+        await self.app({**scope, "query_string": qs, READ_KEYSPACES: spaces}, receive, send)
 
 
 def _kind(method: str, path: bytes) -> str | None:

@@ -322,6 +322,8 @@ async def get_range(request: Request) -> Response:
     t0 = time.perf_counter()
     q = _raw_query(request.scope["query_string"])
     spec = ranges.make_spec(prefix=q.get("prefix"), start=q.get("start"), end=q.get("end"))
+    # A read token's keyspaces (reads/auth.py, `--read-auth`): scan only inside them.
+    spaces: tuple[bytes, ...] | None = request.scope.get(ranges.READ_KEYSPACES)
     keys_only = q.get("keys_only", b"false").lower() in (b"true", b"1", b"yes")
     after = ranges.decode_cursor(spec, q["cursor"].decode("latin-1")) if q.get("cursor") else None
     limit_raw = q.get("limit")
@@ -333,10 +335,12 @@ async def get_range(request: Request) -> Response:
         # A stream serves the whole range (or `limit` items when given).
         if limit is not None and limit < 1:
             raise InvalidReadError("limit must be at least 1 (omit it to stream every item)")
-        return StreamingResponse(_stream(store, spec, after, limit, keys_only), media_type=NDJSON)
+        return StreamingResponse(
+            _stream(store, spec, after, limit, keys_only, spaces), media_type=NDJSON
+        )
     limit = ranges.check_limit(limit)
     with store.reader() as r:
-        items, more = ranges.read_page(r, spec, after, limit, keys_only)
+        items, more = ranges.read_page(_within(r, spaces), spec, after, limit, keys_only)
     applied = store.last_seq()
     doc = {
         "items": [jsonkv.item(k, v) for k, v in items],
@@ -346,6 +350,10 @@ async def get_range(request: Request) -> Response:
     return JSONResponse(
         doc, headers={"X-Mercury-Seq": str(applied), "X-Mercury-Applied-Seq": str(applied)}
     )
+
+
+def _within(r: ranges.RangeReader, spaces: tuple[bytes, ...] | None) -> ranges.RangeReader:
+    return r if spaces is None else ranges.KeyspaceReader(r, spaces)
 
 
 def _raw_query(qs: bytes) -> dict[str, bytes]:
@@ -362,6 +370,7 @@ async def _stream(
     after: bytes | None,
     total: int | None,
     keys_only: bool,
+    spaces: tuple[bytes, ...] | None,
 ) -> AsyncIterator[bytes]:
     """NDJSON lines of the range, STREAM_CHUNK items per read transaction; memory stays flat
     because each chunk is handed to the transport (which applies backpressure) before the
@@ -375,7 +384,7 @@ async def _stream(
         try:
             with store.reader() as r:
                 items, more = ranges.read_page(
-                    r, spec, after, n, keys_only, max_bytes=STREAM_CHUNK_BYTES
+                    _within(r, spaces), spec, after, n, keys_only, max_bytes=STREAM_CHUNK_BYTES
                 )
         except CRCError as err:
             READ_ERRORS.labels("http_range_stream", "crc").inc()

@@ -12,6 +12,12 @@ Cursor bytes (then base64url without padding)::
     0   1   version = 1
     1   8   BLAKE2b-64 of the range bounds (a cursor is refused on another range)
     9   K   last key returned (1..500 bytes)
+
+A read token may restrict a range to its keyspaces (`--read-auth`): `KeyspaceReader` wraps
+the store reader so that every scan (pages, streams and the "more?" probe alike) only
+visits the parts of the asked range inside those keyspaces. The cursor still binds the
+asked bounds and names the last key returned, which is always inside a keyspace, so a
+range across several keyspaces pages like any other and never names a key outside them.
 """
 
 from __future__ import annotations
@@ -32,6 +38,10 @@ DEFAULT_LIMIT = 1000
 MAX_LIMIT = 10_000
 #: A page (or a streamed chunk) ends once its keys and values reach this many bytes.
 MAX_PAGE_BYTES = 16 << 20
+#: ASGI scope key set by `reads.auth.ReadAuth` on a read it let through: the token's
+#: keyspaces, to which the app restricts its scans (the root's gateway checks the same key
+#: by name on its point reads).
+READ_KEYSPACES = "mercury.read_keyspaces"
 
 
 class RangeReader(Protocol):
@@ -97,6 +107,60 @@ def prefix_end(prefix: bytes) -> bytes | None:
         return None
     p[-1] += 1
     return bytes(p)
+
+
+def clip(
+    spaces: tuple[bytes, ...], start: bytes, end: bytes | None
+) -> list[tuple[bytes, bytes | None]]:
+    """The parts of ``[start, end)`` inside the keyspaces `spaces`, in key order, disjoint.
+
+    A keyspace inside another adds nothing (its keys are the outer one's), so only the
+    outermost keyspaces count; their ranges are then disjoint. An empty keyspace is all
+    keys.
+    """
+    outer = sorted({s for s in spaces if not any(s != o and s.startswith(o) for o in spaces)})
+    parts: list[tuple[bytes, bytes | None]] = []
+    for s in outer:
+        s_end = prefix_end(s)
+        lo = max(start, s)
+        hi = s_end if end is None else (end if s_end is None else min(end, s_end))
+        if hi is None or lo < hi:
+            parts.append((lo, hi))
+    return parts
+
+
+class KeyspaceReader:
+    """A `RangeReader` that sees only the keys inside `spaces` (a read token's keyspaces)."""
+
+    def __init__(self, reader: RangeReader, spaces: tuple[bytes, ...]) -> None:
+        self.reader = reader
+        self.spaces = spaces
+
+    def scan(
+        self,
+        *,
+        start: bytes = b"",
+        end: bytes | None = None,
+        prefix: bytes | None = None,
+        limit: int | None = None,
+        keys_only: bool = False,
+    ) -> Iterator[tuple[bytes, Value | None]]:
+        """The inner reader's scan restricted to the keyspaces, part by part in key order."""
+        if prefix is not None:
+            # Keys starting with `prefix` are exactly [prefix, prefix_end(prefix)).
+            p_end = prefix_end(prefix)
+            start = max(start, prefix)
+            end = p_end if end is None else (end if p_end is None else min(end, p_end))
+            if end is not None and start >= end:
+                return
+        left = limit
+        for lo, hi in clip(self.spaces, start, end):
+            if left is not None and left <= 0:
+                return
+            for item in self.reader.scan(start=lo, end=hi, limit=left, keys_only=keys_only):
+                yield item
+                if left is not None:
+                    left -= 1
 
 
 def encode_cursor(spec: RangeSpec, last_key: bytes) -> str:

@@ -5,15 +5,19 @@ the asked range)."""
 from __future__ import annotations
 
 import argparse
+import itertools
 import logging
+from collections.abc import Iterator
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from core.errors import ConfigError
 from mercury import tls
+from reads import ranges
 from reads.auth import allowed, narrow
+from store.ops import Value
 
 
 def test_tls_flags_go_together() -> None:
@@ -62,3 +66,80 @@ def test_narrowed_range_is_exactly_the_readable_part_of_the_asked_range(
     asked = start <= key and (end is None or key < end)
     # Never a key outside the asked range or the token's keyspaces, and none left out.
     assert inside == (asked and allowed(spaces, key))
+
+
+class _ListReader:
+    """A sorted in-memory `RangeReader` (the store's scan contract, brute force)."""
+
+    def __init__(self, keys: list[bytes]) -> None:
+        self.keys = sorted(set(keys))
+
+    def scan(
+        self,
+        *,
+        start: bytes = b"",
+        end: bytes | None = None,
+        prefix: bytes | None = None,
+        limit: int | None = None,
+        keys_only: bool = False,
+    ) -> Iterator[tuple[bytes, Value | None]]:
+        n = 0
+        for k in self.keys:
+            if k < start or (end is not None and k >= end):
+                continue
+            if prefix is not None and not k.startswith(prefix):
+                continue
+            if limit is not None and n >= limit:
+                return
+            n += 1
+            yield k, None
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    keys=st.lists(_bytes.filter(bool), max_size=25),
+    spaces=st.lists(_bytes, min_size=1, max_size=4).map(tuple),
+    bounds=st.one_of(
+        st.tuples(_bytes.filter(bool)).map(lambda t: ranges.make_spec(prefix=t[0])),
+        st.tuples(_bytes, st.none() | _bytes)
+        .filter(lambda t: t[1] is None or t[0] < t[1])
+        .map(lambda t: ranges.make_spec(start=t[0], end=t[1])),
+    ),
+    limit=st.integers(1, 4),
+)
+def test_range_in_several_keyspaces_is_the_brute_force_filter(
+    keys: list[bytes],
+    spaces: tuple[bytes, ...],
+    bounds: ranges.RangeSpec,
+    limit: int,
+) -> None:
+    """Walking a range page by page through a token's keyspaces (cursors included) returns
+    exactly the keys of the range inside any of them, in order, each once; "more" is only
+    ever said when a readable key follows."""
+    inner = _ListReader(keys)
+    reader = ranges.KeyspaceReader(inner, spaces)
+    expected = [
+        k
+        for k in inner.keys
+        if bounds.start <= k
+        and (bounds.end is None or k < bounds.end)
+        and (bounds.prefix is None or k.startswith(bounds.prefix))
+        and allowed(spaces, k)
+    ]
+    got: list[bytes] = []
+    after: bytes | None = None
+    for _ in range(len(keys) + 2):
+        items, more = ranges.read_page(reader, bounds, after, limit, keys_only=True)
+        assert items or after is None, "the previous page said more, but none followed"
+        got += [k for k, _ in items]
+        assert all(allowed(spaces, k) for k, _ in items)
+        if not more:
+            break
+        assert items, "more said with an empty page"
+        cursor = ranges.encode_cursor(bounds, items[-1][0])
+        after = ranges.decode_cursor(bounds, cursor)
+    assert got == expected
+    # The parts are disjoint, ordered and inside both the range and the keyspaces.
+    parts = ranges.clip(spaces, bounds.start, bounds.end)
+    for (_, hi), (lo2, _) in itertools.pairwise(parts):
+        assert hi is not None and hi <= lo2
