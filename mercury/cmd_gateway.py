@@ -10,7 +10,7 @@ from typing import Any
 import httpx
 
 from core.errors import GatewayError
-from mercury import http_listener, retention_flags, tls
+from mercury import ha_flags, http_listener, retention_flags, tls
 from reads.tcp import add_listener_flags
 
 
@@ -101,6 +101,7 @@ def register(sub: Any) -> None:
         action="store_true",
         help="do not fsync commits (tests and benchmarks only: acknowledged writes may be lost)",
     )
+    ha_flags.add_arguments(p)
     p.set_defaults(func=_root)
 
 

@@ -23,6 +23,7 @@ from gateway.read_tokens import GatewayReadTokens
 from mercury import gctune, http_listener, logsetup, tls
 from mercury.kt_root_writer import kt_writer_for
 from mercury.settings import RootConfig
+from mercury.unused_wiring import RootUnused
 from store.lock import WriterLock
 from store.retention import RetentionService
 from store.store import Store
@@ -32,11 +33,20 @@ log = logging.getLogger("mercury.root")
 
 def run_root(args: argparse.Namespace) -> int:
     """Run the root until SIGTERM/SIGINT; the open batch is committed before exit."""
+    if args.ha_etcd and not args.ha_await_go:  # a root candidate (mercury/ha_candidate.py)
+        from mercury.ha_candidate import run_candidate
+
+        return run_candidate(args)
     # Imported here so `mercury --help` does not load the other components.
     from reads import watch as reads_watch
     from reads import wiring as reads_wiring
     from reads.auth import ReadAuth
     from replicator import wiring as repl_wiring
+
+    if args.ha_await_go:  # a candidate's warm root: wait until elected (ha_leader.py)
+        from mercury import ha_leader
+
+        ha_leader.wait_for_go(args)
 
     cfg = RootConfig.from_args(args)
     bounds = http_listener.HttpBounds.from_args(args)
@@ -69,14 +79,19 @@ def run_root(args: argparse.Namespace) -> int:
         protocol="memcached",
     )
     store = Store.open(cfg.data_dir, sync=cfg.sync)
+    unused = RootUnused(store)  # unused-key analytics: read summaries in, the ledger
     try:
         services: list[Service] = [
             logsetup.StopLog(log, lambda: {"role": "root", "seq": store.last_seq()}),
-            *repl_wiring.root_services(store, cfg.source, repl_tls),
+            *repl_wiring.root_services(store, cfg.source, repl_tls, unused.router),
             *reads_wiring.root_services(store, cfg.listeners, kt_writer, mc_writer),
             RetentionService(store, cfg.retention),
         ]
+        services += unused.services
         app = create_app(cfg.gateway, store, services)
+        unused.attach(app)
+        if args.ha_await_go:  # elected: fencing, sync acks, term (ha_leader.py)
+            ha_leader.install(app, store, services, args)
         for writer in (kt_writer, mc_writer):
             if writer is not None:
                 writer.app = app

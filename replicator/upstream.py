@@ -27,7 +27,10 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import logging
+import os
+import time
 from collections.abc import Awaitable, Callable
 from typing import NamedTuple
 
@@ -39,6 +42,9 @@ log = logging.getLogger("mercury.replication.upstream")
 #: Kinds (u16). Add new ones here; a source that does not know a kind ignores it.
 #: Read summaries of a node's readers (`reads/readstats.py`'s payload).
 READS = 1
+#: A root candidate's standby: the last seq it durably applied (u64), for semi-synchronous
+#: acknowledgement on the leader (`mercury/ha_standby.py`, `mercury/ha_leader.py`).
+APPLIED = 2
 
 #: Frames the client keeps while no upstream-capable source is connected.
 OUTBOX_FRAMES = 1024
@@ -246,3 +252,95 @@ def pump_while(
     if outbox is None or not flags & frames.WELCOME_UPSTREAM:
         return None
     return asyncio.ensure_future(outbox.pump(writer))
+
+
+class SpoolForwarder:
+    """Sends the files another process drops in `directory` (one payload each, named
+    ``*.bin``, written then renamed) upstream as frames of `kind`, oldest first, and
+    deletes them. The payloads of the last `replay_s` seconds (at most `replay_bytes`) are
+    kept and sent again each time a session starts, so a frame lost with a cut link is
+    made good (a receiver merging them must be idempotent). A replica's readers spool
+    their read summaries this way (`reads/readstats.py`); its worker runs this."""
+
+    name = "upstream-spool"
+
+    def __init__(
+        self,
+        directory: str,
+        outbox: UpstreamOutbox,
+        kind: int,
+        *,
+        interval: float = 1.0,
+        replay_s: float = 36 * 3600.0,
+        replay_bytes: int = 8 << 20,
+    ) -> None:
+        self.directory = directory
+        self.outbox = outbox
+        self.kind = kind
+        self.interval = interval
+        self.replay_s = replay_s
+        self.replay_bytes = replay_bytes
+        self._kept: collections.deque[tuple[float, bytes]] = collections.deque()
+        self._kept_bytes = 0
+        self.forwarded = 0
+        self._task: asyncio.Task[None] | None = None
+        outbox.on_connect(self._replay)
+
+    async def start(self) -> None:
+        self._task = asyncio.ensure_future(self._run())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    def collect(self) -> list[bytes]:
+        """Read and delete what is spooled now, oldest first (blocking file I/O: run it
+        in a thread)."""
+        try:
+            names = sorted(n for n in os.listdir(self.directory) if n.endswith(".bin"))
+        except FileNotFoundError:
+            return []
+        out = []
+        for name in names[:256]:
+            path = os.path.join(self.directory, name)
+            try:
+                with open(path, "rb") as f:
+                    payload = f.read()
+                os.unlink(path)
+            except FileNotFoundError:
+                continue
+            if len(payload) > frames.MAX_UPSTREAM_PAYLOAD:
+                log.warning("spooled payload %s of %d bytes is over the bound", name, len(payload))
+                continue
+            out.append(payload)
+        return out
+
+    def forward(self, payloads: list[bytes]) -> None:
+        """Queue `payloads` upstream and keep them for a replay (on the loop)."""
+        for payload in payloads:
+            self.outbox.send(self.kind, payload)
+            self._keep(payload)
+        self.forwarded += len(payloads)
+
+    def _keep(self, payload: bytes) -> None:
+        now = time.monotonic()
+        self._kept.append((now, payload))
+        self._kept_bytes += len(payload)
+        while self._kept and (
+            self._kept_bytes > self.replay_bytes or self._kept[0][0] < now - self.replay_s
+        ):
+            self._kept_bytes -= len(self._kept.popleft()[1])
+
+    def _replay(self) -> None:
+        for _, payload in self._kept:
+            self.outbox.send(self.kind, payload)
+
+    async def _run(self) -> None:
+        while True:
+            try:
+                self.forward(await asyncio.to_thread(self.collect))
+            except OSError as err:
+                log.warning("upstream spool %s: %s", self.directory, err)
+            await asyncio.sleep(self.interval)

@@ -1,0 +1,158 @@
+"""The HTTP face of a candidate that does not lead: status, and writers sent to the leader.
+
+While a candidate is a standby (or an election runs) its gateway address answers
+`GET /v1/status` and `GET /healthz` with its role, term and the leader's URL, and every
+other request with **307** to the same path on the leader's URL (a 307 keeps the method
+and body: a PUT is replayed as a PUT), or **503** problem+json with ``leader_url: null``
+while no leader is known. A tiny bounded HTTP/1.1 server: one request per connection,
+request head at most `MAX_HEAD` bytes within `HEAD_TIMEOUT_S`, bodies never read.
+When the candidate wins, this listener closes and the root's gateway takes the address.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from core.problems import problem_document
+
+log = logging.getLogger("mercury.ha.front")
+
+MAX_HEAD = 16 << 10
+HEAD_TIMEOUT_S = 5.0
+MAX_CONNECTIONS = 256
+#: Bodies up to this size are read and dropped before answering (see `_handle`).
+MAX_DRAINED_BODY = 1 << 20
+
+#: -> (role, term, leader_url or None, extra status fields)
+StatusFn = Callable[[], tuple[str, int | None, str | None, dict[str, Any]]]
+
+
+class Front:
+    """Serves the non-leader face on `host:port`."""
+
+    def __init__(self, host: str, port: int, status: StatusFn) -> None:
+        self.host = host
+        self.port = port
+        self.status = status
+        self._server: asyncio.Server | None = None
+        self._conns: set[asyncio.Task[None]] = set()
+
+    async def start(self) -> None:
+        """Listen (retrying briefly: the root process that held the port may be exiting)."""
+        for attempt in range(50):
+            try:
+                self._server = await asyncio.start_server(
+                    self._handle, self.host, self.port, reuse_address=True
+                )
+                return
+            except OSError:
+                if attempt == 49:
+                    raise
+                await asyncio.sleep(0.1)
+
+    async def stop(self) -> None:
+        """Stop listening and drop open connections (the port is free when this returns)."""
+        if self._server is not None:
+            self._server.close()
+            for t in list(self._conns):
+                t.cancel()
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._server.wait_closed(), 2)
+            self._server = None
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        if task is not None:
+            self._conns.add(task)
+        try:
+            if len(self._conns) > MAX_CONNECTIONS:
+                return
+            async with asyncio.timeout(HEAD_TIMEOUT_S):
+                head = await reader.readuntil(b"\r\n\r\n")
+            if len(head) > MAX_HEAD:
+                return
+            line = head.split(b"\r\n", 1)[0].decode("latin-1")
+            parts = line.split(" ")
+            if len(parts) != 3:
+                return
+            method, target = parts[0], parts[1]
+            # Read (and drop) a small body first: closing with unread bytes sends a reset
+            # that can reach the client before our answer does.
+            length = _content_length(head)
+            if 0 < length <= MAX_DRAINED_BODY:
+                async with asyncio.timeout(HEAD_TIMEOUT_S):
+                    await reader.readexactly(length)
+            writer.write(self.answer(method, target))
+            async with asyncio.timeout(HEAD_TIMEOUT_S):
+                await writer.drain()
+        except (TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, OSError):
+            pass
+        finally:
+            if task is not None:
+                self._conns.discard(task)
+            writer.close()
+            with contextlib.suppress(Exception):
+                await writer.wait_closed()
+
+    def answer(self, method: str, target: str) -> bytes:
+        """The whole HTTP response to `method target`."""
+        role, term, leader_url, extra = self.status()
+        path = target.split("?", 1)[0]
+        if method == "GET" and path in ("/v1/status", "/healthz"):
+            body = {"role": role, "term": term, "leader_url": leader_url, **extra}
+            return _response(200, "OK", "application/json", json.dumps(body).encode())
+        if leader_url is None:
+            doc = problem_document(
+                503,
+                "no leader: an election is running; retry shortly",
+                slug="no-leader",
+                role=role,
+            )
+            doc["leader_url"] = None  # said explicitly: clients look for it
+            return _response(
+                503,
+                "Service Unavailable",
+                "application/problem+json",
+                json.dumps(doc).encode(),
+                [("Retry-After", "1")],
+            )
+        location = leader_url.rstrip("/") + target
+        doc = problem_document(
+            307, f"this node is a {role}; the leader is {leader_url}", leader_url=leader_url
+        )
+        return _response(
+            307,
+            "Temporary Redirect",
+            "application/problem+json",
+            json.dumps(doc).encode(),
+            [("Location", location)],
+        )
+
+
+def _response(
+    status: int,
+    reason: str,
+    ctype: str,
+    body: bytes,
+    headers: list[tuple[str, str]] | None = None,
+) -> bytes:
+    lines = [f"HTTP/1.1 {status} {reason}", f"Content-Type: {ctype}"]
+    lines += [f"{k}: {v}" for k, v in headers or []]
+    lines += [f"Content-Length: {len(body)}", "Connection: close", "", ""]
+    return "\r\n".join(lines).encode("latin-1") + body
+
+
+def _content_length(head: bytes) -> int:
+    for line in head.split(b"\r\n")[1:]:
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"content-length":
+            try:
+                return int(value.strip())
+            except ValueError:
+                return -1
+    return 0

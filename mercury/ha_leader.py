@@ -1,0 +1,213 @@
+"""The elected root's HA wiring: lease fencing, semi-synchronous acknowledgement, term.
+
+The candidate (`mercury/ha_candidate.py`) keeps a warm `mercury root ... --ha-await-go`
+process ready (its imports done) that waits in `wait_for_go` for one line on stdin,
+"TERM DEADLINE", once the candidate won term TERM; from then on the candidate writes one
+line per successful lease renewal: the monotonic deadline (`ha.lease.LeaseClock`, margin
+applied; CLOCK_MONOTONIC is system-wide) until which acknowledging is safe. This module,
+installed by `mercury/root.py` on the gateway app:
+
+- gates every committed batch (`Batcher.ack_gate`): the batch's writers are answered only
+  once `--sync-standbys` standbys reported (upstream `APPLIED` frames on the replication
+  link) a seq at least the batch's, within `--sync-timeout-ms` (else 503 `not-in-sync`),
+  and only while the lease deadline has not passed (else 503 `not-leader`);
+- exits the process at once when the deadline passes or stdin closes (the candidate is
+  gone or has deposed this leader): nothing is acknowledged past it;
+- writes the term into the log (replicated document `ha.term`) before serving, and refuses
+  to lead a store that already holds a newer term;
+- answers `GET /v1/status` with ``role: leader``, the term and this node's URL.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import sys
+import time
+from collections.abc import Sequence
+
+from fastapi import FastAPI, Request
+from fastapi.routing import APIRoute
+from starlette.responses import JSONResponse, Response
+
+from core.service import Service
+from ha.errors import NotInSyncError, NotLeaderError
+from ha.fencing import TERM_DOC, encode_term
+from ha.lease import LeaseClock
+from ha.syncack import SyncTracker
+from mercury.ha_standby import decode_applied, store_term
+from replicator import upstream
+from replicator.source import ReplicationSource
+from store.store import Store
+
+log = logging.getLogger("mercury.ha.leader")
+
+
+class LeaderGate:
+    """Decides when a committed batch may be acknowledged (runs on the gateway's loop)."""
+
+    def __init__(self, required: int, timeout_s: float) -> None:
+        self.timeout_s = timeout_s
+        # A standby silent for the sync timeout is out of sync.
+        self.tracker = SyncTracker(required, fresh_s=max(timeout_s, 1.0))
+        self.clock = LeaseClock(margin_s=0.0)  # deadlines arrive with the margin applied
+        self._changed = asyncio.Event()
+        self.not_in_sync = 0
+
+    def applied(self, origin: upstream.Origin, _kind: int, payload: bytes) -> None:
+        """Upstream handler of `upstream.APPLIED`."""
+        self.tracker.applied(origin.client_id, decode_applied(payload), time.monotonic())
+        ev, self._changed = self._changed, asyncio.Event()
+        ev.set()
+
+    async def __call__(self, seq: int) -> None:
+        """Return once batch `seq` may be acknowledged; raise the 503 error otherwise."""
+        deadline = time.monotonic() + self.timeout_s
+        while self.tracker.synced_seq(time.monotonic()) < seq:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                self.not_in_sync += 1
+                n = self.tracker.in_sync(time.monotonic())
+                raise NotInSyncError(
+                    f"committed on the leader at seq {seq} but not confirmed by "
+                    f"{self.tracker.required} standby(s) within {self.timeout_s * 1000:g} ms "
+                    f"({n} in sync): not acknowledged; it may or may not survive a failover"
+                )
+            ev = self._changed
+            try:
+                async with asyncio.timeout(left):
+                    await ev.wait()
+            except TimeoutError:
+                pass
+        if not self.clock.valid(time.monotonic()):
+            raise NotLeaderError(
+                f"committed at seq {seq} but this node's leadership lease could not be "
+                "renewed in time: not acknowledged"
+            )
+
+
+class LeaderService:
+    """Reads lease deadlines from stdin, fences on expiry, records the term."""
+
+    name = "ha-leader"
+
+    def __init__(
+        self, app: FastAPI, store: Store, gate: LeaderGate, term: int, node: str, url: str
+    ) -> None:
+        self.app = app
+        self.store = store
+        self.gate = gate
+        self.term = term
+        self.node = node
+        self.url = url
+        self._watch: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        gw = self.app.state.gw
+        gw.batcher.ack_gate = self.gate
+        fd = sys.stdin.fileno()
+        os.set_blocking(fd, False)
+        buf = bytearray()
+
+        def on_stdin() -> None:
+            try:
+                data = os.read(fd, 4096)
+            except BlockingIOError:
+                return
+            if not data:
+                _fence("the candidate closed the lease channel")
+            buf.extend(data)
+            *lines, rest = bytes(buf).split(b"\n")
+            buf[:] = rest
+            for line in lines:
+                if line.strip():
+                    self.gate.clock.deadline = max(self.gate.clock.deadline, float(line))
+
+        loop.add_reader(fd, on_stdin)
+        # Fenced at the deadline even with nothing arriving on stdin.
+        self._watch = loop.create_task(self._watchdog())
+        seen = store_term(self.store)
+        if seen > self.term:
+            _fence(f"this store already holds term {seen}, newer than our term {self.term}")
+        # The term goes into the log before anything is acknowledged (in the commit thread:
+        # the batcher's single writer).
+        await loop.run_in_executor(
+            gw.batcher.executor,
+            lambda: self.store.put_docs({TERM_DOC: encode_term(self.term, self.node, self.url)}),
+        )
+        log.info("leading term %d at seq %d", self.term, self.store.last_seq())
+
+    async def _watchdog(self) -> None:
+        while True:
+            left = self.gate.clock.left(time.monotonic())
+            if left <= 0:
+                _fence("lease deadline passed without renewal")
+            await asyncio.sleep(min(0.05, left))
+
+    async def stop(self) -> None:
+        if self._watch is not None:
+            self._watch.cancel()
+
+
+def _fence(why: str) -> None:
+    """Stop acknowledging now: exit without answering anything more."""
+    log.error("fenced: %s; exiting", why)
+    logging.shutdown()
+    os._exit(75)
+
+
+def wait_for_go(args: argparse.Namespace) -> None:
+    """Block until the candidate says "TERM DEADLINE" on stdin (it won the election), with
+    every import already done: the failover does not wait for Python to start. Exits
+    quietly when stdin closes first (the candidate stopped or replaced this process)."""
+    line = bytearray()
+    while not line.endswith(b"\n"):
+        b = os.read(sys.stdin.fileno(), 1)  # unbuffered: later lines are the deadlines
+        if not b:
+            os._exit(0)
+        line += b
+    term, deadline = line.split()
+    args.ha_term = int(term)
+    args.ha_deadline = float(deadline)
+
+
+def install(app: FastAPI, store: Store, services: list[Service], args: argparse.Namespace) -> None:
+    """Wire the leader's HA pieces into the root about to serve (see the module doc)."""
+    term = int(args.ha_term)
+    url = args.advertise_url
+    node = args.ha_node or url
+    required = args.sync_standbys if args.sync_standbys is not None else 1
+    gate = LeaderGate(required, args.sync_timeout_ms / 1000)
+    # The deadline the candidate held when it elected us (refreshed on stdin from then on).
+    gate.clock.deadline = float(args.ha_deadline)
+    sources: Sequence[Service] = [s for s in services if isinstance(s, ReplicationSource)]
+    for src in sources:
+        assert isinstance(src, ReplicationSource)
+        if src.upstream is None:
+            src.upstream = upstream.UpstreamRouter()
+        src.upstream.register(upstream.APPLIED, gate.applied)
+    services.append(LeaderService(app, store, gate, term, node, url))
+
+    async def status(request: Request) -> Response:
+        seq, head = store.head()
+        now = time.monotonic()
+        return JSONResponse(
+            {
+                "db_id": store.db_id,
+                "role": "leader",
+                "term": term,
+                "leader_url": url,
+                "node": node,
+                "seq": seq,
+                "hash_head": head.hex(),
+                "sync_standbys": required,
+                "standbys_in_sync": gate.tracker.in_sync(now),
+                "lease_left_s": round(gate.clock.left(now), 3),
+            }
+        )
+
+    # Ahead of the gateway's own /v1/status: routes match in order.
+    app.router.routes.insert(0, APIRoute("/v1/status", status, methods=["GET"]))
