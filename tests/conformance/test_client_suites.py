@@ -1,4 +1,4 @@
-"""Conformance: a KT client library's OWN test suite, unchanged, against Mercury.
+"""Conformance: client libraries' OWN test suites, unchanged, against Mercury.
 
 ukt's suite (its `ukt/tests.py`, taken from the sdist of the installed version) starts
 "ktserver" through ``$KT_BINARY``; here that is `tests/conformance/ktshim.py`, which
@@ -9,6 +9,12 @@ docs/kt-compat.md explains every remaining failure.
 
 The sdist comes from the package index (``pip download``); without network access the
 test is skipped with that reason.
+
+pymemcache ships its integration tests inside the installed package
+(`pymemcache/test/test_integration.py`); they run unchanged against a root's memcached
+listener that writes as a producer (``--memcached-producer``, flags kept with
+``--memcached-flags``): every test writes (`flush_all`, `set`) before it reads. The pass
+count may not drop below `PYMEMCACHE_PASSED`.
 """
 
 from __future__ import annotations
@@ -31,6 +37,8 @@ from tests.support.procs import REPO, Procs, free_port
 
 #: ukt tests passing against Mercury when this figure was recorded (docs/kt-compat.md).
 UKT_PASSED = 30
+#: pymemcache integration tests passing against Mercury (docs/kt-compat.md).
+PYMEMCACHE_PASSED = 85
 #: Per-test bound inside the suite (a hang is a failure, never a stuck run).
 PER_TEST_TIMEOUT_S = 5
 CACHE = Path(os.environ.get("MERCURY_CONFORMANCE_CACHE", Path.home() / ".cache" / "mercury-conf"))
@@ -107,23 +115,28 @@ def run_suite(tests_py: Path, kt_port: int, out: Path) -> dict[str, str]:
         f'#!/bin/sh\nexec {sys.executable} {REPO / "tests" / "conformance" / "ktshim.py"} "$@"\n'
     )
     shim.chmod(0o755)
-    xml = out / "ukt.xml"
     env = {**os.environ, "KT_BINARY": str(shim), "MERCURY_KT": f"127.0.0.1:{kt_port}"}
+    return run_pytest([str(tests_py)], tests_py.parent, env, out / "ukt.xml")
+
+
+def run_pytest(argv: list[str], rootdir: Path, env: dict[str, str], xml: Path) -> dict[str, str]:
+    """Run a foreign test suite under pytest (each test bounded in time, the whole run
+    too); outcome ("passed", "failed", "error", "skipped") per test id."""
     subprocess.run(
         [
             sys.executable,
             "-m",
             "pytest",
-            str(tests_py),
+            *argv,
             "-q",
             "-p",
             "no:cacheprovider",
             f"--timeout={PER_TEST_TIMEOUT_S}",
             f"--junitxml={xml}",
             "--rootdir",
-            str(tests_py.parent),
+            str(rootdir),
         ],
-        cwd=tests_py.parent,
+        cwd=rootdir,
         env=env,
         capture_output=True,
         text=True,
@@ -151,3 +164,62 @@ def test_ukt_suite(kt_root: tuple[Root, int], tmp_path: Path) -> None:
     assert len(passed) >= UKT_PASSED, f"ukt conformance dropped: {len(passed)} < {UKT_PASSED}"
     assert all(re.match(r"^\w+\.\w+$", t) for t in outcomes)
     assert httpx.get(f"{kt_root[0].url}/healthz", timeout=5).status_code == 200
+
+
+@pytest.fixture
+def mc_root(tmp_path: Path) -> Iterator[tuple[Root, int]]:
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    procs = Procs(logs)
+    port = free_port()
+    try:
+        root = make_root(
+            procs,
+            tmp_path / "root",
+            "--memcached-listen",
+            f"127.0.0.1:{port}",
+            "--memcached-producer",
+            "conf",
+            "--memcached-flags",
+            window_ms=2,
+        )
+        # every printable ASCII first byte, and the first letter of the suite's Japanese
+        # key: the suite's keys are all the producer's
+        keyspaces = [chr(c) for c in range(0x20, 0x7F)] + ["\u3053"]
+        r = root.admin().put("/v1/admin/producers/conf", json={"keyspaces": keyspaces})
+        assert r.status_code in (200, 201), r.text
+        yield root, port
+        root.close_clients()
+    finally:
+        procs.stop_all()
+
+
+def test_pymemcache_integration_suite(mc_root: tuple[Root, int], tmp_path: Path) -> None:
+    _, port = mc_root
+    import pymemcache.test
+
+    tests_dir = Path(pymemcache.test.__file__).parent
+    # The package's own directory lies under this repository's venv, whose pytest settings
+    # (strict markers) are not the suite's: give it an ini of its own naming its markers.
+    ini = tmp_path / "pytest.ini"
+    ini.write_text("[pytest]\nmarkers =\n    integration\n    benchmark\n")
+    outcomes = run_pytest(
+        [
+            str(tests_dir / "test_integration.py"),
+            "-c",
+            str(ini),
+            "--server",
+            "127.0.0.1",
+            "--port",
+            str(port),
+        ],
+        tests_dir,
+        dict(os.environ),
+        tmp_path / "pymemcache.xml",
+    )
+    passed = sorted(t for t, o in outcomes.items() if o == "passed")
+    failed = sorted(t for t, o in outcomes.items() if o in ("failed", "error"))
+    report = tmp_path / "pymemcache-outcomes.txt"
+    report.write_text("".join(f"{outcomes[t]} {t}\n" for t in sorted(outcomes)))
+    print(f"pymemcache suite: {len(passed)} passed, {len(failed)} failed ({report})")
+    assert len(passed) >= PYMEMCACHE_PASSED, f"pymemcache: {len(passed)} < {PYMEMCACHE_PASSED}"
