@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-PACKAGES = ["core", "store", "acl", "gateway", "replicator", "reads", "migrations", "mercury"]
+PACKAGES = ["core", "store", "acl", "gateway", "replicator", "reads", "migrations", "ha", "mercury"]
 LINT = Path(sys.executable).with_name("lint-imports")
 
 
@@ -43,6 +43,7 @@ def _lint(root: Path) -> subprocess.CompletedProcess[str]:
         ("gateway/_planted.py", "import replicator.frames", "never import each other"),
         ("reads/_planted.py", "import gateway.quota", "reads never imports gateway"),
         ("core/_planted.py", "import store.format", "core is a leaf"),
+        ("ha/_planted.py", "import replicator.frames", "ha is election and fencing logic"),
     ],
 )
 def test_lint_fails_on_a_forbidden_import(
