@@ -22,7 +22,7 @@ from acl.model import Acl, Producer
 from gateway import aclstore, idempotency, metrics, usage_metrics, usage_series
 from gateway.admission import Admission
 from gateway.answers import Answer, batch_answer, kv_answer
-from gateway.auth import ADMIN, Auth
+from gateway.auth import ADMIN, Auth, load_admin_hash
 from gateway.batcher import Batcher
 from gateway.guards import check_guards
 from gateway.idempotency import MAX_IDEMPOTENCY_KEY, REPLAYED, Idempotency
@@ -50,8 +50,7 @@ class Gateway:
         self.store = store
         self.settings = settings
         acl, _version = aclstore.load(store)
-        admin = store.get_state("admin_token_hash")
-        self.auth = Auth(acl, admin.decode() if admin else None)
+        self.auth = Auth(acl, load_admin_hash(store))
         self.usage: dict[str, Usage] = store.usage()
         self.batcher = Batcher(
             store,

@@ -12,6 +12,7 @@ from tqdm import tqdm
 
 from acl.tokens import hash_token, new_token
 from core.errors import MercuryError
+from gateway.auth import ADMIN_HASH_DOC
 from migrations import runner
 from store import check as store_check
 from store.lock import WriterLock
@@ -19,7 +20,6 @@ from store.snapshot import make_snapshot
 from store.store import Store
 
 ADMIN_TOKEN_FILE = "admin.token"
-ADMIN_TOKEN_STATE = "admin_token_hash"
 
 
 def register(sub: Any) -> None:
@@ -88,7 +88,8 @@ def _init(args: argparse.Namespace) -> int:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "w") as f:
             f.write(token + "\n")
-        store.put_state(ADMIN_TOKEN_STATE, hash_token(token).encode())
+        # Through the log (a record of its own): every replica holds it (docs/security.md).
+        store.put_docs({ADMIN_HASH_DOC: hash_token(token).encode()})
         print(store.db_id)
         print(f"admin token written to {path}", file=sys.stderr)
     finally:

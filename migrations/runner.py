@@ -9,7 +9,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from migrations import m0002_usage_counters, m0003_replicated_docs, m0004_key_checksum
+from migrations import (
+    m0002_usage_counters,
+    m0003_replicated_docs,
+    m0004_key_checksum,
+    m0005_root_state_in_log,
+)
 from migrations.plan import Step, plan
 from store.migration import data_entries, run_step
 from store.version import CURRENT_FORMAT, read_format_version
@@ -19,6 +24,7 @@ STEPS: tuple[Step, ...] = (
     m0002_usage_counters.STEP,
     m0003_replicated_docs.STEP,
     m0004_key_checksum.STEP,
+    m0005_root_state_in_log.STEP,
 )
 
 

@@ -2,7 +2,8 @@
 
 The transaction holds the data changes (decided op by op by `codec.apply_ops`), their log
 record (one seq per change, hash chain), the usage counters and, when the caller asks, the
-idempotency answers built from the real results — all committed together (fsync unless the
+idempotency answers built from the real results (stored and logged as the record's last
+entries, so replicas hold them too) — all committed together (fsync unless the
 store was opened with ``sync=False``). A batch that changes nothing but duplicate/throttled
 counters writes nothing (`store.counters.DeferredCounters`).
 """
@@ -16,7 +17,7 @@ from typing import Any
 import lmdb
 
 from core import failpoints
-from store import chunks, codec, docs, layout, txlog
+from store import chunks, codec, docs, layout, nodedocs, txlog
 from store.counters import DeferredCounters, bump, write_usage
 from store.layout import K_HASH_HEAD, K_LAST_SEQ, U64
 from store.lmdberrors import translate, writing
@@ -81,16 +82,22 @@ class BatchWriter:
                     seq += 1
                     docs.apply_entry(txn, dbs, seq, dkey, dvalue)
                     entries.append((_op, _owner, dkey, dvalue))
-                idem = list(answers(results)) if answers is not None else []
-                if not entries and not idem and self.deferred.defer(delta):
+                stamp = time_us or now_us()
+                # Idempotency answers close the record: logged, so every node that applies
+                # it holds them byte for byte (`store/nodedocs.py`).
+                if answers is not None:
+                    for ikey, answer in answers(results):
+                        seq += 1
+                        ent = nodedocs.answer_entry(ikey, stamp, answer)
+                        nodedocs.apply_answer(txn, dbs, ent[2], ent[3])
+                        entries.append(ent)
+                if not entries and self.deferred.defer(delta):
                     txn.abort()  # nothing but counters changed: write nothing now
                     return ApplyResult(0, 0, head, results)
                 put = txn.put
                 if entries:
                     payload, head = codec.pack_entries(last + 1, entries, head)
-                    txlog.put_batch(
-                        txn, dbs, last + 1, len(entries), time_us or now_us(), head, payload
-                    )
+                    txlog.put_batch(txn, dbs, last + 1, len(entries), stamp, head, payload)
                     put(K_LAST_SEQ, U64.pack(seq), db=meta)
                     put(K_HASH_HEAD, head, db=meta)
                 taken = self.deferred.take()
@@ -100,8 +107,6 @@ class BatchWriter:
                             bump(delta, owner_name, i, n)
                     if self._counted:
                         write_usage(txn, meta, delta)
-                    for ikey, answer in idem:
-                        put(ikey, U64.pack(now_us()) + answer, db=dbs.idem)
                     failpoints.hit("store.apply.before_commit")
                     txn.commit()
                 except BaseException:

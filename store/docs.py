@@ -10,8 +10,10 @@ and a snapshot carry it like the data. Each node keeps the current version in th
 sub-database as ``seq (u64) ++ bytes``: the seq of the entry that wrote it is its version,
 the same on every node.
 
-Node-local things (the admin token's hash, idempotency answers) stay in ``state``/``idem``
-(`store/nodedocs.py`) and never enter the log.
+Well-known documents: ``acl`` (producers, consumers, token hashes, quotas), ``audit/...``,
+``admin_token_hash`` (format >= 5) and the root's usage series. Idempotency answers ride in
+op-3 entries too, under keys starting with NUL that no document name can have; they land in
+``idem``, not here (`store/nodedocs.py`).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from core.errors import InvalidOpError
-from store import codec, layout, txlog
+from store import codec, layout, nodedocs, txlog
 from store.format import MAX_KEY, MAX_VALUE, OP_DOC
 from store.layout import K_HASH_HEAD, K_LAST_SEQ, K_LOG_FIRST, U64
 
@@ -57,8 +59,11 @@ def entries(changes: DocChanges) -> list[tuple[int, bytes, bytes, bytes]]:
 
 
 def apply_entry(txn: Any, dbs: layout.Dbs, seq: int, key: bytes, value: bytes) -> None:
-    """Apply one document entry inside `txn` (the root's batch or a replica's apply)."""
-    if value:
+    """Apply one op-3 entry inside `txn` (the root's batch or a replica's apply): a
+    document, or an idempotency answer when its key starts with NUL."""
+    if nodedocs.is_answer(key):
+        nodedocs.apply_answer(txn, dbs, key, value)
+    elif value:
         txn.put(key, U64.pack(seq) + value, db=dbs.docs)
     else:
         txn.delete(key, db=dbs.docs)
@@ -122,10 +127,11 @@ def scan(
 def check(txn: Any, dbs: layout.Dbs, logged: Mapping[bytes, tuple[int, bytes]]) -> list[str]:
     """Problems of the ``docs`` sub-database against the retained log (for `store.check`).
 
-    `logged` is the latest op-3 entry per document name in the retained log, (seq, value).
-    A document must hold exactly what its latest retained entry wrote (or be absent when
-    that entry removed it); one written before the retained log must have a seq below its
-    first seq and at most the last seq.
+    `logged` is the latest op-3 entry per key in the retained log, (seq, value); those
+    carrying idempotency answers are not documents and are skipped (answers expire on each
+    node on their own). A document must hold exactly what its latest retained entry wrote
+    (or be absent when that entry removed it); one written before the retained log must
+    have a seq below its first seq and at most the last seq.
     """
     if dbs.docs is None:
         return []
@@ -147,6 +153,6 @@ def check(txn: Any, dbs: layout.Dbs, logged: Mapping[bytes, tuple[int, bytes]]) 
         if doc.seq > last:
             out.append(f"document {key!r} has seq {doc.seq}, past the last seq {last}")
     for key, (seq, value) in logged.items():
-        if value and key not in seen:
+        if value and key not in seen and not nodedocs.is_answer(key):
             out.append(f"document {key!r} written at seq {seq} is missing")
     return out

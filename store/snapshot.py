@@ -67,10 +67,11 @@ def make_snapshot(
     The seq and hash head are read in the same read transaction as the copy, so they
     describe the copied state exactly. `progress(n)` is told how many bytes were hashed.
 
-    Unless `node_local` (a node's own backup), the node-local sub-databases (``state``:
-    token hashes, the admin token's hash; ``idem``: idempotency answers) are emptied in
-    the copy, which is then compacted again: a snapshot sent to another node must not
-    carry them, not even in freed pages. That costs a second copy of the file.
+    Unless `node_local` (a node's own backup), the node-local sub-database ``state`` is
+    emptied in the copy, which is then compacted again: a snapshot sent to another node
+    must not carry it, not even in freed pages. That costs a second copy of the file.
+    Idempotency answers (``idem``) travel: they came through the log (format >= 5), and a
+    replica bootstrapped from the snapshot must answer a retry as the root would.
     """
     tmp = out_path + ".partial"
     stage = out_path + ".stage"
@@ -106,13 +107,12 @@ def make_snapshot(
 
 
 def _drop_node_local(stage: str, out: str) -> None:
-    """Empty ``state`` and ``idem`` of the store copy in directory `stage`, then write its
-    compacting copy (live pages only: the dropped documents' bytes are not in it) to `out`."""
+    """Empty ``state`` of the store copy in directory `stage`, then write its compacting
+    copy (live pages only: the dropped documents' bytes are not in it) to `out`."""
     env, dbs = layout.open_env(stage, sync=False)  # a scratch copy: only `out` is synced
     try:
         with env.begin(write=True) as txn:
             txn.drop(dbs.state, delete=False)
-            txn.drop(dbs.idem, delete=False)
         fd = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, layout.FILE_MODE)
         try:
             env.copyfd(fd, compact=True)
@@ -146,7 +146,7 @@ def install_snapshot(
     """Verify `snapshot_file` against `info` and make it the store of empty `data_dir`.
 
     The file is moved into place (same filesystem: put it inside `data_dir` first), the
-    node-local documents (ACL, idempotency keys) of the source are dropped, and the opened
+    node-local documents of the source (``state``) are dropped, and the opened
     store is returned. Raises CorruptionError when the checksum, size, db id, seq or hash
     head do not match, StoreExistsError when `data_dir` already holds a store.
     """
@@ -170,7 +170,6 @@ def install_snapshot(
         )
     try:
         with store.env.begin(write=True) as txn:
-            txn.drop(store.dbs.idem, delete=False)
             txn.drop(store.dbs.state, delete=False)
     except Exception as err:
         store.close()

@@ -9,8 +9,9 @@ from store import layout
 from store.layout import K_FORMAT, U32
 
 #: Format written by this code. Format 1 had no usage counters, format 2 no replicated
-#: documents, format 3 value records whose CRC left the key out (see migrations/).
-CURRENT_FORMAT = 4
+#: documents, format 3 value records whose CRC left the key out, format 4 kept the admin
+#: token's hash and idempotency answers out of the log (see migrations/).
+CURRENT_FORMAT = 5
 
 
 def read_format_version(path: str) -> int:

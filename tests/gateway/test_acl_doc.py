@@ -246,14 +246,17 @@ def test_a_replica_gets_the_acl_document_by_bootstrap_and_by_the_log(root: Root)
     with Store.open(str(root.data_dir), readonly=True) as s:
         want = s.get_doc("acl")
         want_audit = s.scan_docs("audit/")
-        assert s.get_state("admin_token_hash") is not None
+        want_admin = s.get_doc("admin_token_hash")
+        with s.env.begin(db=s.dbs.idem) as txn:
+            want_answers = list(txn.cursor())
     with Store.open(str(rep.data_dir), readonly=True) as r:
         assert r.get_doc("acl") == want and want is not None
         assert b'"edge"' in want.body and name.encode() in want.body
         assert r.scan_docs("audit/") == want_audit
-        assert r.get_state("admin_token_hash") is None  # node-local: never shipped
+        # format 5: the admin hash and the idempotency answer travel too, byte for byte
+        assert r.get_doc("admin_token_hash") == want_admin and want_admin is not None
         with r.env.begin(db=r.dbs.idem) as txn:
-            assert list(txn.cursor()) == []
+            assert list(txn.cursor()) == want_answers and len(want_answers) == 1
     root.start()
 
 

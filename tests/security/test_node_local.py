@@ -1,6 +1,8 @@
 """Nothing node-local leaves a node: a raw client asking a real root for a snapshot with an
-all-zero db id gets the replicated data, never the ``state`` (token hashes, the admin
-token's hash) or ``idem`` (idempotency answers) sub-databases, not even in freed pages."""
+all-zero db id gets the replicated data, never the ``state`` sub-database, not even in freed
+pages. Since format 5 what a root needs travels on purpose: the admin token's hash is a
+replicated document (like the producers' token hashes) and idempotency answers come
+through the log, so the snapshot carries both."""
 
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ from store import layout
 from store.store import Store
 from tests.support.procs import Procs, free_port, run_mercury, wait_http
 
-IDEM_MARKER = b"idem-marker-7b1e0c"
+NODE_MARKER = b"node-marker-7b1e0c"
 
 
 def _recv_exact(s: socket.socket, n: int) -> bytes:
@@ -51,10 +53,9 @@ def test_snapshot_for_an_unknown_replica_carries_no_node_local_documents(
     assert run_mercury("init", str(data)).returncode == 0
     store = Store.open(str(data))
     try:
-        admin_hash = store.get_state("admin_token_hash")
-        assert admin_hash
-        with store.env.begin(write=True) as txn:
-            txn.put(b"some-idempotency-key", IDEM_MARKER, db=store.dbs.idem)
+        admin = store.get_doc("admin_token_hash")
+        assert admin is not None
+        store.put_state("node-only", NODE_MARKER)
         db_id = store.db_id
     finally:
         store.close()
@@ -66,8 +67,7 @@ def test_snapshot_for_an_unknown_replica_carries_no_node_local_documents(
     wait_http(f"http://127.0.0.1:{gw}/healthz", proc=root)
 
     raw = fetch_raw_snapshot(repl)
-    assert admin_hash not in raw
-    assert IDEM_MARKER not in raw
+    assert NODE_MARKER not in raw
     got = tmp_path / "got"
     got.mkdir()
     (got / "data.mdb").write_bytes(raw)
@@ -75,7 +75,7 @@ def test_snapshot_for_an_unknown_replica_carries_no_node_local_documents(
     try:
         with env.begin() as txn:
             assert list(txn.cursor(db=dbs.state)) == []
-            assert list(txn.cursor(db=dbs.idem)) == []
+            assert bytes(txn.get(b"admin_token_hash", db=dbs.docs))[8:] == admin.body
             assert uuid.UUID(bytes=bytes(txn.get(layout.K_DB_ID, db=dbs.meta))) == uuid.UUID(db_id)
     finally:
         env.close()
@@ -83,4 +83,4 @@ def test_snapshot_for_an_unknown_replica_carries_no_node_local_documents(
     procs.terminate(root)
     backup = tmp_path / "backup.mdb"
     assert run_mercury("snapshot", str(data), str(backup)).returncode == 0
-    assert admin_hash in backup.read_bytes()
+    assert NODE_MARKER in backup.read_bytes()

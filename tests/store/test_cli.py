@@ -13,7 +13,7 @@ from store.store import Store
 from tests.support.procs import run_mercury
 
 
-def test_init_writes_a_private_admin_token_and_stores_only_its_hash(tmp_path: Path) -> None:
+def test_init_writes_a_private_admin_token_and_logs_only_its_hash(tmp_path: Path) -> None:
     d = tmp_path / "root"
     r = run_mercury("init", str(d))
     assert r.returncode == 0, r.stderr
@@ -24,7 +24,10 @@ def test_init_writes_a_private_admin_token_and_stores_only_its_hash(tmp_path: Pa
     s = Store.open(str(d))
     try:
         assert s.db_id == db_id
-        assert s.get_state("admin_token_hash") == hash_token(token).encode()
+        # a replicated document, through the log: every replica holds it (format 5)
+        doc = s.get_doc("admin_token_hash")
+        assert doc is not None and doc.body == hash_token(token).encode() and doc.seq == 1
+        assert s.get_state("admin_token_hash") is None
     finally:
         s.close()
     assert token.encode() not in (d / "data.mdb").read_bytes()
@@ -46,7 +49,7 @@ def test_status_json_has_the_contract_fields(tmp_path: Path) -> None:
     r = run_mercury("status", "--json", d)
     st = json.loads(r.stdout)
     assert set(st) == {"db_id", "format_version", "seq", "hash_head", "log_first_seq"}
-    assert st["seq"] == 1 and len(st["hash_head"]) == 64
+    assert st["seq"] == 2 and len(st["hash_head"]) == 64  # init logged the admin hash
 
 
 def test_verify_clean_store_exits_zero(tmp_path: Path) -> None:
@@ -63,7 +66,7 @@ def test_snapshot_command_writes_file_and_description(tmp_path: Path) -> None:
     r = run_mercury("snapshot", d, str(out))
     assert r.returncode == 0, r.stderr
     info = SnapshotInfo.from_json(r.stdout)
-    assert out.stat().st_size == info.size and info.seq == 0
+    assert out.stat().st_size == info.size and info.seq == 1  # the admin hash's record
 
 
 def test_missing_store_is_a_clear_error(tmp_path: Path) -> None:

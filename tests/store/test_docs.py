@@ -13,6 +13,7 @@ import pytest
 from core.errors import InvalidOpError
 from migrations.runner import migrate
 from store.check import check
+from store.docs import Doc
 from store.layout import K_FORMAT, U32, U64
 from store.ops import SET, Op
 from store.snapshot import install_snapshot, make_snapshot
@@ -68,22 +69,24 @@ def test_scan_docs_pages_in_name_order(store: Store) -> None:
     assert [n for n, _ in rest] == [f"audit/{i:03d}" for i in range(4, 10)]
 
 
-def test_snapshot_carries_docs_but_not_node_local_state(tmp_path: Path) -> None:
+def test_snapshot_carries_docs_and_answers_but_not_node_local_state(tmp_path: Path) -> None:
     root = Store.create(str(tmp_path / "root"), sync=False)
     try:
-        root.put_state("admin_token_hash", b"secret-hash")
-        root.put_docs({"acl": b'{"producers":[]}'})
-        with root.env.begin(write=True) as txn:
-            txn.put(b"idem-key", b"answer", db=root.dbs.idem)
+        root.put_state("node-only", b"secret")
+        root.put_docs({"acl": b'{"producers":[]}', "admin_token_hash": b"hash"})
+        root.apply([Op(SET, b"a/k", b"v", "p")], answers=lambda _r: [(b"idem-key", b"answer")])
         info = make_snapshot(root, str(tmp_path / "snap"))
+        want = root.get_idempotent(b"idem-key")
     finally:
         root.close()
     got = install_snapshot(str(tmp_path / "snap"), str(tmp_path / "rep"), info)
     try:
         doc = got.get_doc("acl")
         assert doc is not None and doc.body == b'{"producers":[]}'
-        assert got.get_state("admin_token_hash") is None
-        assert got.get_idempotent(b"idem-key") is None
+        admin = got.get_doc("admin_token_hash")
+        assert admin is not None and admin.body == b"hash"
+        assert got.get_state("node-only") is None
+        assert want is not None and got.get_idempotent(b"idem-key") == want
     finally:
         got.close()
 
@@ -100,13 +103,18 @@ def _format2_store_with_acl(path: str) -> None:
 def test_migration_moves_the_acl_into_the_log(tmp_path: Path) -> None:
     d = str(tmp_path / "s")
     _format2_store_with_acl(d)
-    assert [s.name for s in migrate(d)] == ["0003_replicated_docs", "0004_key_checksum"]
+    assert [s.name for s in migrate(d)] == [
+        "0003_replicated_docs",
+        "0004_key_checksum",
+        "0005_root_state_in_log",
+    ]
     with Store.open(d) as s:
         assert s.get_state("acl") is None
-        assert s.get_state("admin_token_hash") == b"h"  # stays node-local
+        assert s.get_state("admin_token_hash") is None  # format 5: in the log too
         doc = s.get_doc("acl")
         assert doc is not None and doc.seq == 2 and b'"p"' in doc.body
-        assert [r.num_entries for r in s.read_log(1)] == [1, 1]
+        assert s.get_doc("admin_token_hash") == Doc(3, b"h")
+        assert [r.num_entries for r in s.read_log(1)] == [1, 1, 1]
         assert_store_ok(s)
 
 
@@ -131,9 +139,13 @@ def test_sigkill_mid_migration_leaves_format_2(tmp_path: Path) -> None:
     assert read_format_version(d) == 2
     with Store.open(d, check_format=False) as s:
         assert s.get_state("acl") is not None and s.last_seq() == 1
-    assert [st.name for st in migrate(d)] == ["0003_replicated_docs", "0004_key_checksum"]
+    assert [st.name for st in migrate(d)] == [
+        "0003_replicated_docs",
+        "0004_key_checksum",
+        "0005_root_state_in_log",
+    ]
     with Store.open(d) as s:
-        assert s.get_doc("acl") is not None and s.last_seq() == 2
+        assert s.get_doc("acl") is not None and s.last_seq() == 3  # + the admin hash
         with s.env.begin(db=s.dbs.meta) as txn:
             assert U32.unpack(txn.get(K_FORMAT))[0] == CURRENT_FORMAT
 

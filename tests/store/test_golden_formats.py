@@ -13,10 +13,11 @@ import pytest
 
 from store import codec
 from store import format as ref
+from store import nodedocs
 from store.store import CURRENT_FORMAT
 
 DATA = Path(__file__).resolve().parents[1] / "data"
-GOLDEN_FORMAT = 4  # the format these files describe
+GOLDEN_FORMAT = 5  # the format these files describe
 
 
 def _cases() -> dict[str, bytes]:
@@ -31,8 +32,12 @@ def _cases() -> dict[str, bytes]:
     )
     header = ref.encode_log_header(0, 41, 3, 1_700_000_000_000_000, head, payload)
     doc_payload, _ = codec.pack_entries(44, [(ref.OP_DOC, b"", b"acl", b'{"producers":{}}')], head)
+    # format 5: an idempotency answer, an op-3 entry under NUL ++ its idempotency key
+    answer = nodedocs.answer_entry(b"iteam-a\x00req-1", 1_700_000_000_000_000, b'{"status":200}')
+    answer_payload, _ = codec.pack_entries(45, [answer], head)
     return {
         "golden_log_doc_entry.bin": doc_payload,
+        "golden_log_answer_entry.bin": answer_payload,
         "golden_record_inline.bin": codec.encode_record(
             b"cfg/greeting", 7, b"team-a", b"hello", False
         ),
