@@ -1,4 +1,5 @@
-"""Usage over time: `GET /v1/usage/series` (JSON) and the page `GET /usage` with its
+"""Usage over time: `GET /v1/usage/series` (JSON), unused keys (`GET /v1/usage/unused`,
+`GET /v1/usage/unused/summary`) and the page `GET /usage` with its
 static files (`gateway/static/`: the page, its script and the vendored uPlot chart
 library, served by the root itself — nodes have no internet).
 
@@ -9,12 +10,17 @@ tab's `sessionStorage` and sends it only as an ``Authorization`` header from `fe
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
+import math
 from pathlib import Path
+from typing import Any
 
 from fastapi import APIRouter, Request
 from starlette.responses import FileResponse, Response
 
 from core.errors import BadRequestError, ForbiddenError, NotFoundError
+from gateway import usage_reads
 from gateway.auth import ADMIN
 from gateway.http import json_response
 from gateway.usage_series import parse_range, query
@@ -115,6 +121,123 @@ async def usage_series(request: Request) -> Response:
             "points": points,
         }
     )
+
+
+def _ledger(request: Request) -> usage_reads.ReadLedger:
+    ledger: usage_reads.ReadLedger | None = getattr(request.app.state, "read_ledger", None)
+    if ledger is None:
+        raise NotFoundError("unused-key analytics are not enabled on this node")
+    return ledger
+
+
+def _days(raw: str | None) -> float:
+    try:
+        days = float(raw) if raw is not None else 30.0
+    except ValueError:
+        raise BadRequestError("days must be a number (fractions allowed)") from None
+    if not (math.isfinite(days) and 0 < days <= usage_reads.KEEP_DAYS):
+        raise BadRequestError(f"days must be more than 0 and at most {usage_reads.KEEP_DAYS}")
+    return days
+
+
+def _window_doc(ledger: usage_reads.ReadLedger, w: usage_reads.Window) -> dict[str, Any]:
+    return {
+        "days": w.days,
+        "cutoff": w.cutoff,
+        "tracked_since": ledger.meta.since,
+        "complete": w.complete,
+    }
+
+
+@router.get("/v1/usage/unused", tags=["producer"], summary="A producer's keys nobody reads")
+async def usage_unused(request: Request) -> Response:
+    """`?producer=&keyspace=&days=&limit=&cursor=` -> `{"producer", "keyspace", "days",
+    "cutoff", "tracked_since", "complete", "keys": [{"key" | "key_b64", "bytes",
+    "version"}], "bytes", "scanned", "next_cursor"}`: the producer's keys (in one keyspace,
+    or all of its keyspaces) that no node read on any day overlapping the last `days` days
+    (default 30, fractions allowed) and that were written before that window, in key order,
+    `limit` per page (default 1,000, at most 10,000); `bytes` is what the page's keys hold.
+    `complete` is false when the window starts before tracking began or some node dropped
+    reads on one of its days (a listed key may then have been read). A producer's token
+    reads only itself; the admin names any producer."""
+    gw = _gw(request)
+    who = gw.authenticate(request.headers.get("authorization"))
+    q = request.query_params
+    producer = q.get("producer") or (None if who == ADMIN else who)
+    if producer is None:
+        raise BadRequestError("name the producer: ?producer=NAME")
+    if who not in (ADMIN, producer):
+        raise ForbiddenError(f"only the admin or producer {producer!r} may read its unused keys")
+    p = gw.acl.producers.get(producer)
+    if p is None:
+        raise NotFoundError(f"no producer {producer!r}")
+    keyspace = q.get("keyspace")
+    if keyspace is not None and keyspace not in p.keyspaces:
+        raise NotFoundError(f"producer {producer!r} has no keyspace {keyspace!r}")
+    prefixes = [keyspace.encode()] if keyspace is not None else list(p.prefixes())
+    try:
+        limit = int(q.get("limit", "1000"))
+    except ValueError:
+        raise BadRequestError("limit must be an integer") from None
+    if not 1 <= limit <= 10_000:
+        raise BadRequestError("limit must be 1 to 10000")
+    after = None
+    if q.get("cursor"):
+        try:
+            after = base64.urlsafe_b64decode(q["cursor"].encode())
+        except (binascii.Error, ValueError):
+            raise BadRequestError("cursor is not one this endpoint returned") from None
+    ledger = _ledger(request)
+    days = _days(q.get("days"))
+
+    def run() -> dict[str, Any]:
+        w = usage_reads.window(ledger, days)
+        page = usage_reads.unused_page(ledger, prefixes, w, after=after, limit=limit)
+        nxt = page.pop("next")
+        return {
+            "producer": producer,
+            "keyspace": keyspace,
+            **_window_doc(ledger, w),
+            **page,
+            "next_cursor": None if nxt is None else base64.urlsafe_b64encode(nxt).decode(),
+        }
+
+    return json_response(await asyncio.to_thread(run))
+
+
+@router.get(
+    "/v1/usage/unused/summary", tags=["producer"], summary="Unused keys and bytes per keyspace"
+)
+async def usage_unused_summary(request: Request) -> Response:
+    """`?days=&producer=` -> `{"days", "cutoff", "tracked_since", "complete", "truncated",
+    "rows": [{"producer", "keyspace", "keys", "unused_keys", "unused_bytes", "too_new"}]}`
+    sorted by unused bytes (most first); `too_new` counts keys written within the window.
+    The admin sees every producer (or the one named), a producer itself."""
+    gw = _gw(request)
+    who = gw.authenticate(request.headers.get("authorization"))
+    q = request.query_params
+    producer = q.get("producer") or (None if who == ADMIN else who)
+    if who not in (ADMIN, producer):
+        raise ForbiddenError(f"only the admin or producer {producer!r} may read its unused keys")
+    producers = gw.acl.producers
+    if producer is not None and producer not in producers:
+        raise NotFoundError(f"no producer {producer!r}")
+    names = [producer] if producer is not None else sorted(producers)
+    ledger = _ledger(request)
+    days = _days(q.get("days"))
+
+    def run() -> dict[str, Any]:
+        w = usage_reads.window(ledger, days)
+        owner = {ks.encode(): (n, ks) for n in names for ks in producers[n].keyspaces}
+        got = usage_reads.unused_totals(ledger, list(owner), w)
+        rows = [
+            {"producer": owner[p][0], "keyspace": owner[p][1], **row}
+            for p, row in got["rows"].items()
+        ]
+        rows.sort(key=lambda r: (-r["unused_bytes"], r["producer"], r["keyspace"]))
+        return {**_window_doc(ledger, w), "truncated": got["truncated"], "rows": rows}
+
+    return json_response(await asyncio.to_thread(run))
 
 
 @router.get("/usage", tags=["info"], summary="The usage page (plots over time)")

@@ -151,6 +151,7 @@ class _Server(uvicorn.Server):
 async def _serve(config: ReplicaConfig) -> int:
     from reads import watch
     from reads.http_app import create_read_app
+    from reads.readstats import ReadStatsService, spool
     from reads.wiring import replica_services
 
     cfg = config.worker
@@ -207,7 +208,8 @@ async def _serve(config: ReplicaConfig) -> int:
     REFUSED.external = lambda: _worker_refused(cfg.data_dir)
     APPLIED_SEQ.set_function(lambda: float(store.last_seq()))
     app = create_read_app(store, role="replica", status=lambda: replica_status(cfg.data_dir))
-    services = replica_services(store, config.listeners)
+    # Reads counted for unused-key analytics, spooled for the worker to send upstream.
+    services = [*replica_services(store, config.listeners), ReadStatsService(spool(cfg.data_dir))]
     for s in services:
         await s.start()
     host, port = config.listen

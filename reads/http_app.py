@@ -33,7 +33,7 @@ from core.errors import (
     RangeOnRootError,
     ReadTooLargeError,
 )
-from reads import jsonkv, ranges, watch
+from reads import jsonkv, ranges, readstats, watch
 from reads.metrics import READ_ERRORS, READ_SECONDS
 from reads.problems import PROBLEM_JSON, problem, problem_body, problem_for
 from store.format import MAX_KEY
@@ -282,6 +282,8 @@ async def get_bulk(body: GetBulkBody, request: Request) -> Response:
         for k in (*text_keys, *b64_keys):
             v = r.get(k)
             found.append(v)
+            if v is not None:
+                readstats.note_read(k)
             size += len(v.value) if v is not None else 0
             if size > MAX_BULK_BYTES:
                 raise ReadTooLargeError(
@@ -341,6 +343,8 @@ async def get_range(request: Request) -> Response:
     limit = ranges.check_limit(limit)
     with store.reader() as r:
         items, more = ranges.read_page(_within(r, spaces), spec, after, limit, keys_only)
+    if not keys_only:
+        readstats.note_reads(k for k, _ in items)
     applied = store.last_seq()
     doc = {
         "items": [jsonkv.item(k, v) for k, v in items],
@@ -391,6 +395,8 @@ async def _stream(
             yield json.dumps({"error": err.message}).encode() + b"\n"
             return
         if items:
+            if not keys_only:
+                readstats.note_reads(k for k, _ in items)
             chunk = "".join(json.dumps(jsonkv.item(k, v)) + "\n" for k, v in items).encode()
             READ_SECONDS.labels("http_range_stream").observe(time.perf_counter() - t0)
             yield chunk

@@ -19,6 +19,7 @@ from collections.abc import Callable, Generator
 
 from core.errors import CRCError, ReadProtocolError
 from reads import kt_protocol as kt
+from reads import readstats
 from reads.metrics import READ_ERRORS, READ_SECONDS
 from reads.ranges import make_spec, read_page
 from reads.tcp import ListenerLimits, Run, TcpService, drain
@@ -114,6 +115,7 @@ class KtHandler:
                         v = r.get(key) if 1 <= len(key) <= MAX_KEY else None
                         if v is None:
                             continue
+                        readstats.note_read(key)
                         value = v.value
                         parts += (pack(dbidx, len(key), len(value), kt.XT_NONE), key, value)
                         nhits += 1
@@ -198,6 +200,7 @@ class KtHandler:
                 404, headers=[("X-Kt-Error", NO_RECORD.decode())], keep_alive=keep, date=date
             )
         else:
+            readstats.note_read(key)
             reply = kt.encode_http_response(
                 200,
                 v.value,
@@ -265,6 +268,7 @@ class KtHandler:
         if v is None:
             self.cnt_get_misses += 1
             return 450, {b"ERROR": NO_RECORD}
+        readstats.note_read(key)
         if want_value:
             return 200, {b"value": v.value}
         return 200, {b"vsiz": b"%d" % len(v.value)}
@@ -282,6 +286,7 @@ class KtHandler:
                 for k in keys[start : start + BULK_SLICE]:
                     v = r.get(k) if 1 <= len(k) <= MAX_KEY else None
                     if v is not None:
+                        readstats.note_read(k)
                         out[b"_" + k] = v.value
                         size += len(v.value)
                         if size > MAX_BULK_BYTES:

@@ -43,7 +43,7 @@ from replicator.metrics import REFUSED
 from replicator.selection import Selector
 from replicator.source import ReplicationSource
 from replicator.status import StatusBoard
-from replicator.upstream import UpstreamOutbox, UpstreamRouter, relay_to
+from replicator.upstream import READS, SpoolForwarder, UpstreamOutbox, UpstreamRouter, relay_to
 from store import layout
 from store.lock import WriterLock
 from store.retention import RetentionPolicy, RetentionService
@@ -151,6 +151,7 @@ async def _run_locked(cfg: WorkerConfig, stop: asyncio.Event) -> int:
     store: Store | None = None
     source: ReplicationSource | None = None
     gc: RetentionService | None = None
+    spool: SpoolForwarder | None = None
     try:
         if not layout.exists(cfg.data_dir):
             board.update(state="bootstrapping")
@@ -172,6 +173,9 @@ async def _run_locked(cfg: WorkerConfig, stop: asyncio.Event) -> int:
         outbox = UpstreamOutbox()
         router = UpstreamRouter()
         router.fallback = relay_to(outbox)
+        # The parent's readers spool their read summaries here (reads/readstats.py).
+        spool = SpoolForwarder(os.path.join(cfg.data_dir, "readstats"), outbox, READS)
+        await spool.start()
         if cfg.repl_listen is not None:
             source = ReplicationSource(
                 store,
@@ -219,6 +223,8 @@ async def _run_locked(cfg: WorkerConfig, stop: asyncio.Event) -> int:
             await stop.wait()
         return EXIT_OK
     finally:
+        if spool is not None:
+            await spool.stop()
         if gc is not None:
             await gc.stop()
         if source is not None:

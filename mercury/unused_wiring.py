@@ -1,0 +1,47 @@
+"""The root's unused-key analytics, wired: read summaries in, the ledger, its flushes.
+
+Summaries arrive from replicas over the replication link (`replicator/upstream.py`, kind
+READS, dispatched on the source's event loop) and from the root's own readers (KT,
+memcached: `reads/readstats.py`); both go into one `gateway.usage_reads.ReadLedger`, which
+`GET /v1/usage/unused` reads (through `app.state.read_ledger`) and which is persisted in the
+gateway's commit thread.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import Executor
+
+from fastapi import FastAPI
+
+from core.service import Service
+from gateway.usage_reads import LedgerService, ReadLedger
+from reads.readstats import ReadStatsService
+from replicator.upstream import READS, Origin, UpstreamRouter
+from store.store import Store
+
+
+class RootUnused:
+    """The router for the root's replication source, the services to run, and `attach`."""
+
+    def __init__(self, store: Store) -> None:
+        self.ledger = ReadLedger(store)
+        self.router = UpstreamRouter()
+        self.router.register(READS, self._summary)
+        self._app: FastAPI | None = None
+        self.services: list[Service] = [
+            ReadStatsService(self.ledger.add),
+            LedgerService(self.ledger, self._executor),
+        ]
+
+    def _summary(self, _origin: Origin, _kind: int, payload: bytes) -> None:
+        self.ledger.add(payload)
+
+    def _executor(self) -> Executor:
+        assert self._app is not None
+        executor: Executor = self._app.state.gw.batcher.executor
+        return executor
+
+    def attach(self, app: FastAPI) -> None:
+        """Make the ledger reachable from the routes; flush in `app`'s commit thread."""
+        self._app = app
+        app.state.read_ledger = self.ledger
