@@ -24,6 +24,7 @@ COMMAND_MODULES = (
     "mercury.cmd_replica",
     "mercury.cmd_kv",
     "mercury.cmd_kt_bridge",
+    "mercury.cmd_certs",
 )
 
 

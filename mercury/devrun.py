@@ -8,6 +8,12 @@ Every port is a flag (``python -m mercury.devrun --root-port 9080``) or an envir
 variable (``MERCURY_ROOT_PORT=9080 make run``); a flag wins over the environment, which
 wins over the default of `topology.Ports`. ``--var`` (``MERCURY_VAR``) moves the stores
 and logs out of ``var/``.
+
+``--secure`` (``MERCURY_SECURE=1 make run``) runs the secure variant of the topology: it
+makes a CA and the nodes' certificates (`mercury certs`, under ``var/certs``, the CA's key
+in ``var/ca``), serves HTTPS, replicates over mutual TLS, asks every read for a token
+(``--read-auth``), and creates the demo consumer and its read token. Without it, the
+printed examples end with the commands of that secure setup.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ import argparse
 import contextlib
 import os
 import signal
+import ssl
 import subprocess
 import sys
 import time
@@ -26,7 +33,7 @@ from types import FrameType
 
 import httpx
 
-from mercury.topology import DEMO_KEYSPACE, DEMO_PRODUCER, Node, Ports, local
+from mercury.topology import DEMO_CONSUMER, DEMO_KEYSPACE, DEMO_PRODUCER, Node, Ports, local
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -46,6 +53,12 @@ def parse_args(argv: Sequence[str] | None, env: Mapping[str, str]) -> argparse.N
             help=f"(env {env_name}, default {f.default})",
         )
     p.add_argument("--var", default=env.get("MERCURY_VAR", "var"), help="stores and logs")
+    p.add_argument(
+        "--secure",
+        action="store_true",
+        default=env.get("MERCURY_SECURE", "") not in ("", "0"),
+        help="TLS, mutual-TLS replication and read tokens (env MERCURY_SECURE=1)",
+    )
     return p.parse_args(argv)
 
 
@@ -53,54 +66,118 @@ def _mercury(*args: str) -> list[str]:
     return [sys.executable, "-m", "mercury", *args]
 
 
-def _wait_http(url: str, proc: subprocess.Popen[bytes], timeout: float = 60.0) -> None:
+def _wait_http(
+    url: str, proc: subprocess.Popen[bytes], verify: ssl.SSLContext | bool, timeout: float = 60.0
+) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise SystemExit(f"process for {url} exited with {proc.returncode}; see its log")
         with contextlib.suppress(httpx.HTTPError):
-            if httpx.get(url, timeout=1).status_code == 200:
+            if httpx.get(url, timeout=1, verify=verify).status_code == 200:
                 return
         time.sleep(0.2)
     raise SystemExit(f"{url} did not come up within {timeout:.0f}s; see its log")
 
 
-def _demo_token(base: str, admin_token: str) -> str:
+def _demo_token(base: str, admin_token: str, verify: ssl.SSLContext | bool = True) -> str:
     """Create (or update) the demo producer and issue a token for it."""
     h = {"Authorization": f"Bearer {admin_token}"}
     r = httpx.put(
         f"{base}/v1/admin/producers/{DEMO_PRODUCER}",
         json={"keyspaces": [DEMO_KEYSPACE], "quota": {"ops_per_s": 1000, "burst": 2000}},
         headers=h,
+        verify=verify,
     )
     r.raise_for_status()
-    r = httpx.post(f"{base}/v1/admin/producers/{DEMO_PRODUCER}/tokens", headers=h)
+    r = httpx.post(f"{base}/v1/admin/producers/{DEMO_PRODUCER}/tokens", headers=h, verify=verify)
     r.raise_for_status()
     return str(r.json()["token"])
 
 
-def _examples(token: str, ROOT: Node, REPLICA: Node, var: str) -> str:
-    gw = f"http://{ROOT.flag('--listen')}"
-    rd = f"http://{REPLICA.flag('--listen')}"
+def _reader_token(base: str, admin_token: str, verify: ssl.SSLContext | bool) -> str:
+    """Create (or update) the demo consumer and issue a read token for it."""
+    h = {"Authorization": f"Bearer {admin_token}"}
+    r = httpx.put(
+        f"{base}/v1/admin/consumers/{DEMO_CONSUMER}",
+        json={"keyspaces": [DEMO_KEYSPACE]},
+        headers=h,
+        verify=verify,
+    )
+    r.raise_for_status()
+    r = httpx.post(
+        f"{base}/v1/admin/consumers/{DEMO_CONSUMER}/tokens",
+        json={"label": "make run"},
+        headers=h,
+        verify=verify,
+    )
+    r.raise_for_status()
+    return str(r.json()["token"])
+
+
+def _write_secret(path: str, text: str) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text + "\n")
+
+
+def _secure_setup(var: str, root: Node, replica: Node) -> str:
+    """The commands of the secure setup, as `--secure` runs them."""
+    gw = f"https://{root.flag('--listen')}"
+    rd = f"https://{replica.flag('--listen')}"
+    admin = f"{root.data_dir}/admin.token"
+    sroot, srep = local(Ports(), var, secure=True)
+    tls_root = " ".join(sroot.argv()[len(root.argv()) :])
+    tls_rep = " ".join(srep.argv()[len(replica.argv()) :])
+    return f"""
+Secure setup (MERCURY_SECURE=1 make run does all of this):
+  # a CA and one certificate per node (the CA's key stays in {var}/ca)
+  .venv/bin/mercury certs {var}/certs --ca-key-dir {var}/ca --node root --node replica
+  # each node with its certificate (HTTPS, mutual-TLS replication) and read tokens
+  .venv/bin/mercury {" ".join(root.argv())} {tls_root}
+  .venv/bin/mercury {" ".join(replica.argv())} {tls_rep}
+  # a consumer for the demo keyspace, and a read token for it (shown once)
+  curl --cacert {var}/certs/ca.crt -X PUT -H "Authorization: Bearer $(cat {admin})" \\
+       -d '{{"keyspaces":["{DEMO_KEYSPACE}"]}}' {gw}/v1/admin/consumers/{DEMO_CONSUMER}
+  SSL_CERT_FILE={var}/certs/ca.crt .venv/bin/mercury acl token create {DEMO_CONSUMER} \\
+       --consumer --label laptop --url {gw} --admin-token-file {admin}
+  # read with it (401 without, 403 outside {DEMO_KEYSPACE})
+  curl --cacert {var}/certs/ca.crt -H "Authorization: Bearer $READ_TOKEN" {rd}/v1/kv/demo/hello
+"""
+
+
+def _examples(token: str, ROOT: Node, REPLICA: Node, var: str, reader: str | None = None) -> str:
+    gw = f"{ROOT.scheme}://{ROOT.flag('--listen')}"
+    rd = f"{REPLICA.scheme}://{REPLICA.flag('--listen')}"
     kt = REPLICA.flag("--kt-listen")
     mc_host, mc_port = REPLICA.flag("--memcached-listen").split(":")
+    # Secure: curl trusts the deployment's CA, and reads carry the demo consumer's token.
+    curl = f"curl --cacert {var}/certs/ca.crt" if reader else "curl"
+    rcurl = f'{curl} -H "Authorization: Bearer {reader}"' if reader else curl
+    ca_env = f"SSL_CERT_FILE={var}/certs/ca.crt " if reader else ""
+    mode = (
+        f"""HTTPS and mutual-TLS replication (certificates in {var}/certs), read tokens on.
+Demo consumer '{DEMO_CONSUMER}' reads '{DEMO_KEYSPACE}'; its token is in {var}/reader.token."""
+        if reader
+        else "plain HTTP on loopback."
+    )
     return f"""
-Mercury is running (root + replica on loopback).
+Mercury is running (root + replica on loopback), {mode}
 Demo producer '{DEMO_PRODUCER}' owns keyspace '{DEMO_KEYSPACE}'.
 Its token is in {var}/demo.token; the admin token in {ROOT.data_dir}/admin.token.
 
   # write through the gateway (acknowledged after the durable commit of its batch)
-  curl -X PUT -H "Authorization: Bearer {token}" --data-binary 'hello world' {gw}/v1/kv/demo/hello
-  curl -X POST -H "Authorization: Bearer {token}" -H 'Content-Type: application/json' \\
+  {curl} -X PUT -H "Authorization: Bearer {token}" --data-binary 'hello world' {gw}/v1/kv/demo/hello
+  {curl} -X POST -H "Authorization: Bearer {token}" -H 'Content-Type: application/json' \\
        -d '{{"ops":[{{"op":"set","key":"demo/a","value":"1"}},
                     {{"op":"set","key":"demo/b","value":"2"}}]}}' {gw}/v1/batch
   # read from the replica (HTTP): point, bulk, range
-  curl -i {rd}/v1/kv/demo/hello
-  curl -X POST -H 'Content-Type: application/json' \\
+  {rcurl} -i {rd}/v1/kv/demo/hello
+  {rcurl} -X POST -H 'Content-Type: application/json' \\
        -d '{{"keys":["demo/a","demo/b"]}}' {rd}/v1/get_bulk
-  curl '{rd}/v1/range?prefix=demo/&limit=100'
-  curl -H 'Accept: application/x-ndjson' '{rd}/v1/range?prefix=demo/'
-  curl {rd}/v1/status; curl -s {rd}/metrics | grep mercury_replication
+  {rcurl} '{rd}/v1/range?prefix=demo/&limit=100'
+  {rcurl} -H 'Accept: application/x-ndjson' '{rd}/v1/range?prefix=demo/'
+  {curl} {rd}/v1/status; {curl} -s {rd}/metrics | grep mercury_replication
   # Kyoto Tycoon protocol (RESTful and TSV-RPC)
   curl http://{kt}/demo%2Fhello        # KT REST: a '/' in a key travels as %2F
   curl -X POST -H 'Content-Type: text/tab-separated-values' --data-binary $'prefix\\tdemo/' http://{kt}/rpc/match_prefix
@@ -108,9 +185,9 @@ Its token is in {var}/demo.token; the admin token in {ROOT.data_dir}/admin.token
   .venv/bin/python -c "from pymemcache.client.base import Client; \\
       print(Client(('{mc_host}', {mc_port})).get_many(['demo/hello', 'demo/a']))"
   # operators
-  .venv/bin/mercury usage --url {gw} --admin-token-file {ROOT.data_dir}/admin.token
+  {ca_env}.venv/bin/mercury usage --url {gw} --admin-token-file {ROOT.data_dir}/admin.token
   .venv/bin/mercury status {ROOT.data_dir}
-
+{"" if reader else _secure_setup(var, ROOT, REPLICA)}
 Ctrl-C stops both processes.
 """
 
@@ -120,11 +197,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv, os.environ)
     ports = Ports(**{f.name: getattr(args, f.name) for f in fields(Ports)})
     var = args.var
-    ROOT, REPLICA = local(ports, var)
+    ROOT, REPLICA = local(ports, var, secure=args.secure)
     os.chdir(REPO)
     Path(var).mkdir(parents=True, exist_ok=True)
     if not Path(ROOT.data_dir, "data.mdb").exists():
         subprocess.run(_mercury("init", ROOT.data_dir), check=True)
+    verify: ssl.SSLContext | bool = True
+    if args.secure:
+        certs = ["certs", f"{var}/certs", "--ca-key-dir", f"{var}/ca"]
+        subprocess.run(_mercury(*certs, "--node", ROOT.name, "--node", REPLICA.name), check=True)
+        verify = ssl.create_default_context(cafile=f"{var}/certs/ca.crt")
     procs: list[subprocess.Popen[bytes]] = []
     stopping = False
 
@@ -139,13 +221,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             log = open(f"{var}/{node.name}.log", "ab")  # noqa: SIM115 - handed to the child
             procs.append(subprocess.Popen(_mercury(*node.argv()), stdout=log, stderr=log))
             log.close()
-            _wait_http(f"http://{node.flag('--listen')}/healthz", procs[-1])
+            _wait_http(f"{node.scheme}://{node.flag('--listen')}/healthz", procs[-1], verify)
         admin = Path(ROOT.data_dir, "admin.token").read_text().strip()
-        token = _demo_token(f"http://{ROOT.flag('--listen')}", admin)
-        fd = os.open(f"{var}/demo.token", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(token + "\n")
-        print(_examples(token, ROOT, REPLICA, var), flush=True)
+        gw = f"{ROOT.scheme}://{ROOT.flag('--listen')}"
+        token = _demo_token(gw, admin, verify)
+        _write_secret(f"{var}/demo.token", token)
+        reader = None
+        if args.secure:
+            reader = _reader_token(gw, admin, verify)
+            _write_secret(f"{var}/reader.token", reader)
+        print(_examples(token, ROOT, REPLICA, var, reader), flush=True)
         while not stopping and all(p.poll() is None for p in procs):
             time.sleep(0.5)
         for p in procs:

@@ -1,13 +1,18 @@
 """The local development topology `make run` starts, as data.
 
-`docker-compose.yml` runs the same commands with the same flags (plus a tier-2 replica and a
-consumer node); `tests/test_compose.py` checks the two agree, so the file never drifts from
-what developers actually run.
+`docker-compose.yml` runs the secure variant's commands with the same flags (plus a tier-2
+replica and a consumer node); `tests/test_compose.py` checks the two agree, so the file
+never drifts from what developers actually run.
+
+The secure variant (`local(..., secure=True)`, ``MERCURY_SECURE=1 make run``) gives every
+node its certificate (`mercury certs`: `<certs>/<node>.crt` and `.key`, `<certs>/ca.crt`),
+so HTTP is HTTPS and replication mutual TLS, and asks every HTTP read for a token
+(`--read-auth`). The KT and memcached listeners stay on loopback: they carry no token.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 
 @dataclass(frozen=True)
@@ -17,18 +22,24 @@ class Node:
     name: str
     command: str
     data_dir: str
-    flags: tuple[tuple[str, str], ...]
+    #: (flag, value); a value of None is a flag without one (`--read-auth`).
+    flags: tuple[tuple[str, str | None], ...]
 
     def argv(self) -> list[str]:
         """Arguments after `mercury`."""
         out = [self.command, self.data_dir]
         for flag, value in self.flags:
-            out += [flag, value]
+            out += [flag] if value is None else [flag, value]
         return out
 
     def flag(self, name: str) -> str:
-        """Value of `name` (KeyError when absent)."""
-        return dict(self.flags)[name]
+        """Value of `name` (KeyError when absent, "" for a flag without a value)."""
+        return dict(self.flags)[name] or ""
+
+    @property
+    def scheme(self) -> str:
+        """``https`` when the node has a certificate, else ``http``."""
+        return "https" if "--tls-cert" in dict(self.flags) else "http"
 
 
 @dataclass(frozen=True)
@@ -45,8 +56,19 @@ class Ports:
     replica_memcached: int = 11211
 
 
-def local(ports: Ports = Ports(), var: str = "var") -> tuple[Node, Node]:
-    """The root and its replica on `ports`, their stores under `var`."""
+def secure_flags(node: str, certs: str) -> tuple[tuple[str, str | None], ...]:
+    """TLS with `node`'s certificate from `certs`, and read tokens."""
+    return (
+        ("--tls-cert", f"{certs}/{node}.crt"),
+        ("--tls-key", f"{certs}/{node}.key"),
+        ("--tls-ca", f"{certs}/ca.crt"),
+        ("--read-auth", None),
+    )
+
+
+def local(ports: Ports = Ports(), var: str = "var", *, secure: bool = False) -> tuple[Node, Node]:
+    """The root and its replica on `ports`, their stores under `var` (with `secure`, their
+    certificates under `var`/certs)."""
     lo = "127.0.0.1"
     root = Node(
         "root",
@@ -70,10 +92,19 @@ def local(ports: Ports = Ports(), var: str = "var") -> tuple[Node, Node]:
             ("--memcached-listen", f"{lo}:{ports.replica_memcached}"),
         ),
     )
-    return root, replica
+    if not secure:
+        return root, replica
+    certs = f"{var}/certs"
+    return (
+        replace(root, flags=root.flags + secure_flags(root.name, certs)),
+        replace(replica, flags=replica.flags + secure_flags(replica.name, certs)),
+    )
 
 
 ROOT, REPLICA = LOCAL = local()
+SECURE_ROOT, SECURE_REPLICA = local(secure=True)
 
 DEMO_PRODUCER = "demo"
 DEMO_KEYSPACE = "demo/"
+#: The consumer the secure `make run` creates, reading the demo keyspace on every node.
+DEMO_CONSUMER = "demo-reader"

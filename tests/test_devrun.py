@@ -1,9 +1,10 @@
 """`make run` (mercury/devrun.py): every port from a flag or the environment; a real run on
 free ports in a temporary var directory comes up, prints its examples and stops both
-processes on SIGTERM."""
+processes on SIGTERM; the secure variant runs end to end."""
 
 from __future__ import annotations
 
+import ssl
 import sys
 import time
 from dataclasses import fields
@@ -23,6 +24,10 @@ def test_flags_win_over_environment_over_defaults() -> None:
     assert (args.root, args.replica_kt, args.replica) == (9080, 2979, 8081)
     assert args.var == "var"
     assert parse_args([], {"MERCURY_VAR": "/tmp/x"}).var == "/tmp/x"
+    assert not args.secure and parse_args([], {"MERCURY_SECURE": "1"}).secure
+    assert (
+        not parse_args([], {"MERCURY_SECURE": "0"}).secure and parse_args(["--secure"], {}).secure
+    )
 
 
 def test_the_topology_uses_the_given_ports() -> None:
@@ -30,6 +35,11 @@ def test_the_topology_uses_the_given_ports() -> None:
     assert root.flag("--listen") == "127.0.0.1:1" and root.data_dir == "v/root"
     assert replica.flag("--source") == "127.0.0.1:2"
     assert replica.flag("--memcached-listen") == "127.0.0.1:3"
+    sroot, sreplica = local(Ports(root=1, root_repl=2, replica_memcached=3), "v", secure=True)
+    assert sroot.argv()[: len(root.argv())] == root.argv()  # the same, plus TLS and tokens
+    assert sroot.flag("--tls-cert") == "v/certs/root.crt" and sroot.scheme == "https"
+    assert sreplica.flag("--tls-key") == "v/certs/replica.key" and root.scheme == "http"
+    assert sreplica.argv()[-1] == "--read-auth"
 
 
 def test_make_run_on_other_ports(tmp_path: Path, procs: Procs) -> None:
@@ -55,3 +65,63 @@ def test_make_run_on_other_ports(tmp_path: Path, procs: Procs) -> None:
         except httpx.TransportError:
             continue
         raise AssertionError(f"something still serves on {port} after make run stopped")
+
+
+def test_secure_make_run_end_to_end(tmp_path: Path, procs: Procs) -> None:
+    """`MERCURY_SECURE=1 make run`: certificates made, HTTPS on both nodes, replication over
+    mutual TLS (the replica catches up), and the printed read token reads the demo keyspace
+    on the replica (and nothing without it)."""
+    ports = {f.name: free_port() for f in fields(Ports)}
+    var = tmp_path / "var"
+    argv = [sys.executable, "-m", "mercury.devrun", "--var", str(var), "--secure"]
+    for name, port in ports.items():
+        argv += [f"--{name.replace('_', '-')}-port", str(port)]
+    run = procs.start(argv, name="devrun")
+    log = next(iter(procs.log_dir.glob("devrun-*.log")), None)
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        assert run.poll() is None, "make run exited"
+        log = next(iter(procs.log_dir.glob("devrun-*.log")), None)
+        if log is not None and "Mercury is running" in log.read_text():
+            break
+        time.sleep(0.3)
+    assert log is not None
+    text = log.read_text()
+    assert "read tokens on" in text and "--cacert" in text, text
+    ca = ssl.create_default_context(cafile=str(var / "certs" / "ca.crt"))
+    assert (var / "ca" / "ca.key").exists() and not (var / "certs" / "ca.key").exists()
+    root = f"https://127.0.0.1:{ports['root']}"
+    replica = f"https://127.0.0.1:{ports['replica']}"
+    writer = (var / "demo.token").read_text().strip()
+    reader = (var / "reader.token").read_text().strip()
+    assert reader in text  # the printed read commands carry it
+
+    r = httpx.put(
+        f"{root}/v1/kv/demo/hello",
+        content=b"hello",
+        headers={"Authorization": f"Bearer {writer}"},
+        verify=ca,
+        timeout=10,
+    )
+    assert r.status_code == 200, r.text
+    auth = {"Authorization": f"Bearer {reader}"}
+
+    def read() -> httpx.Response:
+        return httpx.get(f"{replica}/v1/kv/demo/hello", headers=auth, verify=ca, timeout=5)
+
+    deadline = time.monotonic() + 60
+    while read().status_code != 200 and time.monotonic() < deadline:
+        time.sleep(0.2)  # the write reaches the replica over mutual TLS
+    assert read().content == b"hello"
+    assert httpx.get(f"{replica}/v1/kv/demo/hello", verify=ca, timeout=5).status_code == 401
+    assert (
+        httpx.get(f"{root}/v1/kv/demo/hello", headers=auth, verify=ca, timeout=5).status_code == 200
+    )
+    # Plaintext HTTP gets no answer from the HTTPS listener.
+    try:
+        plain = httpx.get(f"http://127.0.0.1:{ports['replica']}/v1/kv/demo/hello", timeout=5)
+    except httpx.TransportError:
+        pass
+    else:
+        assert plain.status_code == 400  # uvicorn's answer to HTTP on a TLS port
+    assert procs.terminate(run, timeout=60) == 0
