@@ -122,6 +122,16 @@ class Etcd:
         kvs = rng.get("kvs") or []
         return False, (_kv(kvs[0]) if kvs else None)
 
+    async def put(self, key: bytes, value: bytes, lease: int) -> None:
+        """Set `key` bound to `lease` (it goes when the lease does)."""
+        await self.call("/v3/kv/put", {"key": _b64(key), "value": _b64(value), "lease": str(lease)})
+
+    async def prefix(self, prefix: bytes) -> dict[bytes, KeyValue]:
+        """Every key starting with `prefix` (non-empty, not ending in 0xff)."""
+        end = prefix[:-1] + bytes([prefix[-1] + 1])
+        out = await self.call("/v3/kv/range", {"key": _b64(prefix), "range_end": _b64(end)})
+        return {base64.b64decode(kv["key"]): _kv(kv) for kv in out.get("kvs") or []}
+
     async def delete_if(self, key: bytes, create_revision: int) -> bool:
         """Delete `key` if it is still the one created at `create_revision` (resign)."""
         k = _b64(key)

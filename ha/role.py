@@ -79,7 +79,15 @@ def decide(
     return View(Role.STANDBY, leader)
 
 
-def may_campaign(has_store: bool, lease_valid: bool) -> bool:
+def progress_prefix(group: str) -> bytes:
+    """Prefix of the keys where candidates publish how far their store is (`seq`)."""
+    return f"/mercury/{group}/applied/".encode()
+
+
+def may_campaign(has_store: bool, lease_valid: bool, mine: int, others: list[int]) -> bool:
     """A candidate campaigns only with a store (an empty DATA_DIR first bootstraps from the
-    leader: it holds nothing to lead with) and a live lease to bind the key to."""
-    return has_store and lease_valid
+    leader: it holds nothing to lead with), a live lease to bind the key to, and a store at
+    least as far along as every other live candidate's: with several standbys and
+    `--sync-standbys 1`, the one that confirmed the last acknowledged batch may be any of
+    them, and the most advanced one holds it."""
+    return has_store and lease_valid and all(mine >= o for o in others)

@@ -29,12 +29,22 @@ import sys
 import time
 
 from core.addr import parse_hostport
+from core.errors import MercuryError
 from ha.etcd import Etcd, EtcdError
 from ha.lease import LeaseClock, margin_for, renew_interval
-from ha.role import LeaderInfo, Role, View, decide, election_key, may_campaign
+from ha.role import (
+    LeaderInfo,
+    Role,
+    View,
+    decide,
+    election_key,
+    may_campaign,
+    progress_prefix,
+)
 from mercury.ha_front import Front
 from mercury.ha_standby import Standby
 from store import layout
+from store.store import Store
 
 log = logging.getLogger("mercury.ha.candidate")
 
@@ -76,6 +86,8 @@ class Candidate:
         self.front_up = False
         self.stopping = asyncio.Event()
         self._cooldown_until = 0.0
+        self.progress_key = progress_prefix(args.ha_group) + self.node.encode()
+        self._published: tuple[int | None, int] | None = None
         self._etcd_down_logged = False
 
     # --- status ----------------------------------------------------------------------
@@ -83,9 +95,11 @@ class Candidate:
     def _status(self) -> tuple[str, int | None, str | None, dict[str, object]]:
         v = self.view
         sb = self.standby
+        seq, head = sb.store.head() if sb is not None and sb.store is not None else (None, None)
         extra: dict[str, object] = {
             "node": self.node,
-            "seq": sb.applied if sb is not None else None,
+            "seq": seq,
+            "hash_head": head.hex() if head is not None else None,
             "standby_state": sb.state if sb is not None else None,
         }
         leader_url = v.leader.url if v.leader is not None and v.role is Role.STANDBY else None
@@ -209,11 +223,15 @@ class Candidate:
         now = time.monotonic()
         valid = self.clock.valid(now)
         view = decide(self.node, self.lease, leader, key_lease, valid)
+        seq = self._my_seq() if view.role is not Role.LEADER else None
+        if seq is not None and self.lease is not None and view.role is not Role.LEADER:
+            await self._publish(seq)
         if (
             leader is None
+            and seq is not None
             and self.lease is not None
             and now >= self._cooldown_until
-            and may_campaign(layout.exists(self.data_dir), valid)
+            and may_campaign(layout.exists(self.data_dir), valid, seq, await self._others())
         ):
             mine = LeaderInfo(self.node, self.url, self.repl, 0)
             won, kv = await self.etcd.create(self.key, mine.encode(), self.lease)
@@ -222,6 +240,38 @@ class Candidate:
             if won:
                 log.info("won the election: term %d", view.term)
         return view
+
+    def _my_seq(self) -> int | None:
+        """How far this node's store is (None: no usable store yet)."""
+        sb = self.standby
+        if sb is not None:
+            return sb.applied if sb.store is not None and sb.state == "streaming" else None
+        if not layout.exists(self.data_dir):
+            return None
+        try:
+            store = Store.open(self.data_dir, readonly=True)
+        except MercuryError as err:
+            log.error("store unreadable: %s", err)
+            return None
+        try:
+            return store.last_seq()
+        finally:
+            store.close()
+
+    async def _publish(self, seq: int) -> None:
+        """Tell the other candidates how far this store is (bound to our lease)."""
+        if self._published != (self.lease, seq) and self.lease is not None:
+            await self.etcd.put(self.progress_key, str(seq).encode(), self.lease)
+            self._published = (self.lease, seq)
+
+    async def _others(self) -> list[int]:
+        """How far the other live candidates' stores are."""
+        out = []
+        for k, kv in (await self.etcd.prefix(progress_prefix(self.args.ha_group))).items():
+            if k != self.progress_key:
+                with contextlib.suppress(ValueError):
+                    out.append(int(kv.value))
+        return out
 
     @staticmethod
     def _decode(kv: object) -> tuple[LeaderInfo | None, int]:

@@ -42,8 +42,10 @@ def test_role_needs_the_key_on_my_own_live_lease() -> None:
     assert decide("a", 2, me, 1, True).role is Role.STANDBY  # my old process's key
     v = decide("a", 1, other, 5, True)
     assert v.role is Role.STANDBY and v.leader == other
-    assert not may_campaign(has_store=False, lease_valid=True)
-    assert may_campaign(has_store=True, lease_valid=True)
+    assert not may_campaign(has_store=False, lease_valid=True, mine=5, others=[])
+    assert may_campaign(has_store=True, lease_valid=True, mine=5, others=[5, 3])
+    assert not may_campaign(has_store=True, lease_valid=True, mine=5, others=[6])
+    assert not may_campaign(has_store=True, lease_valid=False, mine=5, others=[])
 
 
 def test_leader_info_round_trip() -> None:
