@@ -1,6 +1,8 @@
 """docker-compose.yml validates with a real Compose implementation and runs the same
-commands as `make run` (mercury/topology.py); Prometheus scrapes every node; the Grafana
-dashboard charts the metrics of docs/api.md."""
+commands as the secure `make run` (mercury/topology.py): every node with its certificate
+from the one-shot `certs` service, read tokens on, token-less listeners beyond loopback
+only where --allow-unauthenticated-reads says so; Prometheus scrapes every node over
+HTTPS; the Grafana dashboard charts the metrics of docs/api.md."""
 
 from __future__ import annotations
 
@@ -14,10 +16,13 @@ from typing import Any
 import pytest
 import yaml
 
-from mercury.topology import REPLICA, ROOT
+from mercury import tls
+from mercury.topology import SECURE_REPLICA, SECURE_ROOT
 
 REPO = Path(__file__).resolve().parents[1]
 MERCURY_SERVICES = {"root", "replica-tier1", "replica-tier2", "consumer-node"}
+#: Services that are not long-running Mercury nodes.
+OTHER_SERVICES = {"certs", "prometheus", "grafana"}
 
 
 def _compose_binary() -> Path:
@@ -49,29 +54,66 @@ def _argv(service: dict[str, Any]) -> list[str]:
 
 
 def _flags(argv: list[str]) -> dict[str, list[str]]:
+    """Flag -> its values ("" for a flag without a value, such as --read-auth)."""
     out: dict[str, list[str]] = {}
-    for flag, value in itertools.pairwise(argv):
-        if flag.startswith("--"):
-            out.setdefault(flag, []).append(value)
+    for flag, value in itertools.pairwise([*argv, "--"]):
+        if flag.startswith("--") and flag != "--":
+            out.setdefault(flag, []).append("" if value.startswith("--") else value)
     return out
 
 
 def test_services(config: dict[str, Any]) -> None:
-    assert set(config["services"]) == MERCURY_SERVICES | {"prometheus", "grafana"}
+    assert set(config["services"]) == MERCURY_SERVICES | OTHER_SERVICES
 
 
 def test_root_runs_the_same_command_as_make_run(config: dict[str, Any]) -> None:
     argv = _argv(config["services"]["root"])
-    assert argv[0] == ROOT.command
-    assert set(_flags(argv)) == {f for f, _ in ROOT.flags}
+    assert argv[0] == SECURE_ROOT.command
+    assert set(_flags(argv)) == {f for f, _ in SECURE_ROOT.flags}
     assert "mercury init /data" in config["services"]["root"]["command"][0]
 
 
 @pytest.mark.parametrize("name", ["replica-tier1", "replica-tier2"])
 def test_replicas_run_the_same_command_as_make_run(config: dict[str, Any], name: str) -> None:
     argv = _argv(config["services"][name])
-    assert argv[0] == REPLICA.command
-    assert set(_flags(argv)) == {f for f, _ in REPLICA.flags}
+    assert argv[0] == SECURE_REPLICA.command
+    assert set(_flags(argv)) == {f for f, _ in SECURE_REPLICA.flags}
+
+
+def test_every_node_has_its_certificate_and_read_tokens(config: dict[str, Any]) -> None:
+    s = config["services"]
+    certs = s["certs"]["command"]
+    assert certs[:2] == ["certs", "/certs"]
+    made = set(_flags(certs)["--node"])
+    ca_key = _flags(certs)["--ca-key-dir"][0]
+    assert made == MERCURY_SERVICES
+    for name in MERCURY_SERVICES:
+        flags = _flags(_argv(s[name]))
+        assert flags["--tls-cert"] == [f"/certs/{name}.crt"], name
+        assert flags["--tls-key"] == [f"/certs/{name}.key"], name
+        assert flags["--tls-ca"] == ["/certs/ca.crt"], name
+        assert "--read-auth" in flags, name
+        mounts = {v["target"]: v for v in s[name]["volumes"]}
+        assert mounts["/certs"]["source"] == "certs" and mounts["/certs"].get("read_only"), name
+        assert ca_key not in mounts, f"{name} must not see the CA's key"
+        ready = s[name]["depends_on"]["certs"]["condition"]
+        assert ready == "service_completed_successfully", name
+    root_check = " ".join(s["root"]["healthcheck"]["test"])
+    assert "https://" in root_check and "/certs/ca.crt" in root_check
+
+
+def test_tokenless_listeners_open_only_where_allowed(config: dict[str, Any]) -> None:
+    """KT and memcached carry no token: a node may bind them beyond loopback only with
+    --allow-unauthenticated-reads (else it would refuse to start)."""
+    opened = set()
+    for name in MERCURY_SERVICES:
+        flags = _flags(_argv(config["services"][name]))
+        for listener in ("--kt-listen", "--memcached-listen"):
+            for addr in flags.get(listener, []):
+                if not tls.is_loopback(addr.rsplit(":", 1)[0]):
+                    assert "--allow-unauthenticated-reads" in flags, (name, listener)
+                    opened.add(name)
+    assert opened == {"consumer-node"}  # the one documented exception
 
 
 def test_the_tree_is_root_tier1_tier2(config: dict[str, Any]) -> None:
@@ -86,6 +128,10 @@ def test_the_tree_is_root_tier1_tier2(config: dict[str, Any]) -> None:
 
 def test_prometheus_scrapes_every_node(config: dict[str, Any]) -> None:
     prom = yaml.safe_load((REPO / "deploy/prometheus.yml").read_text())
+    for sc in prom["scrape_configs"]:  # the nodes serve HTTPS with the deployment's CA
+        assert sc["scheme"] == "https" and sc["tls_config"]["ca_file"] == "/certs/ca.crt"
+    mounts = {v["target"] for v in config["services"]["prometheus"]["volumes"]}
+    assert "/certs" in mounts
     targets = {
         t.split(":")[0]
         for sc in prom["scrape_configs"]
