@@ -13,9 +13,15 @@
   30 days hourly, one producer's last 24 h by minute, and the admin's sum of every
   producer over 7 days hourly; median and max of ``--queries`` requests. Goal <= 50 ms for
   one producer.
+- ``reads``: the cost of counting reads for unused-key analytics (`reads/readstats.py`) on
+  the point-read path: two read servers (`python -m reads.serve`) over one store of 10,000
+  keys, one counting reads and one not, each asked by one keep-alive connection of a raw
+  HTTP/1.1 client for random keys, the two requests of each step back to back in
+  alternating order; P50 of each side per round and their ratio (goal: on <= 1.03 x off).
 
 Usage: .venv/bin/python bench/usage.py [--quick] [--rounds N] [--requests N]
-       [--producers N] [--days N] [--active F] [--queries N] [--only load,storage,query]
+       [--producers N] [--days N] [--active F] [--queries N] [--reads N]
+       [--only load,storage,query,reads]
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ import asyncio
 import json
 import random
 import shutil
+import socket
 import statistics
 import sys
 import tempfile
@@ -236,6 +243,77 @@ def bench_query(
     return out
 
 
+# --- reads -------------------------------------------------------------------------------
+
+#: Both servers start the same way; only the first argument turns counting on.
+_SERVER = (
+    "import runpy, sys; from reads import readstats\n"
+    "if sys.argv[1] == 'on': readstats.enable()\n"
+    "sys.argv = ['reads.serve', *sys.argv[2:]]\n"
+    "runpy.run_module('reads.serve', run_name='__main__')"
+)
+
+
+def _get(sock: socket.socket, request: bytes) -> float:
+    """One request on a keep-alive connection; seconds until the whole answer arrived."""
+    t0 = time.perf_counter()
+    sock.sendall(request)
+    buf = b""
+    while b"\r\n\r\n" not in buf:
+        buf += sock.recv(65536)
+    head, _, body = buf.partition(b"\r\n\r\n")
+    length = int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0])
+    while len(body) < length:
+        body += sock.recv(65536)
+    return time.perf_counter() - t0
+
+
+def bench_reads(tmp: Path, rounds: int, requests: int) -> dict[str, Any]:
+    data = tmp / "reads-store"
+    store = Store.create(str(data))
+    for b in range(0, 10_000, 1000):
+        store.apply([Op(SET, b"app/k%05d" % i, b"v" * 200, "app") for i in range(b, b + 1000)])
+    store.close()
+    logs = tmp / "reads-logs"
+    logs.mkdir()
+    procs = Procs(logs)
+    try:
+        ports = {"off": free_port(), "on": free_port()}
+        for side, port in ports.items():
+            argv = [sys.executable, "-c", _SERVER, side, str(data), "--listen", f"127.0.0.1:{port}"]
+            procs.start(argv, name=side)
+        for port in ports.values():
+            wait_http(f"http://127.0.0.1:{port}/healthz", timeout=60)
+        socks = {k: socket.create_connection(("127.0.0.1", p)) for k, p in ports.items()}
+        for s in socks.values():
+            s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        rng = random.Random(7)
+        per_round: list[dict[str, float]] = []
+        for _ in range(rounds):
+            lat: dict[str, list[float]] = {"off": [], "on": []}
+            for i in range(requests):
+                req = b"GET /v1/kv/app/k%05d HTTP/1.1\r\nHost: b\r\n\r\n" % rng.randrange(10_000)
+                order = ("off", "on") if i % 2 else ("on", "off")
+                for side in order:
+                    lat[side].append(_get(socks[side], req))
+            p50 = {k: statistics.median(v) * 1e6 for k, v in lat.items()}
+            per_round.append(
+                {"p50_off_us": p50["off"], "p50_on_us": p50["on"], "ratio": p50["on"] / p50["off"]}
+            )
+        for s in socks.values():
+            s.close()
+    finally:
+        procs.stop_all()
+    ratios = [r["ratio"] for r in per_round]
+    return {
+        "rounds": per_round,
+        "ratio_on_over_off_median": statistics.median(ratios),
+        "ratio_min": min(ratios),
+        "ratio_max": max(ratios),
+        "goal": "<= 1.03",
+    }
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="fewer rounds, 20 producers")
@@ -245,7 +323,8 @@ def main() -> None:
     ap.add_argument("--days", type=int, default=30)
     ap.add_argument("--active", type=float, default=0.25)
     ap.add_argument("--queries", type=int, default=20)
-    ap.add_argument("--only", default="load,storage,query")
+    ap.add_argument("--reads", type=int, default=5000, help="point reads per side per round")
+    ap.add_argument("--only", default="load,storage,query,reads")
     a = ap.parse_args()
     if a.quick:
         a.rounds, a.requests, a.producers, a.queries = 2, 60, 20, 10
@@ -259,6 +338,8 @@ def main() -> None:
             out["storage"] = bench_storage()
         if "query" in only:
             out["query"] = bench_query(tmp, a.producers, a.days, a.active, a.queries)
+        if "reads" in only:
+            out["reads"] = bench_reads(tmp, max(a.rounds, 5), a.reads)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     print(json.dumps(out, indent=2))
