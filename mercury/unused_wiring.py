@@ -28,9 +28,10 @@ class RootUnused:
         self.router = UpstreamRouter()
         self.router.register(READS, self._summary)
         self._app: FastAPI | None = None
+        # Stopped in reverse: the readers' last summary lands before the ledger's last flush.
         self.services: list[Service] = [
-            ReadStatsService(self.ledger.add),
             LedgerService(self.ledger, self._executor),
+            ReadStatsService(self.ledger.add),
         ]
 
     def _summary(self, _origin: Origin, _kind: int, payload: bytes) -> None:

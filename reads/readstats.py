@@ -66,8 +66,8 @@ class ReadCounter:
             self.dropped += 1
 
     def take(self) -> tuple[set[bytes], int]:
-        """The keys read (and reads dropped) since the last call; starts a new period. The
-        swap is atomic under the GIL, so readers in other threads lose nothing."""
+        """The keys read (and reads dropped) since the last call; starts a new period. Call
+        it on the readers' thread (`ReadStatsService` does)."""
         keys, self.keys = self.keys, set()
         dropped, self.dropped = self.dropped, 0
         return keys, dropped
@@ -79,8 +79,12 @@ _counter: ReadCounter | None = None
 def note_read(key: bytes) -> None:
     """The read-path hook: count one read of `key` (no-op while counting is off)."""
     c = _counter
-    if c is not None:
-        c.note(key)
+    if c is not None:  # ReadCounter.note, inlined: this runs on every read
+        keys = c.keys
+        if len(keys) < c.max_keys:
+            keys.add(key)
+        else:
+            c.dropped += 1
 
 
 def note_reads(keys: Iterable[bytes]) -> None:
@@ -188,12 +192,23 @@ class ReadStatsService:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
-        await asyncio.to_thread(self.flush)
+        await self._flush()
         disable()
 
     def flush(self) -> int:
-        """Summarise the reads since the last flush into the sink; the payloads made."""
+        """Summarise the reads since the last flush into the sink; the payloads made. Call
+        it on the thread that runs the readers (or with none running)."""
         keys, dropped = self.counter.take()
+        return self._emit(keys, dropped)
+
+    async def _flush(self) -> None:
+        # The swap happens on the readers' event loop, between two reads (a read noted on
+        # another thread during a swap could land in the set being hashed); the hashing
+        # and the sink run in a thread.
+        keys, dropped = self.counter.take()
+        await asyncio.to_thread(self._emit, keys, dropped)
+
+    def _emit(self, keys: set[bytes], dropped: int) -> int:
         n = 0
         for payload in summaries(keys, day_of(self.clock()), dropped):
             try:
@@ -206,4 +221,4 @@ class ReadStatsService:
     async def _run(self) -> None:
         while True:
             await asyncio.sleep(self.period)
-            await asyncio.to_thread(self.flush)
+            await self._flush()
