@@ -1,6 +1,7 @@
 """`mercury usage`: per-producer usage — totals since the store began, or over a window
 (``--since 24h``) with a unicode sparkline of writes per producer, from
-`GET /v1/usage` and `GET /v1/usage/series` (docs/usage.md)."""
+`GET /v1/usage` and `GET /v1/usage/series`; `mercury usage unused [--producer P]
+[--days N]`: the keys nobody read, from `GET /v1/usage/unused` (docs/usage.md)."""
 
 from __future__ import annotations
 
@@ -26,7 +27,12 @@ def register(sub: Any) -> None:
         description="Without --since: keys, bytes, writes, deletes, duplicates, throttled "
         "ops and the share of the storage cap per producer, since the store began. With "
         "--since: what each producer did in that window (writes, bytes written, deletes, "
-        "duplicates, held, refused, stored-bytes growth) and a sparkline of its writes.",
+        "duplicates, held, refused, stored-bytes growth) and a sparkline of its writes. "
+        "`mercury usage unused`: per producer and keyspace, the keys no node read for "
+        "--days days and the bytes they hold; with --producer, those keys themselves.",
+    )
+    up.add_argument(
+        "report", nargs="?", choices=("unused",), help="unused: keys nobody reads (see above)"
     )
     _client_args(up)
     up.add_argument(
@@ -35,6 +41,16 @@ def register(sub: Any) -> None:
     )
     up.add_argument("--producer", help="only this producer")
     up.add_argument("--json", action="store_true", help="print the JSON report")
+    up.add_argument(
+        "--days",
+        type=float,
+        default=30.0,
+        help="unused: not read on any node for this many days (default 30; fractions allowed)",
+    )
+    up.add_argument("--keyspace", help="unused: only this keyspace of --producer")
+    up.add_argument(
+        "--limit", type=int, default=100, help="unused: list at most this many keys (default 100)"
+    )
     up.set_defaults(func=_usage)
 
 
@@ -70,6 +86,8 @@ def _table(cols: Sequence[str], rows: Sequence[Sequence[str]], left: int = 1) ->
 
 
 def _usage(args: argparse.Namespace) -> int:
+    if args.report == "unused":
+        return _unused(args)
     with _client(args) as c:
         report = _check(c.get("/v1/usage"))
         rows = [r for r in report["producers"] if args.producer in (None, r["producer"])]
@@ -140,3 +158,46 @@ def _window(row: dict[str, Any], s: dict[str, Any]) -> dict[str, Any]:
     out["used_pct"] = row.get("used_pct")
     out["sparkline"] = sparkline([p["writes"] or 0 for p in pts])
     return out
+
+
+def _unused(args: argparse.Namespace) -> int:
+    """The summary per producer/keyspace; with --producer, also its unused keys (pages of
+    `GET /v1/usage/unused` followed up to --limit keys)."""
+    params: dict[str, Any] = {"days": args.days}
+    if args.producer:
+        params["producer"] = args.producer
+    with _client(args) as c:
+        summary = _check(c.get("/v1/usage/unused/summary", params=params))
+        rows = [r for r in summary["rows"] if args.keyspace in (None, r["keyspace"])]
+        keys: list[dict[str, Any]] = []
+        more = False
+        if args.producer:
+            q = dict(params, limit=min(max(args.limit, 1), 10_000))
+            if args.keyspace:
+                q["keyspace"] = args.keyspace
+            while True:
+                page = _check(c.get("/v1/usage/unused", params=q))
+                keys += page["keys"]
+                more = page["next_cursor"] is not None
+                if not more or len(keys) >= args.limit:
+                    break
+                q["cursor"] = page["next_cursor"]
+            more = more or len(keys) > args.limit
+            keys = keys[: args.limit]
+    if args.json:
+        doc = {**summary, "rows": rows, **({"keys": keys} if args.producer else {})}
+        sys.stdout.write(orjson.dumps(doc, option=orjson.OPT_INDENT_2).decode() + "\n")
+        return 0
+    cols = ("producer", "keyspace", "keys", "unused_keys", "unused_bytes", "too_new")
+    if rows:
+        _table(cols, [[str(r[k]) for k in cols] for r in rows], left=2)
+    note = "" if summary["complete"] else " (incomplete: tracking began later, or reads dropped)"
+    print(f"(not read on any node for {args.days:g} days{note}; too_new: written since)")
+    if args.producer and keys:
+        print()
+        table = [[k.get("key") or "b64:" + k["key_b64"], str(k["bytes"]), str(k["version"])]
+                 for k in keys]  # fmt: skip
+        _table(("key", "bytes", "version"), table)
+        if more:
+            print(f"(first {args.limit} keys; --limit N for more, --json for all fields)")
+    return 0

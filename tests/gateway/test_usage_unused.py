@@ -4,6 +4,7 @@ real root and a real replica whose reads travel up the replication link."""
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
@@ -18,7 +19,7 @@ from store.usage import stored_bytes
 from tests.gateway.conftest import make_root
 from tests.replicator.harness import wait_for, wait_seq
 from tests.replicator.nodes import start_replica
-from tests.support.procs import Procs
+from tests.support.procs import Procs, run_mercury
 
 
 def test_counter_is_bounded_and_says_how_many_reads_it_dropped() -> None:
@@ -170,5 +171,19 @@ def test_unused_keys_end_to_end_through_a_replica(
         )
         assert root.admin().get("/v1/usage/unused", params={"producer": other}).json()["keys"] == []
         assert c.get("/v1/usage/unused", params={"days": "0"}).status_code == 400
+        # The CLI: the summary table, and with --producer the keys themselves.
+        f = tmp_path / "admin.token"
+        f.write_text(root.admin_token)
+        cli = ("--url", root.url, "--admin-token-file", str(f), "--days", str(days))
+        out = run_mercury("usage", "unused", *cli, "--producer", name, "--limit", "4")
+        assert out.returncode == 0, out.stderr
+        listed = [ln.split()[0] for ln in out.stdout.splitlines() if ln.startswith(f"{name}/k")]
+        assert listed == want[:4] and "--limit N for more" in out.stdout
+        js = run_mercury("usage", "unused", *cli, "--producer", name, "--json", "--limit", "50")
+        assert [k["key"] for k in json.loads(js.stdout)["keys"]] == want
+        table = run_mercury("usage", "unused", *cli)
+        assert table.returncode == 0, table.stderr
+        row_line = next(ln for ln in table.stdout.splitlines() if ln.startswith(name + " "))
+        assert row_line.split()[1:5] == [f"{name}/", "12", "10", str(doc["bytes"])]
     finally:
         root.close_clients()
