@@ -21,12 +21,12 @@ EXT_STAMP := build/.ext-built
 # when missing and we are root (CI, containers); otherwise the rule says what to install.
 C_DEPS := libsodium-dev zlib1g-dev
 
-$(EXT_STAMP): store/_codec.pyx gateway/_jsonops.pyx setup.py $(STAMP)
+$(EXT_STAMP): store/_codec.pyx gateway/_jsonops.pyx reads/_fastget.pyx setup.py $(STAMP)
 	@dpkg -s $(C_DEPS) >/dev/null 2>&1 \
 	  || { [ "$$(id -u)" = 0 ] && apt-get update -qq && apt-get install -y -qq $(C_DEPS); } \
 	  || { echo "missing C headers: apt-get install $(C_DEPS)" >&2; exit 1; }
 	$(PY) setup.py -q build_ext --inplace 2>&1 | grep -vE "^(running|copying|Compiling)" || true
-	@ls store/_codec*.so gateway/_jsonops*.so >/dev/null
+	@ls store/_codec*.so gateway/_jsonops*.so reads/_fastget*.so >/dev/null
 	@mkdir -p build && touch $@
 
 build: $(EXT_STAMP)
@@ -93,4 +93,4 @@ bench: build bench-deps
 	@for b in bench/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
 
 clean:
-	rm -rf $(VENV) build store/_codec.c store/*.so gateway/_jsonops.c gateway/*.so var
+	rm -rf $(VENV) build store/_codec.c store/*.so gateway/_jsonops.c gateway/*.so reads/_fastget.c reads/*.so var

@@ -1,6 +1,7 @@
-"""Build the Cython hot paths (store/_codec.pyx, gateway/_jsonops.pyx); everything else is
-pure Python. The store codec links zlib (CRC-32) and libsodium (BLAKE2b): Debian packages
-zlib1g-dev and libsodium-dev (`make build` installs them when missing and run as root)."""
+"""Build the Cython hot paths (store/_codec.pyx, gateway/_jsonops.pyx, reads/_fastget.pyx);
+everything else is pure Python. The store codec links zlib (CRC-32) and libsodium
+(BLAKE2b), the read fast path zlib: Debian packages zlib1g-dev and libsodium-dev (`make
+build` installs them when missing and run as root)."""
 
 from Cython.Build import cythonize
 from setuptools import Extension, setup
@@ -14,6 +15,7 @@ setup(
                 libraries=["sodium", "z"],
             ),
             Extension("gateway._jsonops", ["gateway/_jsonops.pyx"]),
+            Extension("reads._fastget", ["reads/_fastget.pyx"], libraries=["z"]),
         ],
         compiler_directives={"language_level": "3", "boundscheck": False, "wraparound": False},
     )

@@ -146,11 +146,12 @@ def run_load(
 class Target:
     """One measured server: how to reach it and what to ask."""
 
-    def __init__(self, name: str, mode: str, port: int, paths: list[str]) -> None:
+    def __init__(self, name: str, mode: str, port: int, paths: list[str], pid: int) -> None:
         self.name = name
         self.mode = mode
         self.port = port
         self.paths = paths
+        self.pid = pid  # the server process (its CPU time is read around each run)
 
 
 def mercury(
@@ -178,8 +179,8 @@ def mercury(
     wait_port(mp, proc=p)
     suffix = "" if workers == 1 else f"_{workers}w"
     return p, [
-        Target("mercury_http" + suffix, "http", hp, ["/v1/kv/" + k.decode() for k in keys]),
-        Target("mercury_memcached" + suffix, "memcached", mp, [k.decode() for k in keys]),
+        Target("mercury_http" + suffix, "http", hp, ["/v1/kv/" + k.decode() for k in keys], p.pid),
+        Target("mercury_memcached" + suffix, "memcached", mp, [k.decode() for k in keys], p.pid),
     ]
 
 
@@ -198,7 +199,7 @@ def ktserver(
         if r.status != 201:
             raise RuntimeError(f"ktserver PUT answered {r.status}")
     conn.close()
-    return p, [Target("kt_rest", "http", port, ["/" + k.decode() for k in keys])]
+    return p, [Target("kt_rest", "http", port, ["/" + k.decode() for k in keys], p.pid)]
 
 
 def memcached(
@@ -218,7 +219,7 @@ def memcached(
                 got += s.recv(100)
             if got != b"STORED\r\n":
                 raise RuntimeError(f"memcached set answered {got!r}")
-    return p, [Target("memcached", "memcached", port, [k.decode() for k in keys])]
+    return p, [Target("memcached", "memcached", port, [k.decode() for k in keys], p.pid)]
 
 
 # --- report ----------------------------------------------------------------------------
@@ -232,9 +233,11 @@ def summary(rounds: list[dict[str, Any]]) -> dict[str, Any]:
         "per_s": med["per_s"],
         "p50_us": med["p50_us"],
         "p99_us": med["p99_us"],
+        "server_cpu_us": med.get("server_cpu_us"),
         "rounds_per_s": [r["per_s"] for r in rounds],
         "rounds_p50_us": [r["p50_us"] for r in rounds],
         "rounds_p99_us": [r["p99_us"] for r in rounds],
+        "rounds_server_cpu_us": [r.get("server_cpu_us") for r in rounds],
     }
 
 
@@ -293,9 +296,11 @@ def main(argv: list[str] | None = None) -> int:
         for _ in range(args.rounds):
             for t in targets:
                 for kind, n in (("many", args.conns), ("one", 1)):
-                    results[t.name][kind].append(
-                        run_load(loadgen, t.mode, t.port, n, args.seconds, t.paths, args.client_cpu)
-                    )
+                    c0 = cpu_seconds(t.pid)
+                    r = run_load(loadgen, t.mode, t.port, n, args.seconds, t.paths, args.client_cpu)
+                    # CPU per request: what a core costs per read, whatever else runs.
+                    r["server_cpu_us"] = round((cpu_seconds(t.pid) - c0) * 1e6 / r["requests"], 1)
+                    results[t.name][kind].append(r)
         for p in procs:
             stop(p)
         procs.clear()
@@ -336,12 +341,19 @@ def ratios(figures: dict[str, Any], many: str) -> dict[str, Any]:
         v = figures.get(name, {}).get(kind, {}).get(what)
         return None if v is None else float(v)
 
-    pairs = (("http_vs_kt_rest", "mercury_http", "kt_rest"),)
-    pairs += (("memcached_vs_memcached", "mercury_memcached", "memcached"),)
+    pairs = [
+        ("http_vs_kt_rest", "mercury_http", "kt_rest"),
+        ("memcached_vs_memcached", "mercury_memcached", "memcached"),
+    ]
     for label, ours, theirs in pairs:
         a, b = fig(ours, many, "per_s"), fig(theirs, many, "per_s")
         if a is not None and b is not None:
             out[f"{label}_per_s"] = ratio(a, b)
+        # Requests per CPU-second of the server (the inverse of CPU per request): robust to
+        # other load on the machine, which lowers both servers' throughput unevenly.
+        a, b = fig(ours, many, "server_cpu_us"), fig(theirs, many, "server_cpu_us")
+        if a and b:
+            out[f"{label}_per_cpu_s"] = ratio(b, a)
         a, b = fig(ours, many, "p99_us"), fig(theirs, many, "p99_us")
         if a is not None and b is not None:
             out[f"{label}_p99_at_{many}"] = ratio(a, b)

@@ -11,13 +11,16 @@ import time
 from collections.abc import Callable
 
 from core.errors import CRCError, ReadProtocolError
+from reads import fastget, readstats
 from reads import memcached_protocol as mc
-from reads import readstats
 from reads.metrics import READ_ERRORS, READ_SECONDS
 from reads.tcp import ListenerLimits, Run, TcpService, drain
+from store.format import MAX_KEY
 from store.store import Store
 
 VERSION = "1.6.0-mercury"
+_OBSERVE_GET = READ_SECONDS.labels("memcached_get").observe
+_mc_value = fastget.MC_VALUE
 #: Bytes of values one `get` may answer; beyond it the command fails.
 MAX_REPLY_BYTES = 256 << 20
 
@@ -84,6 +87,40 @@ class MemcachedHandler:
             yield mc.READ_ONLY
         return False
 
+    def fast(self, data: bytes) -> bytes | None:
+        """The reply to `data` when it is exactly one `get`/`gets` command line (the
+        common request, answered without the connection's run generator); None for
+        anything else, which `run` then parses in full (`reads.tcp.Fast`)."""
+        if len(data) > mc.MAX_LINE or data.find(b"\n") != len(data) - 1 or data[-2:] != b"\r\n":
+            return None
+        if data.startswith(b"get "):
+            keys, with_cas = data[4:-2].split(), False
+        elif data.startswith(b"gets "):
+            keys, with_cas = data[5:-2].split(), True
+        else:
+            return None
+        if not keys or any(len(k) > MAX_KEY for k in keys):
+            return None  # run's parser answers ERROR / CLIENT_ERROR
+        if len(keys) == 1:
+            # One key: its reply straight from the stored record (reads/fastget.py, CRC
+            # checked); `_get` takes a chunked or failing record and reports a failure.
+            t0 = time.perf_counter()
+            key = keys[0]
+            rec, _ = self.store.record(key)
+            self.cmd_get += 1
+            if rec is None:
+                self.get_misses += 1
+                _OBSERVE_GET(time.perf_counter() - t0)
+                return mc.END
+            block = _mc_value(key, rec, with_cas, self.flags_in_value)
+            if block is not None:
+                readstats.note_read(key)
+                self.get_hits += 1
+                _OBSERVE_GET(time.perf_counter() - t0)
+                return block + mc.END
+            self.cmd_get -= 1  # counted again by _get
+        return self._get(keys, with_cas)
+
     @staticmethod
     def phase(buf: bytearray) -> str:
         """ "header" until the command line is complete, then "body" (a storage command's
@@ -112,7 +149,7 @@ class MemcachedHandler:
         self.get_hits += len(hits)
         self.get_misses += len(keys) - len(hits)
         reply = mc.encode_values(hits, with_cas, self.flags_in_value)
-        READ_SECONDS.labels("memcached_get").observe(time.perf_counter() - t0)
+        _OBSERVE_GET(time.perf_counter() - t0)
         return reply
 
     def _stats(self) -> bytes:

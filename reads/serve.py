@@ -20,6 +20,7 @@ import uvicorn
 
 from core.addr import parse_hostport
 from reads.auth import AclTokenIndex, ReadAuth
+from reads.fasthttp import fast_read_protocol
 from reads.http_app import create_read_app
 from reads.tcp import add_listener_flags, listener_limits
 from reads.wiring import ListenerSettings, replica_services, root_services
@@ -41,6 +42,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="reads need a producer's or consumer's token and see only its keyspaces",
     )
     p.add_argument(
+        "--no-fast-path",
+        action="store_true",
+        help="answer point gets through the ASGI app too (tests compare both paths)",
+    )
+    p.add_argument(
         "--noop-path",
         default=None,
         help="also answer GET on this path with a fixed body from raw ASGI (benchmarks)",
@@ -52,7 +58,8 @@ async def serve(args: argparse.Namespace) -> None:
     """Run until SIGTERM/SIGINT."""
     store = Store.open(args.data_dir)
     app = create_read_app(store, role=args.role, status=dict)
-    guarded: Any = ReadAuth(app, AclTokenIndex(store)) if args.read_auth else app
+    tokens = AclTokenIndex(store) if args.read_auth else None
+    guarded: Any = ReadAuth(app, tokens) if tokens is not None else app
     asgi = guarded if args.noop_path is None else NoopWrapper(guarded, args.noop_path.encode())
     listeners = ListenerSettings(
         kt=parse_hostport(args.kt_listen, "--kt-listen") if args.kt_listen else None,
@@ -69,7 +76,13 @@ async def serve(args: argparse.Namespace) -> None:
         await s.start()
     host, port = parse_hostport(args.listen, "--listen")
     config = uvicorn.Config(
-        asgi, host=host, port=port, access_log=False, log_level="warning", lifespan="off"
+        asgi,
+        host=host,
+        port=port,
+        access_log=False,
+        log_level="warning",
+        lifespan="off",
+        http="httptools" if args.no_fast_path else fast_read_protocol(store, tokens),
     )
     server = _Server(config)
     loop = asyncio.get_running_loop()

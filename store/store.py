@@ -251,6 +251,15 @@ class Store:
                 return None
             return decode(txn, self.dbs.chunks, key, rec)
 
+    def record(self, key: bytes) -> tuple[bytes | None, int]:
+        """(the stored record of `key` or None, the last seq), read in one short transaction.
+
+        The record is raw: its CRC is NOT checked here. Only for read fast paths that check
+        it themselves and take `get` for anything they do not serve (`reads/fastget.py`).
+        """
+        with self.env.begin(db=self.dbs.data) as txn:
+            return txn.get(key), U64.unpack(txn.get(K_LAST_SEQ, db=self.dbs.meta))[0]
+
     def version(self, key: bytes) -> int:
         """Seq of the last change of `key` (0 when absent), without reading the value."""
         with self.env.begin(db=self.dbs.data) as txn:
