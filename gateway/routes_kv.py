@@ -176,6 +176,9 @@ async def get_kv(request: Request) -> Response:
     v = gw.store.get(key)
     if v is None:
         raise NotFoundError(f"no key {key.decode('utf-8', 'backslashreplace')!r}")
+    note_read = getattr(request.app.state, "note_read", None)  # unused-key analytics
+    if note_read is not None:
+        note_read(key)
     return Response(
         v.value,
         media_type="application/octet-stream",

@@ -45,7 +45,6 @@ from typing import Any
 import orjson
 
 from core.errors import LogRetentionError
-from reads import readstats
 from store.store import Store
 from store.usage import stored_bytes
 
@@ -58,7 +57,15 @@ FLUSH_S = 60.0
 KEEP_DAYS = 92
 #: Keys one query examines at most (the answer says where it stopped).
 MAX_SCAN = 2_000_000
-H = readstats.HASH_SIZE
+#: Key hashes are this long (`reads/readstats.py` makes them; the wiring hands them in, so
+#: the gateway imports nothing of `reads`).
+H = 8
+KeyHash = Callable[[bytes], bytes]
+
+
+def day_of(t: float) -> int:
+    """UTC day number of epoch seconds `t`."""
+    return int(t // 86400)
 
 
 def ymd(day: int) -> str:
@@ -94,8 +101,12 @@ class ReadLedger:
     `read_in` and the queries in worker threads; one lock guards the state.
     """
 
-    def __init__(self, store: Store, clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self, store: Store, key_hash: KeyHash, clock: Callable[[], float] = time.time
+    ) -> None:
         self.store = store
+        #: The same function the readers' summaries hash keys with.
+        self.key_hash = key_hash
         self.clock = clock
         self._lock = threading.Lock()
         #: day -> hashes known read that day (loaded lazily from the documents + arrived).
@@ -112,9 +123,9 @@ class ReadLedger:
 
     # --- merging ---------------------------------------------------------------------
 
-    def add(self, payload: bytes) -> None:
-        """Merge one summary payload (`reads/readstats.py`); ValueError when malformed."""
-        day, dropped, hashes = readstats.decode(payload)
+    def add(self, day: int, dropped: int, hashes: Iterable[bytes]) -> None:
+        """Merge one read summary: key hashes read on UTC day `day`, and how many reads
+        the node could not record (its set was full)."""
         known = self._day(day)
         with self._lock:
             self.summaries += 1
@@ -160,10 +171,10 @@ class ReadLedger:
     def due(self) -> dict[str, bytes | None]:
         """The document changes to write now (taking the pending hashes)."""
         now = self.clock()
-        today = readstats.day_of(now)
+        today = day_of(now)
         with self._lock:
             pending, self._pending = self._pending, {}
-            if not self.meta.marks or readstats.day_of(self.meta.marks[-1][0]) != today:
+            if not self.meta.marks or day_of(self.meta.marks[-1][0]) != today:
                 self.meta.marks.append((now, self.store.last_seq()))
                 self.meta.marks = self.meta.marks[-KEEP_DAYS:]
                 self._meta_dirty = True
@@ -258,7 +269,7 @@ def window(ledger: ReadLedger, days: float) -> Window:
     """The days whose reads count and the seq a key must be at or below to be judged."""
     now = ledger.clock()
     cutoff = now - days * 86400
-    read_days = range(readstats.day_of(cutoff), readstats.day_of(now) + 1)
+    read_days = range(day_of(cutoff), day_of(now) + 1)
     lossy = any(d in read_days for d in ledger.meta.lossy)
     complete = ledger.meta.since <= cutoff and not lossy
     return Window(days, now, cutoff, read_days, ledger.seq_before(cutoff), complete)
@@ -280,7 +291,7 @@ def unused_page(
     out: list[dict[str, Any]] = []
     total = scanned = 0
     nxt: bytes | None = None
-    key_hash = readstats.key_hash
+    key_hash = ledger.key_hash
     with ledger.store.reader() as r:
         for p in sorted(prefixes):
             if after is not None and after >= p and not after.startswith(p):
@@ -315,7 +326,7 @@ def unused_totals(
     """Per keyspace prefix: keys, unused keys and the bytes they hold (a full scan, at most
     `max_scan` keys: ``truncated`` says when it stopped early)."""
     read = ledger.read_in(w.read_days)
-    key_hash = readstats.key_hash
+    key_hash = ledger.key_hash
     rows: dict[bytes, dict[str, int]] = {}
     scanned = 0
     truncated = False

@@ -15,6 +15,7 @@ from fastapi import FastAPI
 
 from core.service import Service
 from gateway.usage_reads import LedgerService, ReadLedger
+from reads import readstats
 from reads.readstats import ReadStatsService
 from replicator.upstream import READS, Origin, UpstreamRouter
 from store.store import Store
@@ -24,18 +25,22 @@ class RootUnused:
     """The router for the root's replication source, the services to run, and `attach`."""
 
     def __init__(self, store: Store) -> None:
-        self.ledger = ReadLedger(store)
+        self.ledger = ReadLedger(store, readstats.key_hash)
         self.router = UpstreamRouter()
         self.router.register(READS, self._summary)
         self._app: FastAPI | None = None
         # Stopped in reverse: the readers' last summary lands before the ledger's last flush.
         self.services: list[Service] = [
             LedgerService(self.ledger, self._executor),
-            ReadStatsService(self.ledger.add),
+            ReadStatsService(self.add),
         ]
 
+    def add(self, payload: bytes) -> None:
+        """Merge one summary payload (`reads/readstats.py`); ValueError when malformed."""
+        self.ledger.add(*readstats.decode(payload))
+
     def _summary(self, _origin: Origin, _kind: int, payload: bytes) -> None:
-        self.ledger.add(payload)
+        self.add(payload)
 
     def _executor(self) -> Executor:
         assert self._app is not None
@@ -46,3 +51,5 @@ class RootUnused:
         """Make the ledger reachable from the routes; flush in `app`'s commit thread."""
         self._app = app
         app.state.read_ledger = self.ledger
+        # The gateway's own GET /v1/kv counts too (it imports nothing of `reads`).
+        app.state.note_read = readstats.note_read
