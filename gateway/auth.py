@@ -15,18 +15,17 @@ import time
 from acl.model import CONSUMER, Acl, Producer, find_token
 from acl.tokens import hash_token
 from core.errors import AuthError, ForbiddenError
+from store.docs import ADMIN_HASH
 from store.ops import Op
 from store.store import Store
 
 ADMIN = "\x00admin"  # never a producer name (names cannot hold NUL)
-#: The replicated document holding the admin token's hash (hex SHA-256), written by
-#: `mercury init` through the log: every replica holds it, so a promoted one keeps it.
-ADMIN_HASH_DOC = "admin_token_hash"
 
 
 def load_admin_hash(store: Store) -> str | None:
     """The admin token's hash from the store, or None when it holds none."""
-    doc = store.get_doc(ADMIN_HASH_DOC)
+    # A replicated document since format 5: a promoted replica keeps the admin token.
+    doc = store.get_doc(ADMIN_HASH)
     return doc.body.decode() if doc is not None else None
 
 

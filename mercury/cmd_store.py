@@ -1,10 +1,12 @@
-"""Store commands: init, status, verify, migrate, snapshot (docs/api.md lists every command)."""
+"""Store commands: init, status, verify, migrate, snapshot, promote (docs/api.md lists every
+command)."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import shutil
 import sys
 from typing import Any
 
@@ -12,10 +14,11 @@ from tqdm import tqdm
 
 from acl.tokens import hash_token, new_token
 from core.errors import MercuryError
-from gateway.auth import ADMIN_HASH_DOC
 from migrations import runner
 from store import check as store_check
+from store.docs import ADMIN_HASH
 from store.lock import WriterLock
+from store.promotion import promote
 from store.snapshot import make_snapshot
 from store.store import Store
 
@@ -73,6 +76,19 @@ def register(sub: Any) -> None:
     p.add_argument("out", metavar="OUT")
     p.set_defaults(func=cmd_snapshot)
 
+    p = sub.add_parser(
+        "promote",
+        help="turn a stopped replica's store into a root's",
+        description="Make the store in DATA_DIR (a replica's, whose process is stopped) a "
+        "root's: log a 'promotion' document after its last seq (seq and hash chain go on), "
+        "remove the replica's status file and any unfinished bootstrap download, and print "
+        "what was recorded as JSON. Then `mercury root DATA_DIR` serves writes with every "
+        "producer, token, quota and the admin token of the old root. Refuses while another "
+        "process holds the store. Promote the replica with the highest seq.",
+    )
+    p.add_argument("data_dir", metavar="DATA_DIR")
+    p.set_defaults(func=cmd_promote)
+
 
 def cmd_init(args: argparse.Namespace) -> int:
     """`mercury init DATA_DIR`."""
@@ -89,7 +105,7 @@ def _init(args: argparse.Namespace) -> int:
         with os.fdopen(fd, "w") as f:
             f.write(token + "\n")
         # Through the log (a record of its own): every replica holds it (docs/security.md).
-        store.put_docs({ADMIN_HASH_DOC: hash_token(token).encode()})
+        store.put_docs({ADMIN_HASH: hash_token(token).encode()})
         print(store.db_id)
         print(f"admin token written to {path}", file=sys.stderr)
     finally:
@@ -179,4 +195,36 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
     finally:
         store.close()
     print(info.to_json())
+    return 0
+
+
+#: What a replica's worker leaves in its data directory beside the store
+#: (`replicator/status.py`, `replicator/bootstrap.py`); a root has neither.
+REPLICA_FILES = ("replication.json", ".bootstrap")
+
+
+def cmd_promote(args: argparse.Namespace) -> int:
+    """`mercury promote DATA_DIR`: exit 0 with the promotion as JSON, 2 when the store is
+    locked by a running process, missing or at an older format."""
+    with WriterLock.acquire(args.data_dir, create=False):
+        store = Store.open(args.data_dir)
+        try:
+            done = promote(store)
+        finally:
+            store.close()
+        for name in REPLICA_FILES:
+            path = os.path.join(args.data_dir, name)
+            if os.path.isdir(path):
+                shutil.rmtree(path)
+            elif os.path.exists(path):
+                os.remove(path)
+    print(done.to_json())
+    if not done.has_admin:
+        print(
+            "warning: the store holds no admin token hash (its root never ran format 5); "
+            "admin calls will fail",
+            file=sys.stderr,
+        )
+    if not done.has_acl:
+        print("warning: the store holds no ACL: no producer can write yet", file=sys.stderr)
     return 0

@@ -27,6 +27,10 @@ from store import codec, layout, nodedocs, txlog
 from store.format import MAX_KEY, MAX_VALUE, OP_DOC
 from store.layout import K_HASH_HEAD, K_LAST_SEQ, K_LOG_FIRST, U64
 
+#: The document holding the admin token's hash (hex SHA-256), written by `mercury init`
+#: (format >= 5; before, it was node-local).
+ADMIN_HASH = "admin_token_hash"
+
 #: What a document change is: new bytes, or None to remove the document.
 DocChanges = Mapping[str, bytes | None]
 
