@@ -184,6 +184,7 @@ class Standby:
 
     def start(self) -> None:
         """Start following (on the running loop)."""
+        log.info("standby following %s:%d (term %d)", *self.source, self.leader_term)
         self._task = asyncio.get_running_loop().create_task(self._run(), name="ha-standby")
 
     async def stop(self) -> None:
@@ -213,6 +214,7 @@ class Standby:
         finally:
             self._close()
             lock.release()
+            log.info("standby of %s:%d stopped", *self.source)
 
     def _close(self) -> None:
         if self.store is not None:

@@ -34,6 +34,8 @@ class Node:
     http_port: int
     repl_port: int
     proc: subprocess.Popen[bytes] | None = None
+    #: this node's etcd URLs when not the cluster's (a fault proxy in between)
+    etcd_urls: str | None = None
 
     @property
     def url(self) -> str:
@@ -64,7 +66,7 @@ class Cluster:
 
     def start(self) -> None:
         """Init the first node's store, start every candidate, create producer `p`."""
-        for i in range(self.n):
+        for i in range(len(self.nodes), self.n):  # those the caller did not lay out
             self.nodes.append(Node(f"n{i}", self.base / f"n{i}", free_port(), free_port()))
         res = run_mercury("init", str(self.nodes[0].data_dir))
         assert res.returncode == 0, res.stderr
@@ -90,7 +92,7 @@ class Cluster:
             "--repl-listen",
             f"127.0.0.1:{node.repl_port}",
             "--ha-etcd",
-            self.etcd_urls,
+            node.etcd_urls or self.etcd_urls,
             "--ha-group",
             "g",
             "--advertise-url",
@@ -170,10 +172,13 @@ class Writers:
     """`n` threads writing unique keys through any candidate (following 307s), recording
     every acknowledged write with the time it was acknowledged."""
 
-    def __init__(self, cluster: Cluster, n: int = 8) -> None:
+    def __init__(self, cluster: Cluster, n: int = 8, pins: list[Node] | None = None) -> None:
         self.cluster = cluster
         self.n = n
-        self.acked: list[tuple[float, str, bytes]] = []
+        #: writer i writes only to pins[i % len(pins)] (no failover, no 307 following)
+        self.pins = pins
+        #: (monotonic time acknowledged, key, value, node that acknowledged)
+        self.acked: list[tuple[float, str, bytes, str]] = []
         self.errors: dict[str, int] = {}
         self._stop = threading.Event()
         self._lock = threading.Lock()
@@ -191,7 +196,7 @@ class Writers:
 
     def _run(self, w: int) -> None:
         headers = {"Authorization": f"Bearer {self.cluster.token}"}
-        nodes = self.cluster.nodes
+        nodes = self.cluster.nodes if self.pins is None else [self.pins[w % len(self.pins)]]
         i = 0
         target = 0
         # 307s are followed here, not by httpx: it drops the Authorization header on a
@@ -210,7 +215,7 @@ class Writers:
                         continue
                     if r.status_code == 200:
                         with self._lock:
-                            self.acked.append((time.monotonic(), key, value))
+                            self.acked.append((time.monotonic(), key, value, nodes[target].name))
                         break
                     if r.status_code == 307:
                         loc = r.headers["location"]
@@ -218,6 +223,8 @@ class Writers:
                             (j for j, n in enumerate(nodes) if loc.startswith(n.url + "/")), target
                         )
                         self._count("307")
+                        if self.pins is not None:
+                            time.sleep(0.05)
                         continue
                     self._count(str(r.status_code))
                     time.sleep(0.05)
@@ -232,19 +239,19 @@ class Writers:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             with self._lock:
-                after = [t for t, _, _ in self.acked if t > t0]
+                after = [a[0] for a in self.acked if a[0] > t0]
             if after:
                 return min(after) - t0
             time.sleep(0.02)
         raise AssertionError(f"no write acknowledged {timeout}s after the kill: {self.errors}")
 
 
-def lost_writes(data_dir: Path, acked: list[tuple[float, str, bytes]]) -> list[str]:
+def lost_writes(data_dir: Path, acked: list[tuple[float, str, bytes, str]]) -> list[str]:
     """Acknowledged writes a store does not hold (each key is written once)."""
     store = Store.open(str(data_dir), readonly=True)
     try:
-        held = {k: store.get(k.encode()) for _, k, _v in acked}
-        return [k for _, k, v in acked if (held[k].value if held[k] else None) != v]
+        held = {a[1]: store.get(a[1].encode()) for a in acked}
+        return [k for _, k, v, _n in acked if (held[k].value if held[k] else None) != v]
     finally:
         store.close()
 
