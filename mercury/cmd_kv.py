@@ -143,13 +143,23 @@ def register(sub: Any) -> None:
     )
     p.set_defaults(func=_run(_import))
 
-    p = add("export", "print every key under PREFIX as JSON lines (the form import reads)")
+    p = add(
+        "export",
+        "print every key under PREFIX as JSON lines (the form import reads), as it was at "
+        "one log seq of the read node (printed on stderr)",
+    )
     p.add_argument("prefix", metavar="PREFIX")
     p.set_defaults(func=_run(_export))
 
     p = add("watch", "print changes under PREFIX as JSON lines as they happen (Ctrl-C ends)")
     p.add_argument("prefix", metavar="PREFIX")
-    p.add_argument("--from-seq", type=int, default=0, help="first log seq to show (default 0)")
+    p.add_argument(
+        "--from-seq",
+        type=int,
+        default=None,
+        help="first log seq to show (default: changes from now on; an `export` at seq S "
+        "continues with --from-seq S+1)",
+    )
     p.set_defaults(func=_run(_watch))
 
 
@@ -264,21 +274,32 @@ def _del(client: Client, args: argparse.Namespace) -> int:
 
 
 def _ls(client: Client, args: argparse.Namespace) -> int:
-    for it in client.range(args.prefix, keys_only=not args.values):
-        if args.values:
+    _print_items(client.range(args.prefix, keys_only=not args.values), args.values)
+    return OK
+
+
+def _print_items(items: Iterator[wire.Item], values: bool) -> int:
+    n = 0
+    for it in items:
+        if values:
             doc: dict[str, Any] = {}
             _put_bytes(doc, "key", it.key)
             _put_bytes(doc, "value", it.value or b"")
             _out().write(json.dumps(doc, ensure_ascii=False).encode() + b"\n")
         else:
             _out().write(it.key + b"\n")
+        n += 1
     _out().flush()
-    return OK
+    return n
 
 
 def _export(client: Client, args: argparse.Namespace) -> int:
-    args.values = True
-    return _ls(client, args)
+    # One seq for the whole export (Client.snapshot), so it never mixes two moments of the
+    # prefix; the seq goes to stderr, where `watch --from-seq` can take over from.
+    snap = client.snapshot(args.prefix)
+    n = _print_items(snap.items, True)
+    print(f"exported {n} keys at seq {snap.seq}", file=sys.stderr)
+    return OK
 
 
 def _watch(client: Client, args: argparse.Namespace) -> int:

@@ -25,7 +25,7 @@ from mercury.client.errors import (
 )
 from mercury.client.retry import RetryPolicy
 from mercury.client.sync import Client
-from mercury.client.wire import BatchResult, Change, Item, Versioned, WriteResult
+from mercury.client.wire import BatchResult, Change, Item, Snapshot, Versioned, WriteResult
 
 __all__ = [
     "AsyncClient",
@@ -45,6 +45,7 @@ __all__ = [
     "Refused",
     "RetryPolicy",
     "ServerError",
+    "Snapshot",
     "StorageFull",
     "TooLarge",
     "Unauthorized",

@@ -5,9 +5,11 @@ request and decision through `calls`, `wire` and `retry` and differ only in awai
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
+import tempfile
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from types import TracebackType
 from typing import Any
 
@@ -15,7 +17,7 @@ import httpx
 
 from mercury.client import calls, wire
 from mercury.client.calls import READ, Call
-from mercury.client.errors import TooLarge, Unavailable
+from mercury.client.errors import Gone, TooLarge, Unavailable
 from mercury.client.retry import RetryPolicy, retryable
 
 
@@ -275,12 +277,24 @@ class AsyncClient:
         except httpx.TransportError as err:
             raise _unavailable(err) from err
 
-    async def watch(self, prefix: wire.Key, *, from_seq: int = 0) -> AsyncIterator[wire.Change]:
-        """Changes under `prefix` from log seq `from_seq` on, as they happen (NDJSON from
-        ``GET /v1/watch`` on `read_url`). A dropped connection is re-opened from the last
-        seq seen, without repeating a change; `Gone` when `from_seq` is no longer
-        retained. Endless: stop iterating (or close the generator) to end it."""
-        resume = wire.Resume(from_seq)
+    async def watch(
+        self, prefix: wire.Key, *, from_seq: int | None = None
+    ) -> AsyncGenerator[wire.Change, None]:
+        """Changes under `prefix` as they happen (NDJSON from ``GET /v1/watch`` on
+        `read_url`): from now on by default, or from log seq `from_seq` (inclusive). A
+        dropped connection is re-opened where the stream was (the last change or heartbeat
+        seen), without repeating or missing a change; `Gone` when that seq is no longer
+        retained (`follow` recovers from it by itself). Endless: stop iterating (or close
+        the generator) to end it."""
+        async for c in self._watch(prefix, wire.Resume(from_seq)):
+            if c is not None:
+                yield c
+
+    async def _watch(
+        self, prefix: wire.Key, resume: wire.Resume
+    ) -> AsyncGenerator[wire.Change | None, None]:
+        """The watch loop: each change to deliver, and None after each other line (so a
+        caller can look at `resume` on heartbeats)."""
         attempt = 0
         while True:
             call = calls.watch(prefix, resume.restart())
@@ -301,9 +315,7 @@ class AsyncClient:
                             if not line.strip():
                                 continue
                             attempt = 0  # the stream is alive: failures count afresh
-                            c = calls.watch_change(calls.ndjson(line))
-                            if c is not None and resume.fresh(c):
-                                yield c
+                            yield calls.watch_line(line, resume)
                         wait = self.policy.wait(attempt, {}, self._rand)
             except httpx.TransportError as err:
                 wait = self.policy.wait(attempt, {}, self._rand)
@@ -313,6 +325,67 @@ class AsyncClient:
                 raise Unavailable(0, "Watch ended", "the node closed the watch stream")
             await self._sleep(wait)
             attempt += 1
+
+    async def snapshot(self, prefix: wire.Key, *, page_size: int = 1000) -> wire.Snapshot:
+        """Every key under `prefix` as it was at one log seq of the read node, without
+        holding a read transaction open for the whole read: note the node's seq S, read
+        the range page by page (each page a little later), note the seq E, then fold the
+        changes of (S, E] from a watch over the pages — the result is the prefix exactly
+        at E (`Snapshot.seq`). The pages wait in a temporary file (memory up to 8 MiB).
+        `Gone` only when the node's log retention is shorter than the read took, three
+        times in a row."""
+        err: Gone | None = None
+        for _ in range(wire.SNAPSHOT_TRIES):
+            start = await self.applied_seq()
+            # closed by the snapshot's reader (unpack_items), or below on failure
+            spool = tempfile.SpooledTemporaryFile(max_size=wire.SPOOL_MEMORY)  # noqa: SIM115
+            try:
+                async for it in self.range(prefix, page_size=page_size):
+                    spool.write(wire.pack_item(it))
+                end = await self.applied_seq()
+                overlay = wire.Overlay(end)
+                if end > start:
+                    resume = wire.Resume(start + 1)
+                    async with contextlib.aclosing(self._watch(prefix, resume)) as changes:
+                        async for c in changes:
+                            if c is not None:
+                                overlay.add(c)
+                            if resume.complete_through() >= end:
+                                break
+            except Gone as gone:
+                spool.close()
+                err = gone
+                continue
+            except BaseException:
+                spool.close()
+                raise
+            spool.seek(0)
+            return wire.Snapshot(end, overlay.merge(wire.unpack_items(spool)))  # type: ignore[arg-type]
+        assert err is not None
+        raise err
+
+    async def follow(
+        self, prefix: wire.Key, *, from_seq: int | None = None
+    ) -> AsyncGenerator[wire.Snapshot | wire.Change, None]:
+        """A consumer's mirror of `prefix` that never ends in `Gone`: a `Snapshot` first
+        (unless `from_seq` says where the caller's copy stands), then every change after
+        it; when the watch's position is no longer retained (a long outage, 410), a new
+        `Snapshot` to replace the copy, and the changes after that one. Read each
+        snapshot's items before taking the next event."""
+        if from_seq is None:
+            snap = await self.snapshot(prefix)
+            yield snap
+            from_seq = snap.seq + 1
+        while True:
+            resume = wire.Resume(from_seq)
+            try:
+                async for c in self._watch(prefix, resume):
+                    if c is not None:
+                        yield c
+            except Gone:
+                snap = await self.snapshot(prefix)
+                yield snap
+                from_seq = snap.seq + 1
 
 
 def _unavailable(err: httpx.TransportError) -> Unavailable:

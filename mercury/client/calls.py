@@ -138,9 +138,12 @@ def range_stream(query: str) -> Call:
     return Call(READ, "GET", "/v1/range?" + query, {"Accept": "application/x-ndjson"})
 
 
-def watch(prefix: wire.Key, from_seq: int) -> Call:
+def watch(prefix: wire.Key, from_seq: int | None) -> Call:
+    """``GET /v1/watch``; without `from_seq` the node starts at its current position."""
     q = wire.range_query(prefix, None, None)
-    return Call(READ, "GET", f"/v1/watch?{q}&from_seq={int(from_seq)}", {"Accept": wire.NDJSON})
+    if from_seq is not None:
+        q += f"&from_seq={int(from_seq)}"
+    return Call(READ, "GET", f"/v1/watch?{q}", {"Accept": wire.NDJSON})
 
 
 def replayed(r: httpx.Response) -> bool:
@@ -188,6 +191,19 @@ def watch_change(doc: dict[str, Any]) -> wire.Change | None:
         return wire.change(doc)
     except (ValueError, TypeError) as err:
         raise ServerError(0, "Malformed stream", str(err)) from err
+
+
+def watch_line(line: str, resume: wire.Resume) -> wire.Change | None:
+    """One line of a watch stream: the Change to deliver, or None (a heartbeat, noted in
+    `resume`; a change already delivered before a reconnection; an error line, after
+    which the node ends the stream and the watch resumes)."""
+    doc = ndjson(line)
+    hb = wire.heartbeat_seq(doc)
+    if hb is not None:
+        resume.heartbeat(hb)
+        return None
+    c = watch_change(doc)
+    return c if c is not None and resume.fresh(c) else None
 
 
 def error(r: httpx.Response) -> MercuryClientError:

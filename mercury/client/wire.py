@@ -8,9 +8,10 @@ are valid UTF-8, base64 members (``key_b64``, ``value_b64``) otherwise.
 from __future__ import annotations
 
 import base64
-from collections.abc import Sequence
+import struct
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any, BinaryIO, NamedTuple
 from urllib.parse import quote
 
 #: Ops and key + value bytes per `POST /v1/batch` the client sends unless told otherwise:
@@ -263,11 +264,20 @@ def change(doc: dict[str, Any]) -> Change | None:
     return Change(int(doc["seq"]), str(op), key, get_bytes(doc, "value") if op == "set" else None)
 
 
+def heartbeat_seq(doc: dict[str, Any]) -> int | None:
+    """The seq of a heartbeat line ("every change up to seq was sent"), else None."""
+    if doc.get("heartbeat") and isinstance(doc.get("seq"), int):
+        return int(doc["seq"])
+    return None
+
+
 class Resume:
     """Where a dropped watch resumes: from the last seq seen, skipping the changes of
-    that seq already delivered (one log seq can carry many changes, sent in order)."""
+    that seq already delivered (one log seq can carry many changes, sent in order), or
+    after the last heartbeat's seq when that is later. `from_seq` None: "from now" (the
+    node's position when the first stream opens, which its first heartbeat names)."""
 
-    def __init__(self, from_seq: int) -> None:
+    def __init__(self, from_seq: int | None) -> None:
         self.from_seq = from_seq
         self._seq = -1
         #: Changes of seq `_seq` delivered so far, over every connection: a reconnection
@@ -276,8 +286,8 @@ class Resume:
         #: Of those, how many the current connection has yet to redeliver.
         self._skip = 0
 
-    def restart(self) -> int:
-        """The `from_seq` to ask for on (re)connecting."""
+    def restart(self) -> int | None:
+        """The `from_seq` to ask for on (re)connecting (None: from now)."""
         if self._seq >= 0:
             self._skip = self._delivered
             return self._seq
@@ -292,6 +302,91 @@ class Resume:
             return False
         self._delivered += 1
         return True
+
+    def complete_through(self) -> int:
+        """The highest seq whose changes were all delivered (-1 before anything is known)."""
+        if self._seq >= 0:
+            return self._seq - 1
+        return -1 if self.from_seq is None else self.from_seq - 1
+
+    def heartbeat(self, seq: int) -> None:
+        """Every change up to `seq` was sent: a reconnection asks for what follows it (so
+        a watch "from now" dropped before its first change resumes without a gap)."""
+        if seq < self._seq:
+            return
+        self._seq, self._delivered, self._skip = -1, 0, 0
+        if self.from_seq is None or seq + 1 > self.from_seq:
+            self.from_seq = seq + 1
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """Every key under a prefix as it was at log seq `seq`, in key order (`items`: read
+    it before asking the client for anything else; a watch from ``seq + 1`` goes on from
+    exactly there)."""
+
+    seq: int
+    items: Iterator[Item]
+
+
+class Overlay:
+    """The changes of a prefix up to seq `upto`, folded to the last one per key: laid over
+    a range read whose pages were taken at seqs between the start of the watch and `upto`,
+    it gives the prefix exactly as it was at `upto` (a key no change touched had the same
+    value all along; any other ends as its last change left it)."""
+
+    def __init__(self, upto: int) -> None:
+        self.upto = upto
+        self.last: dict[bytes, bytes | None] = {}
+
+    def add(self, c: Change) -> None:
+        """Fold one change (changes after `upto` are not part of the picture)."""
+        if c.seq <= self.upto:
+            self.last[c.key] = c.value if c.op == "set" else None
+
+    def merge(self, items: Iterator[Item]) -> Iterator[Item]:
+        """`items` (in key order) with the folded changes applied, in key order."""
+        pending = sorted(self.last.items())
+        i = 0
+        for it in items:
+            while i < len(pending) and pending[i][0] < it.key:
+                k, v = pending[i]
+                i += 1
+                if v is not None:
+                    yield Item(k, v)
+            if i < len(pending) and pending[i][0] == it.key:
+                k, v = pending[i]
+                i += 1
+                if v is not None:
+                    yield Item(k, v)
+                continue
+            yield it
+        for k, v in pending[i:]:
+            if v is not None:
+                yield Item(k, v)
+
+
+#: Range reads `snapshot` starts again when the watch over them finds its start collected.
+SNAPSHOT_TRIES = 3
+#: Bytes of a snapshot's pages held in memory before they spill to a temporary file.
+SPOOL_MEMORY = 8 << 20
+
+_ITEM_HEAD = struct.Struct(">II")
+
+
+def pack_item(it: Item) -> bytes:
+    """One range item as spool bytes (key and value lengths, then both)."""
+    value = it.value or b""
+    return _ITEM_HEAD.pack(len(it.key), len(value)) + it.key + value
+
+
+def unpack_items(f: BinaryIO) -> Iterator[Item]:
+    """The items `pack_item` wrote to `f`, in order; `f` is closed at the end."""
+    with f:
+        while head := f.read(_ITEM_HEAD.size):
+            klen, vlen = _ITEM_HEAD.unpack(head)
+            key = f.read(klen)
+            yield Item(key, f.read(vlen))
 
 
 NDJSON = "application/x-ndjson"

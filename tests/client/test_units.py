@@ -214,3 +214,75 @@ def test_batch_result_counts_every_status_the_root_answers() -> None:
     r.add({"seq": 5, "deleted": 1, "duplicates": 2}, True)
     assert (r.seq, r.written, r.deleted, r.duplicates, r.absent) == (7, 2, 1, 2, 1)
     assert (r.superseded, r.precondition_failed, r.requests, r.replayed) == (1, 3, 2, 1)
+
+
+def test_watch_from_now_resumes_after_the_last_heartbeat() -> None:
+    r = wire.Resume(None)
+    assert r.restart() is None and r.complete_through() == -1
+    r.heartbeat(7)  # the node's position when the stream opened
+    assert r.restart() == 8 and r.complete_through() == 7
+    assert r.fresh(_change(9, "a"))
+    assert r.restart() == 9 and r.complete_through() == 8
+    assert not r.fresh(_change(9, "a")) and r.fresh(_change(9, "b"))
+    r.heartbeat(8)  # older than what was delivered: changes nothing
+    assert r.restart() == 9
+    r.heartbeat(12)  # everything up to 12 was sent: the partial seq 9 is complete
+    assert r.restart() == 13 and r.complete_through() == 12
+    # an explicit from_seq is never moved backwards by a heartbeat
+    r = wire.Resume(20)
+    r.heartbeat(5)
+    assert r.restart() == 20
+
+
+_keys = st.binary(min_size=1, max_size=3)
+
+
+@given(
+    st.dictionaries(_keys, st.binary(max_size=3), max_size=12),
+    st.lists(st.tuples(_keys, st.none() | st.binary(max_size=3)), max_size=30),
+    st.data(),
+)
+def test_overlay_over_pages_read_at_different_seqs_is_the_state_at_its_seq(
+    initial: dict[bytes, bytes],
+    writes: list[tuple[bytes, bytes | None]],
+    data: st.DataObject,
+) -> None:
+    """A range read in pages, each page taken after some of the writes (in key order, at
+    ever later seqs), overlaid with the writes, equals the state after the last write."""
+    history = [dict(initial)]
+    changes: list[wire.Change] = []
+    for seq, (k, v) in enumerate(writes, start=1):
+        state = dict(history[-1])
+        if v is None:
+            state.pop(k, None)
+        else:
+            state[k] = v
+        history.append(state)
+        changes.append(wire.Change(seq, "set" if v is not None else "delete", k, v))
+    end = len(writes)
+    # pages: cursors walk the key space in order, each page read at a later seq
+    items: list[wire.Item] = []
+    after: bytes | None = None
+    seq = 0
+    while True:
+        seq = data.draw(st.integers(seq, end))
+        page_size = data.draw(st.integers(1, 4))
+        at = history[seq]
+        page = sorted(k for k in at if after is None or k > after)[:page_size]
+        items += [wire.Item(k, at[k]) for k in page]
+        if len(page) < page_size:
+            break
+        after = page[-1]
+    overlay = wire.Overlay(end)
+    for c in [*changes, wire.Change(end + 1, "set", b"late", b"x")]:  # after `end`: ignored
+        overlay.add(c)
+    merged = list(overlay.merge(iter(items)))
+    assert merged == [wire.Item(k, v) for k, v in sorted(history[end].items())]
+
+
+@given(st.lists(st.tuples(_keys, st.binary(max_size=300)), max_size=20))
+def test_spooled_items_round_trip(pairs: list[tuple[bytes, bytes]]) -> None:
+    import io
+
+    f = io.BytesIO(b"".join(wire.pack_item(wire.Item(k, v)) for k, v in pairs))
+    assert list(wire.unpack_items(f)) == [wire.Item(k, v) for k, v in pairs]

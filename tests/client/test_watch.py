@@ -54,8 +54,9 @@ def test_watch_resumes_after_a_drop_without_repeating(
     with _client(s.url, pki) as c:
         got = list(itertools.islice(c.watch("w/"), len(EXPECTED)))
     assert got == EXPECTED
-    # dropped after 3 changes (the middle of seq 2): asked again from seq 2
-    assert app.asked == [0, 2]
+    # from now (the node's first heartbeat: seq 0); dropped after 3 changes (the middle
+    # of seq 2): asked again from seq 2
+    assert app.asked == [None, 2]
 
 
 def test_async_watch_resumes_too(served: tuple[Served, WatchApp], pki: Pki) -> None:
@@ -73,7 +74,19 @@ def test_async_watch_resumes_too(served: tuple[Served, WatchApp], pki: Pki) -> N
         return out
 
     assert asyncio.run(run()) == EXPECTED
-    assert app.asked == [0, 2]
+    assert app.asked == [None, 2]
+
+
+def test_watch_from_now_dropped_before_any_change_resumes_after_the_heartbeat(
+    served: tuple[Served, WatchApp], pki: Pki
+) -> None:
+    s, app = served
+    app.now, app.drop_after = 1, 0  # "now" is seq 1; the stream drops after its heartbeat
+    with _client(s.url, pki) as c:
+        got = list(itertools.islice(c.watch("w/"), len(EXPECTED) - 1))
+    # asked again from seq 2, not "from now" (which would skip what came in between)
+    assert app.asked == [None, 2]
+    assert got == EXPECTED[1:]
 
 
 def test_watch_from_a_collected_seq_is_gone(served: tuple[Served, WatchApp], pki: Pki) -> None:

@@ -73,12 +73,17 @@ CHANGES: list[tuple[int, str, bytes, bytes | None]] = [
 @dataclass
 class WatchApp:
     """The ASGI app. `drop_after`: on the first connection, fail after this many change
-    lines (an abrupt close mid-stream). `oldest`: the lowest seq still retained."""
+    lines (an abrupt close mid-stream; 0: right after a "from now" stream's first
+    heartbeat). `oldest`: the lowest seq still retained."""
 
     drop_after: int | None = 3
     oldest: int = 1
-    asked: list[int] = field(default_factory=list)
+    #: What `from_seq` each stream asked for (None: omitted, "from now").
+    asked: list[int | None] = field(default_factory=list)
     heartbeats: int = 100
+    #: The node's position for a stream without `from_seq`: it starts with a heartbeat
+    #: of this seq, then sends the changes after it.
+    now: int = 0
 
     async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -91,9 +96,10 @@ class WatchApp:
             await _answer(send, 404, {"title": "Not Found", "status": 404, "detail": "no route"})
             return
         prefix = unquote_to_bytes(q.get("prefix", b""))
-        from_seq = int(q.get("from_seq", b"0"))
+        raw = q.get("from_seq")
         first = not self.asked
-        self.asked.append(from_seq)
+        self.asked.append(None if raw is None else int(raw))
+        from_seq = self.now + 1 if raw is None else int(raw)
         if 0 < from_seq < self.oldest:
             await _answer(
                 send,
@@ -108,6 +114,14 @@ class WatchApp:
                 "headers": [(b"content-type", b"application/x-ndjson")],
             }
         )
+        if raw is None:
+            await send(
+                {
+                    "type": "http.response.body",
+                    "body": _line({"heartbeat": True, "seq": self.now}),
+                    "more_body": True,
+                }
+            )
         sent = 0
         for seq, op, key, value in CHANGES:
             if seq < from_seq or not key.startswith(prefix):
