@@ -1,6 +1,7 @@
 // The usage page: asks for a token, keeps it in this tab's sessionStorage and sends it only
 // as an Authorization header from fetch (never in a URL, so never in a log or history).
-// Data: GET /v1/usage (admin: every producer with its quota) and GET /v1/usage/series.
+// Data: GET /v1/usage (admin: every producer with its quota), GET /v1/usage/series and,
+// for the keys nobody reads, GET /v1/usage/unused/summary and GET /v1/usage/unused.
 "use strict";
 
 (function () {
@@ -132,6 +133,60 @@
       s.max_bytes_stored);
   }
 
+  function cells(tr, values) {
+    for (const c of values) {
+      const td = document.createElement("td");
+      td.textContent = c;
+      tr.appendChild(td);
+    }
+  }
+
+  function unusedDays() {
+    const d = Number($("unused-days").value);
+    return d > 0 ? d : 30;
+  }
+
+  async function showUnusedKeys(producer, keyspace) {
+    const q = "producer=" + encodeURIComponent(producer) + "&keyspace=" +
+      encodeURIComponent(keyspace) + "&days=" + unusedDays() + "&limit=100";
+    const page = await api("/v1/usage/unused?" + q);
+    const tbody = $("unused-keys").querySelector("tbody");
+    tbody.replaceChildren();
+    for (const k of page.keys) {
+      const tr = document.createElement("tr");
+      cells(tr, [k.key !== undefined ? k.key : "base64:" + k.key_b64, fmt(k.bytes), k.version]);
+      tbody.appendChild(tr);
+    }
+    $("unused-keys").dataset.keys = String(page.keys.length);
+    $("unused-keys-title").textContent = "Unused keys of " + producer + " in " + keyspace +
+      (page.next_cursor ? " (first " + page.keys.length + "; the API pages through all)" : "");
+  }
+
+  async function loadUnused() {
+    const s = await api("/v1/usage/unused/summary?days=" + unusedDays());
+    const tbody = $("unused").querySelector("tbody");
+    tbody.replaceChildren();
+    for (const r of s.rows) {
+      const tr = document.createElement("tr");
+      tr.dataset.producer = r.producer;
+      tr.dataset.keyspace = r.keyspace;
+      tr.dataset.unused = String(r.unused_keys);
+      cells(tr, [r.producer, r.keyspace, fmt(r.keys), fmt(r.unused_keys), fmt(r.unused_bytes),
+        fmt(r.too_new)]);
+      tr.addEventListener("click", () => {
+        showUnusedKeys(r.producer, r.keyspace).catch((e) => status(e.message, true));
+      });
+      tbody.appendChild(tr);
+    }
+    const since = new Date(s.tracked_since * 1000).toISOString().slice(0, 16) + "Z";
+    $("unused-note").textContent = "Reads are tracked since " + since + "." +
+      (s.complete ? "" : " Incomplete: the window starts before tracking began, or a node " +
+        "dropped reads; a listed key may have been read.") +
+      (s.truncated ? " The scan stopped early: totals are partial." : "") +
+      " Click a row for its keys.";
+    $("unused").dataset.loaded = String(Date.now());
+  }
+
   async function load() {
     if (!token()) { status("enter a token to see usage"); return; }
     status("loading…");
@@ -155,6 +210,7 @@
       }
       renderTable();
       await showCharts();
+      await loadUnused();
       status("updated " + new Date().toISOString().slice(0, 19) + "Z");
     } catch (err) {
       status(err.message, true);
@@ -171,8 +227,15 @@
     sessionStorage.removeItem(KEY);
     rows = [];
     renderTable();
+    for (const id of ["unused", "unused-keys"]) $(id).querySelector("tbody").replaceChildren();
     status("token forgotten");
   });
   $("range").addEventListener("change", load);
+  $("unused-form").addEventListener("submit", (ev) => {
+    ev.preventDefault();
+    $("unused-keys").querySelector("tbody").replaceChildren();
+    $("unused-keys-title").textContent = "";
+    loadUnused().catch((e) => status(e.message, true));
+  });
   load();
 })();

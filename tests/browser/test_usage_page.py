@@ -9,6 +9,7 @@ installs chromium when it runs as root). A screenshot is saved as a test artefac
 from __future__ import annotations
 
 import shutil
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -70,7 +71,10 @@ def _chart(driver: Any, chart_id: str) -> dict[str, str]:
     return {k: el.get_attribute(f"data-{k}") or "" for k in ("points", "nonzero", "sum", "since")}
 
 
-def test_usage_page_plots_a_real_workload(tmp_path: Path, procs: Procs, browser: Any) -> None:
+def test_usage_page_plots_a_real_workload(
+    tmp_path: Path, procs: Procs, browser: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("MERCURY_READSTATS_PERIOD_S", "0.3")  # the root's own read summaries
     root: Root = make_root(procs, tmp_path / "data")
     name, token = root.producer(quota={"max_bytes_stored": 200_000})
     c = root.client(token)
@@ -115,3 +119,50 @@ def test_usage_page_plots_a_real_workload(tmp_path: Path, procs: Procs, browser:
     assert browser.save_screenshot(str(ARTIFACTS / "usage.png"))
     root.close_clients()
     assert root.admin_token not in procs.logs()
+
+
+def test_usage_page_lists_the_keys_nobody_reads(
+    tmp_path: Path, procs: Procs, browser: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Keys written, two of them read on the root: the page's table shows the others as
+    unused with their bytes, and a click lists them."""
+    monkeypatch.setenv("MERCURY_READSTATS_PERIOD_S", "0.3")
+    root: Root = make_root(procs, tmp_path / "data")
+    name, token = root.producer()
+    c = root.client(token)
+    for i in range(10):
+        assert c.put(f"/v1/kv/{name}/k{i}", content=b"v" * 30).status_code == 200
+    time.sleep(1.5)  # older than the 1-second window the page is asked for below
+    for i in (2, 7):
+        assert c.get(f"/v1/kv/{name}/k{i}").status_code == 200
+    days = 1 / 86400
+    wait_for_unused = time.monotonic() + 20
+    while len(c.get("/v1/usage/unused", params={"days": days}).json()["keys"]) != 8:
+        assert time.monotonic() < wait_for_unused, "the root's reads never reached its ledger"
+        time.sleep(0.1)
+
+    browser.get(root.url + "/usage")
+    browser.find_element(By.ID, "token").send_keys(root.admin_token)
+    browser.find_element(By.ID, "use-token").click()
+    wait = WebDriverWait(browser, 20)
+    wait.until(lambda d: d.find_element(By.ID, "unused").get_attribute("data-loaded"))
+    days_input = browser.find_element(By.ID, "unused-days")
+    days_input.clear()
+    days_input.send_keys(f"{days:.8f}")
+    loaded = browser.find_element(By.ID, "unused").get_attribute("data-loaded")
+    browser.find_element(By.ID, "unused-show").click()
+    wait.until(lambda d: d.find_element(By.ID, "unused").get_attribute("data-loaded") != loaded)
+    row = browser.find_element(By.CSS_SELECTOR, f'#unused tbody tr[data-producer="{name}"]')
+    cells = [td.text for td in row.find_elements(By.TAG_NAME, "td")]
+    assert cells[:4] == [name, f"{name}/", "10", "8"], cells
+    assert int(cells[4]) > 0  # the bytes they hold
+    row.click()
+    wait.until(lambda d: d.find_element(By.ID, "unused-keys").get_attribute("data-keys") == "8")
+    listed = [
+        tr.find_element(By.TAG_NAME, "td").text
+        for tr in browser.find_elements(By.CSS_SELECTOR, "#unused-keys tbody tr")
+    ]
+    assert listed == [f"{name}/k{i}" for i in range(10) if i not in (2, 7)]
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    assert browser.save_screenshot(str(ARTIFACTS / "usage-unused.png"))
+    root.close_clients()
