@@ -438,8 +438,11 @@ async def watch(request: Request) -> Response:
         return problem(
             410,
             "log-gone",
-            f"{err.message}: re-read the keys with GET /v1/range?prefix=..., then watch "
-            f"with from_seq = the X-Mercury-Seq of that read + 1",
+            # The seq must be read BEFORE the range: a range page's X-Mercury-Seq is read
+            # after its transaction, so watching from it could skip a change in between.
+            f"{err.message}: note this node's seq S (GET /v1/status), re-read the keys "
+            f"with GET /v1/range?prefix=..., then watch with from_seq = S + 1 (changes the "
+            f"read already holds come again, in order); the SDK's Client.follow does this",
             title="Watch history no longer retained",
             log_first_seq=first,
         )
