@@ -46,7 +46,7 @@ from replicator.status import StatusBoard
 from replicator.upstream import READS, SpoolForwarder, UpstreamOutbox, UpstreamRouter, relay_to
 from store import layout
 from store.lock import WriterLock
-from store.retention import RetentionPolicy, RetentionService
+from store.retention import REPLICA_ANSWERS_KEEP_S, RetentionPolicy, RetentionService
 from store.store import Store
 
 log = logging.getLogger("mercury.replication.worker")
@@ -193,7 +193,9 @@ async def _run_locked(cfg: WorkerConfig, stop: asyncio.Event) -> int:
             relay.add_listener(source.wake)
         if cfg.retention is not None:
             # The worker is this node's only writer, so it also collects the log.
-            gc = RetentionService(store, RetentionPolicy(**cfg.retention))
+            # Answers come through the log: a replica forgets them on its own (a week).
+            keep = {**cfg.retention, "idempotency_keep_seconds": REPLICA_ANSWERS_KEEP_S}
+            gc = RetentionService(store, RetentionPolicy(**keep))
             await gc.start()
         client = ReplicaClient(
             store,

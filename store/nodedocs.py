@@ -74,7 +74,9 @@ def gc_idempotency(env: Any, dbs: layout.Dbs, older_than_us: int, max_keys: int)
         ok = cur.first()
         while ok and n < max_keys:
             if U64.unpack(cur.value()[:8])[0] < older_than_us:
-                ok = cur.delete()
+                # delete() moves to the next record; past the last one the cursor is
+                # unpositioned (an empty key, which LMDB never stores)
+                ok = cur.delete() and bool(cur.key())
                 n += 1
             else:
                 ok = cur.next()

@@ -4,6 +4,7 @@ replicated document; format-4 stores migrate."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import cramjam
@@ -15,6 +16,7 @@ from store.docs import Doc
 from store.format import OP_DOC, OP_SET, ZERO_HASH
 from store.ops import SET, Op, Result
 from store.replica_apply import payload
+from store.retention import REPLICA_ANSWERS_KEEP_S, RetentionPolicy, RetentionService
 from store.store import Store, read_format_version
 from tests.conftest import assert_store_ok
 
@@ -122,3 +124,16 @@ def test_an_answer_entry_is_told_from_a_document() -> None:
     op, owner, key, value = nodedocs.answer_entry(b"ip\x00k", 7, b"a")
     assert (op, owner) == (OP_DOC, b"") and nodedocs.is_answer(key)
     assert not nodedocs.is_answer(b"acl") and value[8:] == b"a"
+
+
+def test_retention_forgets_old_answers_only_when_asked(tmp_path: Path) -> None:
+    """A replica's retention pass expires answers (the root's gateway does its own)."""
+    with Store.create(str(tmp_path / "s"), sync=False) as s:
+        week_ago = int((time.time() - 8 * 24 * 3600) * 1e6)
+        s.apply([Op(SET, b"a", b"1", "p")], answers=lambda _r: [(b"old", b"o")], time_us=week_ago)
+        s.apply([Op(SET, b"b", b"1", "p")], answers=lambda _r: [(b"new", b"n")])
+        RetentionService(s, RetentionPolicy(keep_seconds=None)).collect_once()
+        assert s.get_idempotent(b"old") is not None  # no answer expiry configured: the root
+        policy = RetentionPolicy(keep_seconds=None, idempotency_keep_seconds=REPLICA_ANSWERS_KEEP_S)
+        RetentionService(s, policy).collect_once()
+        assert s.get_idempotent(b"old") is None and s.get_idempotent(b"new") is not None
