@@ -26,7 +26,7 @@ import logging
 import os
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from fastapi import FastAPI, Request
 from fastapi.routing import APIRoute
@@ -55,12 +55,16 @@ class LeaderGate:
         self.clock = LeaseClock(margin_s=0.0)  # deadlines arrive with the margin applied
         self._changed = asyncio.Event()
         self.not_in_sync = 0
+        #: called after each report (the replication sources: their horizon moved)
+        self.on_applied: list[Callable[[], None]] = []
 
     def applied(self, origin: upstream.Origin, _kind: int, payload: bytes) -> None:
         """Upstream handler of `upstream.APPLIED`."""
         self.tracker.applied(origin.client_id, decode_applied(payload), time.monotonic())
         ev, self._changed = self._changed, asyncio.Event()
         ev.set()
+        for cb in self.on_applied:
+            cb()
 
     async def __call__(self, seq: int) -> None:
         """Return once batch `seq` may be acknowledged; raise the 503 error otherwise."""
@@ -189,6 +193,10 @@ def install(app: FastAPI, store: Store, services: list[Service], args: argparse.
         if src.upstream is None:
             src.upstream = upstream.UpstreamRouter()
         src.upstream.register(upstream.APPLIED, gate.applied)
+        # Plain replicas get only what standbys confirmed: a failover never undoes a record
+        # a replica holds, so replicas follow the next leader without a gap or bootstrap.
+        src.horizon = lambda: gate.tracker.synced_seq(time.monotonic())
+        gate.on_applied.append(src.wake)
     services.append(LeaderService(app, store, gate, term, node, url))
 
     async def status(request: Request) -> Response:

@@ -75,6 +75,11 @@ def store_term(store: Store) -> int:
 class _ReportingClient(ReplicaClient):
     """The replica client that also reports each durable apply upstream."""
 
+    def _hello(self, options: int) -> bytes:
+        # A standby gets what the leader committed at once (it confirms it); replicas
+        # get only what standbys confirmed.
+        return super()._hello(options | frames.OPT_STANDBY)
+
     def _applied(self, rec: LogRecord) -> None:
         super()._applied(rec)
         if self.outbox is not None:
@@ -98,7 +103,7 @@ async def history_matches(host: str, port: int, store: Store, node_id: bytes) ->
     hello = frames.Hello(
         frames.PROTOCOL_VERSION,
         frames.MODE_STREAM,
-        0,
+        frames.OPT_STANDBY,  # the leader's unconfirmed records too: we compare our tail
         node_id,
         db_id,
         after,

@@ -29,7 +29,9 @@ Bodies by type:
       0   2   protocol version (u16)
       2   1   mode: 1 = stream the log, 2 = fetch a snapshot (bootstrap)
       3   1   options: bit 0 = newest-only (start at the source's head, skip history);
-                  bit 1 = upstream-capable (this client may send UPSTREAM frames)
+                  bit 1 = upstream-capable (this client may send UPSTREAM frames);
+                  bit 2 = a root candidate's standby (a leader streams it records that
+                  its standbys have not confirmed yet; other replicas wait for them)
       4   16  client id (random per process; equal to the source's id = itself)
       20  16  db id (all zero = unknown, allowed only with mode 2)
       36  8   last applied seq (the stream starts at last + 1)
@@ -98,6 +100,7 @@ MODE_STREAM = 1
 MODE_SNAPSHOT = 2
 OPT_NEWEST_ONLY = 0x01
 OPT_UPSTREAM = 0x02
+OPT_STANDBY = 0x04
 #: WELCOME header flag: the source reads UPSTREAM frames on this connection.
 WELCOME_UPSTREAM = 0x01
 #: Largest UPSTREAM payload: senders split bigger summaries into several frames.

@@ -108,6 +108,10 @@ class ReplicationSource:
         self.store = store
         #: Reads UPSTREAM frames of clients that offer them (None: never offered).
         self.upstream = upstream
+        #: On an HA leader: the highest seq its standbys confirmed. Replicas other than
+        #: standbys (`frames.OPT_STANDBY`) are streamed only up to it, so none ever holds a
+        #: record a failover can undo (None: stream everything committed).
+        self.horizon: Callable[[], int] | None = None
         #: Mutual TLS on every connection (None: plaintext, loopback deployments only).
         self.tls = tls
         self.host = host
@@ -386,6 +390,9 @@ class ReplicationSource:
                     writer.write(frames.encode_refuse(frames.REFUSE_BOOTSTRAP, str(err)))
                     await self._drain(writer)
                     return
+                if self.horizon is not None and not hello.options & frames.OPT_STANDBY:
+                    confirmed = self.horizon()
+                    recs = [r for r in recs if r.last_seq <= confirmed]
                 for rec in recs:
                     writer.write(frames.encode_record(rec.header, rec.payload))
                     pos = rec.last_seq + 1

@@ -168,6 +168,45 @@ class Cluster:
         raise AssertionError(f"nodes never converged: {heads}\n{self.procs.logs()}")
 
 
+@dataclass
+class Replica:
+    """A plain replica listing every candidate's replication address as a source."""
+
+    data_dir: Path
+    http_port: int
+    proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.http_port}"
+
+    def status(self) -> dict[str, Any] | None:
+        with contextlib.suppress(httpx.HTTPError, ValueError):
+            r = httpx.get(self.url + "/v1/status", timeout=1.0)
+            if r.status_code == 200:
+                return r.json()  # type: ignore[no-any-return]
+        return None
+
+
+def start_replica(cluster: Cluster, data_dir: Path) -> Replica:
+    """Start `mercury replica` with `--source` for every candidate (3 s staleness)."""
+    rep = Replica(data_dir, free_port())
+    sources = [a for n in cluster.nodes for a in ("--source", f"127.0.0.1:{n.repl_port}")]
+    rep.proc = cluster.procs.start_mercury(
+        "replica",
+        str(data_dir),
+        *sources,
+        "--listen",
+        f"127.0.0.1:{rep.http_port}",
+        "--staleness-s",
+        "3",
+        "--failback-s",
+        "0",
+        name="replica",
+    )
+    return rep
+
+
 class Writers:
     """`n` threads writing unique keys through any candidate (following 307s), recording
     every acknowledged write with the time it was acknowledged."""
