@@ -8,8 +8,10 @@ Sub-databases:
 - ``meta``   db id, format version, last seq, hash head, log bounds, and (format ≥ 2) one
   usage record per owner under ``usage:<owner>`` (`store/usage.py`) — in the same
   sub-database so that a small commit dirties one meta page, not two
-- ``state``  named documents of the node (ACL, admin token hash), not replicated
-- ``idem``   idempotency keys -> first answer, not replicated
+- ``state``  named documents of the node, not replicated (up to format 4 the admin token
+  hash; up to format 2 the ACL)
+- ``idem``   idempotency keys -> first answer; from format 5 written through the log
+  (`store/nodedocs.py`), expired per node
 - ``docs``   (format >= 3) replicated documents (the ACL, audit records): name -> seq (u64)
   of the log entry that wrote it ++ the document, changed only through the log
   (`store/docs.py`)

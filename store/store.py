@@ -10,7 +10,8 @@
 - `store/replica_apply.py` — `apply_log_record()`, the replica's apply: a source's log
   record, checked for seq continuity, CRC and the hash chain, stored byte-identical.
 - `store/txlog.py` — the log records in LMDB: read, retention GC.
-- `store/nodedocs.py` — node-local documents and idempotency answers (not replicated).
+- `store/nodedocs.py` — idempotency answers (logged with their batch since format 5) and
+  node-local documents (never replicated).
 - `store/reader.py` — reads (`get`, `reader()`) in short read transactions that never wait
   for the writer (LMDB MVCC), in this process or another one on the same directory.
 - `store/version.py` — the format version; `store/migration.py` — the migrations' seam.
@@ -342,7 +343,7 @@ class Store:
     # --- node documents, idempotency, usage ------------------------------------------
 
     def get_state(self, name: str) -> bytes | None:
-        """A node-local document (the admin token hash), or None; never replicated."""
+        """A node-local document, or None; never replicated."""
         return nodedocs.get_state(self.env, self.dbs, name)
 
     def put_state(self, name: str, value: bytes) -> None:
