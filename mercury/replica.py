@@ -150,6 +150,7 @@ class _Server(uvicorn.Server):
 
 async def _serve(config: ReplicaConfig) -> int:
     from reads import watch
+    from reads.fasthttp import fast_read_protocol
     from reads.http_app import create_read_app
     from reads.readstats import ReadStatsService, spool
     from reads.wiring import replica_services
@@ -214,14 +215,18 @@ async def _serve(config: ReplicaConfig) -> int:
         await s.start()
     host, port = config.listen
     asgi: Any = app
+    tokens = None
     if config.read_auth:
         from reads.auth import AclTokenIndex, ReadAuth
 
-        asgi = ReadAuth(app, AclTokenIndex(store))
+        tokens = AclTokenIndex(store)
+        asgi = ReadAuth(app, tokens)
     uv_config = uvicorn.Config(
         asgi,
         host=host,
         port=port,
+        # Point gets answered in the protocol, everything else through ASGI (reads/fasthttp.py).
+        http=fast_read_protocol(store, tokens),
         access_log=False,
         log_level="warning",
         log_config=None,  # uvicorn's lines go through the JSON root handler too

@@ -61,11 +61,57 @@ class FastReadProtocol(HttpToolsProtocol):
 
     store: Store
     tokens: TokenIndex | None = None
+    #: The shortcut's keep-alive timer (uvicorn's own is cancelled by every data_received
+    #: and armed again after every answer: as costly as a whole point read). This one stays
+    #: armed; when it fires it closes the connection only if nothing arrived or was
+    #: answered for `timeout_keep_alive` seconds, else it waits for the rest.
+    _idle_timer: asyncio.TimerHandle | None = None
+    _active_at = 0.0
+
+    def data_received(self, data: bytes) -> None:
+        self._active_at = self.loop.time()
+        super().data_received(data)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._idle_timer is not None:
+            self._idle_timer.cancel()
+            self._idle_timer = None
+        super().connection_lost(exc)
+
+    def _idle_check(self) -> None:
+        self._idle_timer = None
+        if self.transport.is_closing():
+            return
+        cycle = self.cycle
+        if (cycle is not None and not cycle.response_complete) or self.pipeline:
+            return  # an ASGI answer is running: uvicorn arms its own timer after it
+        idle = self.loop.time() - self._active_at
+        if idle < self.timeout_keep_alive:
+            self._idle_timer = self.loop.call_later(
+                self.timeout_keep_alive - idle, self._idle_check
+            )
+            return
+        self.timeout_keep_alive_handler()
+
+    def on_message_begin(self) -> None:
+        # uvicorn builds the request's ASGI scope here; a point get answered by the
+        # shortcut never needs one, so it is built in on_headers_complete when it is.
+        self.url = b""
+        self.expect_100_continue = False
+        self.headers = []
 
     def on_headers_complete(self) -> None:
         if self._shortcut():
             return
+        url, headers, expect = self.url, self.headers, self.expect_100_continue
+        super().on_message_begin()  # the scope, as uvicorn makes it (it resets these three)
+        self.url, self.expect_100_continue = url, expect
+        self.headers = self.scope["headers"] = headers
         super().on_headers_complete()
+
+    def on_message_complete(self) -> None:
+        if self.cycle is not _ANSWERED:
+            super().on_message_complete()
 
     def _shortcut(self) -> bool:
         url: bytes = self.url
@@ -124,12 +170,9 @@ class FastReadProtocol(HttpToolsProtocol):
         self.server_state.total_requests += 1
         if not keep_alive:
             transport.close()
-        else:
-            # As uvicorn's on_response_complete: the keep-alive timer runs between requests.
-            self._unset_keepalive_if_required()
-            self.timeout_keep_alive_task = self.loop.call_later(
-                self.timeout_keep_alive, self.timeout_keep_alive_handler
-            )
+        elif self._idle_timer is None:
+            # As uvicorn after an answer: an idle keep-alive connection is closed.
+            self._idle_timer = self.loop.call_later(self.timeout_keep_alive, self._idle_check)
         return True
 
     def _head_200(self) -> bytes:

@@ -183,3 +183,22 @@ def test_many_keep_alive_gets_on_one_connection(two_servers: tuple[int, int, int
                 assert chunk, "closed"
                 buf += chunk
             assert buf.startswith(b"HTTP/1.1 200 " if i % 2 == 0 else b"HTTP/1.1 404 ")
+
+
+def test_idle_keep_alive_connection_is_closed(two_servers: tuple[int, int, int, int]) -> None:
+    """A connection served only by the shortcut is closed once idle for uvicorn's
+    keep-alive timeout (5 s), as uvicorn closes its own; not while it is in use."""
+    fast = two_servers[0]
+    with socket.create_connection(("127.0.0.1", fast), timeout=20) as s:
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < 7:  # in use past the timeout: stays open
+            s.sendall(b"GET /v1/kv/a HTTP/1.1\r\nHost: x\r\n\r\n")
+            buf = b""
+            while _complete(buf) < 1:
+                chunk = s.recv(1 << 16)
+                assert chunk, "closed while in use"
+                buf += chunk
+            time.sleep(0.5)
+        idle_from = time.monotonic()
+        assert s.recv(1) == b""  # closed by the server...
+        assert 4 < time.monotonic() - idle_from < 12  # ... after about 5 s of idleness
