@@ -1,8 +1,9 @@
 """Terms recorded in the log (pure).
 
-A leader writes the replicated document `TERM_DOC` (its term, node and URL) through the log
-before it acknowledges its first write, so every standby and replica holds the history of
-leaderships at the seqs where they began. `TermGuard` is the rule every node applies: once
+A leader records its promotion through the log before it acknowledges its first write: the
+replicated document `TERM_DOC` (``promotion``, written by `store/promotion.py`) carrying
+its term, node and URL, so every standby and replica holds the latest leadership and the
+seq where it began. `TermGuard` is the rule every node applies: once
 it has seen term T, a record of an older term is refused (it can only come from a deposed
 leader).
 """
@@ -12,23 +13,24 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-#: Replicated document holding the current leadership.
-TERM_DOC = "ha.term"
+#: Replicated document holding the current leadership (`store.promotion.PROMOTION_DOC`).
+TERM_DOC = "promotion"
 
 
 class StaleTermError(Exception):
     """A record or a leader of an older term than one already seen."""
 
 
-def encode_term(term: int, node: str, url: str) -> bytes:
-    """The body of `TERM_DOC`."""
-    return json.dumps({"term": term, "node": node, "url": url}, sort_keys=True).encode()
+def term_fields(term: int, node: str, url: str) -> dict[str, object]:
+    """The fields a leader adds to its `TERM_DOC`."""
+    return {"term": term, "node": node, "url": url}
 
 
 def decode_term(body: bytes) -> int:
-    """The term in a `TERM_DOC` body (ValueError when malformed)."""
+    """The term in a `TERM_DOC` body (ValueError when malformed; 0 for a promotion by hand,
+    which names no term)."""
     try:
-        term = json.loads(body)["term"]
+        term = json.loads(body).get("term", 0)
     except (ValueError, KeyError, TypeError) as err:
         raise ValueError(f"malformed {TERM_DOC} document: {err}") from err
     if not isinstance(term, int) or term < 0:

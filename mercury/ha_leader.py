@@ -13,8 +13,9 @@ installed by `mercury/root.py` on the gateway app:
   and only while the lease deadline has not passed (else 503 `not-leader`);
 - exits the process at once when the deadline passes or stdin closes (the candidate is
   gone or has deposed this leader): nothing is acknowledged past it;
-- writes the term into the log (replicated document `ha.term`) before serving, and refuses
-  to lead a store that already holds a newer term;
+- records the promotion with its term in the log (`store.promotion.promote`: replicated
+  document ``promotion``) before serving, and refuses to lead a store that already holds
+  a newer term;
 - answers `GET /v1/status` with ``role: leader``, the term and this node's URL.
 """
 
@@ -34,12 +35,13 @@ from starlette.responses import JSONResponse, Response
 
 from core.service import Service
 from ha.errors import NotInSyncError, NotLeaderError
-from ha.fencing import TERM_DOC, encode_term
+from ha.fencing import term_fields
 from ha.lease import LeaseClock
 from ha.syncack import SyncTracker
 from mercury.ha_standby import decode_applied, store_term
 from replicator import upstream
 from replicator.source import ReplicationSource
+from store.promotion import promote
 from store.store import Store
 
 log = logging.getLogger("mercury.ha.leader")
@@ -136,12 +138,11 @@ class LeaderService:
         seen = store_term(self.store)
         if seen > self.term:
             _fence(f"this store already holds term {seen}, newer than our term {self.term}")
-        # The term goes into the log before anything is acknowledged (in the commit thread:
-        # the batcher's single writer).
-        await loop.run_in_executor(
-            gw.batcher.executor,
-            lambda: self.store.put_docs({TERM_DOC: encode_term(self.term, self.node, self.url)}),
-        )
+        # The store continues its history as this leader's: the promotion, with the term,
+        # goes into the log before anything is acknowledged (in the commit thread: the
+        # batcher's single writer).
+        fields = term_fields(self.term, self.node, self.url)
+        await loop.run_in_executor(gw.batcher.executor, lambda: promote(self.store, extra=fields))
         log.info("leading term %d at seq %d", self.term, self.store.last_seq())
 
     async def _watchdog(self) -> None:
