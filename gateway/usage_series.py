@@ -226,6 +226,10 @@ class UsageSeries:
         self._deleted: set[str] = set()
         self._last_retention = 0.0
 
+    def keyspaces_of(self, producer: str) -> Sequence[str]:
+        """`producer`'s keyspaces now."""
+        return self._keyspaces(producer)
+
     # -- counting ---------------------------------------------------------------------
 
     def _bucket(self, producer: str, now: float) -> dict[str, list[int]]:
@@ -463,11 +467,14 @@ def query(
 ) -> list[dict[str, int | None]]:
     """Points of `producer` (one keyspace, or all with None) over `rng`: one per step,
     oldest first, counters summed over the step, keys/bytes as at the step's end (carried
-    forward from the last snapshot; None before any; per producer only, so None with a
-    keyspace). A `start` dict gets the range's starting "keys"/"bytes" at full
+    forward from the last snapshot; None before any; the store counts them per producer,
+    so a keyspace's points carry them only when it is the producer's only keyspace, else
+    None). A `start` dict gets the range's starting "keys"/"bytes" at full
     resolution: the last state known at or before `since`, else the first after it (a
     producer created within one step still shows its growth)."""
     raw: list[tuple[int, tuple[int, int]]] = []  # (time, state) of every snapshot
+    # The producer's keys/bytes are its keyspace's when it has no other.
+    no_state = keyspace is not None and tuple(series.keyspaces_of(producer)) != (keyspace,)
     minute_docs = rng.step < 3600
     unit = 60 if minute_docs else 3600
     kind, width, suffix = ("m", BLOCK, block_suffix) if minute_docs else ("h", 86400, day_suffix)
@@ -512,8 +519,8 @@ def query(
         before = [st for t, st in raw if t <= rng.since]
         after = [st for t, st in raw if rng.since < t <= rng.until]
         began = before[-1] if before else (after[0] if after else None)
-        start["keys"] = None if keyspace is not None or began is None else began[0]
-        start["bytes"] = None if keyspace is not None or began is None else began[1]
+        start["keys"] = None if no_state or began is None else began[0]
+        start["bytes"] = None if no_state or began is None else began[1]
 
     points: list[dict[str, int | None]] = []
     snap_times = sorted(snaps)
@@ -534,8 +541,8 @@ def query(
         p["refused"] = tot[_R429] + tot[_R413]
         p["refused_429"] = tot[_R429]
         p["refused_413"] = tot[_R413]
-        p["keys"] = None if keyspace is not None or last is None else last[0]
-        p["bytes"] = None if keyspace is not None or last is None else last[1]
+        p["keys"] = None if no_state or last is None else last[0]
+        p["bytes"] = None if no_state or last is None else last[1]
         points.append(p)
     return points
 

@@ -242,7 +242,7 @@ def test_series_endpoint_on_a_real_root(shared_root: Root) -> None:
     assert body["max_bytes_stored"] == 1_000_000
     by_ks = c.get("/v1/usage/series", params={"since": "-1h", "keyspace": f"{name}/"}).json()
     assert sum(p["writes"] for p in by_ks["points"]) == 20
-    assert by_ks["points"][-1]["keys"] is None  # stored bytes are per producer only
+    assert by_ks["points"][-1]["keys"] == 20  # the producer's only keyspace: its keys
     # at a coarse step the range still says what it started from (finer than a step)
     daily = c.get("/v1/usage/series", params={"since": "-2d", "step": "1d"}).json()
     assert daily["start"] == {"keys": 0, "bytes": 0}  # a new producer: nothing before
@@ -404,3 +404,29 @@ def test_count_results_agrees_with_the_op_by_op_rule(
     results = [Result(s, 1) for *_x, s in rows]
     got = us.count_results(ops, results, us.keyspace_finder(kss))
     assert got == _naive_counts(ops, results, kss)
+
+
+def test_a_keyspace_carries_keys_and_bytes_when_it_is_its_producers_only_one(
+    tmp_path: Path,
+) -> None:
+    """The store counts keys/bytes per producer: a keyspace's series shows them when the
+    producer has no other keyspace, and null (unknown) when it has several."""
+    store = Store.create(str(tmp_path / "s"), sync=False)
+    clock = Clock(T0 + 3600 + 5)
+    s = _series(store, clock, {"p": ("p/",), "q": ("q/a/", "q/b/")})
+    _commit(store, s, clock.t, [_set("p/1", b"v1", "p")], "p")
+    _commit(store, s, clock.t, [_set("q/a/1", b"v1", "q"), _set("q/b/1", b"v", "q")], "q")
+    clock.t += 60
+    _commit(store, s, clock.t, [_set("p/2", b"v2", "p")], "p")
+    _commit(store, s, clock.t, [_set("q/a/2", b"v2", "q")], "q")
+    rng = us.parse_range("-5m", None, "1m", clock.t + 60)
+    clock.t += 60
+    only = us.query(s, "p", "p/", rng, None)
+    whole = us.query(s, "p", None, rng, None)
+    assert [p["keys"] for p in only] == [p["keys"] for p in whole]
+    assert only[-2]["keys"] == 1 and only[-2]["bytes"] == stored_bytes(3, 2, 1)
+    start: dict[str, int | None] = {}
+    us.query(s, "q", "q/a/", rng, None, start)
+    assert {p["keys"] for p in us.query(s, "q", "q/a/", rng, None)} == {None}
+    assert start == {"keys": None, "bytes": None}
+    store.close()
