@@ -166,6 +166,8 @@ class ReplicaClient:
         seq, _ = store.head()
         self.applied = seq
         self._applied_us = 0
+        #: The session's frame reader once the stream started (None between sessions).
+        self._frames: wire.FrameReader | None = None
         board.update(applied_seq=seq)
 
     async def run(self) -> None:
@@ -262,7 +264,7 @@ class ReplicaClient:
                 probe = asyncio.ensure_future(self._probe_preferred(reader))
             pump = upstream.pump_while(self.outbox, flags, writer)
             try:
-                await self._stream(reader)
+                await self._stream(reader, writer)
             finally:
                 if pump is not None:
                     pump.cancel()
@@ -288,7 +290,7 @@ class ReplicaClient:
                 host, port = self.selector.sources[i]
                 with contextlib.suppress(OSError, TimeoutError, ProtocolError, ValueError):
                     if await self._healthy(host, port):
-                        reader.feed_eof()  # ends the stream; _session raises _Failback
+                        self._end_stream(reader)  # _session then raises _Failback
                         return i
 
     async def _healthy(self, host: str, port: int) -> bool:
@@ -311,17 +313,28 @@ class ReplicaClient:
         finally:
             await wire.close(writer)
 
-    async def _stream(self, reader: asyncio.StreamReader) -> None:
+    def _end_stream(self, reader: asyncio.StreamReader) -> None:
+        """End the session's stream: its next frame read raises."""
+        reader.feed_eof()
+        if self._frames is not None:
+            self._frames.feed_eof()
+
+    async def _stream(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         """Read frames and apply them in a pipeline: while one batch commits in the apply
-        thread, the loop already reads and checks the next ones (bounded read-ahead)."""
+        thread, the loop already reads and checks the next ones (bounded read-ahead).
+        Frames are read by a `wire.FrameReader` that takes the connection over from the
+        handshake's stream reader (no stream buffer copies)."""
+        frames_in = self._frames = wire.take_over(reader, writer, READ_LIMIT)
         applier = _ApplyThread(
-            self.store, asyncio.get_running_loop(), self._applied, self._heartbeat, reader
+            self.store, asyncio.get_running_loop(), self._applied, self._heartbeat, frames_in
         )
         failure: BaseException | None = None
         try:
-            await self._read_loop(reader, applier)
+            await self._read_loop(frames_in, applier)
         except BaseException as err:  # re-raised below, after the applier has settled
             failure = err
+        finally:
+            self._frames = None
         if failure is not None:
             applier.drop_pending()  # not applied: the next session streams them again
         # Never abandon an apply in flight: `applied` must match the store.
@@ -372,7 +385,7 @@ class ReplicaClient:
             hb_time_us=hb.time_us, hb_seq=hb.seq, hb_interval_ms=hb.interval_ms, known_us=known
         )
 
-    async def _read_loop(self, reader: asyncio.StreamReader, applier: _ApplyThread) -> None:
+    async def _read_loop(self, reader: wire.FrameReader, applier: _ApplyThread) -> None:
         received = self.applied
         fresh_at = time.monotonic()
         while True:
@@ -381,11 +394,11 @@ class ReplicaClient:
                 raise _Stale()
             try:
                 async with asyncio.timeout(left):  # no task per frame, unlike wait_for
-                    ftype, body = await wire.read_frame(reader)
+                    ftype, body = await reader.read_frame()
             except TimeoutError:
                 raise _Stale() from None
             if ftype == frames.RECORD:
-                rec = wire.parse_record(body)
+                rec = wire.parse_record_view(body)
                 if rec.first_seq != received + 1:
                     if rec.first_seq <= self.applied:
                         self._check_same_history(rec)
@@ -400,7 +413,7 @@ class ReplicaClient:
                 self.selector.progressed()
                 await applier.put(rec)
             elif ftype == frames.HEARTBEAT:
-                hb = frames.decode_heartbeat(body)
+                hb = frames.decode_heartbeat(bytes(body))
                 self._check_not_rolled_back(hb)
                 if hb.sent_seq > received:
                     raise StreamGapError(
@@ -413,7 +426,7 @@ class ReplicaClient:
                     self.selector.progressed()
                 await applier.put(hb)
             elif ftype == frames.REFUSE:
-                raise refusal_error(frames.decode_refuse(body))
+                raise refusal_error(frames.decode_refuse(bytes(body)))
             elif ftype == frames.END:
                 return
             else:
@@ -465,7 +478,7 @@ class _ApplyThread:
         loop: asyncio.AbstractEventLoop,
         on_applied: Callable[[LogRecord], None],
         on_heartbeat: Callable[[frames.Heartbeat], None],
-        reader: asyncio.StreamReader,
+        reader: wire.FrameReader,
     ) -> None:
         self._store = store
         self._loop = loop
