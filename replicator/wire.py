@@ -277,7 +277,7 @@ def take_over(
     """Move the connection of (`reader`, `writer`) onto a new `FrameReader`: bytes the
     StreamReader already holds are parsed first; `writer` keeps working (its drain sees
     the transport's flow control through the reader)."""
-    transport = writer.transport
+    transport: Any = writer.transport  # a ReadTransport too (a socket or TLS one)
     fr = FrameReader(limit, transport.get_protocol())
     held = bytes(getattr(reader, "_buffer", b""))  # received after the handshake frame
     fr.connection_made(transport)
