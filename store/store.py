@@ -200,7 +200,8 @@ class Store:
         see earlier ones of the same batch. `throttled` adds to owners' throttled counters.
         `answers`, when given, is called inside the transaction with the real results (one
         per op, in order) and returns the (idempotency key, answer) records to store in that
-        same transaction: a saved answer is what the store did, durable with the batch.
+        same transaction: a saved answer is what the store did, durable with the batch (and
+        logged after its changes, one entry each, so replicas hold it: `store/nodedocs.py`).
         `doc_changes` (name -> bytes, or None to remove) are replicated documents written
         through the log in the same transaction, after the ops (`store/docs.py`).
         Raises InvalidOpError before touching anything, StoreFullError when the map is full.
