@@ -121,20 +121,22 @@ class Candidate:
         )
         await self.front.start()
         self.front_up = True
-        tasks = [
-            loop.create_task(self._lease_loop(), name="ha-lease"),
-            loop.create_task(self._elect_loop(), name="ha-elect"),
-        ]
+        lease = loop.create_task(self._lease_loop(), name="ha-lease")
+        elect = loop.create_task(self._elect_loop(), name="ha-elect")
         try:
             await self.stopping.wait()
         finally:
-            for t in tasks:
-                t.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+            elect.cancel()
+            await asyncio.gather(elect, return_exceptions=True)
+            # The lease keeps being renewed while a leading root commits and answers its
+            # open batch; then it is revoked.
+            await self._stop_child()
+            lease.cancel()
+            await asyncio.gather(lease, return_exceptions=True)
             await self._shutdown()
         return 0
 
-    async def _shutdown(self) -> None:
+    async def _stop_child(self) -> None:
         if self.child is not None:
             child, self.child = self.child, None
             with contextlib.suppress(ProcessLookupError):
@@ -144,6 +146,9 @@ class Candidate:
             except TimeoutError:
                 child.kill()
                 await child.wait()
+
+    async def _shutdown(self) -> None:
+        await self._stop_child()
         warm, self._warm_child = self._warm_child, None
         if warm is not None and warm.returncode is None:
             assert warm.stdin is not None

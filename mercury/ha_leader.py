@@ -35,7 +35,7 @@ from starlette.responses import JSONResponse, Response
 
 from core.service import Service
 from ha.errors import NotInSyncError, NotLeaderError
-from ha.fencing import term_fields
+from ha.fencing import StaleTermError, TermGuard, term_fields
 from ha.lease import LeaseClock
 from ha.syncack import SyncTracker
 from mercury.ha_standby import decode_applied, store_term
@@ -135,9 +135,10 @@ class LeaderService:
         loop.add_reader(fd, on_stdin)
         # Fenced at the deadline even with nothing arriving on stdin.
         self._watch = loop.create_task(self._watchdog())
-        seen = store_term(self.store)
-        if seen > self.term:
-            _fence(f"this store already holds term {seen}, newer than our term {self.term}")
+        try:
+            TermGuard(store_term(self.store)).check(self.term, "leadership")
+        except StaleTermError as err:
+            _fence(str(err))
         # The store continues its history as this leader's: the promotion, with the term,
         # goes into the log before anything is acknowledged (in the commit thread: the
         # batcher's single writer).

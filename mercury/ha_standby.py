@@ -31,7 +31,7 @@ from core.errors import (
     RefusedError,
     SnapshotTransferError,
 )
-from ha.fencing import TERM_DOC, decode_term
+from ha.fencing import TERM_DOC, StaleTermError, TermGuard, decode_term
 from replicator import bootstrap, frames, upstream, wire
 from replicator.client import ReplicaClient, ReplicationFailed
 from replicator.heartbeat import RelayedHeartbeat
@@ -231,16 +231,15 @@ class Standby:
         if not layout.exists(self.data_dir):
             await self._bootstrap()
         store = self.store = Store.open(self.data_dir, sync=True)
-        seen = store_term(store)
-        if seen > self.leader_term:
-            # This store already holds a newer leadership than the one etcd showed us:
-            # never follow an older term (a stale view; the next poll corrects it).
+        try:
+            # This store may already hold a newer leadership than the one etcd showed us
+            # (a stale view; the next poll corrects it): never follow an older term.
+            TermGuard(store_term(store)).check(self.leader_term, "leader")
+        except StaleTermError as err:
             self.state = "fenced"
-            log.error(
-                "leader of term %d is older than term %d in this store", self.leader_term, seen
-            )
+            log.error("%s", err)
             await asyncio.sleep(1.0)
-            raise ProtocolError("stale leader term")
+            raise ProtocolError(str(err)) from err
         if not await history_matches(host, port, store, self.node_id):
             raise ReplicationFailed(
                 "this store's history is not the leader's (unacknowledged tail)"

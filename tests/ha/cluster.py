@@ -60,6 +60,7 @@ class Cluster:
     ttl_s: int = 2
     sync_standbys: int = 1
     extra: tuple[str, ...] = ()
+    group: str = "g"
     nodes: list[Node] = field(default_factory=list)
     admin: str = ""
     token: str = ""
@@ -94,7 +95,7 @@ class Cluster:
             "--ha-etcd",
             node.etcd_urls or self.etcd_urls,
             "--ha-group",
-            "g",
+            self.group,
             "--advertise-url",
             node.url,
             "--advertise-repl",
@@ -289,8 +290,12 @@ def lost_writes(data_dir: Path, acked: list[tuple[float, str, bytes, str]]) -> l
     """Acknowledged writes a store does not hold (each key is written once)."""
     store = Store.open(str(data_dir), readonly=True)
     try:
-        held = {a[1]: store.get(a[1].encode()) for a in acked}
-        return [k for _, k, v, _n in acked if (held[k].value if held[k] else None) != v]
+        lost = []
+        for _, k, v, _n in acked:
+            got = store.get(k.encode())
+            if got is None or got.value != v:
+                lost.append(k)
+        return lost
     finally:
         store.close()
 

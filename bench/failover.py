@@ -1,0 +1,181 @@
+"""Root candidates on etcd: failover time, ack latency and bulk load with a sync standby.
+
+Real etcd, real `mercury root --ha-etcd` candidates, real sockets; one JSON object out.
+
+- ``failover``: three candidates (`--sync-standbys 1`), 8 writers writing through any
+  candidate; each round SIGKILLs the leader's candidate and measures the time from the kill
+  to the first write acknowledged afterwards, then restarts the killed node (it rejoins as
+  a standby). P50/P99 over `--rounds` (goal: at most the lease TTL + 2 s). Every
+  acknowledged write is checked on every node at the end.
+- ``ack``: single-key PUTs on a fixed schedule of `--rate`/s (latency from the scheduled
+  send time) against a leader with one synchronous standby and against a leader whose
+  standby is not waited for (`--sync-standbys 0`), both clusters running at once and the
+  phases interleaved (goal: P99 at most +10 ms).
+- ``bulk``: pairs/s through ``POST /v1/batch`` (1,000 pairs per request, 4 connections)
+  against the same two clusters, interleaved (goal: at least 0.8x).
+
+Usage: python bench/failover.py [--only failover,ack,bulk] [--rounds N] [--ttl S]
+       [--rate N] [--seconds S] [--repeats N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.gateway_write import closed_loop, open_loop, req
+from tests.ha.cluster import Cluster, Writers, lost_writes
+from tests.ha.etcdproc import Etcd
+from tests.support.procs import Procs
+
+
+def pctl(xs: list[float], p: float) -> float:
+    s = sorted(xs)
+    return round(s[min(len(s) - 1, int(len(s) * p))], 3)
+
+
+def failover(base: Path, procs: Procs, etcd: Etcd, rounds: int, ttl: int) -> dict[str, Any]:
+    cluster = Cluster(procs, base / "fo", etcd.url, n=3, ttl_s=ttl)
+    cluster.start()
+    times = []
+    with Writers(cluster, 8) as writers:
+        for r in range(rounds):
+            time.sleep(1.0)
+            old = cluster.wait_leader()
+            cluster.kill(old)
+            t0 = time.monotonic()
+            times.append(writers.first_ack_after(t0, timeout=120))
+            cluster.wait_leader(not_=old)
+            cluster.start_node(old)
+            cluster.wait_standbys(2, timeout=120)
+            print(f"round {r + 1}: {times[-1]:.2f} s", file=sys.stderr)
+    cluster.wait_converged()
+    for node in cluster.nodes:
+        cluster.stop(node)
+    lost = sum(len(lost_writes(n.data_dir, writers.acked)) for n in cluster.nodes)
+    return {
+        "rounds": rounds,
+        "lease_ttl_s": ttl,
+        "failover_p50_s": pctl(times, 0.5),
+        "failover_p99_s": pctl(times, 0.99),
+        "failover_max_s": round(max(times), 3),
+        "goal_s": ttl + 2,
+        "acknowledged_writes": len(writers.acked),
+        "acknowledged_writes_lost": lost,
+    }
+
+
+def pair_cluster(base: Path, procs: Procs, etcd: Etcd, name: str, sync: int) -> Cluster:
+    c = Cluster(procs, base / name, etcd.url, n=2, ttl_s=5, sync_standbys=sync, group=name)
+    c.start()
+    return c
+
+
+def ack_and_bulk(
+    base: Path,
+    procs: Procs,
+    etcd: Etcd,
+    only: set[str],
+    rate: float,
+    seconds: float,
+    repeats: int,
+) -> dict[str, Any]:
+    clusters = {
+        "sync1": pair_cluster(base, procs, etcd, "sync1", 1),
+        "sync0": pair_cluster(base, procs, etcd, "sync0", 0),
+    }
+    leaders = {k: c.wait_leader().url for k, c in clusters.items()}
+    tokens = {k: c.token for k, c in clusters.items()}
+    value = b"v" * 100
+    out: dict[str, Any] = {}
+    if "ack" in only:
+        runs: dict[str, list[dict[str, Any]]] = {k: [] for k in clusters}
+        for rep in range(repeats):
+            for k in clusters:
+                tag = f"a{rep}{k}"
+
+                def put(i: int, tag: str = tag, k: str = k) -> bytes:
+                    return req("PUT", f"/v1/kv/k/{tag}/{i}", value, tokens[k])
+
+                runs[k].append(asyncio.run(open_loop(leaders[k], rate, seconds, put, 64)))
+        out["ack"] = {
+            "rate_per_s": rate,
+            "runs": runs,
+            "p99_ms": {k: [r.get("p99_ms") for r in v] for k, v in runs.items()},
+            "p99_delta_ms": [
+                round(a["p99_ms"] - b["p99_ms"], 2)
+                for a, b in zip(runs["sync1"], runs["sync0"], strict=True)
+            ],
+            "goal_delta_ms": 10,
+        }
+    if "bulk" in only:
+        bruns: dict[str, list[float]] = {k: [] for k in clusters}
+        for rep in range(repeats):
+            for k in clusters:
+                tag = f"b{rep}{k}"
+
+                def batch(i: int, tag: str = tag, k: str = k) -> bytes:
+                    ops = ",".join(
+                        f'{{"op":"set","key":"k/{tag}/{i:08d}/{j:04d}","value":"{"v" * 100}"}}'
+                        for j in range(1000)
+                    )
+                    body = ('{"ops":[' + ops + "]}").encode()
+                    return req("POST", "/v1/batch", body, tokens[k], "application/json")
+
+                r = asyncio.run(closed_loop(leaders[k], 4, seconds, batch))
+                bruns[k].append(round(r["per_s"] * 1000, 1))
+        out["bulk"] = {
+            "pairs_per_s": bruns,
+            "ratio_sync1_over_sync0": [
+                round(a / b, 3) for a, b in zip(bruns["sync1"], bruns["sync0"], strict=True)
+            ],
+            "goal_ratio": 0.8,
+        }
+    for c in clusters.values():
+        for node in c.nodes:
+            c.stop(node)
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--only", default="failover,ack,bulk")
+    ap.add_argument("--rounds", type=int, default=20)
+    ap.add_argument("--ttl", type=int, default=5)
+    ap.add_argument("--rate", type=float, default=2000.0)
+    ap.add_argument("--seconds", type=float, default=8.0)
+    ap.add_argument("--repeats", type=int, default=3)
+    args = ap.parse_args()
+    only = set(args.only.split(","))
+    with tempfile.TemporaryDirectory(prefix="mercury-failover-") as tmp:
+        base = Path(tmp)
+        (base / "logs").mkdir()
+        procs = Procs(base / "logs")
+        result: dict[str, Any] = {}
+        try:
+            etcd = Etcd(procs, base / "etcd")
+            if "failover" in only:
+                result["failover"] = failover(base, procs, etcd, args.rounds, args.ttl)
+            if only & {"ack", "bulk"}:
+                result.update(
+                    ack_and_bulk(base, procs, etcd, only, args.rate, args.seconds, args.repeats)
+                )
+        except BaseException:
+            print(procs.logs()[-8000:], file=sys.stderr)
+            raise
+        finally:
+            procs.stop_all()
+    print(json.dumps(result, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
