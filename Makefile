@@ -93,4 +93,4 @@ bench: build bench-deps
 	@for b in bench/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
 
 clean:
-	rm -rf $(VENV) build store/_codec.c store/*.so gateway/_jsonops.c gateway/*.so reads/_fastget.c reads/*.so var
+	rm -rf $(VENV) build store/_codec.c store/*.so gateway/_jsonops.c gateway/_usagecount.c gateway/*.so reads/_fastget.c reads/*.so var
