@@ -92,7 +92,10 @@ def bench_load(tmp: Path, rounds: int, requests: int) -> dict[str, Any]:
                 asyncio.run(_load_round(tmp / f"load{i}{series_on}", series_on, requests, 1000))
             )
     r = statistics.median(on) / statistics.median(off)
+    pairwise = [b / a for a, b in zip(off, on, strict=True)]  # each round's off, then on
     return {
+        "ratio_per_round": [round(x, 3) for x in pairwise],
+        "ratio_per_round_median": round(statistics.median(pairwise), 3),
         "pairs_per_s_series_off": round(statistics.median(off)),
         "pairs_per_s_series_on": round(statistics.median(on)),
         "rounds_off": [round(x) for x in off],
