@@ -143,18 +143,30 @@ def decode(payload: bytes) -> tuple[int, int, list[bytes]]:
     return day, dropped, [body[i : i + HASH_SIZE] for i in range(0, len(body), HASH_SIZE)]
 
 
+def add_dropped(payload: bytes, n: int) -> bytes:
+    """`payload` with `n` more dropped reads in its header (saturating)."""
+    fmt, day, dropped = _HEAD.unpack_from(payload)
+    return _HEAD.pack(fmt, day, min(dropped + n, 0xFFFFFFFF)) + payload[_HEAD.size :]
+
+
 def spool(data_dir: str) -> Callable[[bytes], None]:
     """A sink writing each payload as one file in `DATA_DIR/readstats/` for the replication
-    worker (written then renamed: the worker never sees half a file)."""
+    worker (written then renamed: the worker never sees half a file). While
+    `MAX_SPOOL_FILES` wait (the worker is down or cut off), payloads are dropped and their
+    keys counted into the next one's dropped reads, so the root knows that day is lossy."""
     d = os.path.join(data_dir, SPOOL_DIR)
     os.makedirs(d, exist_ok=True)
     n = [0]
+    lost = [0]
 
     def write(payload: bytes) -> None:
         waiting = len(os.listdir(d))
         if waiting >= MAX_SPOOL_FILES:
+            lost[0] += max(1, (len(payload) - _HEAD.size) // HASH_SIZE)
             log.warning("read summary dropped: %d files wait for the worker in %s", waiting, d)
             return
+        if lost[0]:
+            payload, lost[0] = add_dropped(payload, lost[0]), 0
         n[0] += 1
         name = f"{time.time_ns():020d}-{os.getpid()}-{n[0]}"
         tmp = os.path.join(d, f".{name}.tmp")

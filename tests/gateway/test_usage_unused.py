@@ -189,3 +189,21 @@ def test_unused_keys_end_to_end_through_a_replica(
         assert row_line.split()[1:5] == [f"{name}/", "12", "9", str(doc["bytes"])]
     finally:
         root.close_clients()
+
+
+def test_a_full_spool_drops_summaries_and_says_so_in_the_next_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(readstats, "MAX_SPOOL_FILES", 2)
+    sink = readstats.spool(str(tmp_path))
+    day = readstats.day_of(time.time())
+    for keys in ([b"a"], [b"b"], [b"c", b"d"]):  # the third finds two files waiting
+        sink(readstats.summaries(keys, day)[0])
+    d = tmp_path / readstats.SPOOL_DIR
+    files = sorted(d.glob("*.bin"))
+    assert len(files) == 2
+    for f in files:
+        f.unlink()  # the worker took them
+    sink(readstats.summaries([b"e"], day)[0])
+    (last,) = d.glob("*.bin")
+    assert readstats.decode(last.read_bytes())[:2] == (day, 2)  # c and d were not counted
