@@ -51,6 +51,14 @@ def register(sub: Any) -> None:
     )
     add_listener_flags(p)
     p.add_argument(
+        "--read-workers",
+        type=int,
+        default=1,
+        metavar="N",
+        help="serve reads with N processes sharing the HTTP, KT and memcached ports "
+        "(SO_REUSEPORT); a dead one is restarted (default 1)",
+    )
+    p.add_argument(
         "--staleness-s",
         type=float,
         default=30.0,

@@ -16,10 +16,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import math
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -29,6 +31,7 @@ import uvicorn
 
 from mercury import logsetup, tls
 from mercury.settings import ReplicaConfig
+from reads import workermetrics, workers
 from replicator.metrics import (
     APPLIED_SEQ,
     DIVERGED,
@@ -148,56 +151,24 @@ class _Server(uvicorn.Server):
         return contextlib.nullcontext()
 
 
-async def _serve(config: ReplicaConfig) -> int:
-    from reads import watch
+def _forward_hup(sup: WorkerSupervisor, pool: workers.ReaderPool | None) -> None:
+    sup.signal(signal.SIGHUP)
+    if pool is not None:
+        pool.signal(signal.SIGHUP)  # each reader reloads its own HTTPS context
+
+
+async def _read_side(
+    config: ReplicaConfig, store: Store, index: int, n: int
+) -> tuple[Any, list[Any], uvicorn.Config, socket.socket]:
+    """What every reader process serves: the read app, the KT/memcached listeners and the
+    read counter (started), and the HTTP listener's config and socket (one of `n` sharing
+    the address with SO_REUSEPORT when `n` > 1)."""
     from reads.fasthttp import fast_read_protocol
     from reads.http_app import create_read_app
     from reads.readstats import ReadStatsService, spool
     from reads.wiring import replica_services
 
     cfg = config.worker
-    loop = asyncio.get_running_loop()
-    stop = asyncio.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    tls.check_tokenless_listeners(
-        [("kt", config.listeners.kt), ("memcached", config.listeners.memcached)],
-        config.allow_unauthenticated_reads,
-    )
-    tls.warn_plaintext(
-        [
-            ("read API", config.listen),
-            ("replication", cfg.repl_listen),
-            ("kt", config.listeners.kt),
-            ("memcached", config.listeners.memcached),
-        ],
-        config.tls is not None,
-    )
-    os.makedirs(cfg.data_dir, exist_ok=True)
-    sup = WorkerSupervisor(cfg, stop, config.log_level)
-    reloader: tls.TlsReloader | None = None
-    http: list[uvicorn.Config] = []
-    if config.tls is not None:
-        # SIGHUP, handled from the start (its default action would end the process): this
-        # process's HTTPS context in place once it serves, and the worker's replication
-        # contexts (it re-reads the files itself on the forwarded signal).
-        reloader = tls.TlsReloader(
-            config.tls,
-            None,
-            lambda: http[0].ssl if http else None,
-            also=lambda: sup.signal(signal.SIGHUP),
-        )
-        await reloader.start()
-    await sup.start()
-    # The worker bootstraps a missing store before streaming; reads start once it exists.
-    while not stop.is_set() and not _store_ready(cfg.data_dir):
-        if sup.rebootstrap.is_set():
-            break
-        await asyncio.sleep(0.05)
-    if stop.is_set():
-        await sup.stop()
-        return 0
-    store = Store.open(cfg.data_dir, readonly=True)
 
     def lag() -> float:
         st = read_status(cfg.data_dir)
@@ -209,8 +180,12 @@ async def _serve(config: ReplicaConfig) -> int:
     REFUSED.external = lambda: _worker_refused(cfg.data_dir)
     APPLIED_SEQ.set_function(lambda: float(store.last_seq()))
     app = create_read_app(store, role="replica", status=lambda: replica_status(cfg.data_dir))
-    # Reads counted for unused-key analytics, spooled for the worker to send upstream.
-    services = [*replica_services(store, config.listeners), ReadStatsService(spool(cfg.data_dir))]
+    if n > 1:
+        app.state.readers = (os.path.join(cfg.data_dir, "readers"), index, n)
+    listeners = dataclasses.replace(config.listeners, reuse_port=n > 1)
+    # Reads counted for unused-key analytics, spooled for the worker to send upstream (each
+    # reader spools its own summaries; the root merges them).
+    services = [*replica_services(store, listeners), ReadStatsService(spool(cfg.data_dir))]
     for s in services:
         await s.start()
     host, port = config.listen
@@ -233,17 +208,119 @@ async def _serve(config: ReplicaConfig) -> int:
         lifespan="off",
         **tls.uvicorn_ssl(config.tls),  # type: ignore[arg-type]
     )
+    return app, services, uv_config, workers.listen_socket(host, port, reuse_port=n > 1)
+
+
+async def _serve_reader(config: ReplicaConfig, index: int, n: int) -> int:
+    """Reader `index` of `n` (`--read-workers`): the read side only, on the same ports as
+    reader 0 (the replica process), until SIGTERM or until reader 0 is gone. The store is
+    the one reader 0's replication worker applies to; this process never writes."""
+    from reads import watch
+
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    store = Store.open(config.worker.data_dir, readonly=True)
+    app, services, uv_config, sock = await _read_side(config, store, index, n)
+    server = _Server(uv_config)
+    watch.end_streams_when(app, lambda: server.should_exit)
+    reloader: tls.TlsReloader | None = None
+    if config.tls is not None:
+        reloader = tls.TlsReloader(config.tls, None, lambda: uv_config.ssl)
+        await reloader.start()
+    metrics_dir = os.path.join(config.worker.data_dir, "readers")
+    helpers = [
+        loop.create_task(workermetrics.keep_writing(metrics_dir, index, stop)),
+        loop.create_task(workers.exit_with_parent(stop)),
+    ]
+    serving = loop.create_task(server.serve(sockets=[sock]))
+    stopper = loop.create_task(stop.wait())
+    await asyncio.wait({serving, stopper}, return_when=asyncio.FIRST_COMPLETED)
+    server.should_exit = True
+    stop.set()
+    with contextlib.suppress(Exception):
+        await serving
+    for h in (*helpers, stopper):
+        with contextlib.suppress(Exception):
+            await h
+    for s in reversed(services):
+        with contextlib.suppress(Exception):
+            await s.stop()
+    if reloader is not None:
+        await reloader.stop()
+    store.close()
+    return 0
+
+
+async def _serve(config: ReplicaConfig, n: int = 1) -> int:
+    from reads import watch
+
+    cfg = config.worker
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    tls.check_tokenless_listeners(
+        [("kt", config.listeners.kt), ("memcached", config.listeners.memcached)],
+        config.allow_unauthenticated_reads,
+    )
+    tls.warn_plaintext(
+        [
+            ("read API", config.listen),
+            ("replication", cfg.repl_listen),
+            ("kt", config.listeners.kt),
+            ("memcached", config.listeners.memcached),
+        ],
+        config.tls is not None,
+    )
+    os.makedirs(cfg.data_dir, exist_ok=True)
+    sup = WorkerSupervisor(cfg, stop, config.log_level)
+    pool: workers.ReaderPool | None = None
+    reloader: tls.TlsReloader | None = None
+    http: list[uvicorn.Config] = []
+    if config.tls is not None:
+        # SIGHUP, handled from the start (its default action would end the process): this
+        # process's HTTPS context in place once it serves, and the worker's replication
+        # contexts (it re-reads the files itself on the forwarded signal).
+        reloader = tls.TlsReloader(
+            config.tls,
+            None,
+            lambda: http[0].ssl if http else None,
+            also=lambda: _forward_hup(sup, pool),
+        )
+        await reloader.start()
+    await sup.start()
+    # The worker bootstraps a missing store before streaming; reads start once it exists.
+    while not stop.is_set() and not _store_ready(cfg.data_dir):
+        if sup.rebootstrap.is_set():
+            break
+        await asyncio.sleep(0.05)
+    if stop.is_set():
+        await sup.stop()
+        return 0
+    store = Store.open(cfg.data_dir, readonly=True)
+    app, services, uv_config, sock = await _read_side(config, store, 0, n)
     server = _Server(uv_config)
     # uvicorn waits for every open response before stopping: watch streams must end.
     watch.end_streams_when(app, lambda: server.should_exit)
     http.append(uv_config)  # the SIGHUP reloader reloads its HTTPS context from now on
+    helpers: list[asyncio.Task[None]] = []
+    if n > 1:
+        # Readers 1..n-1: this command again, as readers only (run_replica), same ports.
+        metrics_dir = os.path.join(cfg.data_dir, "readers")
+        workermetrics.clear(metrics_dir)
+        pool = workers.ReaderPool([sys.executable, "-m", "mercury", *sys.argv[1:]], n)
+        await pool.start()
+        helpers.append(loop.create_task(workermetrics.keep_writing(metrics_dir, 0, stop)))
     logsetup.event(
         log,
         "start",
         role="replica",
         version=logsetup.mercury_version(),
         db_id=store.db_id,
-        listen=f"{host}:{port}",
+        listen=_hp(config.listen),
+        read_workers=n,
         kt_listen=_hp(config.listeners.kt),
         memcached_listen=_hp(config.listeners.memcached),
         repl_listen=_hp(cfg.repl_listen),
@@ -251,7 +328,7 @@ async def _serve(config: ReplicaConfig) -> int:
         seq=store.last_seq(),
         tls=config.tls is not None,
     )
-    serving = loop.create_task(server.serve())
+    serving = loop.create_task(server.serve(sockets=[sock]))
     reboot = loop.create_task(sup.rebootstrap.wait())
     stopper = loop.create_task(stop.wait())
     await asyncio.wait({serving, reboot, stopper}, return_when=asyncio.FIRST_COMPLETED)
@@ -260,6 +337,13 @@ async def _serve(config: ReplicaConfig) -> int:
         await serving
     for t in (reboot, stopper):
         t.cancel()
+    stop.set()
+    for h in helpers:
+        with contextlib.suppress(Exception):
+            await h
+    if pool is not None:
+        await pool.stop()
+        workermetrics.clear(os.path.join(cfg.data_dir, "readers"))
     for s in reversed(services):
         with contextlib.suppress(Exception):
             await s.stop()
@@ -307,6 +391,15 @@ def _move_aside(data_dir: str) -> None:
 def run_replica(args: argparse.Namespace) -> int:
     """Run the replica until SIGTERM/SIGINT."""
     config = ReplicaConfig.from_args(args)
+    n = max(1, int(getattr(args, "read_workers", 1)))
+    index = workers.worker_index()
+    if index > 0:
+        # A reader started by reader 0's pool: no writer lock, no replication worker.
+        with contextlib.suppress(ImportError):
+            import uvloop
+
+            uvloop.install()
+        return asyncio.run(_serve_reader(config, index, n))
     # One writer per store: the parent takes the lock (a second replica on this directory
     # exits here, naming the holder) and its worker inherits it.
     writer_lock = WriterLock.acquire(config.data_dir)
@@ -318,6 +411,6 @@ def run_replica(args: argparse.Namespace) -> int:
     except ImportError:
         pass
     try:
-        return asyncio.run(_serve(config))
+        return asyncio.run(_serve(config, n))
     finally:
         writer_lock.release()

@@ -33,7 +33,7 @@ from core.errors import (
     RangeOnRootError,
     ReadTooLargeError,
 )
-from reads import jsonkv, pointget, ranges, readstats, watch
+from reads import jsonkv, pointget, ranges, readstats, watch, workermetrics
 from reads.metrics import READ_ERRORS, READ_SECONDS
 from reads.problems import problem, problem_for
 from store.format import MAX_KEY
@@ -176,9 +176,11 @@ def health_body(role: str, seq: int) -> dict[str, object]:
 
 
 @router.get("/metrics")
-async def metrics() -> Response:
-    """Prometheus text exposition."""
-    return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
+async def metrics(request: Request) -> Response:
+    """Prometheus text exposition (of every reader process with `--read-workers`)."""
+    readers: tuple[str, int, int] | None = getattr(request.app.state, "readers", None)
+    body = generate_latest() if readers is None else workermetrics.render(*readers)
+    return Response(body, media_type=CONTENT_TYPE_LATEST)
 
 
 @router.get("/v1/status")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import os
 import signal
 import sys
 from collections.abc import Sequence
@@ -19,10 +20,11 @@ from typing import Any
 import uvicorn
 
 from core.addr import parse_hostport
+from reads import workermetrics, workers
 from reads.auth import AclTokenIndex, ReadAuth
 from reads.fasthttp import fast_read_protocol
 from reads.http_app import create_read_app
-from reads.tcp import add_listener_flags, listener_limits
+from reads.tcp import TcpService, add_listener_flags, listener_limits
 from reads.wiring import ListenerSettings, replica_services, root_services
 from store.store import Store
 
@@ -42,6 +44,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="reads need a producer's or consumer's token and see only its keyspaces",
     )
     p.add_argument(
+        "--read-workers",
+        type=int,
+        default=1,
+        metavar="N",
+        help="serve with N processes sharing the listeners (SO_REUSEPORT; default 1)",
+    )
+    p.add_argument(
         "--no-fast-path",
         action="store_true",
         help="answer point gets through the ASGI app too (tests compare both paths)",
@@ -56,7 +65,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 async def serve(args: argparse.Namespace) -> None:
     """Run until SIGTERM/SIGINT."""
-    store = Store.open(args.data_dir)
+    n = max(1, int(args.read_workers))
+    index = workers.worker_index()
+    store = Store.open(args.data_dir, readonly=n > 1)
     app = create_read_app(store, role=args.role, status=dict)
     tokens = AclTokenIndex(store) if args.read_auth else None
     guarded: Any = ReadAuth(app, tokens) if tokens is not None else app
@@ -69,12 +80,16 @@ async def serve(args: argparse.Namespace) -> None:
             else None
         ),
         limits=listener_limits(args),
+        reuse_port=n > 1,
     )
     wire = root_services if args.role == "root" else replica_services
     services = wire(store, listeners)
     for s in services:
+        if isinstance(s, TcpService):
+            s.reuse_port = n > 1
         await s.start()
     host, port = parse_hostport(args.listen, "--listen")
+    sock = workers.listen_socket(host, port, reuse_port=n > 1)
     config = uvicorn.Config(
         asgi,
         host=host,
@@ -86,11 +101,36 @@ async def serve(args: argparse.Namespace) -> None:
     )
     server = _Server(config)
     loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, lambda: setattr(server, "should_exit", True))
+        loop.add_signal_handler(sig, stop.set)
+    helpers: list[asyncio.Task[None]] = []
+    pool: workers.ReaderPool | None = None
+    if n > 1:
+        metrics_dir = os.path.join(args.data_dir, "readers")
+        app.state.readers = (metrics_dir, index, n)
+        helpers.append(loop.create_task(workermetrics.keep_writing(metrics_dir, index, stop)))
+        if index == 0:
+            workermetrics.clear(metrics_dir)
+            pool = workers.ReaderPool([sys.executable, "-m", "reads.serve", *args.argv], n)
+            await pool.start()
+        else:
+            helpers.append(loop.create_task(workers.exit_with_parent(stop)))
+    serving = loop.create_task(server.serve(sockets=[sock]))
+    stopper = loop.create_task(stop.wait())
     try:
-        await server.serve()
+        await asyncio.wait({serving, stopper}, return_when=asyncio.FIRST_COMPLETED)
+        server.should_exit = True
+        await serving
     finally:
+        stop.set()
+        stopper.cancel()
+        for t in helpers:
+            with contextlib.suppress(Exception):
+                await t
+        if pool is not None:
+            await pool.stop()
+            workermetrics.clear(os.path.join(args.data_dir, "readers"))
         for s in reversed(services):
             with contextlib.suppress(Exception):
                 await s.stop()
@@ -136,6 +176,7 @@ class NoopWrapper:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point."""
     args = parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # what other readers run
     try:
         import uvloop
 

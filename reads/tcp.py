@@ -328,6 +328,9 @@ class TcpService:
         self.limits = limits or ListenerLimits()
         self.busy_reply = busy_reply
         self.conns: set[_Conn] = set()
+        #: Bind with SO_REUSEPORT, one of several reader processes on this address
+        #: (`--read-workers`, reads/workers.py).
+        self.reuse_port = False
         self._server: asyncio.Server | None = None
         self._sweeper: asyncio.TimerHandle | None = None
 
@@ -344,7 +347,11 @@ class TcpService:
         """Bind and listen; returns once connections are accepted."""
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(
-            lambda: _Conn(self), self.host, self.port, reuse_address=True
+            lambda: _Conn(self),
+            self.host,
+            self.port,
+            reuse_address=True,
+            reuse_port=self.reuse_port or None,
         )
         if self.port == 0:
             self.port = self._server.sockets[0].getsockname()[1]

@@ -17,7 +17,7 @@ from reads.kt_write_handler import kt_write_service
 from reads.kt_writes import KtWriter
 from reads.memcached_server import memcached_service
 from reads.memcached_writes import memcached_write_service
-from reads.tcp import ListenerLimits
+from reads.tcp import ListenerLimits, TcpService
 from store.store import Store
 
 
@@ -33,6 +33,8 @@ class ListenerSettings:
     kt_db_aliases: tuple[bytes, ...] = ()
     #: memcached flags are the value's last 4 bytes, KT's `opts=f` (`--memcached-flags`).
     memcached_flags: bool = False
+    #: Listen with SO_REUSEPORT beside other reader processes (`--read-workers`).
+    reuse_port: bool = False
 
 
 def root_services(
@@ -92,7 +94,7 @@ def root_services(
 
 def replica_services(store: Store, settings: ListenerSettings) -> list[Service]:
     """Read listeners of a replica or consumer node (KT, memcached)."""
-    out: list[Service] = []
+    out: list[TcpService] = []
     if settings.kt is not None:
         out.append(
             kt_service(
@@ -108,4 +110,6 @@ def replica_services(store: Store, settings: ListenerSettings) -> list[Service]:
                 flags_in_value=settings.memcached_flags,
             )
         )
-    return out
+    for svc in out:
+        svc.reuse_port = settings.reuse_port
+    return list(out)

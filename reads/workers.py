@@ -1,0 +1,147 @@
+"""Reader worker processes: one node's read path on N processes (`--read-workers N`).
+
+A read server is one event loop, so it uses one core. With `--read-workers N` the process
+that serves reads (reader 0) starts N-1 more readers; each opens the same LMDB environment
+read-only and listens on the same addresses with `SO_REUSEPORT`, and the kernel spreads new
+connections across the listening sockets by a hash of their addresses. No reader shares
+anything with another at run time: LMDB readers take no lock the others or the writer
+hold (each read transaction has its own reader slot; `store/layout.py` sizes the slot
+table), and each process has its own event loop, GIL and connections.
+
+Why it holds to 64 cores: the only shared structures are the kernel's listening socket
+group (per-socket accept queues, no lock among processes) and LMDB's reader table (one
+slot per open read transaction: a reader process holds at most one at a time, since every
+request reads in one short transaction on its loop thread, so 64 readers need 64 of the
+table's slots, far below `max_readers`). Memory grows by one interpreter per reader; the
+data pages are the shared page cache of the one memory map.
+
+`ReaderPool` starts the other readers with a given command line and environment
+(`READ_WORKER_ENV` = the reader's index), restarts one that dies with bounded backoff
+(the other readers keep serving; the kernel stops sending connections to a closed
+socket), and stops them by PID. A reader exits by itself when its parent is gone
+(`exit_with_parent`). Each reader's metrics carry a `worker` label; every reader writes
+its own to `metrics_dir` so that any of them answers `/metrics` for all (`reads/
+workermetrics.py`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import socket
+import time
+from collections.abc import Sequence
+
+log = logging.getLogger("mercury.reads.workers")
+
+#: Environment variable naming a reader process's index (absent in reader 0).
+READ_WORKER_ENV = "MERCURY_READ_WORKER"
+RESTART_BASE = 0.5
+RESTART_CAP = 10.0
+#: A reader that ran this long resets the restart backoff.
+RESTART_RESET_AFTER = 60.0
+#: How often a reader checks that its parent is alive.
+PARENT_CHECK_S = 1.0
+
+
+def worker_index() -> int:
+    """This process's reader index: 0 unless started by a `ReaderPool`."""
+    raw = os.environ.get(READ_WORKER_ENV, "0")
+    return int(raw) if raw.isdigit() else 0
+
+
+def listen_socket(host: str, port: int, *, reuse_port: bool, backlog: int = 2048) -> socket.socket:
+    """A listening TCP socket on host:port; with `reuse_port`, one of a group that other
+    processes bind to the same address (SO_REUSEPORT: the kernel balances connections)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if reuse_port:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        sock.bind((host, port))
+        sock.listen(backlog)
+        sock.setblocking(False)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+class ReaderPool:
+    """Readers 1..n-1 of a node: started with `argv` and the parent's environment plus
+    `READ_WORKER_ENV`, restarted when they die, stopped by PID (module docstring)."""
+
+    def __init__(self, argv: Sequence[str], n: int, *, stop_timeout: float = 10.0) -> None:
+        self.argv = list(argv)
+        self.n = n
+        self.stop_timeout = stop_timeout
+        self.procs: dict[int, asyncio.subprocess.Process] = {}
+        self.restarts = 0
+        self._tasks: list[asyncio.Task[None]] = []
+        self._stopping = False
+
+    async def start(self) -> None:
+        """Start every reader's watchdog (each starts its reader at once)."""
+        loop = asyncio.get_running_loop()
+        self._tasks = [loop.create_task(self._watch(i)) for i in range(1, self.n)]
+
+    @property
+    def pids(self) -> list[int]:
+        """PIDs of the readers running now."""
+        return [p.pid for p in self.procs.values() if p.returncode is None]
+
+    async def _watch(self, index: int) -> None:
+        delay = RESTART_BASE
+        env = {**os.environ, READ_WORKER_ENV: str(index)}
+        while not self._stopping:
+            started = time.monotonic()
+            proc = await asyncio.create_subprocess_exec(*self.argv, env=env)
+            self.procs[index] = proc
+            code = await proc.wait()
+            if self._stopping:
+                return
+            self.restarts += 1
+            if time.monotonic() - started > RESTART_RESET_AFTER:
+                delay = RESTART_BASE
+            log.warning("reader %d exited with %s; restarting in %.1fs", index, code, delay)
+            await asyncio.sleep(delay)
+            delay = min(RESTART_CAP, delay * 2)
+
+    def signal(self, sig: int) -> None:
+        """Send `sig` to every running reader (by PID)."""
+        for p in self.procs.values():
+            if p.returncode is None:
+                with contextlib.suppress(ProcessLookupError):
+                    p.send_signal(sig)
+
+    async def stop(self) -> None:
+        """SIGTERM every reader, SIGKILL those still running after `stop_timeout`."""
+        self._stopping = True
+        self.signal(signal.SIGTERM)
+        for p in list(self.procs.values()):
+            if p.returncode is None:
+                try:
+                    await asyncio.wait_for(p.wait(), self.stop_timeout)
+                except TimeoutError:
+                    with contextlib.suppress(ProcessLookupError):
+                        p.kill()
+                    await p.wait()
+        for t in self._tasks:
+            t.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await t
+
+
+async def exit_with_parent(stop: asyncio.Event) -> None:
+    """In a reader 1..n-1: set `stop` once the process that started it is gone (so a
+    killed parent never leaves readers holding its ports)."""
+    parent = os.getppid()
+    while not stop.is_set():
+        await asyncio.sleep(PARENT_CHECK_S)
+        if os.getppid() != parent:
+            log.warning("reader %d: parent %d is gone; stopping", worker_index(), parent)
+            stop.set()
