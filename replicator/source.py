@@ -68,6 +68,9 @@ _FILE_BLOCK = 1 << 20
 _FIRST_FRAME = frozenset({frames.HELLO})
 #: StreamReader buffer of a TLS connection (asyncio's default for plaintext ones).
 _STREAM_LIMIT = 1 << 16
+#: Frames smaller than this are joined into one write of at least this size: one TLS
+#: record run and one system call for many small log records instead of one each.
+_COALESCE = 64 << 10
 
 
 @dataclass
@@ -393,13 +396,16 @@ class ReplicationSource:
                 if self.horizon is not None and not hello.options & frames.OPT_STANDBY:
                     confirmed = self.horizon()
                     recs = [r for r in recs if r.last_seq <= confirmed]
+                out = _Coalescer(writer)
                 for rec in recs:
-                    writer.write(frames.encode_record(rec.header, rec.payload))
+                    out.write(frames.encode_record(rec.header, rec.payload))
                     pos = rec.last_seq + 1
                     if stop is not None and rec.last_seq >= stop:
-                        writer.write(frames.encode_end(rec.last_seq))
+                        out.write(frames.encode_end(rec.last_seq))
+                        out.flush()
                         await self._drain(writer)
                         return
+                out.flush()
                 if recs:
                     await self._drain(writer)
                 now = time.monotonic()
@@ -581,6 +587,34 @@ async def send_file(
             left -= len(block)
             progress(count - left)
         return count - left
+
+
+class _Coalescer:
+    """Joins small frames into writes of at least `_COALESCE` bytes (large ones go as they
+    are, after what was pending): the frames keep their order."""
+
+    __slots__ = ("pending", "size", "writer")
+
+    def __init__(self, writer: asyncio.StreamWriter) -> None:
+        self.writer = writer
+        self.pending: list[bytes] = []
+        self.size = 0
+
+    def write(self, frame: bytes) -> None:
+        if len(frame) >= _COALESCE:
+            self.flush()
+            self.writer.write(frame)
+            return
+        self.pending.append(frame)
+        self.size += len(frame)
+        if self.size >= _COALESCE:
+            self.flush()
+
+    def flush(self) -> None:
+        if self.pending:
+            self.writer.write(b"".join(self.pending))
+            self.pending.clear()
+            self.size = 0
 
 
 class _TlsAccept(asyncio.Protocol):
