@@ -13,6 +13,7 @@ import asyncio
 import base64
 import binascii
 import math
+import time
 from pathlib import Path
 from typing import Any
 
@@ -123,6 +124,10 @@ async def usage_series(request: Request) -> Response:
     )
 
 
+#: Seconds a summary of unused keys is answered again without a new scan.
+SUMMARY_TTL_S = 60.0
+
+
 def _ledger(request: Request) -> usage_reads.ReadLedger:
     ledger: usage_reads.ReadLedger | None = getattr(request.app.state, "read_ledger", None)
     if ledger is None:
@@ -225,6 +230,17 @@ async def usage_unused_summary(request: Request) -> Response:
     names = [producer] if producer is not None else sorted(producers)
     ledger = _ledger(request)
     days = _days(q.get("days"))
+    # A summary scans every key of the producers named, in a thread that still holds the
+    # GIL the commit thread needs: the same question within a minute gets the same answer.
+    cache: dict[tuple[Any, ...], tuple[float, dict[str, Any]]] | None = getattr(
+        request.app.state, "unused_summaries", None
+    )
+    if cache is None:
+        cache = request.app.state.unused_summaries = {}
+    ck = (tuple(names), days, tuple((n, producers[n].keyspaces) for n in names))
+    hit = cache.get(ck)
+    if hit is not None and time.monotonic() - hit[0] < SUMMARY_TTL_S:
+        return json_response(hit[1])
 
     def run() -> dict[str, Any]:
         w = usage_reads.window(ledger, days)
@@ -237,7 +253,11 @@ async def usage_unused_summary(request: Request) -> Response:
         rows.sort(key=lambda r: (-r["unused_bytes"], r["producer"], r["keyspace"]))
         return {**_window_doc(ledger, w), "truncated": got["truncated"], "rows": rows}
 
-    return json_response(await asyncio.to_thread(run))
+    doc = await asyncio.to_thread(run)
+    for k in [k for k, (t, _) in cache.items() if time.monotonic() - t >= SUMMARY_TTL_S]:
+        del cache[k]
+    cache[ck] = (time.monotonic(), doc)
+    return json_response(doc)
 
 
 @router.get("/usage", tags=["info"], summary="The usage page (plots over time)")

@@ -370,6 +370,10 @@ class LedgerService:
         self._task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
+        # Today's and yesterday's hashes now, in a thread: the first summary of a day
+        # would otherwise load them on the event loop.
+        today = day_of(self.ledger.clock())
+        await asyncio.to_thread(self.ledger.read_in, [today - 1, today])
         self._task = asyncio.ensure_future(self._run())
 
     async def stop(self) -> None:
