@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 
 from core.errors import ReadProtocolError
 from reads import kt_protocol as kt
-from reads.kt_server import KtHandler
+from reads.kt_server import WRITE_PROCEDURES, KtHandler
 from reads.kt_writes import KtWriteFailed, KtWriter, KtWrites
 from reads.tcp import ListenerLimits, TcpService, Wait
 from store.format import MAX_KEY
@@ -23,10 +23,11 @@ from store.store import Store
 
 T = TypeVar("T")
 
-#: RPC procedures answered here (other writes — increment_double, cursor writes,
-#: synchronize, vacuum... — keep the read-only answers of `KtHandler`).
+#: RPC procedures answered here; KT's other writes (cursor writes, vacuum, tune_replication,
+#: ulog_remove) are answered 501: not offered, rather than `KtHandler`'s "read-only node".
 RPC_WRITES = frozenset(
-    b"set add replace cas remove seize set_bulk remove_bulk increment append clear".split()
+    b"set add replace cas remove seize set_bulk remove_bulk increment increment_double "
+    b"append clear synchronize".split()
 )
 
 
@@ -85,7 +86,7 @@ class KtWriteHandler(KtHandler):
         path = req.path
         if path.startswith(b"/rpc/"):
             proc = kt.url_decode(path[5:])
-            if proc in RPC_WRITES:
+            if proc in RPC_WRITES or proc in WRITE_PROCEDURES:
                 status, out = yield from self._rpc_write(proc, req)
                 body, ctype = yield from kt.encode_tsv_slices(out)
                 reply = kt.encode_http_response(
@@ -140,6 +141,11 @@ class KtWriteHandler(KtHandler):
             return 400, {b"ERROR": b"invalid parameters"}
         if not self._db_allowed(params.get(b"DB")):
             return 400, {b"ERROR": b"no such database"}
+        if proc not in RPC_WRITES:
+            return 501, {b"ERROR": b"not implemented: " + proc + b" (Mercury root)"}
+        if proc == b"synchronize":
+            # every acknowledged write is already durable (each batch commits with fsync)
+            return 200, {}
         key = params.get(b"key")
         try:
             if proc in (b"set_bulk", b"remove_bulk"):
@@ -174,19 +180,24 @@ class KtWriteHandler(KtHandler):
             if proc == b"cas":
                 yield from wait_for(self.writes.cas(key, params.get(b"oval"), params.get(b"nval")))
                 return 200, {}
-            # increment
+            # increment, increment_double
+            double = proc == b"increment_double"
+            parse = float if double else int
             try:
-                num = int(params.get(b"num", b""))
+                num = parse(params.get(b"num", b"").decode("latin-1"))
             except ValueError:
                 return 400, {b"ERROR": b"invalid parameters"}
             orig_raw = params.get(b"orig")
             orig = orig_raw.decode("latin-1") if orig_raw is not None else None
             if orig not in (None, "try", "set"):
                 try:
-                    int(orig or "")
+                    parse(orig or "")
                 except ValueError:
                     return 400, {b"ERROR": b"invalid parameters"}
-            new = yield from wait_for(self.writes.increment(key, num, orig))
+            if double:
+                dnew = yield from wait_for(self.writes.increment_double(key, float(num), orig))
+                return 200, {b"num": b"%f" % dnew}
+            new = yield from wait_for(self.writes.increment(key, int(num), orig))
             return 200, {b"num": b"%d" % new}
         except KtWriteFailed as err:
             return err.status, {b"ERROR": err.message}

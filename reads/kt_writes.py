@@ -6,15 +6,17 @@ write goes through the same ACL, guards, quotas, batching and durable commit as 
 write, and is answered only after that commit.
 
 KT's semantics on top of Mercury's ops: `add` is a set conditional on absence, `replace`,
-`cas`, `increment` and `append` read the current value and write conditionally on its
-seq (retried a few times when another writer got in between); a failed condition is KT's
-450 with KT's own error text. `clear` deletes every key of the producer's keyspaces in one
-write (so the producer's mass-delete guard applies); `seize` reads the value and deletes
-it conditionally on its seq. Mercury values never expire: `xt` is accepted and ignored.
+`cas`, `increment`, `increment_double` and `append` read the current value and write
+conditionally on its seq (retried a few times when another writer got in between); a
+failed condition is KT's 450 with KT's own error text. `clear` deletes every key of the
+producer's keyspaces in one write (so the producer's mass-delete guard applies); `seize`
+reads the value and deletes it conditionally on its seq. Mercury values never expire:
+`xt` is accepted and ignored.
 """
 
 from __future__ import annotations
 
+import math
 import struct
 from typing import Protocol
 
@@ -34,6 +36,10 @@ RMW_ATTEMPTS = 8
 MAX_CLEAR = 10_000
 
 _I64 = struct.Struct(">q")
+_I64_MIN, _I64_MAX = -(1 << 63), (1 << 63) - 1
+#: Kyoto Cabinet's `increment_double` record: integral part, then the fraction in 10^-15.
+_DBL = struct.Struct(">qq")
+DECUNIT = 10**15
 
 
 class KtWriter(Protocol):
@@ -188,6 +194,32 @@ class KtWrites:
                 return new
         raise KtWriteFailed(503, b"timeout: the key kept changing")
 
+    async def increment_double(self, key: bytes, num: float, orig: str | None) -> float:
+        """KT's increment_double on Kyoto Cabinet's 16-byte decimal (`double_value`);
+        returns the new number. `orig` as for `increment`."""
+        self.cnt_set += 1
+        if not math.isfinite(num):
+            raise KtWriteFailed(400, b"invalid parameters: num must be finite")
+        for _ in range(RMW_ATTEMPTS):
+            cur = self.store.get(key)
+            if cur is None:
+                if orig == "try":
+                    self.cnt_set_misses += 1
+                    raise KtWriteFailed(450, NO_RECORD)
+                start = (0, 0) if orig in (None, "set") else double_parts(float(orig or 0))
+                new = add_double(start, num)
+            else:
+                parts = double_value(cur.value)
+                if parts is None:
+                    self.cnt_set_misses += 1
+                    raise KtWriteFailed(450, NOT_NUMBER)
+                new = double_parts(num) if orig == "set" else add_double(parts, num)
+            seq = 0 if cur is None else cur.seq
+            r = _one(await self._write([Op(SET, key, _DBL.pack(*new), expect_seq=seq)]))
+            if r.status is not Status.PRECONDITION_FAILED:
+                return new[0] + new[1] / DECUNIT
+        raise KtWriteFailed(503, b"timeout: the key kept changing")
+
     async def append(self, key: bytes, value: bytes) -> None:
         """Append to the value (set when absent)."""
         self.cnt_set += 1
@@ -230,6 +262,38 @@ class KtWrites:
                 b"remove them in bulk instead" % MAX_CLEAR,
             )
         return await self.remove_bulk(keys)
+
+
+def double_parts(x: float) -> tuple[int, int]:
+    """A finite number as Kyoto Cabinet's (integral, fraction × 10^15) pair, both with the
+    number's sign."""
+    frac, whole = math.modf(x)
+    return int(whole), round(frac * DECUNIT)
+
+
+def double_value(raw: bytes) -> tuple[int, int] | None:
+    """The (integral, fraction) pair of a stored decimal: Kyoto Cabinet's 16-byte record
+    (two big-endian int64); None when the value is not one (or is KC's NaN/infinity)."""
+    if len(raw) != _DBL.size:
+        return None
+    integ, fract = _DBL.unpack(raw)
+    if integ in (_I64_MIN, _I64_MAX):
+        return None
+    return integ, fract
+
+
+def add_double(parts: tuple[int, int], num: float) -> tuple[int, int]:
+    """`parts` + `num` as Kyoto Cabinet adds them: integral and fraction parts separately,
+    a fraction beyond ±10^15 carried into the integral part."""
+    add_i, add_f = double_parts(num)
+    integ, fract = parts[0] + add_i, parts[1] + add_f
+    if fract >= DECUNIT:
+        integ, fract = integ + 1, fract - DECUNIT
+    elif fract <= -DECUNIT:
+        integ, fract = integ - 1, fract + DECUNIT
+    if not _I64_MIN < integ < _I64_MAX:
+        raise KtWriteFailed(450, b"DB: 8: logical inconsistency: overflow")
+    return integ, fract
 
 
 def keys_to_clear(store: Store, writer: KtWriter) -> list[bytes] | None:

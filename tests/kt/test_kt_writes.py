@@ -149,3 +149,33 @@ def test_kt_writes_need_a_loopback_listener() -> None:
     for bad in (None, ("0.0.0.0", 1978), ("10.1.2.3", 1978), ("kt.example", 1978)):
         with pytest.raises(ConfigError):
             kt_writer_for("p", bad)
+
+
+def test_increment_double_keeps_kyoto_cabinets_record(store: Store) -> None:
+    from reads.kt_writes import DECUNIT, NOT_NUMBER
+
+    w = KtWrites(store, StoreWriter(store))
+    assert run(w.increment_double(b"k/d", 1.0, None)) == 1.0
+    assert run(w.increment_double(b"k/d", 2.5, None)) == 3.5
+    # Kyoto Cabinet's record: integral part, then the fraction in units of 10^-15
+    assert store.get(b"k/d").value == struct.pack(">qq", 3, DECUNIT // 2)  # type: ignore[union-attr]
+    assert run(w.increment_double(b"k/d", -4.25, None)) == -0.75
+    assert run(w.increment_double(b"k/d", 9.0, "set")) == 9.0
+    assert failed(w.increment_double(b"k/none", 1.0, "try")) == (450, NO_RECORD)
+    assert run(w.increment_double(b"k/o", 0.5, "2")) == 2.5
+    run(w.set(b"k/s", b"short"))
+    assert failed(w.increment_double(b"k/s", 1.0, None)) == (450, NOT_NUMBER)
+
+
+@given(st.floats(-1e9, 1e9, allow_nan=False), st.lists(st.floats(-1e6, 1e6, allow_nan=False)))
+def test_add_double_tracks_the_sum(start: float, adds: list[float]) -> None:
+    from reads.kt_writes import DECUNIT, add_double, double_parts
+
+    parts = double_parts(start)
+    total = start
+    for a in adds:
+        parts = add_double(parts, a)
+        total += a
+    got = parts[0] + parts[1] / DECUNIT
+    assert abs(got - total) <= 1e-6 * max(1.0, abs(total))
+    assert abs(parts[1]) < DECUNIT

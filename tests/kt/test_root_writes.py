@@ -192,3 +192,21 @@ def test_clear_obeys_the_mass_delete_guard(kt_root: tuple[Root, int, str]) -> No
         assert db.remove_bulk(["g/3", "g/4"]) == 2
     finally:
         db.close_all()
+
+
+def test_increment_double_synchronize_and_writes_not_offered(
+    kt_root: tuple[Root, int, str],
+) -> None:
+    root, kt, token = kt_root
+    db = ukt.KyotoTycoon("127.0.0.1", kt, serializer=ukt.KT_NONE)
+    try:
+        assert db.increment_double("w/nd") == 1.0
+        assert db.increment_double("w/nd", 2.5) == 3.5
+    finally:
+        db.close_all()
+    assert stored(root, token, "w/nd") == struct.pack(">qq", 3, 5 * 10**14)
+    # every acknowledged write is durable already: synchronize succeeds
+    assert rpc(kt, "synchronize")[0] == 200
+    # KT writes Mercury does not offer: 501 on a writing root, never "read-only node"
+    status, out = rpc(kt, "vacuum")
+    assert status == 501 and "not implemented" in out["ERROR"]
