@@ -381,7 +381,15 @@ def measure_scaling(
         for n in (1, args.workers):
             p, ts = mercury(tmp, keys, args.value_bytes, None, workers=n)
             try:
-                time.sleep(0.5 if n == 1 else 1.5)  # every worker listening
+                # Every reader up (each writes its metrics file once serving), and its
+                # start-up CPU spent before the measured window.
+                readers = tmp / f"mercury-{n}" / "readers"
+                deadline = time.monotonic() + 60
+                while n > 1 and time.monotonic() < deadline:
+                    if len(list(readers.glob("reader-*.prom"))) >= n:
+                        break
+                    time.sleep(0.2)
+                time.sleep(1.0)
                 for t in ts:
                     c0 = cpu_seconds(p.pid)
                     r = run_load(loadgen, t.mode, t.port, args.conns, args.seconds, t.paths, None)

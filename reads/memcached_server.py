@@ -13,13 +13,14 @@ from collections.abc import Callable
 from core.errors import CRCError, ReadProtocolError
 from reads import fastget, readstats
 from reads import memcached_protocol as mc
+from reads.fastobserve import BatchedObserve
 from reads.metrics import READ_ERRORS, READ_SECONDS
 from reads.tcp import ListenerLimits, Run, TcpService, drain
 from store.format import MAX_KEY
 from store.store import Store
 
 VERSION = "1.6.0-mercury"
-_OBSERVE_GET = READ_SECONDS.labels("memcached_get").observe
+_OBSERVE_GET = BatchedObserve(READ_SECONDS, "memcached_get")
 _mc_value = fastget.MC_VALUE
 #: Bytes of values one `get` may answer; beyond it the command fails.
 MAX_REPLY_BYTES = 256 << 20
@@ -99,7 +100,7 @@ class MemcachedHandler:
             keys, with_cas = data[5:-2].split(), True
         else:
             return None
-        if not keys or any(len(k) > MAX_KEY for k in keys):
+        if not keys or (len(data) > MAX_KEY and any(len(k) > MAX_KEY for k in keys)):
             return None  # run's parser answers ERROR / CLIENT_ERROR
         if len(keys) == 1:
             # One key: its reply straight from the stored record (reads/fastget.py, CRC

@@ -14,6 +14,7 @@ from urllib.parse import unquote_to_bytes
 
 from core.errors import CRCError
 from reads import readstats
+from reads.fastobserve import BatchedObserve
 from reads.metrics import READ_ERRORS, READ_SECONDS
 from reads.problems import PROBLEM_JSON, problem_body
 from store.format import MAX_KEY
@@ -23,7 +24,7 @@ KV_PREFIX = b"/v1/kv/"
 _OCTET = b"application/octet-stream"
 _PROBLEM = PROBLEM_JSON.encode()
 #: mercury_read_seconds{op="http_get"}, bound once (both HTTP paths observe it).
-OBSERVE = READ_SECONDS.labels("http_get").observe
+OBSERVE = BatchedObserve(READ_SECONDS, "http_get")
 
 Headers = list[tuple[bytes, bytes]]
 
