@@ -30,6 +30,7 @@ import time
 
 from core.addr import parse_hostport
 from core.errors import MercuryError
+from core.tlsconf import TlsContexts, server_context
 from ha.etcd import Etcd, EtcdError
 from ha.lease import LeaseClock, margin_for, renew_interval
 from ha.role import (
@@ -43,6 +44,7 @@ from ha.role import (
 )
 from mercury.ha_front import Front
 from mercury.ha_standby import Standby
+from mercury.tls import files_from_args
 from store import layout
 from store.store import Store
 
@@ -68,7 +70,8 @@ class Candidate:
         self.args = args
         self.data_dir: str = args.data_dir
         self.listen = parse_hostport(args.listen, "--listen")
-        self.url: str = args.advertise_url or f"http://{args.listen}"
+        scheme = "https" if args.tls_cert else "http"
+        self.url: str = args.advertise_url or f"{scheme}://{args.listen}"
         self.repl: str = args.advertise_repl or args.repl_listen
         self.node: str = args.ha_node or self.url
         self.ttl: int = args.lease_ttl_s
@@ -82,7 +85,11 @@ class Candidate:
         self._warm_child: asyncio.subprocess.Process | None = None
         self.child_term: int | None = None
         self.standby: Standby | None = None
-        self.front = Front(*self.listen, self._status)
+        files = files_from_args(args)
+        #: mutual TLS to the leader's replication source, HTTPS on the front (None: off)
+        self.tls = TlsContexts(files) if files is not None else None
+        front_ssl = server_context(files, require_client_cert=False) if files else None
+        self.front = Front(*self.listen, self._status, front_ssl)
         self.front_up = False
         self.stopping = asyncio.Event()
         self._cooldown_until = 0.0
@@ -103,7 +110,10 @@ class Candidate:
             "standby_state": sb.state if sb is not None else None,
         }
         leader_url = v.leader.url if v.leader is not None and v.role is Role.STANDBY else None
-        return v.role.value, v.term, leader_url, extra
+        # Won but its root not serving yet (this listener is about to close): not a leader
+        # anyone can write to, so the answer is an election's.
+        role = Role.ELECTING if v.role is Role.LEADER else v.role
+        return role.value, v.term, leader_url, extra
 
     # --- run -------------------------------------------------------------------------
 
@@ -316,7 +326,7 @@ class Candidate:
             sb = self.standby
             if sb is None or sb.source != src or sb.leader_term != view.term:
                 await self._stop_standby()
-                self.standby = Standby(self.data_dir, src, view.term)
+                self.standby = Standby(self.data_dir, src, view.term, self.tls)
                 self.standby.start()
 
     async def _stop_standby(self) -> None:

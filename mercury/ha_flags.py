@@ -27,7 +27,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=None,
         metavar="URL",
         help="gateway URL clients are redirected to while this node leads "
-        "(default: http://--listen)",
+        "(default: http[s]://--listen)",
     )
     g.add_argument(
         "--advertise-repl",

@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import ssl
 from collections.abc import Callable
 from typing import Any
 
@@ -35,10 +36,14 @@ StatusFn = Callable[[], tuple[str, int | None, str | None, dict[str, Any]]]
 class Front:
     """Serves the non-leader face on `host:port`."""
 
-    def __init__(self, host: str, port: int, status: StatusFn) -> None:
+    def __init__(
+        self, host: str, port: int, status: StatusFn, ssl_context: ssl.SSLContext | None = None
+    ) -> None:
         self.host = host
         self.port = port
         self.status = status
+        #: HTTPS like the leader's gateway on the same address (None: plain HTTP)
+        self.ssl_context = ssl_context
         self._server: asyncio.Server | None = None
         self._conns: set[asyncio.Task[None]] = set()
 
@@ -47,7 +52,12 @@ class Front:
         for attempt in range(50):
             try:
                 self._server = await asyncio.start_server(
-                    self._handle, self.host, self.port, reuse_address=True
+                    self._handle,
+                    self.host,
+                    self.port,
+                    reuse_address=True,
+                    ssl=self.ssl_context,
+                    ssl_handshake_timeout=HEAD_TIMEOUT_S if self.ssl_context else None,
                 )
                 return
             except OSError:

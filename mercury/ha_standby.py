@@ -31,9 +31,10 @@ from core.errors import (
     RefusedError,
     SnapshotTransferError,
 )
+from core.tlsconf import TlsContexts
 from ha.fencing import TERM_DOC, StaleTermError, TermGuard, decode_term
 from replicator import bootstrap, frames, upstream, wire
-from replicator.client import ReplicaClient, ReplicationFailed
+from replicator.client import ReplicaClient, ReplicationFailed, open_source
 from replicator.heartbeat import RelayedHeartbeat
 from replicator.selection import Selector
 from replicator.status import StatusBoard
@@ -86,7 +87,9 @@ class _ReportingClient(ReplicaClient):
             self.outbox.send(upstream.APPLIED, encode_applied(rec.last_seq))
 
 
-async def history_matches(host: str, port: int, store: Store, node_id: bytes) -> bool:
+async def history_matches(
+    host: str, port: int, store: Store, node_id: bytes, tls: TlsContexts | None = None
+) -> bool:
     """Whether this store's history is a prefix of the source's (False: diverged, or the
     source no longer holds what this store would continue from). OSError/TimeoutError/
     ProtocolError when the source cannot be asked."""
@@ -112,7 +115,7 @@ async def history_matches(host: str, port: int, store: Store, node_id: bytes) ->
         frames.ZERO_SHA,
     )
     async with asyncio.timeout(PROBE_TIMEOUT_S):
-        reader, writer = await asyncio.open_connection(host, port, limit=16 << 20)
+        reader, writer = await open_source(host, port, tls, limit=16 << 20)
         try:
             await wire.send(writer, frames.encode_hello(hello))
             ftype, body = await wire.read_frame(reader)
@@ -173,8 +176,16 @@ def move_aside(data_dir: str) -> str:
 class Standby:
     """Follows one leader's replication address until stopped."""
 
-    def __init__(self, data_dir: str, source: tuple[str, int], leader_term: int) -> None:
+    def __init__(
+        self,
+        data_dir: str,
+        source: tuple[str, int],
+        leader_term: int,
+        tls: TlsContexts | None = None,
+    ) -> None:
         self.data_dir = data_dir
+        #: mutual TLS to the leader's replication source (None: plaintext)
+        self.tls = tls
         self.source = source
         self.leader_term = leader_term
         self.node_id = uuid.uuid4().bytes
@@ -240,7 +251,7 @@ class Standby:
             log.error("%s", err)
             await asyncio.sleep(1.0)
             raise ProtocolError(str(err)) from err
-        if not await history_matches(host, port, store, self.node_id):
+        if not await history_matches(host, port, store, self.node_id, self.tls):
             raise ReplicationFailed(
                 "this store's history is not the leader's (unacknowledged tail)"
             )
@@ -255,6 +266,7 @@ class Standby:
             relay=RelayedHeartbeat(),
             staleness=10.0,
             failback=0.0,
+            tls=self.tls,
             outbox=outbox,
         )
         reporter = asyncio.get_running_loop().create_task(self._report(outbox, client))
@@ -287,6 +299,7 @@ class Standby:
                     node_id=self.node_id,
                     db_id=frames.ZERO_ID,
                     board=board,
+                    tls=self.tls,
                 )
                 break
             except (SnapshotTransferError, ProtocolError, RefusedError, OSError) as err:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import ssl
 import subprocess
 import threading
 import time
@@ -36,14 +37,17 @@ class Node:
     proc: subprocess.Popen[bytes] | None = None
     #: this node's etcd URLs when not the cluster's (a fault proxy in between)
     etcd_urls: str | None = None
+    #: the CA to verify HTTPS with (None: plain HTTP)
+    https: ssl.SSLContext | None = None
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.http_port}"
+        scheme = "https" if self.https is not None else "http"
+        return f"{scheme}://127.0.0.1:{self.http_port}"
 
     def status(self) -> dict[str, Any] | None:
         with contextlib.suppress(httpx.HTTPError, ValueError):
-            r = httpx.get(self.url + "/v1/status", timeout=1.0)
+            r = httpx.get(self.url + "/v1/status", timeout=1.0, verify=self.https or True)
             if r.status_code == 200:
                 return r.json()  # type: ignore[no-any-return]
         return None
@@ -61,6 +65,7 @@ class Cluster:
     sync_standbys: int = 1
     extra: tuple[str, ...] = ()
     group: str = "g"
+    https: ssl.SSLContext | None = None
     nodes: list[Node] = field(default_factory=list)
     admin: str = ""
     token: str = ""
@@ -69,15 +74,20 @@ class Cluster:
         """Init the first node's store, start every candidate, create producer `p`."""
         for i in range(len(self.nodes), self.n):  # those the caller did not lay out
             self.nodes.append(Node(f"n{i}", self.base / f"n{i}", free_port(), free_port()))
+        for node in self.nodes:
+            node.https = self.https
         res = run_mercury("init", str(self.nodes[0].data_dir))
         assert res.returncode == 0, res.stderr
         self.admin = (self.nodes[0].data_dir / "admin.token").read_text().strip()
         self.start_node(self.nodes[0])
         leader = self.wait_leader()
         h = {"Authorization": f"Bearer {self.admin}"}
-        r = httpx.put(f"{leader.url}/v1/admin/producers/p", json={"keyspaces": ["k/"]}, headers=h)
+        v = self.https or True
+        r = httpx.put(
+            f"{leader.url}/v1/admin/producers/p", json={"keyspaces": ["k/"]}, headers=h, verify=v
+        )
         assert r.status_code in (200, 201), r.text
-        r = httpx.post(f"{leader.url}/v1/admin/producers/p/tokens", headers=h)
+        r = httpx.post(f"{leader.url}/v1/admin/producers/p/tokens", headers=h, verify=v)
         assert r.status_code == 201, r.text
         self.token = r.json()["token"]
         for node in self.nodes[1:]:
