@@ -12,6 +12,7 @@ COPY replicator replicator
 COPY acl acl
 COPY migrations migrations
 COPY reads reads
+COPY ha ha
 RUN pip install --no-cache-dir Cython setuptools wheel \
     && pip install --no-cache-dir . \
     && python setup.py build_ext --inplace
