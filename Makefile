@@ -87,6 +87,9 @@ bench-deps:
 	@command -v wrk >/dev/null 2>&1 \
 	  || { [ "$$(id -u)" = 0 ] && apt-get update -qq && apt-get install -y -qq wrk; } \
 	  || echo "wrk missing (apt-get install wrk): gateway benches use the Python client" >&2
+	@command -v memcached >/dev/null 2>&1 \
+	  || { [ "$$(id -u)" = 0 ] && apt-get update -qq && apt-get install -y -qq memcached; } \
+	  || echo "memcached missing (apt-get install memcached): read_throughput skips it" >&2
 
 bench: build bench-deps
 	$(VENV)/bin/pytest -q -m bench tests || test $$? -eq 5

@@ -15,6 +15,8 @@ value is never served.
 
 from __future__ import annotations
 
+import os
+import sys
 from collections.abc import Callable
 from types import ModuleType
 
@@ -83,12 +85,15 @@ def http_value(
 
 
 def _load() -> ModuleType:
+    this = sys.modules[__name__]
+    if os.environ.get("MERCURY_PURE") == "1":
+        return this  # the whole node on the pure-Python references (tests)
     try:
         from reads import _fastget  # type: ignore[attr-defined]
     except ImportError:  # not built (`make build`): the reference serves, slower
-        import sys
-
-        return sys.modules[__name__]
+        if os.environ.get("MERCURY_REQUIRE_CYTHON") == "1":
+            raise
+        return this
     return _fastget  # type: ignore[no-any-return]
 
 
