@@ -19,8 +19,9 @@ Each run measures:
    first new seq to the head (its start is not in the window), and seconds from its start;
 5. propagation: W single-key PUTs on the root, each followed by GETs on the replica until
    the key is there: P50/P99 milliseconds from the PUT's acknowledgement;
-6. point reads: K GETs of one key on the replica over one keep-alive connection: P50/P99
-   microseconds.
+6. point reads: K GETs of one key on the replica over one keep-alive connection
+   (`http.client`, a light client, so the server's share shows): P50/P99 microseconds,
+   and the replica's CPU microseconds per read.
 
 Ratios are TLS over plaintext of the same round (for latencies: TLS / plaintext, lower is
 better), with their spread across rounds. Bounded: N entries, R rounds, W writes, K reads.
@@ -36,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import http.client
 import json
 import os
 import shutil
@@ -284,18 +286,29 @@ class Tree:
                 out.append((time.perf_counter() - t0) * 1e3)
         return out
 
-    def point_reads(self, reads: int) -> list[float]:
-        """Microseconds of `reads` GETs over one keep-alive connection."""
+    def point_reads(self, reads: int) -> tuple[list[float], float]:
+        """Microseconds of `reads` GETs over one keep-alive connection (`http.client`: a
+        light client, so the server's share of each read shows), and the replica's CPU
+        microseconds per read."""
         out = []
-        with httpx.Client(verify=self.verify, timeout=10) as c:
-            url = f"{self.rurl}/v1/kv/k000000001"
-            c.get(url).raise_for_status()
+        conn: http.client.HTTPConnection
+        if isinstance(self.verify, ssl.SSLContext):
+            conn = http.client.HTTPSConnection("127.0.0.1", self.rhttp, context=self.verify)
+        else:
+            conn = http.client.HTTPConnection("127.0.0.1", self.rhttp)
+        try:
+            c0 = _cpu(self.replica.pid)
             for _ in range(reads):
                 t0 = time.perf_counter()
-                resp = c.get(url)
+                conn.request("GET", "/v1/kv/k000000001")
+                resp = conn.getresponse()
+                resp.read()
                 out.append((time.perf_counter() - t0) * 1e6)
-                assert resp.status_code == 200
-        return out
+                assert resp.status == 200
+            cpu_us = (_cpu(self.replica.pid) - c0) / reads * 1e6
+        finally:
+            conn.close()
+        return out, cpu_us
 
     def stop(self) -> None:
         for p in (self.replica, self.root):
@@ -327,9 +340,10 @@ def one_run(
     prop = tree.propagation(args.writes)
     out["propagation_p50_ms"] = _pct(prop, 0.5)
     out["propagation_p99_ms"] = _pct(prop, 0.99)
-    reads = tree.point_reads(args.reads)
+    reads, cpu_us = tree.point_reads(args.reads)
     out["read_p50_us"] = _pct(reads, 0.5)
     out["read_p99_us"] = _pct(reads, 0.99)
+    out["read_replica_cpu_us"] = cpu_us
     return out
 
 
@@ -387,7 +401,10 @@ def main() -> None:
     }
     ratios: dict[str, Any] = {}
     for key in runs["plaintext"][0]:
-        per = [t[key] / p[key] for p, t in zip(runs["plaintext"], runs["mutual_tls"], strict=True)]
+        per = [
+            t[key] / p[key] if p[key] else float("nan")  # a CPU reading below one tick
+            for p, t in zip(runs["plaintext"], runs["mutual_tls"], strict=True)
+        ]
         ratios[key] = {
             "median": round(statistics.median(per), 2),
             "min": round(min(per), 2),
