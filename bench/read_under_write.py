@@ -159,7 +159,7 @@ async def writer_main(a: argparse.Namespace) -> None:
         p.transport.close()
 
     async def stamp(cp: _Conn) -> str:
-        v = f"{time.time_ns()} {acked}"
+        v = f"{time.time_ns()} {acked} {a.seed}"
         await cp.request(put_request(a.system, CLOCK_KEY, v.encode(), a.token))
         return v
 
@@ -256,6 +256,7 @@ class System:
     """One system under test: where writes go, where reads come from, what to watch."""
 
     name: str
+    kind: str  # "mercury" or "kt": the protocol
     write_port: int
     read_port: int
     token: str = ""
@@ -263,7 +264,7 @@ class System:
     node_pids: list[int] = field(default_factory=list)
 
     def path(self, key: str) -> bytes:
-        return (f"/v1/kv/{key}" if self.name == "mercury" else kt_path(key)).encode()
+        return (f"/v1/kv/{key}" if self.kind == "mercury" else kt_path(key)).encode()
 
 
 class Bench:
@@ -272,6 +273,7 @@ class Bench:
         self.tmp = Path(tempfile.mkdtemp(prefix="mercury-ruw-"))
         self.procs: list[subprocess.Popen[bytes]] = []
         self.me = [sys.executable, str(Path(__file__).resolve())]
+        self.notes: list[str] = []
 
     def start(self, argv: list[str], name: str, cpu: int) -> subprocess.Popen[bytes]:
         with open(self.tmp / f"{name}.log", "ab") as log:
@@ -301,8 +303,9 @@ class Bench:
 
     # -- Mercury: a root on CPU 0, a replica on CPU 1 --
 
-    def mercury(self) -> System:
-        root_dir, rep_dir = self.tmp / "root", self.tmp / "replica"
+    def mercury(self, name: str = "mercury") -> System:
+        hints = not (self.args.no_sched_hints or name.endswith("nohints"))
+        root_dir, rep_dir = self.tmp / f"{name}-root", self.tmp / f"{name}-replica"
         r = subprocess.run(
             mercury_cmd("init", str(root_dir)), capture_output=True, text=True, cwd=REPO
         )
@@ -316,7 +319,7 @@ class Bench:
                 "--repl-listen", f"127.0.0.1:{repl}",
                 "--batch-window-ms", str(self.args.window_ms), "--log-level", "warning",
             ),
-            "root", 0,
+            f"{name}-root", 0,
         )  # fmt: skip
         wait_http(f"http://127.0.0.1:{gw}/healthz", timeout=60, proc=root)
         import httpx
@@ -343,10 +346,10 @@ class Bench:
                 "replica", str(rep_dir), "--source", f"127.0.0.1:{repl}",
                 "--listen", f"127.0.0.1:{http}", "--log-level", "warning", *extra,
             ),
-            "replica", 1,
+            f"{name}-replica", 1,
         )  # fmt: skip
         wait_http(f"http://127.0.0.1:{http}/healthz", timeout=120, proc=rep)
-        sysm = System("mercury", gw, http, token)
+        sysm = System(name, "mercury", gw, http, token)
         self._wait_hot(sysm)
         deadline = time.monotonic() + 30
         while not children(rep.pid):
@@ -355,6 +358,16 @@ class Bench:
             time.sleep(0.1)
         sysm.applier_pid = children(rep.pid)[0]
         sysm.node_pids = [rep.pid, sysm.applier_pid]
+        from replicator import sched
+
+        if not hints:  # A/B: undo the replica's scheduling hints
+            for pid in (rep.pid, *children(rep.pid)):
+                for t in sched.threads(pid):
+                    sched.reset(t)
+        self.notes.append(
+            f"{name} scheduling (policy, nice, slice ns) of the read server and the applier: "
+            f"{sched.get_attr(rep.pid)}, {sched.get_attr(sysm.applier_pid)}"
+        )
         return sysm
 
     # -- Kyoto Tycoon: a master on CPU 0, a slave on CPU 1 --
@@ -385,7 +398,7 @@ class Bench:
             while b"\r\n\r\n" not in c.buf:
                 c.buf += c.s.recv(4096)
         c.close()
-        sysk = System("kt", m, s, "", slave.pid, [slave.pid])
+        sysk = System("kt", "kt", m, s, "", slave.pid, [slave.pid])
         self._wait_hot(sysk)
         return sysk
 
@@ -405,28 +418,35 @@ class Bench:
     def phase(self, s: System, phase: str) -> dict[str, Any]:
         a = self.args
         writer = None
+        writer_seed = random.randrange(1 << 30)
         if phase != "idle":
             size = 100 if phase.endswith("100b") else 40 << 10
             rate = a.matched_mbps if phase.startswith("matched") else 0
             writer = self.start(
-                [*self.me, "--role", "writer", "--system", s.name, "--port", str(s.write_port),
+                [*self.me, "--role", "writer", "--system", s.kind, "--port", str(s.write_port),
                  "--token", s.token, "--conns", str(a.conns), "--value-size", str(size),
-                 "--rate", str(rate), "--seconds", str(a.seconds + 1.5),
-                 "--seed", str(random.randrange(1 << 30))],
+                 "--rate", str(rate), "--seconds", str(a.seconds + 60),
+                 "--seed", str(writer_seed)],
                 f"writer-{s.name}-{phase}", 0,
             )  # fmt: skip
-            time.sleep(1.0)  # let the write stream reach a steady state
         reads = SyncConn(s.read_port)
         probe = SyncConn(s.read_port)
         clock_path = s.path(CLOCK_KEY)
 
         def clock() -> tuple[int, int] | None:
+            """(time, writes acknowledged before it) of this writer's last stamp that the
+            serving node has applied; None before its first one."""
             st, body = probe.get(clock_path)
             if st != 200:
                 return None
-            t, n = body.split()
-            return int(t), int(n)
+            t, n, seed = body.split()
+            return (int(t), int(n)) if int(seed) == writer_seed else None
 
+        if writer is not None:
+            deadline = time.monotonic() + 60
+            while clock() is None and time.monotonic() < deadline:
+                time.sleep(0.05)
+            time.sleep(1.0)  # let the write stream reach a steady state
         c0 = clock() if writer else None
         cpu0 = cpu_s(s.applier_pid)
         node0 = sum(cpu_s(p) for p in s.node_pids)
@@ -465,6 +485,7 @@ class Bench:
         out: dict[str, Any] = {"read": pct(lat)}
         if writer is not None:
             size = 100 if phase.endswith("100b") else 40 << 10
+            os.kill(writer.pid, signal.SIGTERM)  # it stamps the clock once more and exits
             try:
                 writer.wait(timeout=a.seconds + 60)
             except subprocess.TimeoutExpired:
@@ -507,7 +528,7 @@ class Bench:
 def summarize(results: dict[str, dict[str, list[dict[str, Any]]]]) -> dict[str, Any]:
     """Per system and phase: the median round's figures and the spread of read P99."""
 
-    def med(xs: list[float]) -> float | None:
+    def med(xs: list[Any]) -> float | None:
         xs = sorted(x for x in xs if x is not None)
         return xs[len(xs) // 2] if xs else None
 
@@ -528,10 +549,11 @@ def summarize(results: dict[str, dict[str, list[dict[str, Any]]]]) -> dict[str, 
             if ph in o and idle:
                 o[ph]["p99_over_idle"] = round(o[ph]["read_p99_us"] / idle, 2)
         out[sysname] = o
-    if "kt" in out and "mercury" in out:
+    if "kt" in out and "mercury" in out and "idle" in out["kt"]:
         out["mercury_over_kt_p99"] = {
             ph: round(out["mercury"][ph]["read_p99_us"] / out["kt"][ph]["read_p99_us"], 2)
             for ph in PHASES
+            if ph in out["kt"] and ph in out["mercury"]
         }
     return out
 
@@ -541,13 +563,22 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="one round of 4 s phases")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--seconds", type=float, default=8.0, help="measured seconds per phase")
-    ap.add_argument("--systems", default="kt,mercury")
+    ap.add_argument(
+        "--systems",
+        default="kt,mercury",
+        help="kt, mercury, mercury-nohints (a second replica without scheduling hints)",
+    )
     ap.add_argument("--read-rate", type=float, default=1000.0, help="reads per second")
     ap.add_argument("--conns", type=int, default=32, help="writer connections")
     ap.add_argument("--matched-mbps", type=float, default=16.0)
     ap.add_argument("--window-ms", type=float, default=10.0, help="Mercury root batch window")
     ap.add_argument("--applier-nice", type=int, default=None, help="Mercury replica flag")
     ap.add_argument("--phases", default=",".join(PHASES))
+    ap.add_argument(
+        "--no-sched-hints",
+        action="store_true",
+        help="undo the replica's scheduling hints (short read slices, SCHED_BATCH applier)",
+    )
     ap.add_argument("--role", choices=("writer",), help=argparse.SUPPRESS)
     ap.add_argument("--system", help=argparse.SUPPRESS)
     ap.add_argument("--port", type=int, help=argparse.SUPPRESS)
@@ -583,7 +614,7 @@ def main() -> int:
         "notes": notes,
     }
     try:
-        nodes = {name: getattr(bench, name)() for name in systems}
+        nodes = {name: bench.kt() if name == "kt" else bench.mercury(name) for name in systems}
         for s in nodes.values():  # warm up the read path
             c = SyncConn(s.read_port)
             for i in range(500):
@@ -597,6 +628,7 @@ def main() -> int:
                 for n, s in nodes.items():
                     results[n][ph].append(bench.phase(s, ph))
                     time.sleep(0.5)
+        notes += bench.notes
         out["summary"] = summarize(results)
         out["rounds"] = results
     finally:

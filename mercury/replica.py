@@ -32,6 +32,7 @@ import uvicorn
 from mercury import logsetup, tls
 from mercury.settings import ReplicaConfig
 from reads import workermetrics, workers
+from replicator import sched
 from replicator.metrics import (
     APPLIED_SEQ,
     DIVERGED,
@@ -257,6 +258,9 @@ async def _serve(config: ReplicaConfig, n: int = 1) -> int:
     from reads import watch
 
     cfg = config.worker
+    # A waking read preempts the applier; the worker and readers started below inherit
+    # this and the worker gives it up (replicator/sched.py).
+    sched.favour_reads()
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -36,7 +36,7 @@ from core.errors import (
     SnapshotTransferError,
 )
 from core.tlsconf import TlsContexts, TlsFiles
-from replicator import bootstrap, frames, notify
+from replicator import bootstrap, frames, notify, sched
 from replicator.client import ReplicaClient, ReplicationFailed
 from replicator.heartbeat import RelayedHeartbeat
 from replicator.metrics import REFUSED
@@ -293,6 +293,9 @@ def main(argv: list[str]) -> int:
     cfg = WorkerConfig.from_json(argv[1])
     if cfg.nice > 0:
         os.nice(cfg.nice)
+    # Reads preempt this process when they wake (the read server asked for short slices,
+    # which we inherited and give up here): replicator/sched.py.
+    sched.background_applier()
     try:
         import uvloop
 
