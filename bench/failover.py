@@ -49,17 +49,24 @@ def failover(base: Path, procs: Procs, etcd: Etcd, rounds: int, ttl: int) -> dic
     cluster = Cluster(procs, base / "fo", etcd.url, n=3, ttl_s=ttl)
     cluster.start()
     times = []
+    failure = None
     with Writers(cluster, 8) as writers:
         for r in range(rounds):
             time.sleep(1.0)
             old = cluster.wait_leader()
             cluster.kill(old)
             t0 = time.monotonic()
-            times.append(writers.first_ack_after(t0, timeout=120))
-            cluster.wait_leader(not_=old)
-            cluster.start_node(old)
-            cluster.wait_standbys(2, timeout=120)
+            try:
+                times.append(writers.first_ack_after(t0, timeout=120))
+                cluster.wait_leader(not_=old)
+                cluster.start_node(old)
+                cluster.wait_standbys(2, timeout=120)
+            except AssertionError as err:  # reported with the rounds done so far
+                failure = f"round {r + 1}: {str(err)[:300]}"
+                break
             print(f"round {r + 1}: {times[-1]:.2f} s", file=sys.stderr)
+    if failure is not None:
+        return {"rounds_done": len(times), "failover_s": times, "failure": failure}
     cluster.wait_converged()
     for node in cluster.nodes:
         cluster.stop(node)
@@ -67,6 +74,7 @@ def failover(base: Path, procs: Procs, etcd: Etcd, rounds: int, ttl: int) -> dic
     return {
         "rounds": rounds,
         "lease_ttl_s": ttl,
+        "failover_s": [round(t, 2) for t in times],
         "failover_p50_s": pctl(times, 0.5),
         "failover_p99_s": pctl(times, 0.99),
         "failover_max_s": round(max(times), 3),
