@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import signal
 import sys
 import tempfile
 import time
@@ -57,7 +58,7 @@ def failover(base: Path, procs: Procs, etcd: Etcd, rounds: int, ttl: int) -> dic
             cluster.kill(old)
             t0 = time.monotonic()
             try:
-                times.append(writers.first_ack_after(t0, timeout=120))
+                times.append(writers.first_ack_after(t0, timeout=120, not_by=old))
                 cluster.wait_leader(not_=old)
                 cluster.start_node(old)
                 cluster.wait_standbys(2, timeout=120)
@@ -194,6 +195,8 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--bulk-conns", type=int, default=16)
     args = ap.parse_args()
+    # SIGTERM stops every process this bench started (the `finally` below runs).
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     only = set(args.only.split(","))
     with tempfile.TemporaryDirectory(prefix="mercury-failover-") as tmp:
         base = Path(tmp)

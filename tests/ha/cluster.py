@@ -284,12 +284,19 @@ class Writers:
         with self._lock:
             self.errors[what] = self.errors.get(what, 0) + 1
 
-    def first_ack_after(self, t0: float, timeout: float = DEADLINE_S) -> float:
-        """Seconds from `t0` (monotonic) to the first write acknowledged after it."""
+    def first_ack_after(
+        self, t0: float, timeout: float = DEADLINE_S, not_by: Node | None = None
+    ) -> float:
+        """Seconds from `t0` (monotonic) to the first write acknowledged after it (by a node
+        other than `not_by`: an answer it sent before being killed may arrive after)."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             with self._lock:
-                after = [a[0] for a in self.acked if a[0] > t0]
+                after = [
+                    a[0]
+                    for a in self.acked
+                    if a[0] > t0 and (not_by is None or a[3] != not_by.name)
+                ]
             if after:
                 return min(after) - t0
             time.sleep(0.02)
