@@ -91,7 +91,7 @@ bench-deps:
 	  || { [ "$$(id -u)" = 0 ] && apt-get update -qq && apt-get install -y -qq memcached; } \
 	  || echo "memcached missing (apt-get install memcached): read_throughput skips it" >&2
 
-bench: build bench-deps
+bench: build bench-deps ha-deps
 	$(VENV)/bin/pytest -q -m bench tests || test $$? -eq 5
 	@for b in bench/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
 
