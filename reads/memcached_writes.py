@@ -30,6 +30,7 @@ from reads import memcached_protocol as mc
 from reads.kt_write_handler import wait_for
 from reads.kt_writes import MAX_CLEAR, RMW_ATTEMPTS, KtWriter, keys_to_clear
 from reads.memcached_server import BUSY, MemcachedHandler
+from reads.metrics import READ_ERRORS
 from reads.tcp import ListenerLimits, Run, TcpService
 from store.ops import DELETE, SET, Op, Result, Status
 from store.store import Store
@@ -213,6 +214,9 @@ class MemcachedWriteHandler(MemcachedHandler):
 
     def write(self, cmd: mc.Command) -> Run:
         reply = yield from self._answer(cmd)
+        if reply.startswith((b"CLIENT_ERROR", b"SERVER_ERROR", b"ERROR")):
+            # a refused noreply write tells its client nothing: the metric is what does
+            READ_ERRORS.labels("memcached_write", "noreply" if cmd.noreply else "refused").inc()
         if not cmd.noreply:
             yield reply
         return False

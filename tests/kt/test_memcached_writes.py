@@ -139,8 +139,20 @@ def test_no_expiry_and_touch(mc: MemcachedWriteHandler, store: Store) -> None:
 def test_noreply_writes_are_applied_in_order(mc: MemcachedWriteHandler) -> None:
     got = ask(mc, b"set k/q 0 0 1 noreply\r\n1\r\nappend k/q 0 0 1 noreply\r\n2\r\nget k/q\r\n")
     assert got == b"VALUE k/q 0 2\r\n12\r\nEND\r\n"
-    # a refused noreply write answers nothing (as memcached), the next command still runs
+    # a refused noreply write answers nothing (as memcached), the next command still runs;
+    # the refusal is counted
+    before = _count("noreply")
     assert ask(mc, b"set k/q 0 5 1 noreply\r\n3\r\nget k/q\r\n") == got
+    assert _count("noreply") == before + 1
+
+
+def _count(reason: str) -> float:
+    from prometheus_client import REGISTRY
+
+    v = REGISTRY.get_sample_value(
+        "mercury_read_errors_total", {"op": "memcached_write", "reason": reason}
+    )
+    return v or 0.0
 
 
 def test_flags_refused_where_they_cannot_be_kept(store: Store) -> None:
