@@ -75,6 +75,6 @@ def test_missing_store_is_a_clear_error(tmp_path: Path) -> None:
 
 
 def test_every_command_has_help() -> None:
-    for cmd in ("init", "status", "verify", "migrate", "snapshot"):
+    for cmd in ("init", "status", "verify", "migrate", "snapshot", "promote"):
         r = run_mercury(cmd, "--help")
         assert r.returncode == 0 and "usage: mercury" in r.stdout
