@@ -367,11 +367,11 @@ class AsyncClient:
     async def follow(
         self, prefix: wire.Key, *, from_seq: int | None = None
     ) -> AsyncGenerator[wire.Snapshot | wire.Change, None]:
-        """A consumer's mirror of `prefix` that never ends in `Gone`: a `Snapshot` first
-        (unless `from_seq` says where the caller's copy stands), then every change after
-        it; when the watch's position is no longer retained (a long outage, 410), a new
-        `Snapshot` to replace the copy, and the changes after that one. Read each
-        snapshot's items before taking the next event."""
+        """A consumer's mirror of `prefix`: a `Snapshot` first (unless `from_seq` says
+        where the caller's copy stands), then every change after it; when the watch's
+        position is no longer retained (a long outage, 410), a new `Snapshot` to replace
+        the copy, and the changes after that one — `Gone` only if `snapshot` itself
+        cannot finish (see there). Read each snapshot's items before the next event."""
         if from_seq is None:
             snap = await self.snapshot(prefix)
             yield snap

@@ -363,11 +363,11 @@ class Client:
     def follow(
         self, prefix: wire.Key, *, from_seq: int | None = None
     ) -> Generator[wire.Snapshot | wire.Change, None, None]:
-        """A consumer's mirror of `prefix` that never ends in `Gone`: a `Snapshot` first
-        (unless `from_seq` says where the caller's copy stands), then every change after
-        it; when the watch's position is no longer retained (a long outage, 410), a new
-        `Snapshot` to replace the copy, and the changes after that one. Read each
-        snapshot's items before taking the next event."""
+        """A consumer's mirror of `prefix`: a `Snapshot` first (unless `from_seq` says
+        where the caller's copy stands), then every change after it; when the watch's
+        position is no longer retained (a long outage, 410), a new `Snapshot` to replace
+        the copy, and the changes after that one — `Gone` only if `snapshot` itself
+        cannot finish (see there). Read each snapshot's items before the next event."""
         if from_seq is None:
             snap = self.snapshot(prefix)
             yield snap
