@@ -22,6 +22,7 @@ commit, so a `get` after a `set ... noreply` sees the value. As in memcached, a 
 
 from __future__ import annotations
 
+import collections
 from collections.abc import Callable, Generator
 
 from core.errors import MercuryError, TooLargeError
@@ -198,6 +199,51 @@ class MemcachedWrites:
         return OK
 
 
+#: The write counters `stats` reports, as memcached names them.
+WRITE_STATS = (
+    "cmd_set",
+    "cmd_touch",
+    "cmd_flush",
+    "delete_hits",
+    "delete_misses",
+    "incr_hits",
+    "incr_misses",
+    "decr_hits",
+    "decr_misses",
+    "cas_hits",
+    "cas_misses",
+    "cas_badval",
+    "touch_hits",
+    "touch_misses",
+)
+
+
+def stat_names(name: bytes, reply: bytes) -> list[str]:
+    """The counters one write command moves, from its verb and its reply (memcached's
+    meaning: `cmd_set` counts every storage command, `*_hits`/`*_misses` found or not)."""
+    out: list[str] = []
+    if name in mc.STORAGE:
+        out.append("cmd_set")
+        if name == b"cas":
+            out += {STORED: ["cas_hits"], EXISTS: ["cas_badval"], NOT_FOUND: ["cas_misses"]}.get(
+                reply, []
+            )
+    elif name == b"delete":
+        out += {DELETED: ["delete_hits"], NOT_FOUND: ["delete_misses"]}.get(reply, [])
+    elif name in (b"incr", b"decr"):
+        verb = name.decode()
+        if reply == NOT_FOUND:
+            out.append(f"{verb}_misses")
+        elif reply[:1].isdigit():
+            out.append(f"{verb}_hits")
+    elif name == b"touch":
+        out.append("cmd_touch")
+        out += {TOUCHED: ["touch_hits"], NOT_FOUND: ["touch_misses"]}.get(reply, [])
+    elif name == b"flush_all":
+        out.append("cmd_flush")
+    return out
+
+
 class MemcachedWriteHandler(MemcachedHandler):
     """`MemcachedHandler` plus memcached's writes as one producer (docs/kt-compat.md)."""
 
@@ -211,9 +257,19 @@ class MemcachedWriteHandler(MemcachedHandler):
     ) -> None:
         super().__init__(store, connections, flags_in_value=flags_in_value)
         self.writes = MemcachedWrites(store, writer, flags_in_value=flags_in_value)
+        #: memcached's write counters (`stats`): cmd_set, delete_hits, cas_badval...
+        self.counts: collections.Counter[str] = collections.Counter()
+
+    def _stats(self) -> bytes:
+        """memcached's `stats`, with the write counters of this listener."""
+        base = super()._stats()
+        assert base.endswith(mc.END)
+        extra = mc.encode_stats([(n, self.counts[n]) for n in WRITE_STATS])
+        return base[: -len(mc.END)] + extra
 
     def write(self, cmd: mc.Command) -> Run:
         reply = yield from self._answer(cmd)
+        self.counts.update(stat_names(cmd.name, reply))
         if reply.startswith((b"CLIENT_ERROR", b"SERVER_ERROR", b"ERROR")):
             # a refused noreply write tells its client nothing: the metric is what does
             READ_ERRORS.labels("memcached_write", "noreply" if cmd.noreply else "refused").inc()

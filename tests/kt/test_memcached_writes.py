@@ -100,6 +100,18 @@ def test_storage_words(mc: MemcachedWriteHandler, store: Store) -> None:
     assert ask(mc, b"delete k/a 5\r\n") == b"CLIENT_ERROR bad command line format\r\n"
 
 
+def test_stats_count_the_writes(mc: MemcachedWriteHandler) -> None:
+    ask(mc, b"set k/a 0 0 1\r\n1\r\nadd k/a 0 0 1\r\n1\r\ndelete k/a\r\ndelete k/a\r\n")
+    ask(mc, b"cas k/a 0 0 1 1\r\n1\r\ntouch k/a 0\r\nincr k/a 1\r\n")
+    stats = dict(
+        line.split(b" ")[1:] for line in ask(mc, b"stats\r\n").splitlines() if b" " in line
+    )
+    assert stats[b"cmd_set"] == b"3" and stats[b"cas_misses"] == b"1"
+    assert (stats[b"delete_hits"], stats[b"delete_misses"]) == (b"1", b"1")
+    assert (stats[b"touch_misses"], stats[b"incr_misses"]) == (b"1", b"1")
+    assert stats[b"cmd_get"] == b"0"  # the read counters are still there
+
+
 def test_cas_unique_is_the_values_seq(mc: MemcachedWriteHandler, store: Store) -> None:
     assert ask(mc, b"cas k/c 0 0 1 1\r\nx\r\n") == b"NOT_FOUND\r\n"
     ask(mc, b"set k/c 0 0 1\r\n1\r\n")
