@@ -11,9 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from store import codec
+from store import codec, nodedocs
 from store import format as ref
-from store import nodedocs
 from store.store import CURRENT_FORMAT
 
 DATA = Path(__file__).resolve().parents[1] / "data"
