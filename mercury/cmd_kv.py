@@ -19,7 +19,15 @@ from typing import Any, BinaryIO
 
 from tqdm import tqdm
 
-from mercury.client import Client, MercuryClientError, NotFound, Refused, RetryPolicy, wire
+from mercury.client import (
+    Client,
+    Gone,
+    MercuryClientError,
+    NotFound,
+    Refused,
+    RetryPolicy,
+    wire,
+)
 
 OK, USAGE, NOT_FOUND, REFUSED, UNAVAILABLE = 0, 2, 3, 4, 5
 
@@ -303,12 +311,21 @@ def _export(client: Client, args: argparse.Namespace) -> int:
 
 
 def _watch(client: Client, args: argparse.Namespace) -> int:
-    for c in client.watch(args.prefix, from_seq=args.from_seq):
-        doc: dict[str, Any] = {"seq": c.seq, "op": c.op}
-        _put_bytes(doc, "key", c.key)
-        if c.value is not None:
-            _put_bytes(doc, "value", c.value)
-        _json_line(doc)
+    try:
+        for c in client.watch(args.prefix, from_seq=args.from_seq):
+            doc: dict[str, Any] = {"seq": c.seq, "op": c.op}
+            _put_bytes(doc, "key", c.key)
+            if c.value is not None:
+                _put_bytes(doc, "value", c.value)
+            _json_line(doc)
+    except Gone as err:
+        print(f"mercury kv: {err}", file=sys.stderr)
+        print(
+            "hint: `mercury kv export PREFIX` prints the keys at one seq S (on stderr); "
+            "then `mercury kv watch PREFIX --from-seq S+1`",
+            file=sys.stderr,
+        )
+        return REFUSED
     return OK
 
 

@@ -97,6 +97,18 @@ def test_watch_from_a_collected_seq_is_gone(served: tuple[Served, WatchApp], pki
     assert err.value.status == 410 and "collected" in err.value.detail
 
 
+def test_cli_watch_from_a_collected_seq_says_how_to_recover(
+    served: tuple[Served, WatchApp], pki: Pki
+) -> None:
+    s, app = served
+    app.oldest = 10
+    argv = ["kv", "watch", "w/", "--from-seq", "3", "--read-url", s.url, "--ca", str(pki.ca)]
+    argv += ["--cert", str(pki.client_cert), "--key", str(pki.client_key)]
+    r = subprocess.run(mercury_cmd(*argv), capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert r.returncode == 4, r.stderr  # refused: the same request will never succeed
+    assert "collected" in r.stderr and "mercury kv export" in r.stderr
+
+
 def test_mutual_tls_refuses_a_client_without_certificate(
     served: tuple[Served, WatchApp], pki: Pki
 ) -> None:
