@@ -16,7 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from mercury.client import AsyncClient, Change, Client, Gone, Item, Snapshot
+from mercury.client import AsyncClient, Change, Client, Gone, Snapshot
 from tests.client.conftest import Cluster
 from tests.gateway.conftest import make_root
 from tests.replicator.nodes import start_replica
@@ -42,64 +42,83 @@ def state_at(
     return state
 
 
+class Producer:
+    """Puts and deletes keys of `prefix` in a thread, logging (seq, key, value or None) of
+    every acknowledged write; bounded in count and time."""
+
+    def __init__(self, cluster: Cluster, token: str, prefix: str) -> None:
+        self.cluster, self.token, self.prefix = cluster, token, prefix
+        self.log: list[tuple[int, bytes, bytes | None]] = []
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run)
+
+    def _run(self) -> None:
+        with Client(self.cluster.root.url, self.token) as w:
+            deadline = time.monotonic() + WRITE_SECONDS
+            for i in range(WRITES):
+                if self.stop.is_set() or time.monotonic() > deadline:
+                    return
+                k = f"{self.prefix}{(i * 7) % 300:03d}".encode()
+                if i % 3 == 2:
+                    self.log.append((w.delete(k).seq, k, None))
+                else:
+                    v = b"v%d" % (i + 1)
+                    self.log.append((w.put(k, v).seq, k, v))
+
+    def __enter__(self) -> Producer:
+        self.thread.start()
+        while len(self.log) < 10 and self.thread.is_alive():  # under way
+            time.sleep(0.05)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        self.thread.join(WRITE_SECONDS)
+        # "written"/"deleted" answers carry their seq; an absent delete carries none
+        self.log[:] = [x for x in self.log if x[0] > 0]
+
+
+def _initial(c: Client, p: str) -> dict[bytes, bytes]:
+    initial = {f"{p}{i:03d}".encode(): b"v0" for i in range(0, 300, 2)}
+    c.wait_applied(c.batch([("set", k, v) for k, v in initial.items()]).seq)
+    return initial
+
+
 def test_snapshot_during_writes_is_the_prefix_at_its_seq(cluster: Cluster) -> None:
     name, token = cluster.root.producer()
     p = f"{name}/"
-    initial = {f"{p}{i:03d}".encode(): b"v0" for i in range(0, 300, 2)}
-    log: list[tuple[int, bytes, bytes | None]] = []
     with Client(cluster.root.url, token, read_url=cluster.read_url) as c:
-        base = c.batch([("set", k, v) for k, v in initial.items()]).seq
-        c.wait_applied(base)
-        stop = threading.Event()
-
-        def produce() -> None:
-            with Client(cluster.root.url, token) as w:
-                deadline = time.monotonic() + WRITE_SECONDS
-                for i in range(WRITES):
-                    if stop.is_set() or time.monotonic() > deadline:
-                        return
-                    k = f"{p}{(i * 7) % 300:03d}".encode()
-                    if i % 3 == 2:
-                        log.append((w.delete(k).seq, k, None))
-                    else:
-                        v = b"v%d" % (i + 1)
-                        log.append((w.put(k, v).seq, k, v))
-
-        t = threading.Thread(target=produce)
-        t.start()
+        initial = _initial(c, p)
         snaps: list[tuple[int, dict[bytes, bytes]]] = []
-        try:
-            while len(log) < 10 and t.is_alive():  # the producer is under way
-                time.sleep(0.05)
-            while len({s for s, _ in snaps}) < 5 and t.is_alive():
+        with Producer(cluster, token, p) as prod:
+            while len({s for s, _ in snaps}) < 5 and prod.thread.is_alive():
                 snap = c.snapshot(p, page_size=5)  # 30 pages, each a little later
                 snaps.append((snap.seq, {i.key: i.value or b"" for i in snap.items}))
-        finally:
-            stop.set()
-            t.join(WRITE_SECONDS)
-        # taken while the producer wrote: the writes moved the seq between snapshots
-        assert len({s for s, _ in snaps}) > 1, "no two snapshots during the writes"
-        # "written"/"deleted" answers carry their seq; an absent delete carries none
-        log[:] = [x for x in log if x[0] > 0]
-        for seq, got in snaps:
-            assert got == state_at(initial, log, seq), f"snapshot at seq {seq}"
+    # taken while the producer wrote: the writes moved the seq between snapshots
+    assert len({s for s, _ in snaps}) > 1, "no two snapshots during the writes"
+    for seq, got in snaps:
+        assert got == state_at(initial, prod.log, seq), f"snapshot at seq {seq}"
 
 
-def test_async_snapshot_is_the_same(cluster: Cluster) -> None:
+def test_async_snapshot_during_writes_too(cluster: Cluster) -> None:
     name, token = cluster.root.producer()
     p = f"{name}/"
     with Client(cluster.root.url, token, read_url=cluster.read_url) as c:
-        c.wait_applied(c.batch([("set", f"{p}{i}", str(i)) for i in range(50)]).seq)
-        want = c.snapshot(p)
-        want_items = list(want.items)
+        initial = _initial(c, p)
 
-    async def run() -> tuple[int, list[Item]]:
+    async def take(prod: Producer) -> list[tuple[int, dict[bytes, bytes]]]:
+        out: list[tuple[int, dict[bytes, bytes]]] = []
         async with AsyncClient(cluster.root.url, token, read_url=cluster.read_url) as ac:
-            snap = await ac.snapshot(p, page_size=7)
-            return snap.seq, list(snap.items)
+            while len({s for s, _ in out}) < 5 and prod.thread.is_alive():
+                snap = await ac.snapshot(p, page_size=5)
+                out.append((snap.seq, {i.key: i.value or b"" for i in snap.items}))
+        return out
 
-    seq, items = asyncio.run(run())
-    assert items == want_items and seq >= want.seq
+    with Producer(cluster, token, p) as prod:
+        snaps = asyncio.run(take(prod))
+    assert len({s for s, _ in snaps}) > 1, "no two snapshots during the writes"
+    for seq, got in snaps:
+        assert got == state_at(initial, prod.log, seq), f"snapshot at seq {seq}"
 
 
 @pytest.fixture
