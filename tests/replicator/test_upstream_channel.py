@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import uuid
 from pathlib import Path
@@ -161,3 +162,48 @@ def test_tier1_replica_relays_frames_of_its_replicas_to_the_root(
         wait_for(lambda: inbox.payloads(upstream.READS) == payloads, 30, "relayed frames")
         # Relayed in order; the kind the root does not know was ignored there, not at tier 1.
         wait_for(lambda: inbox.router.ignored[4242] == 1, 10, "unknown kind ignored at root")
+
+
+def test_spooled_payloads_go_upstream_and_are_sent_again_when_a_link_comes_back(
+    tmp_path: Path,
+) -> None:
+    """The worker's forwarder takes the files the readers spool, queues them, and sends
+    what it sent recently again at the start of every session (a frame lost with a cut
+    link is made good; the root's merge is idempotent)."""
+
+    async def run() -> list[tuple[int, bytes]]:
+        got: list[tuple[int, bytes]] = []
+
+        async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            try:
+                while True:
+                    got.append(frames.decode_upstream((await wire.read_frame(reader))[1]))
+            except ProtocolError:
+                await wire.close(writer)
+
+        server = await asyncio.start_server(handle, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        box = upstream.UpstreamOutbox()
+        fwd = upstream.SpoolForwarder(str(tmp_path), box, upstream.READS)
+        for i, p in enumerate((b"one", b"two")):
+            (tmp_path / f"{i:03d}.bin").write_bytes(p)
+        (tmp_path / ".half.tmp").write_bytes(b"not yet renamed")
+        fwd.forward(await asyncio.to_thread(fwd.collect))
+        assert sorted(p.name for p in tmp_path.iterdir()) == [".half.tmp"]
+        assert box.pending() == 2
+        for want in (4, 6):  # the first session: replay + queued; the second: replay
+            _, writer = await asyncio.open_connection("127.0.0.1", port)
+            pump = asyncio.ensure_future(box.pump(writer))
+            async with asyncio.timeout(10):
+                while len(got) < want:
+                    await asyncio.sleep(0.01)
+            pump.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await pump
+            await wire.close(writer)
+        server.close()
+        await server.wait_closed()
+        return got
+
+    got = asyncio.run(run())
+    assert got.count((upstream.READS, b"one")) == 3 and got.count((upstream.READS, b"two")) == 3
