@@ -9,15 +9,19 @@ from __future__ import annotations
 import itertools
 import json
 import re
+import ssl
 import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import yaml
 
 from mercury import tls
 from mercury.topology import SECURE_REPLICA, SECURE_ROOT
+from tests.support.procs import Procs, free_port, run_mercury
 
 REPO = Path(__file__).resolve().parents[1]
 MERCURY_SERVICES = {"root", "replica-tier1", "replica-tier2", "consumer-node"}
@@ -162,3 +166,100 @@ def test_dashboard_charts_the_spec_metrics() -> None:
     for name in set(re.findall(r"mercury_[a-z_]+", exprs)):
         base = name.removesuffix("_bucket")
         assert f'"{base}"' in code, f"dashboard uses {name}, which no component exports"
+
+
+def _localise(
+    argv: list[str], tmp: Path, service: str, ports: dict[tuple[str, str], int]
+) -> list[str]:
+    """A service's command for this machine: its volumes under `tmp`, every listener on
+    127.0.0.1 at the port `ports` gives it, every source at the port of the service named."""
+    out = []
+    for arg in argv:
+        for vol, local in (
+            ("/data", tmp / service),
+            ("/certs", tmp / "certs"),
+            ("/ca", tmp / "ca"),
+        ):
+            if arg == vol or arg.startswith(vol + "/"):
+                arg = str(local) + arg[len(vol) :]
+        out.append(arg)
+    for i, (flag, value) in enumerate(itertools.pairwise(list(out))):
+        if flag in ("--listen", "--repl-listen", "--kt-listen", "--memcached-listen"):
+            out[i + 1] = f"127.0.0.1:{ports[(service, value.rsplit(':', 1)[1])]}"
+        elif flag == "--source":
+            host, port = value.rsplit(":", 1)
+            out[i + 1] = f"127.0.0.1:{ports[(host, port)]}"
+    return out
+
+
+def wait_https(url: str, ca: ssl.SSLContext, proc: Any, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, f"the process for {url} exited"
+        try:
+            if httpx.get(url, verify=ca, timeout=1).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    raise TimeoutError(url)
+
+
+def test_the_compose_commands_run_a_secure_tree(
+    config: dict[str, Any], tmp_path: Path, procs: Procs
+) -> None:
+    """No Docker here: the compose services' own commands run as local processes (volumes
+    as directories, each service's ports on 127.0.0.1), in compose's order: the certs
+    service, the root, the tier-1 replica, then the tier-2 replica and the consumer node.
+    A producer's write is read back over HTTPS with a consumer's read token from the
+    farthest nodes, which refuse a read without it."""
+    s = config["services"]
+    ports: dict[tuple[str, str], int] = {}
+    for name in MERCURY_SERVICES:
+        for flag, values in _flags(_argv(s[name])).items():
+            if flag.endswith("listen"):
+                ports[(name, values[0].rsplit(":", 1)[1])] = free_port()
+    certs = _localise(list(s["certs"]["command"]), tmp_path, "certs", ports)
+    assert run_mercury(*certs).returncode == 0
+    ca = ssl.create_default_context(cafile=str(tmp_path / "certs" / "ca.crt"))
+    assert run_mercury("init", str(tmp_path / "root")).returncode == 0  # the root's `test -f`
+    url: dict[str, str] = {}
+    for name in ("root", "replica-tier1", "replica-tier2", "consumer-node"):
+        argv = _localise(_argv(s[name]), tmp_path, name, ports)
+        p = procs.start_mercury(*argv, name=name)
+        url[name] = f"https://{_flags(argv)['--listen'][0]}"
+        wait_https(f"{url[name]}/healthz", ca, p)
+    admin = {"Authorization": f"Bearer {(tmp_path / 'root' / 'admin.token').read_text().strip()}"}
+    with httpx.Client(verify=ca, timeout=10) as c:
+        r = c.put(
+            f"{url['root']}/v1/admin/producers/app", json={"keyspaces": ["app/"]}, headers=admin
+        )
+        assert r.status_code in (200, 201), r.text
+        writer = c.post(f"{url['root']}/v1/admin/producers/app/tokens", headers=admin).json()[
+            "token"
+        ]
+        r = c.put(
+            f"{url['root']}/v1/admin/consumers/edge", json={"keyspaces": ["app/"]}, headers=admin
+        )
+        assert r.status_code in (200, 201), r.text
+        reader = c.post(f"{url['root']}/v1/admin/consumers/edge/tokens", headers=admin).json()[
+            "token"
+        ]
+        r = c.put(
+            f"{url['root']}/v1/kv/app/x",
+            content=b"42",
+            headers={"Authorization": f"Bearer {writer}"},
+        )
+        assert r.status_code == 200, r.text
+        for name in ("replica-tier2", "consumer-node"):
+
+            def read(name: str = name) -> httpx.Response:
+                return c.get(
+                    f"{url[name]}/v1/kv/app/x", headers={"Authorization": f"Bearer {reader}"}
+                )
+
+            deadline = time.monotonic() + 120
+            while read().status_code != 200 and time.monotonic() < deadline:
+                time.sleep(0.2)
+            assert read().content == b"42", name
+            assert c.get(f"{url[name]}/v1/kv/app/x").status_code == 401, name
