@@ -33,7 +33,19 @@ import struct
 import time
 from collections.abc import Callable, Iterable
 
+from prometheus_client import Counter
+
 log = logging.getLogger("mercury.reads.readstats")
+
+KEYS_SUMMARISED = Counter(
+    "mercury_read_keys_summarised",
+    "Distinct keys read per summary period, summed over the periods (unused-key analytics)",
+)
+READS_UNCOUNTED = Counter(
+    "mercury_reads_uncounted",
+    "Reads not recorded for unused-key analytics: the period's key set was full, or the "
+    "replication worker took no summaries for too long (those days are marked incomplete)",
+)
 
 FORMAT = 1
 MAX_KEYS = 1 << 20
@@ -162,7 +174,9 @@ def spool(data_dir: str) -> Callable[[bytes], None]:
     def write(payload: bytes) -> None:
         waiting = len(os.listdir(d))
         if waiting >= MAX_SPOOL_FILES:
-            lost[0] += max(1, (len(payload) - _HEAD.size) // HASH_SIZE)
+            keys = max(1, (len(payload) - _HEAD.size) // HASH_SIZE)
+            lost[0] += keys
+            READS_UNCOUNTED.inc(keys)
             log.warning("read summary dropped: %d files wait for the worker in %s", waiting, d)
             return
         if lost[0]:
@@ -221,6 +235,8 @@ class ReadStatsService:
         await asyncio.to_thread(self._emit, keys, dropped)
 
     def _emit(self, keys: set[bytes], dropped: int) -> int:
+        KEYS_SUMMARISED.inc(len(keys))
+        READS_UNCOUNTED.inc(dropped)
         n = 0
         for payload in summaries(keys, day_of(self.clock()), dropped):
             try:

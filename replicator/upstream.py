@@ -34,6 +34,8 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import NamedTuple
 
+from prometheus_client import Counter
+
 from core.errors import ProtocolError
 from replicator import frames
 
@@ -52,6 +54,13 @@ OUTBOX_BYTES = 16 << 20
 #: A source must take an upstream frame within this time (else the session ends).
 SEND_TIMEOUT = 30.0
 _UPSTREAM_ONLY = frozenset({frames.UPSTREAM})
+#: Exported where the source runs in the process serving /metrics (the root).
+FRAMES = Counter(
+    "mercury_upstream_frames",
+    "UPSTREAM frames a replication source received, by kind and outcome (handled, relayed "
+    "by a replica, ignored: a kind nobody handles)",
+    ["kind", "outcome"],
+)
 
 
 class Origin(NamedTuple):
@@ -88,13 +97,18 @@ class UpstreamRouter:
         handler's error is logged and the link stays up (one bad summary is not a reason
         to cut replication)."""
         self.received[kind] += 1
-        handler = self._handlers.get(kind, self.fallback)
+        handler = self._handlers.get(kind)
+        outcome = "handled"
+        if handler is None:
+            handler, outcome = self.fallback, "relayed"
         if handler is None:
             self.ignored[kind] += 1
+            FRAMES.labels(str(kind), "ignored").inc()
             if (kind, origin.peer) not in self._warned and len(self._warned) < 1024:
                 self._warned.add((kind, origin.peer))
                 log.warning("ignoring upstream frames of unknown kind %d from %s", kind, origin[1])
             return
+        FRAMES.labels(str(kind), outcome).inc()
         try:
             handler(origin, kind, payload)
         except Exception:

@@ -173,6 +173,12 @@ def test_unused_keys_end_to_end_through_a_replica(
         )
         assert root.admin().get("/v1/usage/unused", params={"producer": other}).json()["keys"] == []
         assert c.get("/v1/usage/unused", params={"days": "0"}).status_code == 400
+        # The flow is visible in Prometheus: keys summarised on the replica, READS frames
+        # handled on the root.
+        rep_metrics = httpx.get(f"http://127.0.0.1:{rep.http}/metrics").text
+        assert "mercury_read_keys_summarised_total 2.0" in rep_metrics
+        root_metrics = root.admin().get("/metrics").text
+        assert 'mercury_upstream_frames_total{kind="1",outcome="handled"}' in root_metrics
         # The CLI: the summary table, and with --producer the keys themselves.
         f = tmp_path / "admin.token"
         f.write_text(root.admin_token)
