@@ -120,12 +120,19 @@ class ReadLedger:
             self.meta.since = clock()
             self._meta_dirty = True
         self.summaries = 0
+        #: Summaries of a day outside the kept ones.
+        self.ignored = 0
 
     # --- merging ---------------------------------------------------------------------
 
     def add(self, day: int, dropped: int, hashes: Iterable[bytes]) -> None:
         """Merge one read summary: key hashes read on UTC day `day`, and how many reads
-        the node could not record (its set was full)."""
+        the node could not record (its set was full). A day outside the kept ones (or
+        more than a day ahead: a node's clock gone wrong) is ignored."""
+        today = day_of(self.clock())
+        if not today - KEEP_DAYS < day <= today + 1:
+            self.ignored += 1
+            return
         known = self._day(day)
         with self._lock:
             self.summaries += 1

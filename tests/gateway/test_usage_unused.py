@@ -213,3 +213,17 @@ def test_a_full_spool_drops_summaries_and_says_so_in_the_next_one(
     sink(readstats.summaries([b"e"], day)[0])
     (last,) = d.glob("*.bin")
     assert readstats.decode(last.read_bytes())[:2] == (day, 2)  # c and d were not counted
+
+
+def test_a_summary_for_a_day_not_kept_is_ignored(tmp_path: Path) -> None:
+    store = Store.create(str(tmp_path / "s"), sync=False, map_size=1 << 28)
+    try:
+        ledger = ur.ReadLedger(store, readstats.key_hash)
+        today = readstats.day_of(time.time())
+        for day in (0, today - ur.KEEP_DAYS, today + 2, 10**9):
+            ledger.add(day, 0, [readstats.key_hash(b"p/a")])
+        assert ledger.ignored == 4 and ledger.summaries == 0
+        ledger.add(today + 1, 0, [readstats.key_hash(b"p/a")])  # a clock a little ahead
+        assert ledger.summaries == 1
+    finally:
+        store.close()
