@@ -23,8 +23,6 @@ from prometheus_client import Histogram
 #: Observations kept before they are folded into the histogram (a scrape folds them too).
 FLUSH_EVERY = 256
 
-_batches: dict[int, list[BatchedObserve]] = {}
-
 
 class BatchedObserve:
     """`observe(v)` for one labelled child of `hist`, batched (module docstring). Call it
@@ -36,9 +34,10 @@ class BatchedObserve:
         self.counts = [0] * len(self.bounds)
         self.total = 0.0
         self.n = 0
-        batches = _batches.get(id(hist))
+        batches: list[BatchedObserve] | None = getattr(hist, "_mercury_batches", None)
         if batches is None:
-            batches = _batches[id(hist)] = []
+            batches = []
+            hist._mercury_batches = batches  # type: ignore[attr-defined]
             _fold_before_collect(hist, batches)
         batches.append(self)
 
