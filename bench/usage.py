@@ -53,7 +53,11 @@ from tests.support.procs import Procs, free_port, run_mercury, wait_http  # noqa
 # --- load --------------------------------------------------------------------------------
 
 
-async def _load_round(path: Path, series_on: bool, requests: int, pairs: int) -> float:
+async def _load_round(
+    path: Path, series_on: bool, requests: int, pairs: int
+) -> tuple[float, float]:
+    """(pairs/s, pairs per CPU second of this process: the event loop, the commit thread
+    and the in-process writers; less sensitive than wall time to other load)."""
     store = Store.create(str(path))
     b = Batcher(store, window_s=0.005, max_ops=16_000, max_bytes=16 << 20, max_queued=2)
     if series_on:
@@ -74,28 +78,35 @@ async def _load_round(path: Path, series_on: bool, requests: int, pairs: int) ->
                     await asyncio.sleep(0.002)
             await fut
 
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     await asyncio.gather(*(writer() for _ in range(16)))
-    dt = time.perf_counter() - t0
+    dt, cpu = time.perf_counter() - t0, time.process_time() - c0
     await b.close()
     store.close()
     shutil.rmtree(path)
-    return requests * pairs / dt
+    return requests * pairs / dt, requests * pairs / cpu
 
 
 def bench_load(tmp: Path, rounds: int, requests: int) -> dict[str, Any]:
     off: list[float] = []
     on: list[float] = []
+    cpu_off: list[float] = []
+    cpu_on: list[float] = []
     for i in range(rounds):
-        for series_on, out in ((False, off), (True, on)):
-            out.append(
-                asyncio.run(_load_round(tmp / f"load{i}{series_on}", series_on, requests, 1000))
+        for series_on, out, cpu in ((False, off, cpu_off), (True, on, cpu_on)):
+            rate, per_cpu = asyncio.run(
+                _load_round(tmp / f"load{i}{series_on}", series_on, requests, 1000)
             )
+            out.append(rate)
+            cpu.append(per_cpu)
     r = statistics.median(on) / statistics.median(off)
     pairwise = [b / a for a, b in zip(off, on, strict=True)]  # each round's off, then on
+    cpu_pairwise = [b / a for a, b in zip(cpu_off, cpu_on, strict=True)]
     return {
         "ratio_per_round": [round(x, 3) for x in pairwise],
         "ratio_per_round_median": round(statistics.median(pairwise), 3),
+        "pairs_per_cpu_s_ratio_per_round": [round(x, 3) for x in cpu_pairwise],
+        "pairs_per_cpu_s_ratio_median": round(statistics.median(cpu_pairwise), 3),
         "pairs_per_s_series_off": round(statistics.median(off)),
         "pairs_per_s_series_on": round(statistics.median(on)),
         "rounds_off": [round(x) for x in off],
