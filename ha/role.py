@@ -80,14 +80,35 @@ def decide(
 
 
 def progress_prefix(group: str) -> bytes:
-    """Prefix of the keys where candidates publish how far their store is (`seq`)."""
+    """Prefix of the keys where candidates publish how far their store is (`Progress`)."""
     return f"/mercury/{group}/applied/".encode()
 
 
-def may_campaign(has_store: bool, lease_valid: bool, mine: int, others: list[int]) -> bool:
+#: How far a store is: (term of the last leadership in its log, last seq). Compared as a
+#: tuple, like Raft's (last log term, last index): a deposed leader's unacknowledged tail
+#: makes its seq larger, never its term.
+Progress = tuple[int, int]
+
+
+def encode_progress(p: Progress) -> bytes:
+    """The value a candidate publishes."""
+    return f"{p[0]}:{p[1]}".encode()
+
+
+def decode_progress(value: bytes) -> Progress:
+    """A published value (ValueError when malformed)."""
+    term, _, seq = value.decode().partition(":")
+    return int(term), int(seq)
+
+
+def may_campaign(
+    has_store: bool, lease_valid: bool, mine: Progress, others: list[Progress]
+) -> bool:
     """A candidate campaigns only with a store (an empty DATA_DIR first bootstraps from the
     leader: it holds nothing to lead with), a live lease to bind the key to, and a store at
     least as far along as every other live candidate's: with several standbys and
     `--sync-standbys 1`, the one that confirmed the last acknowledged batch may be any of
-    them, and the most advanced one holds it."""
+    them, and the most advanced one holds it. "Further" compares the term of the store's
+    last leadership first: a deposed leader back with a tail nobody acknowledged has the
+    higher seq but the older term, and must not win over a standby of the newer leader."""
     return has_store and lease_valid and all(mine >= o for o in others)

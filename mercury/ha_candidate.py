@@ -35,15 +35,18 @@ from ha.etcd import Etcd, EtcdError
 from ha.lease import LeaseClock, margin_for, renew_interval
 from ha.role import (
     LeaderInfo,
+    Progress,
     Role,
     View,
     decide,
+    decode_progress,
     election_key,
+    encode_progress,
     may_campaign,
     progress_prefix,
 )
 from mercury.ha_front import Front
-from mercury.ha_standby import Standby
+from mercury.ha_standby import Standby, store_term
 from mercury.tls import files_from_args
 from store import layout
 from store.store import Store
@@ -94,7 +97,7 @@ class Candidate:
         self.stopping = asyncio.Event()
         self._cooldown_until = 0.0
         self.progress_key = progress_prefix(args.ha_group) + self.node.encode()
-        self._published: tuple[int | None, int] | None = None
+        self._published: tuple[int | None, Progress] | None = None
         self._etcd_down_logged = False
 
     # --- status ----------------------------------------------------------------------
@@ -238,54 +241,58 @@ class Candidate:
         now = time.monotonic()
         valid = self.clock.valid(now)
         view = decide(self.node, self.lease, leader, key_lease, valid)
-        seq = self._my_seq() if view.role is not Role.LEADER else None
-        if seq is not None and self.lease is not None and view.role is not Role.LEADER:
-            await self._publish(seq)
+        mine = self._progress() if view.role is not Role.LEADER else None
+        if mine is not None and self.lease is not None:
+            await self._publish(mine)
         if (
             leader is None
-            and seq is not None
+            and mine is not None
             and self.lease is not None
             and now >= self._cooldown_until
-            and may_campaign(layout.exists(self.data_dir), valid, seq, await self._others())
+            and may_campaign(layout.exists(self.data_dir), valid, mine, await self._others())
         ):
-            mine = LeaderInfo(self.node, self.url, self.repl, 0)
-            won, kv = await self.etcd.create(self.key, mine.encode(), self.lease)
+            me = LeaderInfo(self.node, self.url, self.repl, 0)
+            won, kv = await self.etcd.create(self.key, me.encode(), self.lease)
             leader, key_lease = self._decode(kv)
             view = decide(self.node, self.lease, leader, key_lease, self.clock.valid(now))
             if won:
                 log.info("won the election: term %d", view.term)
         return view
 
-    def _my_seq(self) -> int | None:
-        """How far this node's store is (None: no usable store yet)."""
+    def _progress(self) -> Progress | None:
+        """How far this node's store is (None: no store yet, or one being bootstrapped)."""
         sb = self.standby
-        if sb is not None:
-            return sb.applied if sb.store is not None and sb.state == "streaming" else None
+        if sb is not None and sb.store is not None:
+            return store_term(sb.store), sb.applied
+        if sb is not None and sb.state == "bootstrapping":
+            return None
         if not layout.exists(self.data_dir):
             return None
+        # No handle of ours is open on it now (the standby holds none): a short read-only
+        # look (opened and closed without yielding, so the standby cannot open it meanwhile).
         try:
             store = Store.open(self.data_dir, readonly=True)
         except MercuryError as err:
             log.error("store unreadable: %s", err)
             return None
         try:
-            return store.last_seq()
+            return store_term(store), store.last_seq()
         finally:
             store.close()
 
-    async def _publish(self, seq: int) -> None:
+    async def _publish(self, mine: Progress) -> None:
         """Tell the other candidates how far this store is (bound to our lease)."""
-        if self._published != (self.lease, seq) and self.lease is not None:
-            await self.etcd.put(self.progress_key, str(seq).encode(), self.lease)
-            self._published = (self.lease, seq)
+        if self._published != (self.lease, mine) and self.lease is not None:
+            await self.etcd.put(self.progress_key, encode_progress(mine), self.lease)
+            self._published = (self.lease, mine)
 
-    async def _others(self) -> list[int]:
+    async def _others(self) -> list[Progress]:
         """How far the other live candidates' stores are."""
         out = []
         for k, kv in (await self.etcd.prefix(progress_prefix(self.args.ha_group))).items():
             if k != self.progress_key:
                 with contextlib.suppress(ValueError):
-                    out.append(int(kv.value))
+                    out.append(decode_progress(kv.value))
         return out
 
     @staticmethod

@@ -10,7 +10,14 @@ from hypothesis import strategies as st
 
 from ha.fencing import StaleTermError, TermGuard, decode_term, term_fields
 from ha.lease import LeaseClock, margin_for, renew_interval
-from ha.role import LeaderInfo, Role, decide, may_campaign
+from ha.role import (
+    LeaderInfo,
+    Role,
+    decide,
+    decode_progress,
+    encode_progress,
+    may_campaign,
+)
 from ha.syncack import SyncTracker
 
 
@@ -44,10 +51,14 @@ def test_role_needs_the_key_on_my_own_live_lease() -> None:
     assert decide("a", 2, me, 1, True).role is Role.STANDBY  # my old process's key
     v = decide("a", 1, other, 5, True)
     assert v.role is Role.STANDBY and v.leader == other
-    assert not may_campaign(has_store=False, lease_valid=True, mine=5, others=[])
-    assert may_campaign(has_store=True, lease_valid=True, mine=5, others=[5, 3])
-    assert not may_campaign(has_store=True, lease_valid=True, mine=5, others=[6])
-    assert not may_campaign(has_store=True, lease_valid=False, mine=5, others=[])
+    assert not may_campaign(has_store=False, lease_valid=True, mine=(1, 5), others=[])
+    assert may_campaign(has_store=True, lease_valid=True, mine=(1, 5), others=[(1, 5), (1, 3)])
+    assert not may_campaign(has_store=True, lease_valid=True, mine=(1, 5), others=[(1, 6)])
+    assert not may_campaign(has_store=True, lease_valid=False, mine=(1, 5), others=[])
+    # a deposed leader's unacknowledged tail: higher seq, older term: the standby wins
+    assert may_campaign(has_store=True, lease_valid=True, mine=(9, 105), others=[(3, 110)])
+    assert not may_campaign(has_store=True, lease_valid=True, mine=(3, 110), others=[(9, 105)])
+    assert decode_progress(encode_progress((9, 105))) == (9, 105)
 
 
 def test_leader_info_round_trip() -> None:
