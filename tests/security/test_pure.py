@@ -1,20 +1,25 @@
-"""Pure pieces of the security layer: the flags' checks and the range narrowing of read
+"""Pure pieces of the security layer: the flags' checks, the range narrowing of read
 tokens (property-tested: a narrowed range never reaches outside the token's keyspace or
-the asked range)."""
+the asked range), ranges read across several keyspaces (property-tested against the
+brute-force filter, page by page), and `mercury certs`."""
 
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import itertools
 import logging
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
+from cryptography import x509
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from core.errors import ConfigError
-from mercury import tls
+from core.tlsconf import TlsFiles, client_context, server_context
+from mercury import certs, tls
 from reads import ranges
 from reads.auth import allowed, narrow
 from store.ops import Value
@@ -143,3 +148,32 @@ def test_range_in_several_keyspaces_is_the_brute_force_filter(
     parts = ranges.clip(spaces, bounds.start, bounds.end)
     for (_, hi), (lo2, _) in itertools.pairwise(parts):
         assert hi is not None and hi <= lo2
+
+
+def test_certs_makes_only_what_is_missing(tmp_path: Path) -> None:
+    out, keys = tmp_path / "certs", tmp_path / "ca"
+    made = certs.ensure(out, ["root", "r1"], ca_key_dir=keys, san=["10.0.0.7", "node.example"])
+    assert {Path(f).name for f in made} == {
+        "ca.crt", "ca.key", "root.crt", "root.key", "r1.crt", "r1.key",
+    }  # fmt: skip
+    assert not (out / "ca.key").exists() and (keys / "ca.key").exists()
+    for secret in (keys / "ca.key", out / "root.key", out / "r1.key"):
+        assert secret.stat().st_mode & 0o077 == 0
+    assert certs.ensure(out, ["root", "r1"], ca_key_dir=keys) == []  # idempotent
+    again = certs.ensure(out, ["root", "r2"], ca_key_dir=keys)
+    assert {Path(f).name for f in again} == {"r2.crt", "r2.key"}  # the same CA signs it
+    # Each certificate works on both ends of a mutual-TLS link with the CA alone.
+    files = TlsFiles(str(out / "r2.crt"), str(out / "r2.key"), str(out / "ca.crt"))
+    server_context(files, require_client_cert=True)
+    client_context(files)
+    leaf = x509.load_pem_x509_certificate((out / "root.crt").read_bytes())
+    names = leaf.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert "node.example" in names.get_values_for_type(x509.DNSName)
+    assert ipaddress.ip_address("10.0.0.7") in names.get_values_for_type(x509.IPAddress)
+    ca = x509.load_pem_x509_certificate((out / "ca.crt").read_bytes())
+    leaf.verify_directly_issued_by(ca)
+    (keys / "ca.key").unlink()
+    with pytest.raises(ConfigError, match="only one of"):
+        certs.ensure(out, ["r3"], ca_key_dir=keys)
+    with pytest.raises(ConfigError, match="cannot name a file"):
+        certs.ensure(tmp_path / "x", ["../evil"])
