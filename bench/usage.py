@@ -4,6 +4,11 @@
   on, 5 ms window, 1,000 new ascending keys per request, 16 concurrent writers in this
   process), with the usage series on and off, in interleaved rounds (off, on, off, on…);
   the median round of each and their ratio (goal >= 0.97).
+- ``acks``: ack latency of single-pair PUTs paced at ``--ack-rate`` (2,000/s) through the
+  real `Batcher` (fsync on) for 4 s a round, with the series on and off in interleaved
+  rounds, at the gateway's default 500 ms window and at a 10 ms one: P50/P99 of each side
+  and the P99 ratio (an ack waits for its batch's window and commit; the series' share of
+  that is what shows).
 - ``storage``: one producer-keyspace active every minute of a day (the worst case for the
   minute-slot layout): bytes its documents hold at the end of the day (names + bodies +
   the 8-byte version), and bytes the day's document rewrites carried in the log.
@@ -20,8 +25,8 @@
   alternating order; P50 of each side per round and their ratio (goal: on <= 1.03 x off).
 
 Usage: .venv/bin/python bench/usage.py [--quick] [--rounds N] [--requests N]
-       [--producers N] [--days N] [--active F] [--queries N] [--reads N]
-       [--only load,storage,query,reads]
+       [--producers N] [--days N] [--active F] [--queries N] [--reads N] [--ack-rate R]
+       [--only load,acks,storage,query,reads]
 """
 
 from __future__ import annotations
@@ -85,6 +90,78 @@ async def _load_round(
     store.close()
     shutil.rmtree(path)
     return requests * pairs / dt, requests * pairs / cpu
+
+
+async def _ack_round(
+    path: Path, series_on: bool, window_s: float, rate: float, seconds: float
+) -> tuple[list[float], int]:
+    """Ack latencies (s) of single-pair writes submitted at `rate`/s for `seconds`, and how
+    many the batcher refused as overloaded."""
+    store = Store.create(str(path))
+    b = Batcher(store, window_s=window_s, max_ops=16_000, max_bytes=16 << 20, max_queued=4)
+    if series_on:
+        b.series = us.for_store(store, lambda _p: ("acks/",), dict)
+    b.start()
+    lat: list[float] = []
+    refused = 0
+    value = b"v" * 100
+
+    async def one(i: int) -> None:
+        nonlocal refused
+        ops = [Op(SET, b"acks/%09d" % i, value, "acks")]
+        t0 = time.perf_counter()
+        try:
+            fut = b.submit(ops, len(ops[0].key) + len(value), "acks")
+        except Exception:
+            refused += 1
+            return
+        await fut
+        lat.append(time.perf_counter() - t0)
+
+    tasks: set[asyncio.Task[None]] = set()
+    start = time.perf_counter()
+    for i in range(int(rate * seconds)):
+        delay = start + i / rate - time.perf_counter()
+        if delay > 0.001:
+            await asyncio.sleep(delay)
+        t = asyncio.ensure_future(one(i))
+        tasks.add(t)
+        t.add_done_callback(tasks.discard)
+    await asyncio.gather(*tasks)
+    await b.close()
+    store.close()
+    shutil.rmtree(path)
+    return lat, refused
+
+
+def _pct(xs: list[float], q: float) -> float:
+    s = sorted(xs)
+    return s[min(len(s) - 1, int(q * len(s)))] if s else float("nan")
+
+
+def bench_acks(tmp: Path, rounds: int, rate: float) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for window_ms in (500, 10):
+        per: dict[bool, list[tuple[float, float]]] = {False: [], True: []}
+        refused = 0
+        for i in range(rounds):
+            for series_on in (False, True) if i % 2 == 0 else (True, False):
+                lat, n = asyncio.run(
+                    _ack_round(tmp / f"acks{i}{series_on}", series_on, window_ms / 1000, rate, 4)
+                )
+                refused += n
+                per[series_on].append((_pct(lat, 0.5) * 1e3, _pct(lat, 0.99) * 1e3))
+        p99_off = statistics.median(p[1] for p in per[False])
+        p99_on = statistics.median(p[1] for p in per[True])
+        out[f"window_{window_ms}ms"] = {
+            "p50_ms_off": [round(p[0], 2) for p in per[False]],
+            "p50_ms_on": [round(p[0], 2) for p in per[True]],
+            "p99_ms_off": [round(p[1], 2) for p in per[False]],
+            "p99_ms_on": [round(p[1], 2) for p in per[True]],
+            "p99_ratio_on_over_off": round(p99_on / p99_off, 3),
+            "refused_overloaded": refused,
+        }
+    return out
 
 
 def bench_load(tmp: Path, rounds: int, requests: int) -> dict[str, Any]:
@@ -338,7 +415,8 @@ def main() -> None:
     ap.add_argument("--active", type=float, default=0.25)
     ap.add_argument("--queries", type=int, default=20)
     ap.add_argument("--reads", type=int, default=5000, help="point reads per side per round")
-    ap.add_argument("--only", default="load,storage,query,reads")
+    ap.add_argument("--ack-rate", type=float, default=2000.0, help="PUT/s of the acks bench")
+    ap.add_argument("--only", default="load,acks,storage,query,reads")
     a = ap.parse_args()
     if a.quick:
         a.rounds, a.requests, a.producers, a.queries = 2, 60, 20, 10
@@ -348,6 +426,8 @@ def main() -> None:
     try:
         if "load" in only:
             out["load"] = bench_load(tmp, a.rounds, a.requests)
+        if "acks" in only:
+            out["acks"] = bench_acks(tmp, max(a.rounds, 2), a.ack_rate)
         if "storage" in only:
             out["storage"] = bench_storage()
         if "query" in only:

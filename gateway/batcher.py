@@ -401,10 +401,9 @@ class Batcher:
                     else:
                         _answer(b.requests, results)
                     if self.series is not None:  # here, not in the commit thread: counting
-                        # then overlaps the next commit's fsync instead of delaying it
-                        now = time.time()
-                        for r, res in zip(b.requests, results, strict=True):
-                            self.series.add_results(r.producer, r.ops, res, now)
+                        # then overlaps the next commit's fsync instead of delaying it; and
+                        # after the woken writers' answers (call_soon runs behind them)
+                        loop.call_soon(self.series.add_requests, b.requests, results, time.time())
             self._signal_room()  # the open batch moved on
             if self._closing and not self._open.requests and not self._queued:
                 if self._acks is not None:

@@ -43,6 +43,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from itertools import compress
 from operator import itemgetter
+from typing import Protocol
 
 import orjson
 
@@ -75,6 +76,17 @@ STEPS = {"1m": 60, "1h": 3600, "1d": 86400}
 #: 10 keeps that small while a day still fits in 144 documents.
 BLOCK = 600
 MAX_POINTS = 5000
+
+
+class Counted(Protocol):
+    """What `UsageSeries.add_requests` reads of a batcher's request."""
+
+    @property
+    def producer(self) -> str: ...
+
+    @property
+    def ops(self) -> Sequence[Op]: ...
+
 
 #: Reads one replicated document (name -> bytes or None).
 LoadFn = Callable[[str], bytes | None]
@@ -277,6 +289,22 @@ class UsageSeries:
                 else:
                     for j, v in enumerate(cols):
                         cur[j] += v
+
+    def add_requests(
+        self, requests: Sequence[Counted], results: Sequence[Sequence[Result]], now: float
+    ) -> None:
+        """Count one committed batch's requests (each with its results) in the minute
+        holding `now`: the ops of each producer in one pass (`count_results`), not one
+        call per request — a batch of a thousand one-pair PUTs cost ~10 ms per-request."""
+        by_producer: dict[str, tuple[list[Op], list[Result]]] = {}
+        for r, res in zip(requests, results, strict=True):
+            g = by_producer.get(r.producer)
+            if g is None:
+                g = by_producer[r.producer] = ([], [])
+            g[0].extend(r.ops)
+            g[1].extend(res)
+        for producer, (ops, res) in by_producer.items():
+            self.add_results(producer, ops, res, now)
 
     def add_quota(self, now: float) -> None:
         """Count quota outcomes since the last call (from the admission's running totals,

@@ -430,3 +430,37 @@ def test_a_keyspace_carries_keys_and_bytes_when_it_is_its_producers_only_one(
     assert {p["keys"] for p in us.query(s, "q", "q/a/", rng, None)} == {None}
     assert start == {"keys": None, "bytes": None}
     store.close()
+
+
+def test_a_batch_is_counted_per_producer_as_its_requests_one_by_one() -> None:
+    """`add_requests` (one pass per producer) counts what `add_results` per request does."""
+
+    class Req:
+        def __init__(self, producer: str, ops: list[Op]) -> None:
+            self.producer, self.ops = producer, ops
+
+    def series() -> us.UsageSeries:
+        return us.UsageSeries(
+            lambda _n: None, lambda *_: [], {"p": ("p/a/", "p/b/"), "q": ("q/",)}.__getitem__
+        )
+
+    reqs = [
+        Req("p", [_set("p/a/1", b"x", "p"), _set("p/b/1", b"yy", "p")]),
+        Req("q", [_set("q/1", b"zzz", "q")]),
+        Req("p", [Op(DELETE, b"p/a/2", owner="p")]),
+    ]
+    results = [
+        [Result(Status.WRITTEN, 1), Result(Status.DUPLICATE, 1)],
+        [Result(Status.WRITTEN, 2)],
+        [Result(Status.DELETED, 3)],
+    ]
+    batch, one_by_one = series(), series()
+    batch.add_requests(reqs, results, T0)
+    for r, res in zip(reqs, results, strict=True):
+        one_by_one.add_results(r.producer, r.ops, res, T0)
+    rng = us.Range(T0, T0 + 60, 60)
+    for producer, ks in (("p", None), ("p", "p/a/"), ("p", "p/b/"), ("q", None)):
+        assert us.query(batch, producer, ks, rng, None) == us.query(
+            one_by_one, producer, ks, rng, None
+        )
+    assert us.query(batch, "p", "p/a/", rng, None)[0]["deletes"] == 1
