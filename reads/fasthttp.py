@@ -19,6 +19,7 @@ may read the key; every refusal (401, 403) is the ASGI middleware's own answer.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from typing import Any
 
@@ -29,6 +30,7 @@ from reads.auth import TokenIndex, allowed, bearer
 from store.format import MAX_KEY
 from store.store import Store
 
+log = logging.getLogger(__name__)
 _KV = pointget.KV_PREFIX
 _OBSERVE = pointget.OBSERVE
 _http_value = fastget.HTTP_VALUE
@@ -114,13 +116,22 @@ class FastReadProtocol(HttpToolsProtocol):
             super().on_message_complete()
 
     def _shortcut(self) -> bool:
+        try:
+            return self._answer()
+        except Exception:
+            # Never uvicorn's 400 for our failure (an exception out of a parser callback
+            # is taken for a malformed request): the ASGI path answers it as it would.
+            log.exception("point-get shortcut failed; answering through ASGI")
+            return False
+
+    def _answer(self) -> bool:
         url: bytes = self.url
         if not url.startswith(_KV) or b"?" in url or b"#" in url:
             return False
         cycle = self.cycle
         if (cycle is not None and not cycle.response_complete) or self.pipeline:
             return False  # an earlier request of this connection is still being answered
-        if self.flow.write_paused:
+        if self.flow.write_paused or self.transport.is_closing():
             return False  # the client is not taking replies: the cycle waits for it
         parser = self.parser
         method = parser.get_method()

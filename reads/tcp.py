@@ -179,7 +179,14 @@ class _Conn(asyncio.Protocol):
         if self.work is None and not self.buf and self.fast is not None:
             # The common case of a keep-alive client: one whole request in one segment on
             # an idle connection. Answered here, without the run generator and its turns.
-            reply = self.fast(data)
+            try:
+                reply = self.fast(data)
+            except Exception:
+                # As in _drive: a bug costs one connection, never the listener.
+                log.exception("%s listener: request failed; closing", self.service.name)
+                READ_ERRORS.labels(self.service.name, "internal").inc()
+                t.close()
+                return
             if reply is not None:
                 t.write(reply)
                 return
