@@ -31,7 +31,8 @@ Headers = list[tuple[bytes, bytes]]
 
 def key_of(raw_path: bytes) -> bytes:
     """The key a `/v1/kv/...` raw path names (percent-decoded to bytes)."""
-    return unquote_to_bytes(raw_path[len(KV_PREFIX) :])
+    raw = raw_path[len(KV_PREFIX) :]
+    return raw if b"%" not in raw else unquote_to_bytes(raw)
 
 
 def point_get(

@@ -4,11 +4,13 @@ write: memcached's `encode_values` and uvicorn's framing of `pointget.point_get`
 
 from __future__ import annotations
 
+from urllib.parse import unquote_to_bytes
+
 import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-from reads import fastget
+from reads import fastget, pointget
 from reads import memcached_protocol as mc
 from store import format as fmt
 
@@ -80,3 +82,8 @@ def test_none_for_anything_not_served_inline(
     bad = good[:-1] + bytes([good[-1] ^ 1])
     assert fastget.http_value(b"", key, bad, 1, False, False) is None
     assert cy.http_value(b"", key, bad, 1, False, False) is None
+
+
+@given(st.binary(max_size=100) | st.text(alphabet="%0aF/x", max_size=30).map(str.encode))
+def test_key_of_is_percent_decoding(raw: bytes) -> None:
+    assert pointget.key_of(pointget.KV_PREFIX + raw) == unquote_to_bytes(raw)
