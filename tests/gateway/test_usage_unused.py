@@ -227,3 +227,33 @@ def test_a_summary_for_a_day_not_kept_is_ignored(tmp_path: Path) -> None:
         assert ledger.summaries == 1
     finally:
         store.close()
+
+
+def test_reads_on_a_tier_2_replica_reach_the_root_through_tier_1(
+    tmp_path: Path, procs: Procs, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Root -> tier 1 -> tier 2, real processes: a key read only on tier 2 (an HTTP GET)
+    is no longer unused at the root once tier 1 relayed tier 2's summary (a worker that
+    does not relay fails this test)."""
+    monkeypatch.setenv("MERCURY_READSTATS_PERIOD_S", "0.3")
+    root = make_root(procs, tmp_path / "root")
+    try:
+        name, token = root.producer()
+        c = root.client(token)
+        for i in range(3):
+            r = c.put(f"/v1/kv/{name}/k{i}", content=b"v")
+            assert r.status_code == 200
+        repl_port = int(root.args[root.args.index("--repl-listen") + 1].rsplit(":", 1)[1])
+        t1 = start_replica(procs, tmp_path / "t1", [repl_port], name="t1")
+        t2 = start_replica(procs, tmp_path / "t2", [t1.repl], name="t2")
+        wait_seq(t2.http, r.json()["seq"])
+        time.sleep(1.2)
+        assert httpx.get(f"http://127.0.0.1:{t2.http}/v1/kv/{name}/k1").status_code == 200
+
+        def unused() -> list[str]:
+            doc = c.get("/v1/usage/unused", params={"days": 1 / 86400}).json()
+            return [i["key"] for i in doc["keys"]]
+
+        wait_for(lambda: unused() == [f"{name}/k0", f"{name}/k2"], 30, "tier 2's read at root")
+    finally:
+        root.close_clients()
