@@ -26,8 +26,11 @@ EVERYTHING: tuple[bytes, ...] = (b"",)
 class GatewayReadTokens:
     """Keyspaces of a token per the gateway on ``app.state.gw`` (set by its lifespan)."""
 
-    def __init__(self, app: Any) -> None:
+    def __init__(self, app: Any, consumers: bool = True) -> None:
         self.app = app
+        # False on a root without --read-auth: only producers (their keyspaces) and the
+        # admin read there, as the root's point GET allows.
+        self.consumers = consumers
         self._acl: object = None
         self._index: dict[str, TokenOwner] = {}
 
@@ -49,6 +52,8 @@ class GatewayReadTokens:
         if hit.expires_us is not None and now >= hit.expires_us:
             return None
         if hit.kind == CONSUMER:
+            if not self.consumers:
+                return None
             c = auth.acl.consumers.get(hit.name)
             spaces = tuple(k.encode() for k in c.keyspaces) if c is not None else None
         else:

@@ -28,6 +28,8 @@ from store.lock import WriterLock
 from store.retention import RetentionService
 from store.store import Store
 
+WATCH_ONLY = frozenset({"watch"})  # the read kinds ReadAuth guards on a root without --read-auth
+
 log = logging.getLogger("mercury.root")
 
 
@@ -100,6 +102,10 @@ def run_root(args: argparse.Namespace) -> int:
             # Reads take consumer tokens too (each sees its keyspaces), checked against the
             # gateway's live token index: the one rule of reads/auth.py, as on replicas.
             asgi = ReadAuth(asgi, GatewayReadTokens(app))
+        else:
+            # The root's watch streams values like a read: without --read-auth it takes the
+            # tokens the root's point GET takes (a producer's keyspaces, or the admin).
+            asgi = ReadAuth(asgi, GatewayReadTokens(app, consumers=False), only=WATCH_ONLY)
         config = uvicorn.Config(
             asgi,
             host=host,

@@ -120,9 +120,11 @@ def narrow(
 class ReadAuth:
     """ASGI middleware enforcing read tokens in front of a read API (see module doc)."""
 
-    def __init__(self, app: ASGIApp, index: TokenIndex) -> None:
+    def __init__(self, app: ASGIApp, index: TokenIndex, only: frozenset[str] | None = None) -> None:
         self.app = app
         self.index = index
+        # The read kinds ("kv", "bulk", "range", "watch") this instance guards; None: all.
+        self.only = only
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -132,7 +134,7 @@ class ReadAuth:
         raw = scope.get("raw_path") or quote(scope["path"]).encode()
         path = raw.split(b"?", 1)[0]
         kind = _kind(method, path)
-        if kind is None:
+        if kind is None or (self.only is not None and kind not in self.only):
             await self.app(scope, receive, send)
             return
         token = bearer(scope)

@@ -33,13 +33,16 @@ Doc = dict[str, Any]
 class Stream:
     """One watch stream read line by line (http.client decodes the chunked body)."""
 
-    def __init__(self, base: str, prefix: str, from_seq: int | None = None) -> None:
+    def __init__(
+        self, base: str, prefix: str, from_seq: int | None = None, token: str | None = None
+    ) -> None:
         host, port = base.removeprefix("http://").split(":")
         self.conn = http.client.HTTPConnection(host, int(port), timeout=30)
         q = f"prefix={quote(prefix)}"
         if from_seq is not None:
             q += f"&from_seq={from_seq}"
-        self.conn.request("GET", f"/v1/watch?{q}")
+        auth = {"Authorization": f"Bearer {token}"} if token is not None else {}
+        self.conn.request("GET", f"/v1/watch?{q}", headers=auth)
         self.resp = self.conn.getresponse()
         self.status = self.resp.status
         self.lines: list[Doc] = []
@@ -113,9 +116,14 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
 
 
 @pytest.fixture(scope="module")
-def writer(cluster: Cluster) -> Iterator[Client]:
+def writer_token(cluster: Cluster) -> str:
     _name, token = cluster.root.producer(["w/"])
-    with Client(cluster.root.url, token, read_url=cluster.read_url) as c:
+    return token
+
+
+@pytest.fixture(scope="module")
+def writer(cluster: Cluster, writer_token: str) -> Iterator[Client]:
+    with Client(cluster.root.url, writer_token, read_url=cluster.read_url) as c:
         yield c
 
 
@@ -133,10 +141,10 @@ def _batch(root_url: str, token: str, ops: list[Doc]) -> Doc:
 
 
 def test_changes_arrive_in_order_with_seqs_and_only_under_the_prefix(
-    cluster: Cluster, writer: Client
+    cluster: Cluster, writer: Client, writer_token: str
 ) -> None:
     on_replica = Stream(cluster.read_url, "w/a/").live()
-    on_root = Stream(cluster.root.url, "w/a/").live()
+    on_root = Stream(cluster.root.url, "w/a/", token=writer_token).live()
     other = Stream(cluster.read_url, "w/b/").live()
     try:
         s1 = writer.put("w/a/1", b"one").seq
@@ -366,10 +374,15 @@ def test_410_after_log_gc_and_sigterm_with_open_streams(tmp_path: Path) -> None:
             for i in range(30):
                 w.put(f"g/{i}", b"x")
         c.caught_up()
+        # the root's watch takes the tokens its point GET takes; without one: 401
+        r = httpx.get(root.url + "/v1/watch?prefix=g/", timeout=10)
+        assert r.status_code == 401, r.text
+        auth = {root.url: token, c.read_url: None}
         for url in (root.url, c.read_url):
+            hdr = {"Authorization": f"Bearer {auth[url]}"} if auth[url] else {}
             deadline = time.monotonic() + 30
             while True:
-                r = httpx.get(url + "/v1/watch?prefix=g/&from_seq=1", timeout=10)
+                r = httpx.get(url + "/v1/watch?prefix=g/&from_seq=1", headers=hdr, timeout=10)
                 if r.status_code == 410 or time.monotonic() > deadline:
                     break
                 time.sleep(0.2)
@@ -379,13 +392,16 @@ def test_410_after_log_gc_and_sigterm_with_open_streams(tmp_path: Path) -> None:
             assert doc["log_first_seq"] > 1
             assert "range" in doc["detail"] and "from_seq" in doc["detail"]
             # from the first retained seq it streams
-            ok = Stream(url, "g/", from_seq=doc["log_first_seq"])
+            ok = Stream(url, "g/", from_seq=doc["log_first_seq"], token=auth[url])
             ok.read_until(n_changes(1))
             assert ok.changes()[0]["seq"] >= doc["log_first_seq"]
             ok.close()
         # SIGTERM with open streams: both processes stop promptly (uvicorn waits for
         # every open response; the hub ends the streams)
-        open_streams = [Stream(root.url, "g/").live(), Stream(c.read_url, "g/").live()]
+        open_streams = [
+            Stream(root.url, "g/", token=token).live(),
+            Stream(c.read_url, "g/").live(),
+        ]
         for p in (replica.proc, root.proc):
             t0 = time.monotonic()
             assert Procs.terminate(p, timeout=20) != -9, procs.logs()
