@@ -411,7 +411,7 @@ class ReplicaClient:
                 received = rec.last_seq
                 fresh_at = time.monotonic()
                 self.selector.progressed()
-                await applier.put(rec)
+                await applier.put(rec, crc_checked=reader.record_crc_ok)
             elif ftype == frames.HEARTBEAT:
                 hb = frames.decode_heartbeat(bytes(body))
                 self._check_not_rolled_back(hb)
@@ -486,14 +486,19 @@ class _ApplyThread:
         self._on_heartbeat = on_heartbeat
         self._reader = reader
         self._q: queue.SimpleQueue[LogRecord | frames.Heartbeat | None] = queue.SimpleQueue()
+        #: The first seqs of queued records whose log CRC the frame reader already checked.
+        self._checked: set[int] = set()
         self._space = asyncio.Semaphore(PIPELINE)
         self._done: asyncio.Future[None] = loop.create_future()
         self.error: BaseException | None = None
         threading.Thread(target=self._run, name="apply", daemon=True).start()
 
-    async def put(self, item: LogRecord | frames.Heartbeat) -> None:
-        """Queue `item`, waiting while PIPELINE items are already queued."""
+    async def put(self, item: LogRecord | frames.Heartbeat, crc_checked: bool = False) -> None:
+        """Queue `item`, waiting while PIPELINE items are already queued. `crc_checked`:
+        the log record's CRC holds (the store need not check it again)."""
         await self._space.acquire()
+        if crc_checked and isinstance(item, LogRecord):
+            self._checked.add(item.first_seq)
         self._q.put(item)
 
     def drop_pending(self) -> None:
@@ -559,18 +564,22 @@ class _ApplyThread:
     def _apply_checked(self, group: list[LogRecord]) -> None:
         if not group:
             return
-        if len(group) > 1:
-            try:
-                self._store.apply_log_records(group)
-                return
-            except MercuryError:
-                pass
-        for rec in group:
-            self._apply_one(rec)
+        checked = all([rec.first_seq in self._checked for rec in group])
+        try:
+            if len(group) > 1:
+                try:
+                    self._store.apply_log_records(group, crc_checked=checked)
+                    return
+                except MercuryError:
+                    pass
+            for rec in group:
+                self._apply_one(rec)
+        finally:
+            self._checked.difference_update([rec.first_seq for rec in group])
 
     def _apply_one(self, rec: LogRecord) -> None:
         try:
-            self._store.apply_log_record(rec)
+            self._store.apply_log_records([rec], crc_checked=rec.first_seq in self._checked)
         except ChainError as err:
             seq, head = self._store.head()
             if rec.first_seq == seq + 1:  # continuity held: the hash chain does not

@@ -18,6 +18,7 @@ from typing import Any
 
 from core.errors import ProtocolError
 from replicator import frames
+from store import codec
 from store.format import LOG_HEADER, decode_log_header
 from store.ops import LogRecord
 
@@ -133,6 +134,9 @@ class FrameReader(asyncio.BufferedProtocol):
         self._eof = False
         self._error: ProtocolError | None = None
         self._waiter: asyncio.Future[None] | None = None
+        #: Whether the last RECORD frame read holds a log record whose own CRC holds too
+        #: (checked with the frame's CRC in one pass over the payload; see `read_frame`).
+        self.record_crc_ok = False
 
     # -- protocol side (called by the transport) --
 
@@ -146,8 +150,8 @@ class FrameReader(asyncio.BufferedProtocol):
                 self._direct = True
                 return memoryview(self._body)[self._got :]
         self._direct = False
-        if self._start == self._end:
-            self._start = self._end = 0
+        if self._start == self._end or self._error is not None:
+            self._start = self._end = 0  # after an error, bytes still arriving are dropped
         elif len(self._scratch) - self._end < 4096:
             n = self._end - self._start
             self._scratch[:n] = self._scratch[self._start : self._end]
@@ -266,7 +270,21 @@ class FrameReader(asyncio.BufferedProtocol):
         if self._paused and self._queued < self._limit // 2:
             self._paused = False
             self._transport.resume_reading()
-        if zlib.crc32(body, zlib.crc32(raw[:6])) != frames.HEADER.unpack(raw)[3]:
+        want = frames.HEADER.unpack(raw)[3]
+        self.record_crc_ok = False
+        if raw[0] == frames.RECORD and len(body) >= LOG_HEADER.size:
+            # A record is covered by two CRCs sharing its payload: the frame's (prefix,
+            # log header, payload) and the log record's (58 header bytes, payload). The
+            # payload's CRC is computed once and combined with each prefix's.
+            mv = memoryview(body)
+            hs = LOG_HEADER.size
+            plen = len(body) - hs
+            cp = codec.crc32(mv[hs:])
+            if codec.crc32_combine(zlib.crc32(mv[:hs], zlib.crc32(raw[:6])), cp, plen) != want:
+                raise ProtocolError(f"frame of type {raw[0]} fails its CRC")
+            log_crc = int.from_bytes(mv[hs - 4 : hs], "little")
+            self.record_crc_ok = codec.crc32_combine(zlib.crc32(mv[: hs - 4]), cp, plen) == log_crc
+        elif zlib.crc32(body, zlib.crc32(raw[:6])) != want:
             raise ProtocolError(f"frame of type {raw[0]} fails its CRC")
         return raw[0], body
 

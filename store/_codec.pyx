@@ -15,6 +15,8 @@ from store.format import Entry, RecordHeader
 # the same function as hashlib.blake2b(digest_size=32)).
 cdef extern from "zlib.h":
     unsigned long crc32_z(unsigned long crc, const unsigned char* buf, size_t len) nogil
+    unsigned long zlib_crc32_combine "crc32_combine" (unsigned long crc1, unsigned long crc2,
+                                                      long len2) nogil
 
 cdef extern from "sodium.h":
     ctypedef struct crypto_generichash_state:
@@ -94,6 +96,14 @@ cdef inline void _blake2b_2(const uint8_t* a, size_t an, const uint8_t* b, size_
     crypto_generichash_update(&st, a, an)
     crypto_generichash_update(&st, b, bn)
     crypto_generichash_final(&st, out, HASH_SIZE)
+
+
+def crc32_combine(uint32_t crc1, uint32_t crc2, Py_ssize_t len2):
+    """CRC-32 of a + b from crc32(a), crc32(b) and len(b) (zlib's; the pure twin is
+    `store/crccombine.py`)."""
+    if len2 < 0:
+        raise ValueError("negative length")
+    return <uint32_t>zlib_crc32_combine(crc1, crc2, len2)
 
 
 def crc32(const uint8_t[:] data, uint32_t crc=0):

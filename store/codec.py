@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from store import applyloop as _loop
+from store import crccombine as _crccombine
 from store import format as _ref
 
 IMPLEMENTATION: str
@@ -25,38 +26,42 @@ chain: Callable[[bytes, Any], bytes]
 pack_entries: Callable[[int, list[tuple[int, bytes, bytes, bytes]], bytes], tuple[bytes, bytes]]
 unpack_entries: Callable[[Any, bytes], tuple[list[_ref.Entry], bytes]]
 crc32: Callable[..., int]
+crc32_combine: Callable[[int, int, int], int]
 apply_ops: Callable[..., Any]
 
 if os.environ.get("MERCURY_PURE") == "1":
     _impl: Any = _ref
     crc32 = zlib.crc32
+    crc32_combine = _crccombine.crc32_combine
     IMPLEMENTATION = "python"
 else:
     try:
         from store import _codec as _impl
 
         crc32 = _impl.crc32
+        crc32_combine = _impl.crc32_combine
         IMPLEMENTATION = "cython"
     except ImportError:  # pragma: no cover - only before `make build`
         if os.environ.get("MERCURY_REQUIRE_CYTHON") == "1":
             raise
         _impl = _ref
         crc32 = zlib.crc32
+        crc32_combine = _crccombine.crc32_combine
         IMPLEMENTATION = "python"
 
 
 def use(implementation: str) -> None:
     """Switch this process to ``"cython"`` or ``"python"`` (benchmarks compare both in one
     run). Callers look functions up on this module at call time, so the switch is global."""
-    global IMPLEMENTATION, _impl, crc32
+    global IMPLEMENTATION, _impl, crc32, crc32_combine
     global encode_record, decode_record_header, record_value, encode_entry, chain
     global pack_entries, unpack_entries, apply_ops
     if implementation == "cython":
         from store import _codec
 
-        _impl, crc32 = _codec, _codec.crc32
+        _impl, crc32, crc32_combine = _codec, _codec.crc32, _codec.crc32_combine
     elif implementation == "python":
-        _impl, crc32 = _ref, zlib.crc32
+        _impl, crc32, crc32_combine = _ref, zlib.crc32, _crccombine.crc32_combine
     else:
         raise ValueError(f"unknown codec implementation {implementation!r}")
     IMPLEMENTATION = implementation

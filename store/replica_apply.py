@@ -26,10 +26,17 @@ from store.usage import stored_bytes
 
 
 def apply_records(
-    path: str, env: Any, dbs: layout.Dbs, recs: Sequence[LogRecord], *, counted: bool
+    path: str,
+    env: Any,
+    dbs: layout.Dbs,
+    recs: Sequence[LogRecord],
+    *,
+    counted: bool,
+    crc_checked: bool = False,
 ) -> None:
-    """Apply consecutive `recs` in ONE write transaction (see `Store.apply_log_records`)."""
-    raws = [payload(rec) for rec in recs]
+    """Apply consecutive `recs` in ONE write transaction (see `Store.apply_log_records`;
+    `crc_checked`: the caller checked each record's CRC over these bytes)."""
+    raws = [payload(rec, crc_checked) for rec in recs]
     with (
         writing(path, "applying a replicated batch"),
         env.begin(write=True, db=dbs.data) as txn,
@@ -46,9 +53,9 @@ def apply_records(
         txn.put(K_HASH_HEAD, head, db=dbs.meta)
 
 
-def payload(rec: LogRecord) -> memoryview:
+def payload(rec: LogRecord, crc_checked: bool = False) -> memoryview:
     """The checked, decompressed payload of `rec` (CorruptionError when it is not)."""
-    if not log_crc_ok(rec.header, rec.payload):
+    if not crc_checked and not log_crc_ok(rec.header, rec.payload):
         raise CorruptionError(f"log record at seq {rec.first_seq} fails its CRC")
     try:
         return memoryview(cramjam.snappy.decompress_raw(rec.payload))

@@ -229,17 +229,24 @@ class Store:
         """
         self.apply_log_records([rec])
 
-    def apply_log_records(self, recs: Sequence[LogRecord]) -> None:
+    def apply_log_records(self, recs: Sequence[LogRecord], *, crc_checked: bool = False) -> None:
         """Apply consecutive log records in ONE transaction (a catching-up replica).
 
         Each record gets the checks of `apply_log_record`; the records stay separate in the
         log (byte-identical to the source's). All or nothing: on any error nothing of the
         group is applied — a caller that wants the good prefix applies one by one.
+        `crc_checked`: the caller has checked every record's CRC over these very bytes
+        (the replication stream does it with its frame CRC in one pass).
         """
         if not recs:
             return
         replica_apply.apply_records(
-            self.path, self.env, self.dbs, recs, counted=self.format_version >= 2
+            self.path,
+            self.env,
+            self.dbs,
+            recs,
+            counted=self.format_version >= 2,
+            crc_checked=crc_checked,
         )
         self._committed(recs[-1].last_seq)
 

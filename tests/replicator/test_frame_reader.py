@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from core.errors import ProtocolError
 from replicator import frames, wire
+from store.format import encode_log_header, log_crc_ok
 
 
 class FakeTransport:
@@ -178,3 +179,32 @@ def test_takes_over_a_live_connection_after_the_handshake() -> None:
         await server.wait_closed()
 
     asyncio.run(main())
+
+
+@settings(max_examples=60, deadline=None)
+@given(payload=st.binary(max_size=50_000), flip=st.none() | st.integers(min_value=0))
+def test_a_record_s_own_crc_is_checked_in_the_same_pass(payload: bytes, flip: int | None) -> None:
+    """`record_crc_ok` says whether the log record's CRC holds, for a frame whose own CRC
+    holds (a record corrupted at the source is framed correctly: only the store's check
+    would catch it, and it does, because the flag is then False)."""
+    header = encode_log_header(0, 1, 1, 5, b"\x07" * 32, payload)
+    if flip is not None:
+        i = flip % (58 + len(payload))
+        rec = bytearray(header[:58] + payload)
+        rec[i] ^= 0x10
+        header, payload = bytes(rec[:58]) + header[58:], bytes(rec[58:])
+
+    async def main() -> bool:
+        fr = wire.FrameReader(limit=1 << 30)
+        fr.connection_made(FakeTransport())  # type: ignore[arg-type]
+        _deliver(fr, frames.encode_record(header, payload), [])
+        ftype, body = await fr.read_frame()
+        assert (ftype, bytes(body)) == (frames.RECORD, header + payload)
+        return fr.record_crc_ok
+
+    try:
+        holds = log_crc_ok(header, payload)
+    except ValueError:  # the flip hit the header's tag: not a log record at all
+        holds = False
+    assert asyncio.run(main()) is holds
+    assert holds is (flip is None)
