@@ -18,10 +18,11 @@ import lmdb
 
 from core import failpoints
 from store import chunks, codec, docs, layout, nodedocs, txlog
-from store.counters import DeferredCounters, bump, write_usage
+from store.counters import DeferredCounters, KeyspaceCounts, bump, read_keyspaces, write_usage
 from store.layout import K_HASH_HEAD, K_LAST_SEQ, U64
 from store.lmdberrors import translate, writing
 from store.ops import ApplyResult, Op, Result
+from store.usage import KsTable
 
 #: Given a batch's real results, the (idempotency key, answer) records to store with it.
 AnswersFn = Callable[[list[Result]], Iterable[tuple[bytes, bytes]]]
@@ -42,6 +43,8 @@ class BatchWriter:
         #: Format 1 kept no usage counters (`mercury migrate` backfills them).
         self._counted = counted
         self.deferred = DeferredCounters()
+        #: Keys/bytes per keyspace of the owners with several (`set_keyspaces`).
+        self.by_keyspace = KeyspaceCounts()
 
     def apply(
         self,
@@ -64,6 +67,7 @@ class BatchWriter:
                 last = U64.unpack(txn.get(K_LAST_SEQ, db=meta))[0]
                 head = bytes(txn.get(K_HASH_HEAD, db=meta))
                 cur = txn.cursor()
+                ks_prev = self.by_keyspace.before(ops, txn.get) if self._counted else None
                 results, entries, seq, delta = codec.apply_ops(
                     ops,
                     txn.get,
@@ -107,6 +111,13 @@ class BatchWriter:
                             bump(delta, owner_name, i, n)
                     if self._counted:
                         write_usage(txn, meta, delta)
+                        if self.by_keyspace.table and entries:
+                            self.by_keyspace.write(
+                                txn,
+                                meta,
+                                self.by_keyspace.delta(ops, results, ks_prev) if ks_prev else {},
+                                seq,
+                            )
                     failpoints.hit("store.apply.before_commit")
                     txn.commit()
                 except BaseException:
@@ -137,6 +148,28 @@ class BatchWriter:
         except BaseException:
             self.deferred.restore(taken)
             raise
+
+    def set_keyspaces(self, table: KsTable) -> list[str]:
+        """Track keys/bytes per keyspace for `table`'s owners from now on, recounting
+        (one scan of their keyspaces, in one write transaction) those whose stored figures
+        are not known exact. The owners recounted."""
+        self.by_keyspace.set_table(table)
+        if not self._counted or not table:
+            return []
+        with (
+            writing(self._path, "counting keys per keyspace"),
+            self._env.begin(write=True) as txn,
+        ):
+            last = U64.unpack(txn.get(K_LAST_SEQ, db=self._dbs.meta))[0]
+            return self.by_keyspace.recount_stale(txn, self._dbs.data, self._dbs.meta, last)
+
+    def keyspace_usage(self, owner: str) -> dict[str, tuple[int, int]]:
+        """(keys, stored bytes) per keyspace of a tracked `owner` (empty for others)."""
+        if owner not in self.by_keyspace.table:
+            return {}
+        with self._env.begin() as txn:
+            got = read_keyspaces(txn, self._dbs.meta, owner)
+        return {ks.decode(): v for ks, v in got.items()}
 
 
 class ValueChunks:

@@ -15,9 +15,27 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable, Sequence
 from typing import Any
 
-from store.usage import Usage, usage_key
+from store.format import OP_SET
+from store.ops import Op, Result, Status
+from store.usage import (
+    K_KS_AT,
+    KS_USAGE_PREFIX,
+    KsDelta,
+    KsTable,
+    Usage,
+    keyspace_of,
+    ks_bump,
+    ks_decode,
+    ks_encode,
+    ks_set_key,
+    ks_usage_key,
+    record_owner_size,
+    stored_bytes,
+    usage_key,
+)
 
 #: Longest time duplicate/throttle counters stay in memory before they are committed.
 COUNTER_DEFER_S = 60.0
@@ -87,3 +105,142 @@ class DeferredCounters:
         with self._lock:
             for owner, d in self._held.items():
                 out.setdefault(owner, Usage()).add(Usage(*d))
+
+
+_WRITTEN, _DELETED = Status.WRITTEN, Status.DELETED
+
+
+class KeyspaceCounts:
+    """Keys and stored bytes per (owner, keyspace) for the owners with several keyspaces,
+    kept exact in each batch's own transaction (`store.usage` describes the records).
+
+    Cost on the write path: nothing for a batch none of whose keys lies under a tracked
+    keyspace (one C-level ``startswith`` per op); otherwise one extra ``get`` per such op
+    before the batch applies (the previous record: its owner and size)."""
+
+    def __init__(self) -> None:
+        self.table: KsTable = {}
+        self._all: tuple[bytes, ...] = ()
+
+    def set_table(self, table: KsTable) -> None:
+        self.table = table
+        self._all = tuple(p for ps in table.values() for p in ps)
+
+    def before(self, ops: Sequence[Op], get: Callable[[bytes], Any]) -> dict[bytes, Any] | None:
+        """The previous records of the batch's tracked keys (None when it has none)."""
+        tracked = self._all
+        if not tracked:
+            return None
+        prev: dict[bytes, Any] = {}
+        for op in ops:
+            k = op.key
+            if k.startswith(tracked) and k not in prev:
+                raw = get(k)
+                prev[k] = None if raw is None else record_owner_size(k, bytes(raw))
+        return prev or None
+
+    def delta(
+        self, ops: Sequence[Op], results: Sequence[Result], prev: dict[bytes, Any]
+    ) -> KsDelta:
+        """Per (owner, keyspace) changes of the batch, op by op in order."""
+        table = self.table
+        out: KsDelta = {}
+        for op, res in zip(ops, results, strict=True):
+            k = op.key
+            if k not in prev:
+                continue
+            st = res[0]
+            if st == _WRITTEN and op.op == OP_SET:
+                ob = op.owner.encode()
+                new: tuple[str, int] | None = (
+                    op.owner,
+                    stored_bytes(len(k), len(op.value), len(ob)),
+                )
+            elif st == _DELETED:
+                new = None
+            else:
+                continue
+            ks_bump(out, table, k, prev[k], -1)
+            ks_bump(out, table, k, new, 1)
+            prev[k] = new
+        return out
+
+    def write(self, txn: Any, meta_db: Any, delta: KsDelta, seq: int) -> None:
+        """Add `delta` to the stored records and mark them exact at `seq`, inside `txn`."""
+        for (owner, ks), (dk, db) in delta.items():
+            if dk or db:
+                rk = ks_usage_key(owner, ks)
+                keys, nbytes = ks_decode(txn.get(rk, db=meta_db))
+                txn.put(rk, ks_encode(keys + dk, nbytes + db), db=meta_db)
+        txn.put(K_KS_AT, seq.to_bytes(8, "little"), db=meta_db)
+
+    def recount_stale(self, txn: Any, data_db: Any, meta_db: Any, last_seq: int) -> list[str]:
+        """Recount the owners whose records are not known exact now (all of them when the
+        store's log moved on without these records; else those whose keyspaces changed)
+        and mark them exact at `last_seq`. The owners recounted."""
+        at = txn.get(K_KS_AT, db=meta_db)
+        all_stale = at is None or int.from_bytes(bytes(at), "little") != last_seq
+        done = []
+        for owner, prefixes in self.table.items():
+            sig = b"\x00".join(sorted(prefixes))
+            stored = txn.get(ks_set_key(owner), db=meta_db)
+            if all_stale or stored is None or bytes(stored) != sig:
+                self._recount(txn, data_db, meta_db, owner, prefixes)
+                txn.put(ks_set_key(owner), sig, db=meta_db)
+                done.append(owner)
+        txn.put(K_KS_AT, last_seq.to_bytes(8, "little"), db=meta_db)
+        return done
+
+    @staticmethod
+    def _recount(
+        txn: Any, data_db: Any, meta_db: Any, owner: str, prefixes: tuple[bytes, ...]
+    ) -> None:
+        cur = txn.cursor(db=meta_db)
+        old_prefix = KS_USAGE_PREFIX + owner.encode() + b"\x00"
+        stale = []
+        if cur.set_range(old_prefix):
+            for k in cur.iternext(values=False):
+                if not bytes(k).startswith(old_prefix):
+                    break
+                stale.append(bytes(k))
+        for k in stale:
+            txn.delete(k, db=meta_db)
+        counts = recount(txn, data_db, owner, prefixes)
+        for ks, (keys, nbytes) in counts.items():
+            txn.put(ks_usage_key(owner, ks), ks_encode(keys, nbytes), db=meta_db)
+
+
+def recount(
+    txn: Any, data_db: Any, owner: str, prefixes: tuple[bytes, ...]
+) -> dict[bytes, tuple[int, int]]:
+    """(keys, stored bytes) per keyspace of `owner` counted from the data itself."""
+    out = {p: (0, 0) for p in prefixes}
+    cur = txn.cursor(db=data_db)
+    for p in prefixes:
+        if not cur.set_range(p):
+            continue
+        for k, raw in cur.iternext():
+            k = bytes(k)
+            if not k.startswith(p):
+                break
+            if keyspace_of(prefixes, k) != p:
+                continue  # under a longer keyspace of the same owner: counted there
+            o, size = record_owner_size(k, bytes(raw))
+            if o == owner:
+                keys, nbytes = out[p]
+                out[p] = (keys + 1, nbytes + size)
+    return out
+
+
+def read_keyspaces(txn: Any, meta_db: Any, owner: str) -> dict[bytes, tuple[int, int]]:
+    """The stored (keys, bytes) per keyspace of `owner`."""
+    prefix = KS_USAGE_PREFIX + owner.encode() + b"\x00"
+    out = {}
+    cur = txn.cursor(db=meta_db)
+    if cur.set_range(prefix):
+        for k, v in cur.iternext():
+            k = bytes(k)
+            if not k.startswith(prefix):
+                break
+            out[k[len(prefix) :]] = ks_decode(bytes(v))
+    return out
