@@ -22,6 +22,7 @@ from store.format import OP_SET
 from store.ops import Op, Result, Status
 from store.usage import (
     K_KS_AT,
+    K_KS_SET,
     KS_USAGE_PREFIX,
     KsDelta,
     KsTable,
@@ -180,6 +181,19 @@ class KeyspaceCounts:
         and mark them exact at `last_seq`. The owners recounted."""
         at = txn.get(K_KS_AT, db=meta_db)
         all_stale = at is None or int.from_bytes(bytes(at), "little") != last_seq
+        # An owner no longer tracked stops being counted: forget that it was, so that it
+        # is recounted if it is tracked again.
+        cur = txn.cursor(db=meta_db)
+        gone = []
+        if cur.set_range(K_KS_SET):
+            for k in cur.iternext(values=False):
+                k = bytes(k)
+                if not k.startswith(K_KS_SET):
+                    break
+                if k[len(K_KS_SET) :].decode() not in self.table:
+                    gone.append(k)
+        for k in gone:
+            txn.delete(k, db=meta_db)
         done = []
         for owner, prefixes in self.table.items():
             sig = b"\x00".join(sorted(prefixes))

@@ -49,7 +49,7 @@ from store.layout import (
 from store.lmdberrors import writing
 from store.ops import ApplyResult, LogRecord, Op, Value
 from store.reader import Reader, decode
-from store.usage import USAGE_PREFIX, Usage
+from store.usage import USAGE_PREFIX, Usage, ks_table
 from store.version import CURRENT_FORMAT, ensure_current_format, read_format_version
 
 __all__ = [
@@ -381,6 +381,15 @@ class Store:
                     out[bytes(k[n:]).decode()] = Usage.decode(bytes(v))
         self._writer.deferred.add_to(out)
         return out
+
+    def track_keyspaces(self, keyspaces: Mapping[str, Sequence[str]]) -> list[str]:
+        """Keep keys/bytes per keyspace for the owners with several keyspaces from now on
+        (`store/counters.py` KeyspaceCounts); recounts the stale ones. The owners recounted."""
+        return self._writer.set_keyspaces(ks_table(keyspaces))
+
+    def keyspace_usage(self, owner: str) -> dict[str, tuple[int, int]]:
+        """(keys, stored bytes) per keyspace of an owner `track_keyspaces` tracks."""
+        return self._writer.keyspace_usage(owner)
 
     def stat(self) -> dict[str, int]:
         """LMDB-level facts: map size, file size, pages in use, entries per sub-database."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import builtins
 import struct
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
 
 from store.format import RECORD_FIXED
@@ -104,7 +105,7 @@ def ks_decode(raw: builtins.bytes | None) -> tuple[int, int]:
     return (0, 0) if raw is None else _KS.unpack(raw)
 
 
-def ks_table(keyspaces: dict[str, list[str]] | dict[str, tuple[str, ...]]) -> KsTable:
+def ks_table(keyspaces: Mapping[str, Sequence[str]]) -> KsTable:
     """The table for the owners with more than one keyspace (one keyspace's figures are
     its owner's, which the owner counters already hold)."""
     return {
