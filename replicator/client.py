@@ -495,11 +495,20 @@ class _ApplyThread:
 
     async def put(self, item: LogRecord | frames.Heartbeat, crc_checked: bool = False) -> None:
         """Queue `item`, waiting while PIPELINE items are already queued. `crc_checked`:
-        the log record's CRC holds (the store need not check it again)."""
+        the log record's CRC holds (the store need not check it again). Raises the
+        thread's error once it has stopped: nothing would ever make room again."""
+        self._raise_if_stopped()
         await self._space.acquire()
+        self._raise_if_stopped()
         if crc_checked and isinstance(item, LogRecord):
             self._checked.add(item.first_seq)
         self._q.put(item)
+
+    def _raise_if_stopped(self) -> None:
+        # The session ends with the thread's error; a clean stop without one is a broken
+        # stream: the client reconnects and a new session starts a new thread.
+        if self._done.done():
+            raise self.error or ProtocolError("the apply thread stopped")
 
     def drop_pending(self) -> None:
         """Forget queued items not yet taken by the thread."""
@@ -608,3 +617,4 @@ class _ApplyThread:
     def _finished(self) -> None:
         if not self._done.done():
             self._done.set_result(None)
+        self._space.release()  # a put waiting for room sees the thread gone
