@@ -227,6 +227,14 @@ class Standby:
                     log.info("leader %s:%d not reachable: %s", *self.source, err)
                     self._close()
                     await asyncio.sleep(0.3)
+                except Exception:
+                    # Anything else (a store error in the apply thread, a bug) must not end
+                    # this task quietly: the standby would stop confirming and its leader
+                    # answer 503 for good. Said loudly, then the session starts over.
+                    self.state = "failed"
+                    log.exception("standby of %s:%d failed; restarting", *self.source)
+                    self._close()
+                    await asyncio.sleep(1.0)
         finally:
             self._close()
             lock.release()
