@@ -116,13 +116,18 @@ def day_name(producer: str, t: int) -> str:
     return f"usage/h/{producer}/{day_suffix(t)}"
 
 
+#: A producer's state at a slot's end: (keys, stored bytes, per keyspace (keys, bytes) when
+#: it has several keyspaces, else None: then its one keyspace's are the first two).
+State = tuple[int, int, dict[str, tuple[int, int]] | None]
+
+
 @dataclass
 class SlotDoc:
     """A block of minute slots or a day of hour slots, decoded."""
 
     t: int
     rows: dict[str, dict[int, list[int]]]  # keyspace -> slot -> columns
-    snap: dict[int, tuple[int, int]]  # slot -> (keys, bytes) at the slot's end
+    snap: dict[int, State]  # slot -> state at the slot's end
 
     @classmethod
     def decode(cls, raw: bytes | None, t: int) -> SlotDoc:
@@ -130,20 +135,29 @@ class SlotDoc:
             return cls(t, {}, {})
         d = orjson.loads(raw)
         rows = {ks: {r[0]: list(r[1:]) for r in rs} for ks, rs in d.get("m", {}).items()}
-        snap = {r[0]: (r[1], r[2]) for r in d.get("s", [])}
+        per_ks: dict[int, dict[str, tuple[int, int]]] = {}
+        for ks, rs in d.get("k", {}).items():
+            for r in rs:
+                per_ks.setdefault(r[0], {})[ks] = (r[1], r[2])
+        snap: dict[int, State] = {r[0]: (r[1], r[2], per_ks.get(r[0])) for r in d.get("s", [])}
         return cls(int(d["t"]), rows, snap)
 
     def encode(self) -> bytes:
-        return orjson.dumps(
-            {
-                "t": self.t,
-                "m": {
-                    ks: [[i, *cols] for i, cols in sorted(slots.items())]
-                    for ks, slots in sorted(self.rows.items())
-                },
-                "s": [[i, k, b] for i, (k, b) in sorted(self.snap.items())],
-            }
-        )
+        per_ks: dict[str, list[list[int]]] = {}
+        for i, (_k, _b, kss) in sorted(self.snap.items()):
+            for ks, (k, b) in sorted((kss or {}).items()):
+                per_ks.setdefault(ks, []).append([i, k, b])
+        out: dict[str, object] = {
+            "t": self.t,
+            "m": {
+                ks: [[i, *cols] for i, cols in sorted(slots.items())]
+                for ks, slots in sorted(self.rows.items())
+            },
+            "s": [[i, k, b] for i, (k, b, _kss) in sorted(self.snap.items())],
+        }
+        if per_ks:
+            out["k"] = per_ks
+        return orjson.dumps(out)
 
     def add(self, ks: str, slot: int, cols: Sequence[int]) -> None:
         cur = self.rows.setdefault(ks, {}).setdefault(slot, [0] * len(COLS))
@@ -239,10 +253,17 @@ class UsageSeries:
         keyspaces: Callable[[str], Sequence[str]],
         quota_counts: Callable[[], Mapping[str, Mapping[str, int]]] = dict,
         clock: Callable[[], float] = time.time,
+        keyspace_usage: Callable[[str], Mapping[str, tuple[int, int]]] | None = None,
+        track: Callable[[Mapping[str, Sequence[str]]], object] | None = None,
     ) -> None:
         self._load = load
         self._list = list_names
         self._keyspaces = keyspaces
+        #: The store's (keys, bytes) per keyspace of a producer with several, and the call
+        #: that tells the store which producers those are (`Store.track_keyspaces`).
+        self._ks_usage = keyspace_usage
+        self._track = track
+        self._tracked: dict[str, tuple[str, ...]] = {}
         self._quota_counts = quota_counts
         self._quota_seen: dict[tuple[str, str], int] = {}
         self.clock = clock
@@ -252,10 +273,10 @@ class UsageSeries:
         self._docs: dict[str, SlotDoc] = {}  # documents touched recently (cache)
         # minutes folded into their block's document, not yet into the day's (rollup)
         self._unrolled: dict[tuple[str, int], dict[str, list[int]]] = {}
-        self._snaps: dict[tuple[str, int], tuple[int, int]] = {}
+        self._snaps: dict[tuple[str, int], State] = {}
         # the state before a producer's first batch of a minute, as the previous minute's
         # end; written with that minute's document
-        self._presnap: dict[tuple[str, int], tuple[int, int]] = {}
+        self._presnap: dict[tuple[str, int], State] = {}
         self._dirty: set[str] = set()
         self._deleted: set[str] = set()
         self._last_retention = 0.0
@@ -263,6 +284,31 @@ class UsageSeries:
     def keyspaces_of(self, producer: str) -> Sequence[str]:
         """`producer`'s keyspaces now."""
         return self._keyspaces(producer)
+
+    def keyspace_usage(self, producer: str) -> Mapping[str, tuple[int, int]] | None:
+        """(keys, bytes) per keyspace now of a producer with several keyspaces, else None."""
+        if self._ks_usage is None or len(self._tracked.get(producer, ())) < 2:
+            return None
+        return self._ks_usage(producer)
+
+    def _sync_keyspaces(self, producers: Iterable[str]) -> None:
+        """Tell the store about producers whose keyspaces changed (it recounts those with
+        several; before the batch that follows, so that its ops are counted)."""
+        if self._track is None:
+            return
+        changed = False
+        for p in producers:
+            kss = tuple(self._keyspaces(p))
+            if self._tracked.get(p) != kss:
+                self._tracked[p] = kss
+                changed = True
+        if changed:
+            self._track({p: k for p, k in self._tracked.items() if len(k) > 1})
+
+    def _state(self, producer: str, usage: Mapping[str, tuple[int, int]]) -> State:
+        k, b = usage.get(producer, (0, 0))
+        per_ks = self.keyspace_usage(producer)
+        return (k, b, None if per_ks is None else dict(per_ks))
 
     # -- counting ---------------------------------------------------------------------
 
@@ -348,14 +394,18 @@ class UsageSeries:
         from (a new producer's first point is 0, not missing)."""
         self.add_quota(now)
         cur_minute = int(now) // 60 * 60
+        starting = list(starting)
         with self._lock:
             closed = [k for k in self._open if all_ or k[1] < cur_minute]
             new = [p for p in starting if (p, cur_minute) not in self._open]
             snap = usage() if closed or new else {}
+            # Every known producer once a minute (an ACL change reaches the store even for
+            # one that does not write), the batch's producers every batch.
+            self._sync_keyspaces([*starting, *snap])
             for producer in new:
                 # Held until this minute closes too, so that it rides with that minute's
                 # document instead of adding a log entry to a batch of its own.
-                self._presnap.setdefault((producer, cur_minute - 60), snap.get(producer, (0, 0)))
+                self._presnap.setdefault((producer, cur_minute - 60), self._state(producer, snap))
             for (producer, prev), state in list(self._presnap.items()):
                 if all_ or prev + 60 < cur_minute:
                     del self._presnap[(producer, prev)]
@@ -372,8 +422,9 @@ class UsageSeries:
                 for ks, cols in bucket.items():
                     hdoc.add(ks, (minute - block) // 60, cols)
                 if producer in snap:
-                    hdoc.snap[(minute - block) // 60] = snap[producer]
-                    self._snaps[(producer, minute)] = snap[producer]
+                    state = self._state(producer, snap)
+                    hdoc.snap[(minute - block) // 60] = state
+                    self._snaps[(producer, minute)] = state
                 self._unrolled[(producer, minute)] = bucket
                 self._dirty.add(hname)
             self._roll(cur_minute // BLOCK * BLOCK, all_)
@@ -440,7 +491,7 @@ class UsageSeries:
 
     def view(
         self, producer: str, prefix: str, start: str, end: str, *, rollup: bool
-    ) -> tuple[dict[str, bytes], dict[int, dict[str, list[int]]], dict[int, tuple[int, int]]]:
+    ) -> tuple[dict[str, bytes], dict[int, dict[str, list[int]]], dict[int, State]]:
         """In one consistent look: the in-memory documents under `prefix` with suffix in
         [start, end] (encoded), the minutes of `producer` in no such document yet (minute
         start -> keyspace -> columns: the open ones, and with `rollup` those not yet
@@ -517,20 +568,34 @@ def query(
 ) -> list[dict[str, int | None]]:
     """Points of `producer` (one keyspace, or all with None) over `rng`: one per step,
     oldest first, counters summed over the step, keys/bytes as at the step's end (carried
-    forward from the last snapshot; None before any; the store counts them per producer,
-    so a keyspace's points carry them only when it is the producer's only keyspace, else
-    None). A `start` dict gets the range's starting "keys"/"bytes" at full
-    resolution: the last state known at or before `since`, else the first after it (a
-    producer created within one step still shows its growth)."""
-    raw: list[tuple[int, tuple[int, int]]] = []  # (time, state) of every snapshot
+    forward from the last snapshot; None before any, and for a keyspace of a producer with
+    several in snapshots written before the store counted per keyspace). A `start` dict
+    gets the range's starting "keys"/"bytes" at full resolution: the last state known at
+    or before `since`, else the first after it (a producer created within one step still
+    shows its growth)."""
+    raw: list[tuple[int, tuple[int, int] | None]] = []  # (time, state) of every snapshot
     # The producer's keys/bytes are its keyspace's when it has no other.
-    no_state = keyspace is not None and tuple(series.keyspaces_of(producer)) != (keyspace,)
+    whole = keyspace is None or tuple(series.keyspaces_of(producer)) == (keyspace,)
+
+    def pick(state: State | tuple[int, int] | None) -> tuple[int, int] | None:
+        if state is None or whole:
+            return None if state is None else (state[0], state[1])
+        per_ks = state[2] if len(state) > 2 else None
+        return None if per_ks is None else per_ks.get(keyspace or "", (0, 0))
+
+    if not whole:
+        per_ks_now = series.keyspace_usage(producer)
+        now_state: State | None = (
+            None if now_usage is None or per_ks_now is None else (*now_usage, dict(per_ks_now))
+        )
+    else:
+        now_state = None if now_usage is None else (*now_usage, None)
     minute_docs = rng.step < 3600
     unit = 60 if minute_docs else 3600
     kind, width, suffix = ("m", BLOCK, block_suffix) if minute_docs else ("h", 86400, day_suffix)
     # slot start (epoch) -> columns, and snapshot slots
     cols: dict[int, list[int]] = {}
-    snaps: dict[int, tuple[int, int]] = {}
+    snaps: dict[int, tuple[int, int] | None] = {}
 
     def take(t_slot: int, ks: str, c: Sequence[int]) -> None:
         if keyspace is not None and ks != keyspace:
@@ -552,25 +617,25 @@ def query(
             for i, c in slots.items():
                 take(d.t + i * unit, ks, c)
         for i, s in d.snap.items():
-            snaps[d.t + i * unit] = s
-            raw.append((d.t + i * unit, s))
+            snaps[d.t + i * unit] = pick(s)
+            raw.append((d.t + i * unit, pick(s)))
     # The minutes still in memory (and, at a coarser step, not yet in any document).
     for minute, bucket in minutes.items():
         for ks, c in bucket.items():
             take(minute // unit * unit, ks, c)
     for minute, snap in sorted(minute_snaps.items()):  # later than the rolled ones
-        snaps[minute // unit * unit] = snap
-        raw.append((minute, snap))
-    if now_usage is not None:
-        snaps[int(series.clock()) // unit * unit] = now_usage
-        raw.append((int(series.clock()), now_usage))
+        snaps[minute // unit * unit] = pick(snap)
+        raw.append((minute, pick(snap)))
+    if now_state is not None:
+        snaps[int(series.clock()) // unit * unit] = pick(now_state)
+        raw.append((int(series.clock()), pick(now_state)))
     if start is not None:
-        raw.sort()
+        raw.sort(key=itemgetter(0))
         before = [st for t, st in raw if t <= rng.since]
         after = [st for t, st in raw if rng.since < t <= rng.until]
         began = before[-1] if before else (after[0] if after else None)
-        start["keys"] = None if no_state or began is None else began[0]
-        start["bytes"] = None if no_state or began is None else began[1]
+        start["keys"] = None if began is None else began[0]
+        start["bytes"] = None if began is None else began[1]
 
     points: list[dict[str, int | None]] = []
     snap_times = sorted(snaps)
@@ -591,8 +656,8 @@ def query(
         p["refused"] = tot[_R429] + tot[_R413]
         p["refused_429"] = tot[_R429]
         p["refused_413"] = tot[_R413]
-        p["keys"] = None if no_state or last is None else last[0]
-        p["bytes"] = None if no_state or last is None else last[1]
+        p["keys"] = None if last is None else last[0]
+        p["bytes"] = None if last is None else last[1]
         points.append(p)
     return points
 
@@ -624,4 +689,11 @@ def for_store(
     def list_docs(prefix: str, after: str, limit: int) -> list[tuple[str, bytes]]:
         return [(n, d.body) for n, d in store.scan_docs(prefix, after=after, limit=limit)]
 
-    return UsageSeries(load, list_docs, keyspaces, quota_counts)
+    return UsageSeries(
+        load,
+        list_docs,
+        keyspaces,
+        quota_counts,
+        keyspace_usage=store.keyspace_usage,
+        track=store.track_keyspaces,
+    )

@@ -406,29 +406,69 @@ def test_count_results_agrees_with_the_op_by_op_rule(
     assert got == _naive_counts(ops, results, kss)
 
 
-def test_a_keyspace_carries_keys_and_bytes_when_it_is_its_producers_only_one(
-    tmp_path: Path,
-) -> None:
-    """The store counts keys/bytes per producer: a keyspace's series shows them when the
-    producer has no other keyspace, and null (unknown) when it has several."""
+def test_every_keyspace_carries_its_own_keys_and_bytes(tmp_path: Path) -> None:
+    """A keyspace's series shows its own keys/stored bytes at each minute's end: its
+    producer's when it has no other keyspace, the store's per-keyspace figures when it has
+    several (overwrites, deletes and the minute's start state included)."""
     store = Store.create(str(tmp_path / "s"), sync=False)
+    # Written before the series tracked anything: counted once when q is first seen.
+    store.apply([_set("q/b/0", b"old", "q")])
     clock = Clock(T0 + 3600 + 5)
     s = _series(store, clock, {"p": ("p/",), "q": ("q/a/", "q/b/")})
     _commit(store, s, clock.t, [_set("p/1", b"v1", "p")], "p")
     _commit(store, s, clock.t, [_set("q/a/1", b"v1", "q"), _set("q/b/1", b"v", "q")], "q")
     clock.t += 60
     _commit(store, s, clock.t, [_set("p/2", b"v2", "p")], "p")
-    _commit(store, s, clock.t, [_set("q/a/2", b"v2", "q")], "q")
-    rng = us.parse_range("-5m", None, "1m", clock.t + 60)
+    _commit(
+        store,
+        s,
+        clock.t,
+        [_set("q/a/2", b"v2", "q"), _set("q/a/1", b"longer", "q"), Op(DELETE, b"q/b/0")],
+        "q",
+    )
     clock.t += 60
+    _commit(store, s, clock.t, [_set("p/3", b"v3", "p")], "p")  # closes the second minute
+    rng = us.parse_range("-5m", None, "1m", clock.t + 60)
     only = us.query(s, "p", "p/", rng, None)
     whole = us.query(s, "p", None, rng, None)
     assert [p["keys"] for p in only] == [p["keys"] for p in whole]
-    assert only[-2]["keys"] == 1 and only[-2]["bytes"] == stored_bytes(3, 2, 1)
     start: dict[str, int | None] = {}
-    us.query(s, "q", "q/a/", rng, None, start)
-    assert {p["keys"] for p in us.query(s, "q", "q/a/", rng, None)} == {None}
-    assert start == {"keys": None, "bytes": None}
+    qa = us.query(s, "q", "q/a/", rng, None, start)
+    qb = us.query(s, "q", "q/b/", rng, None)
+
+    def at(points: list[dict[str, int | None]], t: int) -> tuple[int | None, int | None]:
+        (p,) = [p for p in points if p["t"] == t]
+        return p["keys"], p["bytes"]
+
+    m0 = T0 + 3600  # q's first minute
+    assert at(only, m0) == (1, stored_bytes(3, 2, 1))
+    # the state before q's first batch, as the previous minute's end
+    assert start == {"keys": 0, "bytes": 0}
+    assert at(qa, m0 - 60) == (0, 0) and at(qb, m0 - 60) == (1, stored_bytes(5, 3, 1))
+    # the first minute's end, then the second's (an overwrite and a delete counted)
+    assert at(qa, m0) == (1, stored_bytes(5, 2, 1))
+    assert at(qb, m0) == (2, stored_bytes(5, 3, 1) + stored_bytes(5, 1, 1))
+    assert at(qa, m0 + 60) == (2, stored_bytes(5, 6, 1) + stored_bytes(5, 2, 1))
+    assert at(qb, m0 + 60) == (1, stored_bytes(5, 1, 1))
+    now_q = store.usage()["q"]
+    qa_now = us.query(s, "q", "q/a/", rng, (now_q.keys, now_q.bytes))
+    qb_now = us.query(s, "q", "q/b/", rng, (now_q.keys, now_q.bytes))
+    assert (qa_now[-1]["keys"], qa_now[-1]["bytes"]) == (
+        2,
+        stored_bytes(5, 6, 1) + stored_bytes(5, 2, 1),
+    )
+    assert (qb_now[-1]["keys"], qb_now[-1]["bytes"]) == (1, stored_bytes(5, 1, 1))
+    # the keyspaces add up to the producer
+    assert qa_now[-1]["keys"] + qb_now[-1]["keys"] == now_q.keys  # type: ignore[operator]
+    assert qa_now[-1]["bytes"] + qb_now[-1]["bytes"] == now_q.bytes  # type: ignore[operator]
+    # and the minute documents carry them, so they survive a restart
+    changes = s.due(
+        clock.t, lambda: {n: (u.keys, u.bytes) for n, u in store.usage().items()}, all_=True
+    )
+    store.put_docs(changes)
+    again = _series(store, clock, {"p": ("p/",), "q": ("q/a/", "q/b/")})
+    assert us.query(again, "q", "q/a/", rng, None) == qa
+    assert us.query(again, "q", "q/b/", rng, None) == qb
     store.close()
 
 
