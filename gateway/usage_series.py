@@ -188,6 +188,10 @@ def count_results(
     common case: no per-op call; this runs in the commit thread for every op)."""
     if isinstance(keyspace_of, str):
         return _count_one(ops, results, keyspace_of)
+    if isinstance(keyspace_of, Finder) and ops:
+        ks = keyspace_of.common(list(map(_KEY, ops)))
+        if ks is not None:  # one keyspace for all: no per-op call
+            return _count_one(ops, results, ks)
     groups: dict[str, tuple[list[Op], list[Result]]] = {}
     for op, res in zip(ops, results, strict=True):
         g = groups.get(ks := keyspace_of(op.key))
@@ -227,15 +231,34 @@ def keyspace_finder(keyspaces: Sequence[str]) -> Callable[[bytes], str] | str:
     the keyspace itself when there is only one."""
     if len(keyspaces) == 1:
         return keyspaces[0]
-    prefixes = sorted(((k.encode(), k) for k in keyspaces), key=lambda p: -len(p[0]))
+    return Finder(keyspaces)
 
-    def find(key: bytes) -> str:
-        for p, k in prefixes:
+
+class Finder:
+    """`key -> keyspace` (the longest prefix; "" when none) over several keyspaces."""
+
+    def __init__(self, keyspaces: Sequence[str]) -> None:
+        self.prefixes = sorted(((k.encode(), k) for k in keyspaces), key=lambda p: -len(p[0]))
+
+    def __call__(self, key: bytes) -> str:
+        for p, k in self.prefixes:
             if key.startswith(p):
                 return k
         return ""
 
-    return find
+    def common(self, keys: list[bytes]) -> str | None:
+        """The keyspace of every key when they all have the same one, else None (maybe
+        they do): the least and the greatest key share it and no other keyspace begins
+        between them (keys under one prefix form one range in byte order; a keyspace
+        beginning before the least key and not holding it holds none of them)."""
+        lo, hi = min(keys), max(keys)
+        ks = self(lo)
+        if not ks or self(hi) != ks:
+            return None
+        for p, k in self.prefixes:
+            if k != ks and lo < p <= hi:
+                return None
+        return ks
 
 
 class UsageSeries:

@@ -67,7 +67,9 @@ class BatchWriter:
                 last = U64.unpack(txn.get(K_LAST_SEQ, db=meta))[0]
                 head = bytes(txn.get(K_HASH_HEAD, db=meta))
                 cur = txn.cursor()
-                ks_prev = self.by_keyspace.before(ops, txn.get) if self._counted else None
+                by_ks = self.by_keyspace
+                ks_whole = by_ks.whole(ops) if self._counted and by_ks.table else None
+                ks_prev = by_ks.before(ops, txn.get) if self._counted and not ks_whole else None
                 results, entries, seq, delta = codec.apply_ops(
                     ops,
                     txn.get,
@@ -78,6 +80,9 @@ class BatchWriter:
                     bytes(cur.key()) if cur.last() else None,
                     cur.put,  # LMDB append mode for keys past the last one
                 )
+                if ks_whole is not None:
+                    od = delta.get(ks_whole[0])
+                    ks_delta = {ks_whole: [od[0], od[1]]} if od else {}
                 for owner_name, n in (throttled or {}).items():
                     if n:
                         bump(delta, owner_name, 5, n)
@@ -111,13 +116,10 @@ class BatchWriter:
                             bump(delta, owner_name, i, n)
                     if self._counted:
                         write_usage(txn, meta, delta)
-                        if self.by_keyspace.table and entries:
-                            self.by_keyspace.write(
-                                txn,
-                                meta,
-                                self.by_keyspace.delta(ops, results, ks_prev) if ks_prev else {},
-                                seq,
-                            )
+                        if by_ks.table and entries:
+                            if ks_whole is None:
+                                ks_delta = by_ks.delta(ops, results, ks_prev) if ks_prev else {}
+                            by_ks.write(txn, meta, ks_delta, seq)
                     failpoints.hit("store.apply.before_commit")
                     txn.commit()
                 except BaseException:

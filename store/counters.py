@@ -16,6 +16,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Sequence
+from operator import itemgetter
 from typing import Any
 
 from store.format import OP_SET
@@ -109,6 +110,7 @@ class DeferredCounters:
 
 
 _WRITTEN, _DELETED = Status.WRITTEN, Status.DELETED
+_KEY, _OWNER = itemgetter(1), itemgetter(3)  # of an Op (a tuple: faster than by name)
 
 
 class KeyspaceCounts:
@@ -122,10 +124,44 @@ class KeyspaceCounts:
     def __init__(self) -> None:
         self.table: KsTable = {}
         self._all: tuple[bytes, ...] = ()
+        #: owner -> its keyspaces that no other tracked keyspace overlaps (neither holds
+        #: the other): see `whole`.
+        self._exclusive: dict[str, tuple[bytes, ...]] = {}
 
     def set_table(self, table: KsTable) -> None:
         self.table = table
         self._all = tuple(p for ps in table.values() for p in ps)
+        self._exclusive = {
+            o: tuple(
+                p
+                for p in ps
+                if sum(1 for q in self._all if q.startswith(p) or p.startswith(q)) == 1
+            )
+            for o, ps in table.items()
+        }
+
+    def whole(self, ops: Sequence[Op]) -> tuple[str, bytes] | None:
+        """(owner, keyspace) when every op of the batch is by one tracked owner under one
+        of its keyspaces that no other tracked keyspace overlaps: then that keyspace's
+        change is exactly the owner's (the store's per-owner delta), with no per-op work —
+        a bulk load's case. Keys of other owners it overwrites lie in none of their
+        keyspaces (exclusive), so theirs do not change."""
+        if not ops:
+            return None
+        owner = ops[0].owner
+        prefixes = self._exclusive.get(owner)
+        if not prefixes:
+            return None
+        ks = keyspace_of(prefixes, ops[0].key)
+        if ks is None:
+            return None
+        # Keys under one prefix form one range in byte order: the least and the greatest
+        # under it put all of them there (C-level passes, no per-key call).
+        keys = list(map(_KEY, ops))
+        if not (min(keys).startswith(ks) and max(keys).startswith(ks)):
+            return None
+        owners = set(map(_OWNER, ops))
+        return (owner, ks) if len(owners) == 1 else None
 
     def before(self, ops: Sequence[Op], get: Callable[[bytes], Any]) -> dict[bytes, Any] | None:
         """The previous records of the batch's tracked keys (None when it has none)."""

@@ -504,3 +504,34 @@ def test_a_batch_is_counted_per_producer_as_its_requests_one_by_one() -> None:
             one_by_one, producer, ks, rng, None
         )
     assert us.query(batch, "p", "p/a/", rng, None)[0]["deletes"] == 1
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    kss=st.sampled_from([["a/", "b/"], ["a/", "a/x/", "b/"], ["a/x/", "a/", "a/xy/", "ab/"]]),
+    keys=st.lists(
+        st.builds(
+            bytes.__add__,
+            st.sampled_from([b"a/", b"a/x/", b"a/xy/", b"ab/", b"b/", b"z/", b"a"]),
+            st.binary(max_size=3),
+        ),
+        min_size=1,
+        max_size=6,
+    ),
+)
+def test_one_keyspace_for_a_whole_request_only_when_every_key_has_it(
+    kss: list[str], keys: list[bytes]
+) -> None:
+    """`Finder.common` (a request's keyspace without a per-key call) never names a keyspace
+    that some key does not have, and names it whenever every key has the same."""
+    find = us.keyspace_finder(kss)
+    assert isinstance(find, us.Finder)
+    got = find.common(keys)
+    each = {find(k) for k in keys}
+    if got is not None:
+        assert each == {got}
+    elif len(each) == 1 and each != {""}:
+        # allowed to miss only when another keyspace begins between the least and greatest
+        (ks,) = each
+        lo, hi = min(keys), max(keys)
+        assert any(lo < p.encode() <= hi for p in kss if p != ks)
