@@ -17,8 +17,8 @@ Real etcd, real `mercury root --ha-etcd` candidates, real sockets; one JSON obje
   past the phase, so the bench also reports how far behind it was and the sustained rate:
   pairs over the phase plus the standby's catch-up time.
 
-Usage: python bench/failover.py [--only failover,ack,bulk] [--rounds N] [--ttl S]
-       [--rate N] [--seconds S] [--repeats N]
+Usage: python bench/failover.py [--only failover,ack,bulk] [--rounds N] [--ttl S] [--keep-logs DIR]
+       [--rate N] [--seconds S] [--repeats N] [--ack-conns N] [--bulk-conns N]
 """
 
 from __future__ import annotations
