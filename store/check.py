@@ -26,6 +26,7 @@ from typing import Any
 import cramjam
 
 from store import chunks, codec, docs
+from store.counters import check_keyspaces
 from store.format import (
     CHUNK_SIZE,
     FLAG_CHUNKED,
@@ -153,6 +154,9 @@ def _check_data(store: Store, txn: Any, report: CheckReport, tick: Progress) -> 
                     f"usage of {owner!r}: counters say {got.keys} keys / {got.bytes} bytes, "
                     f"recount {want.keys} keys / {want.bytes} bytes"
                 )
+        last = U64.unpack(txn.get(K_LAST_SEQ, db=store.dbs.meta))[0]
+        for problem in check_keyspaces(txn, store.dbs.data, store.dbs.meta, last):
+            report.add(problem)
     return live
 
 

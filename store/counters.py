@@ -294,3 +294,32 @@ def read_keyspaces(txn: Any, meta_db: Any, owner: str) -> dict[bytes, tuple[int,
                 break
             out[k[len(prefix) :]] = ks_decode(bytes(v))
     return out
+
+
+def check_keyspaces(txn: Any, data_db: Any, meta_db: Any, last_seq: int) -> list[str]:
+    """Problems with the per-keyspace figures, when they claim to be exact at `last_seq`
+    (else they are recounted before use and there is nothing to compare): each counted
+    owner's figures against a recount of its keyspaces (one pass over those keys)."""
+    at = txn.get(K_KS_AT, db=meta_db)
+    if at is None or int.from_bytes(bytes(at), "little") != last_seq:
+        return []
+    owners: dict[str, tuple[bytes, ...]] = {}
+    cur = txn.cursor(db=meta_db)
+    if cur.set_range(K_KS_SET):
+        for k, v in cur.iternext():
+            k = bytes(k)
+            if not k.startswith(K_KS_SET):
+                break
+            names = bytes(v).split(b"\x00")
+            owners[k[len(K_KS_SET) :].decode()] = tuple(sorted(names, key=len, reverse=True))
+    out = []
+    for owner, prefixes in owners.items():
+        stored = read_keyspaces(txn, meta_db, owner)
+        for ks, want in recount(txn, data_db, owner, prefixes).items():
+            got = stored.get(ks, (0, 0))
+            if got != want:
+                out.append(
+                    f"usage of {owner!r} in keyspace {ks.decode()!r}: figures say {got[0]} keys"
+                    f" / {got[1]} bytes, recount {want[0]} keys / {want[1]} bytes"
+                )
+    return out

@@ -11,11 +11,12 @@ import tempfile
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from store.check import check
 from store.counters import recount
 from store.format import CHUNK_SIZE
 from store.ops import DELETE, SET, Op
 from store.store import Store
-from store.usage import keyspace_of, ks_table, stored_bytes
+from store.usage import keyspace_of, ks_encode, ks_table, ks_usage_key, stored_bytes
 
 KEYSPACES = {"p": ["a/", "a/b/", "c/"], "q": ["d/", "e/"], "r": ["f/"]}
 TABLE = ks_table(KEYSPACES)
@@ -125,5 +126,22 @@ def test_recounted_when_the_log_moved_on_without_them_or_keyspaces_change() -> N
                 "a/": (2, stored_bytes(3, 2, 1) + stored_bytes(5, 1, 1)),
                 "c/": (1, stored_bytes(3, 1, 1)),
             }
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def test_check_compares_the_figures_with_a_recount() -> None:
+    d = tempfile.mkdtemp(prefix="mercury-ks-")
+    try:
+        with Store.create(d + "/s", sync=False, map_size=1 << 26) as store:
+            store.track_keyspaces(KEYSPACES)
+            store.apply([Op(SET, b"a/1", b"xy", "p"), Op(SET, b"d/1", b"z", "q")])
+            assert check(store).ok
+            # Damage one record's figures (what a bug in the fold would leave behind).
+            with store.env.begin(write=True) as txn:
+                txn.put(ks_usage_key("q", b"d/"), ks_encode(5, 1), db=store.dbs.meta)
+            report = check(store)
+            assert not report.ok
+            assert any("keyspace 'd/'" in p and "recount 1 keys" in p for p in report.problems)
     finally:
         shutil.rmtree(d, ignore_errors=True)
