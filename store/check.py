@@ -8,7 +8,8 @@
   holds, and the hash chain from ``log_base_hash`` reproduces every record's head and the
   meta ``hash_head``;
 - the format version is the one this code writes;
-- usage counters (keys, bytes) equal a recount from the data;
+- usage counters (keys, bytes) equal a recount from the data, and so do the per-keyspace
+  figures of owners with several keyspaces when they claim to be current;
 - every replicated document is the one its latest retained log entry wrote, and none is
   missing or left over (`store/docs.py:check`).
 

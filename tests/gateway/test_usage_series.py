@@ -3,6 +3,7 @@ range query, and `GET /v1/usage/series` / `GET /usage` on a real root."""
 
 from __future__ import annotations
 
+import uuid
 from pathlib import Path
 
 import orjson
@@ -535,3 +536,36 @@ def test_one_keyspace_for_a_whole_request_only_when_every_key_has_it(
         (ks,) = each
         lo, hi = min(keys), max(keys)
         assert any(lo < p.encode() <= hi for p in kss if p != ks)
+
+
+def test_a_producer_with_several_keyspaces_sees_each_ones_keys_and_bytes(
+    shared_root: Root,
+) -> None:
+    """On a real root: keys/bytes per keyspace follow writes, overwrites, a chunked value
+    and a prefix delete, and add up to the producer's."""
+    x = uuid.uuid4().hex[:8]
+    a, b = f"f15{x}a/", f"f15{x}b/"
+    name, token = shared_root.producer(keyspaces=[a, b])
+    c = shared_root.client(token)
+    for i in range(5):
+        assert c.put(f"/v1/kv/{a}k{i}", content=b"x" * 10).status_code == 200
+    for i in range(3):
+        assert c.put(f"/v1/kv/{b}k{i}", content=b"y" * 20).status_code == 200
+    assert c.put(f"/v1/kv/{b}big", content=b"z" * 9000).status_code == 200  # chunked
+    assert c.put(f"/v1/kv/{a}k0", content=b"longer-value").status_code == 200  # overwrite
+    r = c.delete("/v1/kv", params={"prefix": f"{a}k1"})
+    assert r.status_code == 200, r.text
+
+    def now(keyspace: str | None) -> tuple[int, int]:
+        params = {"since": "-10m", "step": "1m"}
+        if keyspace is not None:
+            params["keyspace"] = keyspace
+        body = c.get("/v1/usage/series", params=params).json()
+        last = body["points"][-1]
+        return last["keys"], last["bytes"]
+
+    ka, kb, whole = now(a), now(b), now(None)
+    n = len(name)
+    assert ka == (4, stored_bytes(len(a) + 2, 12, n) + 3 * stored_bytes(len(a) + 2, 10, n))
+    assert kb == (4, 3 * stored_bytes(len(b) + 2, 20, n) + stored_bytes(len(b) + 3, 9000, n))
+    assert whole == (ka[0] + kb[0], ka[1] + kb[1])
