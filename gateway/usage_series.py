@@ -2,20 +2,22 @@
 
 What is counted, per (producer, keyspace, minute): writes, bytes written (key + value of
 each written set), deletes, duplicates, ops held by the rate quota, ops refused by it
-(429) and ops refused as never admissible (413); per (producer, minute): keys and stored
-bytes at the end of the minute (the store's usage counters are per producer, not per
-keyspace). Quota outcomes are per producer too: they are recorded under the keyspace
-``""`` ("not attributable to a keyspace") and so count in a producer's totals, not in a
-single keyspace's.
+(429) and ops refused as never admissible (413), and keys and stored bytes at the end of
+the minute: per producer from the store's usage counters, per keyspace of a producer with
+several from the store's per-keyspace figures (`Store.track_keyspaces`, told here which
+producers those are). Quota outcomes are per producer: they are recorded under the
+keyspace ``""`` ("not attributable to a keyspace") and so count in a producer's totals,
+not in a single keyspace's.
 
 Layout (documents in the store's replicated ``docs`` sub-database, written through the
 log in a batch's own transaction, so every replica — and a promoted root — holds them):
 
 - ``usage/m/<producer>/<YYYYMMDDHH><tens of minute>``: a 10-minute block of minute slots,
   ``{"t": block start (epoch s), "m": {keyspace: [[minute, writes, bytes_written, deletes,
-  duplicates, held, refused_429, refused_413], ...]}, "s": [[minute, keys, bytes], ...]}``
-  with only the minutes that saw activity (minute = offset in the block, 0-9). A keyspace
-  busy every minute costs about 82 kB a day (`bench/usage.py`); kept 31 days.
+  duplicates, held, refused_429, refused_413], ...]}, "s": [[minute, keys, bytes], ...],
+  "k": {keyspace: [[minute, keys, bytes], ...]}}`` ("k" only for a producer with several
+  keyspaces) with only the minutes that saw activity (minute = offset in the block, 0-9).
+  A keyspace busy every minute costs about 82 kB a day (`bench/usage.py`); kept 31 days.
 - ``usage/h/<producer>/<YYYYMMDD>``: one day of hour slots (the rollup), the same shape
   with hours 0-23 in place of minutes; kept a year.
 
