@@ -258,8 +258,8 @@ def _synth(store: Store, producers: int, days: int, active: float, now: int) -> 
                     hour_slot = (block - day) // 3600
                     bdoc.add(f"{name}/", m, cols)
                     ddoc.add(f"{name}/", hour_slot, cols)
-                    bdoc.snap[m] = (stored // 150, stored)
-                    ddoc.snap[hour_slot] = (stored // 150, stored)
+                    bdoc.snap[m] = (stored // 150, stored, None)
+                    ddoc.snap[hour_slot] = (stored // 150, stored, None)
                 batch[us.block_name(name, block)] = bdoc.encode()
             batch[us.day_name(name, day)] = ddoc.encode()
             if len(batch) >= 400:
