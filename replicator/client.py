@@ -335,8 +335,13 @@ class ReplicaClient:
             failure = err
         finally:
             self._frames = None
-        if failure is not None:
-            applier.drop_pending()  # not applied: the next session streams them again
+        if isinstance(failure, asyncio.CancelledError):
+            applier.drop_pending()  # stopping: the next session streams them again
+        # Any other failure (a gap, a repeat, a broken frame, staleness) is detected on a
+        # frame *after* the queued ones, which arrived contiguous and are checked again by
+        # the store: apply them. Dropping them livelocked a replica whose source sends a
+        # burst that breaks at its third frame, every time: the gap was seen before the
+        # thread had applied the first two, and each new session started from the same seq.
         # Never abandon an apply in flight: `applied` must match the store.
         error = await applier.finish()
         if error is not None:
@@ -536,21 +541,24 @@ class _ApplyThread:
                 # Records already queued behind this one go into the same transaction: a
                 # replica catching up pays one commit per group, not one per source batch.
                 group, size = [item], len(item.payload)
-                item = None
+                # What ended the group when it is not a record: a heartbeat, or the stop
+                # sentinel None — which must not be mistaken for "nothing taken yet" (the
+                # thread then waited for ever and `finish` with it).
+                taken = False
                 while len(group) < GROUP_RECORDS and size < GROUP_BYTES:
                     try:
                         nxt = self._q.get_nowait()
                     except queue.Empty:
                         break
                     if not isinstance(nxt, LogRecord):
-                        item = nxt
+                        item, taken = nxt, True
                         break
                     group.append(nxt)
                     size += len(nxt.payload)
                 self._apply(group)
                 for rec in group:
                     call(self._report, self._on_applied, rec)
-                if item is None:
+                if not taken:
                     item = self._q.get()
         except Exception as err:
             self.error = err
