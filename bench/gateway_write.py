@@ -275,8 +275,10 @@ class Conn(asyncio.Protocol):
             return
         head = bytes(self.buf[:i]).lower()
         j = head.find(b"content-length:")
-        end = head.find(b"\r\n", j)
-        n = int(head[j + 15 : end if end != -1 else len(head)])
+        n = 0  # a response without Content-Length (some of KT's) has no body here
+        if j >= 0:
+            end = head.find(b"\r\n", j)
+            n = int(head[j + 15 : end if end != -1 else len(head)])
         if len(self.buf) < i + 4 + n:
             return
         status = int(head[9:12])

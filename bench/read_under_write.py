@@ -52,6 +52,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from bench.gateway_write import Conn  # noqa: E402  (one keep-alive HTTP/1.1 client for every bench)
 from tests.support.procs import free_port, mercury_cmd, wait_http, wait_port  # noqa: E402
 
 HOT = [f"hot/{i:02d}" for i in range(20)]
@@ -64,47 +65,6 @@ MB = 1e6
 
 
 # --- writer process (CPU 0) ----------------------------------------------------------------
-
-
-class _Conn(asyncio.Protocol):
-    """One keep-alive HTTP/1.1 connection, one request at a time (Content-Length framing)."""
-
-    def __init__(self) -> None:
-        self.buf = bytearray()
-        self.waiter: asyncio.Future[int] | None = None
-        self.transport: Any = None
-
-    def connection_made(self, transport: Any) -> None:
-        self.transport = transport
-
-    def data_received(self, data: bytes) -> None:
-        self.buf += data
-        if self.waiter is None:
-            return
-        i = self.buf.find(b"\r\n\r\n")
-        if i < 0:
-            return
-        head = bytes(self.buf[:i]).lower()
-        j = head.find(b"content-length:")
-        n = 0
-        if j >= 0:
-            end = head.find(b"\r\n", j)
-            n = int(head[j + 15 : end if end != -1 else len(head)])
-        if len(self.buf) < i + 4 + n:
-            return
-        status = int(head[9:12])
-        del self.buf[: i + 4 + n]
-        w, self.waiter = self.waiter, None
-        w.set_result(status)
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        if self.waiter is not None and not self.waiter.done():
-            self.waiter.set_exception(ConnectionError("connection lost"))
-
-    async def request(self, raw: bytes) -> int:
-        self.waiter = asyncio.get_running_loop().create_future()
-        self.transport.write(raw)
-        return await self.waiter
 
 
 def kt_path(key: str) -> str:
@@ -137,7 +97,7 @@ async def writer_main(a: argparse.Namespace) -> None:
 
     async def conn(c: int) -> None:
         nonlocal acked, errors
-        _, p = await loop.create_connection(_Conn, "127.0.0.1", a.port)
+        _, p = await loop.create_connection(Conn, "127.0.0.1", a.port)
         rng = random.Random(a.seed * 1000 + c)
         i = 0
         nxt = time.monotonic()
@@ -158,18 +118,18 @@ async def writer_main(a: argparse.Namespace) -> None:
                     await asyncio.sleep(delay)
         p.transport.close()
 
-    async def stamp(cp: _Conn) -> str:
+    async def stamp(cp: Conn) -> str:
         v = f"{time.time_ns()} {acked} {a.seed}"
         await cp.request(put_request(a.system, CLOCK_KEY, v.encode(), a.token))
         return v
 
-    async def clock(cp: _Conn) -> None:
+    async def clock(cp: Conn) -> None:
         while not stop.is_set() and time.monotonic() < deadline:
             await stamp(cp)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), 0.1)
 
-    _, clock_conn = await loop.create_connection(_Conn, "127.0.0.1", a.port)
+    _, clock_conn = await loop.create_connection(Conn, "127.0.0.1", a.port)
     writers = [asyncio.ensure_future(conn(c)) for c in range(a.conns)]
     clock_task = asyncio.ensure_future(clock(clock_conn))
     await asyncio.gather(*writers, return_exceptions=True)
