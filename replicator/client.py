@@ -335,15 +335,15 @@ class ReplicaClient:
             failure = err
         finally:
             self._frames = None
-        if failure is not None and not isinstance(failure, StreamGapError):
-            applier.drop_pending()  # not applied: the next session streams them again
-        # A gap or a repeat is seen on a record *after* the queued ones, which arrived
-        # contiguous from a source that is alive and further on: apply them. Dropping them
-        # livelocked a replica whose source sends a burst broken at its third frame every
-        # time (the gap was seen before the thread had applied the first two, and each
-        # new session started from the same seq). On a lost or broken connection they are
-        # dropped as before: a candidate that just lost its leader then holds no more than
-        # it had applied when the stream ended.
+        if isinstance(failure, asyncio.CancelledError):
+            applier.drop_pending()  # stopping: the next session streams them again
+        # Any other failure (a gap, a repeat, a broken or lost connection, staleness) is
+        # seen on a frame *after* the queued records, which arrived whole and contiguous
+        # and are checked again by the store: apply them. Dropping them livelocks a replica
+        # whose link breaks at the same point of every burst (a proxy cutting every few
+        # frames): each new session starts from the same seq. A standby that applies the
+        # last records of a leader that just died holds an unacknowledged tail at worst,
+        # which the next leader's history probe finds and moves aside (ha_standby).
         # Never abandon an apply in flight: `applied` must match the store.
         error = await applier.finish()
         if error is not None:
