@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import logging
 import os
 import sys
@@ -91,6 +92,49 @@ class LeaderGate:
             raise NotLeaderError(
                 f"committed at seq {seq} but this node's leadership lease could not be "
                 "renewed in time: not acknowledged"
+            )
+
+    async def confirmed(self, seq: int, timeout_s: float) -> bool:
+        """Wait until `seq` is confirmed by the required standbys, at most `timeout_s`."""
+        deadline = time.monotonic() + timeout_s
+        while self.tracker.synced_seq(time.monotonic()) < seq:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            ev = self._changed
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(left):
+                    await ev.wait()
+        return True
+
+
+class HandOver:
+    """On a clean stop, holds the replication sources open until the standbys confirmed
+    everything this leader committed, its last batch and the documents written at stop
+    included (usage series, read ledger). Without it every rolling restart of a leader left
+    it a tail nobody else held, which the next leader's history probe then moved aside
+    (a re-bootstrap of the whole store). Bounded by the sync timeout: a leader with no
+    standby in sync still stops."""
+
+    name = "ha-hand-over"
+
+    def __init__(self, store: Store, gate: LeaderGate) -> None:
+        self.store = store
+        self.gate = gate
+
+    async def start(self) -> None:
+        pass
+
+    async def stop(self) -> None:
+        seq = self.store.last_seq()
+        if await self.gate.confirmed(seq, max(self.gate.timeout_s, 1.0)):
+            log.info("handed over: standbys confirmed seq %d", seq)
+        else:
+            log.warning(
+                "stopping with seq %d not confirmed by %d standby(s): this node may have "
+                "to move its tail aside when it rejoins",
+                seq,
+                self.gate.tracker.required,
             )
 
 
@@ -200,6 +244,10 @@ def install(app: FastAPI, store: Store, services: list[Service], args: argparse.
         src.horizon = lambda: gate.tracker.synced_seq(time.monotonic())
         gate.on_applied.append(src.wake)
     services.append(LeaderService(app, store, gate, term, node, url))
+    # Stopped right before the sources (services stop in reverse): after every write of
+    # the stop, while the standbys still stream.
+    last_source = max(i for i, s in enumerate(services) if isinstance(s, ReplicationSource))
+    services.insert(last_source + 1, HandOver(store, gate))
 
     async def status(request: Request) -> Response:
         seq, head = store.head()
