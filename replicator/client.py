@@ -56,6 +56,7 @@ from replicator import frames, upstream, validate, wire
 from replicator.heartbeat import RelayedHeartbeat
 from replicator.selection import Selector
 from replicator.status import StatusBoard
+from replicator.terms import source_too_old, store_term
 from store.ops import LogRecord
 from store.store import Store
 
@@ -192,6 +193,10 @@ class ReplicaClient:
                     log.error("source %s: %s", name, err)
                     self.board.count_error("refused", f"{name}: {err}")
                     wait = self.selector.failed()
+                except _OlderTerm as err:
+                    log.warning("source %s: %s; moving to the next source", name, err)
+                    self.board.count_error("older_term", f"{name}: {err}")
+                    wait = self.selector.failed()
                 except _Stale:
                     msg = f"source {name} stale: nothing new for {self.staleness:g}s"
                     log.warning("%s; moving to the next source", msg)
@@ -246,7 +251,7 @@ class ReplicaClient:
             open_source(host, port, self.tls, limit=READ_LIMIT), CONNECT_TIMEOUT
         )
         try:
-            opts = frames.OPT_UPSTREAM if self.outbox is not None else 0
+            opts = frames.OPT_TERM | (frames.OPT_UPSTREAM if self.outbox is not None else 0)
             await wire.send(writer, self._hello(opts))
             ftype, flags, body = await asyncio.wait_for(
                 upstream.read_welcome(reader), CONNECT_TIMEOUT
@@ -255,7 +260,14 @@ class ReplicaClient:
                 raise refusal_error(frames.decode_refuse(body))
             if ftype != frames.WELCOME:
                 raise ProtocolError(f"expected WELCOME, got frame type {ftype}")
-            check_welcome(frames.decode_welcome(body), self._db_id)
+            welcome = frames.decode_welcome(body)
+            check_welcome(welcome, self._db_id)
+            own = store_term(self.store)
+            if source_too_old(welcome.term, own):
+                raise _OlderTerm(
+                    f"it holds leadership term {welcome.term}, this replica already applied "
+                    f"term {own} (a deposed leader, or a node following one)"
+                )
             self.selector.connected()
             self.board.update(state="streaming", error=None)
             log.info("streaming from %s:%d at seq %d", host, port, self.applied + 1)
@@ -296,13 +308,15 @@ class ReplicaClient:
     async def _healthy(self, host: str, port: int) -> bool:
         reader, writer = await asyncio.wait_for(open_source(host, port, self.tls), CONNECT_TIMEOUT)
         try:
-            await wire.send(writer, self._hello(frames.OPT_NEWEST_ONLY))
+            await wire.send(writer, self._hello(frames.OPT_NEWEST_ONLY | frames.OPT_TERM))
             async with asyncio.timeout(PROBE_TIMEOUT):
                 ftype, body = await wire.read_frame(reader)
                 if ftype != frames.WELCOME:
                     return False
                 welcome = frames.decode_welcome(body)
                 if welcome.db_id != self._db_id or welcome.head_seq < self.applied:
+                    return False
+                if source_too_old(welcome.term, store_term(self.store)):
                     return False
                 while True:
                     ftype, body = await wire.read_frame(reader)
@@ -456,6 +470,10 @@ class ReplicaClient:
             rec.hash_head,
         ):
             raise diverged_error(rec.first_seq, _describe(mine), _describe(rec))
+
+
+class _OlderTerm(Exception):
+    """The source holds an older leadership term than this replica (`replicator/terms.py`)."""
 
 
 class _Failback(Exception):

@@ -31,7 +31,8 @@ Bodies by type:
       3   1   options: bit 0 = newest-only (start at the source's head, skip history);
                   bit 1 = upstream-capable (this client may send UPSTREAM frames);
                   bit 2 = a root candidate's standby (a leader streams it records that
-                  its standbys have not confirmed yet; other replicas wait for them)
+                  its standbys have not confirmed yet; other replicas wait for them);
+                  bit 3 = term-aware (the client wants the source's term in WELCOME)
       4   16  client id (random per process; equal to the source's id = itself)
       20  16  db id (all zero = unknown, allowed only with mode 2)
       36  8   last applied seq (the stream starts at last + 1)
@@ -45,7 +46,11 @@ Bodies by type:
   (`WELCOME_UPSTREAM`), set only in answer to an upstream-capable HELLO in mode 1: the
   source reads UPSTREAM frames on this connection. A client sends UPSTREAM frames only
   after a WELCOME with that bit, so an older source (which ignores the option and sends
-  flags 0) never receives one; an older client never sets the option.
+  flags 0) never receives one; an older client never sets the option. Answering a
+  term-aware HELLO (option bit 3), the body is 62 bytes: the 54 above, then the leadership
+  term recorded in the source's store (u64; 0 = none). A replica that has seen a newer term
+  refuses the source (a deposed leader, or a node still following one); an older source
+  ignores the option and sends 54 bytes, and an older client never asks.
 - ``REFUSE`` (3), 2 + n bytes: refusal code (u16), UTF-8 message. Codes: 1 db id
   mismatch, 2 replicating from itself, 3 history no longer retained (bootstrap needed),
   4 unsupported protocol or request, 5 source not ready. The source closes after it.
@@ -101,6 +106,7 @@ MODE_SNAPSHOT = 2
 OPT_NEWEST_ONLY = 0x01
 OPT_UPSTREAM = 0x02
 OPT_STANDBY = 0x04
+OPT_TERM = 0x08
 #: WELCOME header flag: the source reads UPSTREAM frames on this connection.
 WELCOME_UPSTREAM = 0x01
 #: Largest UPSTREAM payload: senders split bigger summaries into several frames.
@@ -127,7 +133,7 @@ _U16 = struct.Struct("<H")
 #: The largest body each frame type may claim (see the module docstring).
 MAX_BODY_OF: dict[int, int] = {
     HELLO: _HELLO.size,
-    WELCOME: _WELCOME.size,
+    WELCOME: _WELCOME.size + _U64.size,
     REFUSE: _REFUSE.size + MAX_REFUSE_MESSAGE,
     RECORD: MAX_BODY,
     HEARTBEAT: _HEARTBEAT.size,
@@ -166,6 +172,9 @@ class Welcome(NamedTuple):
     head_seq: int
     first_seq: int
     heartbeat_ms: int
+    #: The term recorded in the source's store; None when the source did not say (an older
+    #: source, or a HELLO without `OPT_TERM`).
+    term: int | None = None
 
 
 class Refuse(NamedTuple):
@@ -245,15 +254,23 @@ def decode_hello(body: bytes) -> Hello:
 
 
 def encode_welcome(w: Welcome, flags: int = 0) -> bytes:
-    """WELCOME frame (`flags`: `WELCOME_UPSTREAM` or 0)."""
-    return encode_frame(WELCOME, _WELCOME.pack(*w), flags)
+    """WELCOME frame (`flags`: `WELCOME_UPSTREAM` or 0); the term only when `w` has one
+    (answer a HELLO without `OPT_TERM` with none: an older client expects 54 bytes)."""
+    body = _WELCOME.pack(*w[:6])
+    if w.term is not None:
+        body += _U64.pack(w.term)
+    return encode_frame(WELCOME, body, flags)
 
 
 def decode_welcome(body: bytes) -> Welcome:
-    """Decode a WELCOME body; ValueError when malformed."""
-    if len(body) != _WELCOME.size:
-        raise ValueError("malformed WELCOME")
-    return Welcome(*_WELCOME.unpack(body))
+    """Decode a WELCOME body, with or without the term; ValueError when malformed."""
+    if len(body) == _WELCOME.size:
+        return Welcome(*_WELCOME.unpack(body))
+    if len(body) == _WELCOME.size + _U64.size:
+        version, source_id, db_id, head_seq, first_seq, heartbeat_ms = _WELCOME.unpack_from(body)
+        (term,) = _U64.unpack_from(body, _WELCOME.size)
+        return Welcome(version, source_id, db_id, head_seq, first_seq, heartbeat_ms, term)
+    raise ValueError("malformed WELCOME")
 
 
 def encode_refuse(code: int, message: str) -> bytes:

@@ -42,6 +42,7 @@ from core.tlsconf import TlsContexts
 from replicator import frames, handshake, notify, wire
 from replicator.heartbeat import HeartbeatSource
 from replicator.metrics import REFUSED
+from replicator.terms import store_term
 from replicator.upstream import Origin, UpstreamRouter
 from store import snapshot
 from store.store import Store
@@ -140,6 +141,9 @@ class ReplicationSource:
         self._snapshot: tuple[str, snapshot.SnapshotInfo, float] | None = None
         self._snapshot_lock = asyncio.Lock()
         self._waiters: set[asyncio.Event] = set()
+        #: The streams `horizon` holds back (plain replicas of an HA leader): a standby's
+        #: report moves the horizon and wakes these only.
+        self._held: set[asyncio.Event] = set()
         self._conns: set[asyncio.Task[None]] = set()
         self._accepting: set[asyncio.Task[None]] = set()
         self._server: asyncio.Server | None = None
@@ -186,6 +190,12 @@ class ReplicationSource:
     def wake(self) -> None:
         """Wake every stream (on the loop): new log records or a newer heartbeat."""
         for ev in self._waiters:
+            ev.set()
+
+    def wake_held(self) -> None:
+        """Wake the streams `horizon` holds back (on the loop): it moved. A standby's
+        stream is not held back, and waking it for nothing costs a log read per report."""
+        for ev in self._held:
             ev.set()
 
     def _on_commit_threadsafe(self, _seq: int) -> None:
@@ -304,6 +314,7 @@ class ReplicationSource:
                         self.store.last_seq(),
                         first,
                         self.heartbeat.interval_ms,
+                        store_term(self.store) if hello.options & frames.OPT_TERM else None,
                     ),
                     frames.WELCOME_UPSTREAM if upstream else 0,
                 ),
@@ -378,6 +389,9 @@ class ReplicationSource:
         stop = hello.stop_seq or None
         ev = asyncio.Event()
         self._waiters.add(ev)
+        held = not hello.options & frames.OPT_STANDBY
+        if held:
+            self._held.add(ev)
         interval = self.heartbeat.interval_ms / 1000
         last_hb_at = 0.0
         last_hb: frames.Heartbeat | None = None
@@ -393,7 +407,13 @@ class ReplicationSource:
                     writer.write(frames.encode_refuse(frames.REFUSE_BOOTSTRAP, str(err)))
                     await self._drain(writer)
                     return
-                if self.horizon is not None and not hello.options & frames.OPT_STANDBY:
+                # A read within its bounds took everything committed before it: a later
+                # commit set `ev` (cleared before the read), so the stream waits for it
+                # instead of paying another read (a thread hop) to find nothing.
+                bounded = len(recs) >= READ_RECORDS or sum(len(r.payload) for r in recs) >= (
+                    READ_BYTES
+                )
+                if self.horizon is not None and held:
                     confirmed = self.horizon()
                     recs = [r for r in recs if r.last_seq <= confirmed]
                 out = _Coalescer(writer)
@@ -420,13 +440,14 @@ class ReplicationSource:
                     writer.write(frames.encode_heartbeat(hb._replace(sent_seq=pos - 1)))
                     await self._drain(writer)
                     last_hb, last_hb_at = hb, now
-                if recs:
-                    continue  # more may be there already; only an empty read waits
+                if recs and bounded:
+                    continue  # more is there already; only a read that took all waits
                 timeout = max(0.0, interval - (time.monotonic() - last_hb_at))
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(ev.wait(), timeout)
         finally:
             self._waiters.discard(ev)
+            self._held.discard(ev)
 
     async def _drain(self, writer: asyncio.StreamWriter) -> None:
         """Wait for the send buffer to drain; TimeoutError (the stream ends, the replica
