@@ -22,6 +22,7 @@ import orjson
 from acl import audit
 from acl.model import DOC_NAME, Acl
 from store.batchwrite import now_us
+from store.docs import ADMIN_HASH
 from store.store import Store
 
 
@@ -60,3 +61,19 @@ def commit(store: Store, acl: Acl, change: Change | None) -> int:
         )
     store.put_docs(docs, time_us=t)
     return version(store)
+
+
+def commit_admin_hash(store: Store, admin_hash: str, change: Change) -> None:
+    """Write the admin token's new hash (the replicated document ``admin_token_hash``) and
+    the audit record of `change` through the log in one transaction: every candidate and
+    replica holds the new hash, so the old token stays refused after a failover too."""
+    t = now_us()
+    store.put_docs(
+        {
+            ADMIN_HASH: admin_hash.encode(),
+            audit.name(t, secrets.token_hex(4)): audit.record(
+                change.who, change.action, change.target, list(change.diff), t
+            ),
+        },
+        time_us=t,
+    )

@@ -29,7 +29,7 @@ from acl.model import (
     consumer_from_config,
     producer_from_config,
 )
-from acl.tokens import new_token
+from acl.tokens import hash_token, new_token
 from core.errors import BadRequestError, PreconditionFailedError
 from core.problems import problem_document
 from gateway import aclstore
@@ -517,3 +517,20 @@ async def list_consumer_tokens(name: str, request: Request) -> Response:
 async def revoke_consumer_token(name: str, token_id: str, request: Request) -> Response:
     """200 `{"revoked": token_id}`; 404 when unknown."""
     return await _revoke(CONSUMER, name, token_id, request)
+
+
+# --- the admin token -----------------------------------------------------------------
+
+
+@router.post("/v1/admin/token", summary="Rotate the admin token (the new one shown once)")
+async def rotate_admin_token(request: Request) -> Response:
+    """201 `{"token", "created"}`: a new admin token, whose hash replaces the old one's
+    through the log (every candidate holds it: a failover keeps it). The old token is
+    refused from the next request on; keep the new one, it is never shown again."""
+    gw = _admin(request)
+    token = new_token()
+    t = now_us()
+    async with _lock(gw):
+        change = aclstore.Change(ADMIN_WHO, "rotate_admin_token", "admin", ("~ admin token",))
+        await gw.set_admin_hash(hash_token(token), change)
+    return json_response({"token": token, "created": audit.rfc3339(t)}, 201)

@@ -117,6 +117,14 @@ class Gateway:
         self.admission.rebuild(acl)
         return version
 
+    async def set_admin_hash(self, admin_hash: str, change: aclstore.Change) -> None:
+        """Commit the admin token's new hash (in the commit thread, serialised with
+        batches) and check admin calls against it from the next request on."""
+        await asyncio.get_running_loop().run_in_executor(
+            self.batcher.executor, aclstore.commit_admin_hash, self.store, admin_hash, change
+        )
+        self.auth.admin_hash = admin_hash
+
     def authenticate(self, authorization: str | None) -> str:
         """Producer name (or ADMIN) of a ``Bearer`` header; AuthError when unknown."""
         return self.auth.authenticate(authorization)

@@ -7,11 +7,14 @@
 - `acl token create NAME --label L [--expires 90d] [--consumer]`, `acl token list NAME`,
   `acl token revoke NAME TOKEN_ID`.
 - `acl log [--since SEQ|TIME]`: the audit records.
+- `acl admin-token rotate [--out FILE]`: a new admin token (``POST /v1/admin/token``),
+  written to FILE (default: the --admin-token-file it replaces), mode 0600, atomically.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import sys
 from pathlib import Path
@@ -78,6 +81,20 @@ def register(sub: Any) -> None:
     lg.add_argument("--json", action="store_true", help="one JSON record per line")
     _client_args(lg)
     lg.set_defaults(func=_log)
+
+    adm = acts.add_parser("admin-token", help="rotate the admin token")
+    aacts = adm.add_subparsers(dest="admin_command", required=True, metavar="ACTION")
+    ar = aacts.add_parser(
+        "rotate",
+        help="issue a new admin token; the old one is refused from then on",
+        description="Issue a new admin token (POST /v1/admin/token). Its hash replaces the "
+        "old one's through the log, so every root candidate refuses the old token from the "
+        "next request on, after a failover too. The new token is written to --out "
+        "(default: the --admin-token-file, replaced atomically), mode 0600, never printed.",
+    )
+    _client_args(ar)
+    ar.add_argument("--out", help="file to write the new token to (default: --admin-token-file)")
+    ar.set_defaults(func=_admin_rotate)
 
 
 def _client_args(p: argparse.ArgumentParser) -> None:
@@ -192,4 +209,26 @@ def _log(args: argparse.Namespace) -> int:
         print(f"{rec['seq']}  {rec['time']}  {rec['who']}  {rec['action']} {rec['target']}")
         for line in rec["diff"]:
             print(f"    {line}")
+    return 0
+
+
+def _admin_rotate(args: argparse.Namespace) -> int:
+    out = Path(args.out or args.admin_token_file)
+    # The file is opened before the call: once the root answers, the old token is refused
+    # and the new one exists nowhere else, so a file we cannot write must fail first. It is
+    # written beside the target and renamed over it: the old file or the new, never torn.
+    tmp = out.with_name(f".{out.name}.new")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        try:
+            with _client(args) as c:
+                answer = _check(c.post("/v1/admin/token"))
+        except BaseException:
+            os.unlink(tmp)
+            raise
+        f.write(answer["token"] + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, out)
+    print(f"admin token rotated at {answer['created']}; the new token is in {out}")
     return 0
