@@ -242,7 +242,7 @@ def install(app: FastAPI, store: Store, services: list[Service], args: argparse.
         # Plain replicas get only what standbys confirmed: a failover never undoes a record
         # a replica holds, so replicas follow the next leader without a gap or bootstrap.
         src.horizon = lambda: gate.tracker.synced_seq(time.monotonic())
-        gate.on_applied.append(src.wake)
+        gate.on_applied.append(src.wake_held)
     services.append(LeaderService(app, store, gate, term, node, url))
     # Stopped right before the sources (services stop in reverse): after every write of
     # the stop, while the standbys still stream.

@@ -83,7 +83,11 @@ class _ReportingClient(ReplicaClient):
 
     def _applied(self, rec: LogRecord) -> None:
         super()._applied(rec)
-        if self.outbox is not None:
+        # The apply thread commits a group of records in one transaction and then reports
+        # each: one APPLIED frame per group (its last record) is enough, and each frame
+        # costs the leader's loop a dispatch. A record below the store's last seq is
+        # followed by the report of one at least as far (already durable): skip it.
+        if self.outbox is not None and rec.last_seq >= self.store.last_seq():
             self.outbox.send(upstream.APPLIED, encode_applied(rec.last_seq))
 
 

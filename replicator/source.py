@@ -24,12 +24,14 @@ its replication worker). Contract:
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import glob
 import logging
 import os
 import socket
 import ssl
+import threading
 import time
 import uuid
 from asyncio import sslproto
@@ -45,6 +47,7 @@ from replicator.metrics import REFUSED
 from replicator.terms import store_term
 from replicator.upstream import Origin, UpstreamRouter
 from store import snapshot
+from store.ops import LogRecord
 from store.store import Store
 
 log = logging.getLogger("mercury.replication.source")
@@ -72,6 +75,8 @@ _STREAM_LIMIT = 1 << 16
 #: Frames smaller than this are joined into one write of at least this size: one TLS
 #: record run and one system call for many small log records instead of one each.
 _COALESCE = 64 << 10
+#: Bytes of recently committed records kept for streams that are caught up (see `_Tail`).
+TAIL_BYTES = 4 << 20
 
 
 @dataclass
@@ -141,6 +146,10 @@ class ReplicationSource:
         self._snapshot: tuple[str, snapshot.SnapshotInfo, float] | None = None
         self._snapshot_lock = asyncio.Lock()
         self._waiters: set[asyncio.Event] = set()
+        self._tail = _Tail()
+        self._tail_lock = threading.Lock()
+        #: First seq the next commit's tail read starts at (None: resync at the next one).
+        self._tail_next: int | None = None
         #: The streams `horizon` holds back (plain replicas of an HA leader): a standby's
         #: report moves the horizon and wakes these only.
         self._held: set[asyncio.Event] = set()
@@ -198,11 +207,38 @@ class ReplicationSource:
         for ev in self._held:
             ev.set()
 
-    def _on_commit_threadsafe(self, _seq: int) -> None:
+    def _on_commit_threadsafe(self, seq: int) -> None:
+        """In the committing thread: read what was just committed and hand it to the loop
+        with the wake-up, so a caught-up stream sends it at once. Reading it from the loop
+        cost a round trip through a worker thread: two more turns of a loop that, on the
+        root, also serves every writer, and an HA leader's acknowledgements wait for its
+        standby to receive these records. The read is as large as the commit was."""
         loop = self._loop
-        if loop is not None and not loop.is_closed():
+        if loop is None or loop.is_closed():
+            return
+        with self._tail_lock:  # in commit order, also when commits come from two threads
+            recs: list[LogRecord] | None = None
+            start = self._tail_next
+            if start is not None and self._waiters:
+                try:
+                    got = self.store.read_log(start, max_records=READ_RECORDS, max_bytes=TAIL_BYTES)
+                except Exception:  # a listener never raises; the streams read for themselves
+                    got = []
+                if got and got[0].first_seq <= start and got[-1].last_seq == seq:
+                    recs = got
+            # Without streams nothing is read: the tail starts over after the next commit.
+            self._tail_next = seq + 1 if self._waiters else None
             with contextlib.suppress(RuntimeError):
-                loop.call_soon_threadsafe(self.wake)
+                loop.call_soon_threadsafe(self._tail_arrived, recs)
+
+    def _tail_arrived(self, recs: list[LogRecord] | None) -> None:
+        """On the loop: keep `recs` (None: what was committed is not known, forget the
+        tail), then wake every stream."""
+        if recs is None:
+            self._tail.clear()
+        else:
+            self._tail.extend(recs)
+        self.wake()
 
     async def _poll(self) -> None:
         # Safety net for a lost cross-process ping; a second is plenty, and cheap.
@@ -398,21 +434,25 @@ class ReplicationSource:
         try:
             while True:
                 ev.clear()
-                try:
-                    recs = await asyncio.to_thread(
-                        self.store.read_log, pos, max_records=READ_RECORDS, max_bytes=READ_BYTES
+                # What was committed last is at hand (`_Tail`); older records are read
+                # in a worker thread. A read that took everything the store held then
+                # waits for `ev`, set by any later commit (it was cleared before).
+                recs = self._tail.after(pos, self.store.last_seq())
+                if recs is not None:
+                    more = bool(recs) and len(recs) >= READ_RECORDS
+                else:
+                    try:
+                        recs = await asyncio.to_thread(
+                            self.store.read_log, pos, max_records=READ_RECORDS, max_bytes=READ_BYTES
+                        )
+                    except LogRetentionError as err:
+                        # GC overtook a slow client: it must bootstrap.
+                        writer.write(frames.encode_refuse(frames.REFUSE_BOOTSTRAP, str(err)))
+                        await self._drain(writer)
+                        return
+                    more = len(recs) >= READ_RECORDS or sum(len(r.payload) for r in recs) >= (
+                        READ_BYTES
                     )
-                except LogRetentionError as err:
-                    # GC overtook a slow client: it must bootstrap.
-                    writer.write(frames.encode_refuse(frames.REFUSE_BOOTSTRAP, str(err)))
-                    await self._drain(writer)
-                    return
-                # A read within its bounds took everything committed before it: a later
-                # commit set `ev` (cleared before the read), so the stream waits for it
-                # instead of paying another read (a thread hop) to find nothing.
-                bounded = len(recs) >= READ_RECORDS or sum(len(r.payload) for r in recs) >= (
-                    READ_BYTES
-                )
                 if self.horizon is not None and held:
                     confirmed = self.horizon()
                     recs = [r for r in recs if r.last_seq <= confirmed]
@@ -440,7 +480,7 @@ class ReplicationSource:
                     writer.write(frames.encode_heartbeat(hb._replace(sent_seq=pos - 1)))
                     await self._drain(writer)
                     last_hb, last_hb_at = hb, now
-                if recs and bounded:
+                if recs and more:
                     continue  # more is there already; only a read that took all waits
                 timeout = max(0.0, interval - (time.monotonic() - last_hb_at))
                 with contextlib.suppress(TimeoutError):
@@ -608,6 +648,47 @@ async def send_file(
             left -= len(block)
             progress(count - left)
         return count - left
+
+
+class _Tail:
+    """The records committed last, contiguous, at most `TAIL_BYTES` (but always the last
+    one): a caught-up stream takes what it has not sent from here instead of reading."""
+
+    __slots__ = ("bytes", "recs")
+
+    def __init__(self) -> None:
+        self.recs: collections.deque[LogRecord] = collections.deque()
+        self.bytes = 0
+
+    def clear(self) -> None:
+        self.recs.clear()
+        self.bytes = 0
+
+    def extend(self, recs: list[LogRecord]) -> None:
+        if self.recs and recs[0].first_seq != self.recs[-1].last_seq + 1:
+            self.clear()  # not contiguous (cannot happen: commits arrive in order)
+        for rec in recs:
+            self.recs.append(rec)
+            self.bytes += len(rec.payload)
+        while len(self.recs) > 1 and self.bytes > TAIL_BYTES:
+            self.bytes -= len(self.recs.popleft().payload)
+
+    def after(self, pos: int, last_seq: int) -> list[LogRecord] | None:
+        """Records from the one holding `pos` on (at most `READ_RECORDS`) when this tail
+        holds them and is current (`last_seq`: the store's last seq; [] when `pos` is past
+        it); None when the log must be read."""
+        recs = self.recs
+        if not recs or recs[-1].last_seq != last_seq or pos < recs[0].first_seq:
+            return None
+        if pos > last_seq:
+            return []
+        out = []
+        for rec in reversed(recs):  # the wanted ones are the last few
+            if rec.last_seq < pos:
+                break
+            out.append(rec)
+        out.reverse()
+        return out[:READ_RECORDS]
 
 
 class _Coalescer:

@@ -165,11 +165,26 @@ class UpstreamOutbox:
         self.dropped = 0
         #: True while a session to an upstream-capable source pumps this outbox.
         self.connected = False
+        #: The pumped session's writer once its on-connect state is queued (None: none).
+        self._writer: asyncio.StreamWriter | None = None
 
     def send(self, kind: int, payload: bytes) -> None:
         """Queue one frame (ValueError when `payload` is over the frame bound); the oldest
         frames are dropped (counted) when the outbox is over its bounds."""
         frame = frames.encode_upstream(kind, payload)
+        w = self._writer
+        # The link is idle: hand the frame to the socket now rather than one loop turn
+        # later in `pump` (a standby's APPLIED report gates its leader's acknowledgements).
+        # A link that is not taking what it gets queues as usual; `pump`'s drain times it out.
+        if (
+            w is not None
+            and not self._q
+            and not w.transport.is_closing()
+            and not w.transport.get_write_buffer_size()
+        ):
+            w.write(frame)
+            self.sent += 1
+            return
         self._q.append(frame)
         self._bytes += len(frame)
         while len(self._q) > self.max_frames or self._bytes > self.max_bytes:
@@ -197,6 +212,7 @@ class UpstreamOutbox:
                     listener()
                 except Exception:
                     log.exception("upstream on_connect listener failed")
+            self._writer = writer
             while True:
                 while self._q:
                     frame = self._q.popleft()
@@ -208,6 +224,7 @@ class UpstreamOutbox:
                 self._ready.clear()
                 await self._ready.wait()
         finally:
+            self._writer = None
             self.connected = False
 
 
