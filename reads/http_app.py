@@ -228,7 +228,7 @@ async def get_bulk(body: GetBulkBody, request: Request) -> Response:
                     f"the values of these keys exceed {MAX_BULK_BYTES} bytes",
                     hint="ask for fewer keys per request",
                 )
-    applied = store.last_seq()  # read after the values: always >= their seqs
+        applied = r.seq()  # the state these values are from, exactly
     values: dict[str, str | None] = {}
     values_b64: dict[str, str | None] = {}
     for name, v in zip(body.keys, found[: len(text_keys)], strict=True):
@@ -281,9 +281,9 @@ async def get_range(request: Request) -> Response:
     limit = ranges.check_limit(limit)
     with store.reader() as r:
         items, more = ranges.read_page(_within(r, spaces), spec, after, limit, keys_only)
+        applied = r.seq()  # the state this page is from, exactly
     if not keys_only:
         readstats.note_reads(k for k, _ in items)
-    applied = store.last_seq()
     doc = {
         "items": [jsonkv.item(k, v) for k, v in items],
         "next_cursor": ranges.encode_cursor(spec, items[-1][0]) if more else None,

@@ -12,6 +12,7 @@ from typing import Any
 from core.errors import CRCError
 from store import chunks, codec
 from store.format import FLAG_CHUNKED, check_chunked_record
+from store.layout import K_LAST_SEQ, U64
 from store.metrics import CRC_FAILURES
 from store.ops import Value
 
@@ -43,9 +44,17 @@ class Reader:
     """Reads inside one short read transaction (see `Store.reader`); the transaction's
     default database is ``data``."""
 
-    def __init__(self, txn: Any, chunks_db: Any) -> None:
+    def __init__(self, txn: Any, chunks_db: Any, meta_db: Any = None) -> None:
         self._txn = txn
         self._chunks = chunks_db
+        self._meta = meta_db
+
+    def seq(self) -> int:
+        """The last applied seq as this transaction sees it: exactly the state every read
+        through this reader returns (a seq read after the transaction may be newer)."""
+        if self._meta is None:
+            raise RuntimeError("this reader was made without the meta database")
+        return int(U64.unpack(self._txn.get(K_LAST_SEQ, db=self._meta))[0])
 
     def get(self, key: bytes) -> Value | None:
         """The value of `key`, or None. Raises CRCError."""

@@ -282,7 +282,7 @@ class Store:
         Keep it short: a read transaction held across many commits makes LMDB grow the file.
         """
         with self.env.begin(db=self.dbs.data) as txn:
-            yield Reader(txn, self.dbs.chunks)
+            yield Reader(txn, self.dbs.chunks, self.dbs.meta)
 
     # --- log -------------------------------------------------------------------------
 
