@@ -23,6 +23,10 @@ def apply_ops(
     max_key: bytes | None = ...,
     append: Any = ...,
 ) -> tuple[list[Any], list[tuple[int, bytes, bytes, bytes]], int, dict[str, list[int]]]: ...
+def scan_entries(payload: Any, prev_hash: bytes, first_seq: int, num_entries: int) -> bytes: ...
+def apply_entries(
+    payload: Any, get: Any, put: Any, delete: Any, rare: Any, doc: Any, delta: dict[str, list[int]]
+) -> None: ...
 
 CONSTANTS: dict[str, int]
 

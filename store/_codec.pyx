@@ -488,3 +488,169 @@ def apply_ops(ops, get, put, delete, uint64_t last_seq, rare, max_key=None, appe
         d[1] += c_bytes
         d[2] += c_writes
     return results, entries, seq, delta
+
+
+# --- a replica's per-entry work on a log record (reference: store/replay.py) ---------------
+
+cdef int _scan_buffer(const uint8_t* p, Py_ssize_t n, uint64_t first_seq, uint8_t* h,
+                      Py_ssize_t* count, Py_ssize_t* bad_pos) noexcept nogil:
+    """Check and chain every entry of `p[:n]` into `h`; 0 when all hold, else the code of
+    the first problem (its entry's offset in `bad_pos`, entries before it in `count`)."""
+    cdef Py_ssize_t pos = 0, end
+    cdef uint64_t seq
+    cdef int op
+    cdef Py_ssize_t kn
+    cdef uint32_t vn
+    count[0] = 0
+    while pos < n:
+        bad_pos[0] = pos
+        if pos + ENTRY_HDR > n:
+            return 1
+        seq = _get_u64(p + pos)
+        if seq != first_seq + <uint64_t>count[0]:
+            return 2
+        op = p[pos + 8]
+        if op != OP_SET and op != OP_DELETE and op != OP_DOC:
+            return 3
+        kn = p[pos + 10] | (p[pos + 11] << 8)
+        if kn < 1 or kn > MAX_KEY:
+            return 4
+        vn = _get_u32(p + pos + 12)
+        if vn > MAX_VALUE or (op == OP_DELETE and vn):
+            return 5
+        end = pos + _entry_size(p + pos)
+        if end > n:
+            return 6
+        _blake2b_2(h, HASH_SIZE, p + pos, end - pos, h)
+        pos = end
+        count[0] += 1
+    return 0
+
+
+def scan_entries(payload, bytes prev_hash, uint64_t first_seq, Py_ssize_t num_entries):
+    """Check every entry of a record's payload and return the hash head after the last
+    (see store/replay.py; ValueError names the first entry no store accepts)."""
+    cdef const uint8_t[:] buf = payload
+    cdef Py_ssize_t n = buf.shape[0], count = 0, bad = 0
+    cdef const uint8_t* p = &buf[0] if n else <const uint8_t*>b""
+    cdef uint8_t h[HASH_SIZE]
+    cdef int code
+    if PyBytes_GET_SIZE(prev_hash) != HASH_SIZE:
+        raise ValueError("prev_hash must be 32 bytes")
+    memcpy(h, PyBytes_AS_STRING(prev_hash), HASH_SIZE)
+    if n >= 65536:  # hashing a large record: let the event loop's thread run meanwhile
+        with nogil:
+            code = _scan_buffer(p, n, first_seq, h, &count, &bad)
+    else:
+        code = _scan_buffer(p, n, first_seq, h, &count, &bad)
+    if code == 0:
+        if count != num_entries:
+            raise ValueError(f"{count} entries, the header says {num_entries}")
+        return PyBytes_FromStringAndSize(<const char*>h, HASH_SIZE)
+    if code == 1:
+        raise ValueError("truncated entry header")
+    cdef uint64_t seq = _get_u64(p + bad)
+    if code == 2:
+        raise ValueError(f"entry {count} has seq {seq}, expected {first_seq + count}")
+    if code == 3:
+        raise ValueError(f"entry at seq {seq} has unknown op code {p[bad + 8]}")
+    if code == 4:
+        raise ValueError(
+            f"entry at seq {seq} has a key of {p[bad + 10] | (p[bad + 11] << 8)} bytes "
+            f"(1..{MAX_KEY})")
+    if code == 5:
+        raise ValueError(f"entry at seq {seq} has a value of {_get_u32(p + bad + 12)} bytes")
+    raise ValueError(f"entry at seq {seq} runs past the payload")
+
+
+cdef bytes _encode_record_raw(bytes key, uint64_t seq, const uint8_t* owner, Py_ssize_t on,
+                              const uint8_t* v, Py_ssize_t vn, bint chunked):
+    # `_encode_record` from raw pointers (the value stays inside the record's payload).
+    cdef Py_ssize_t total = RECORD_FIXED + on + (0 if chunked else vn)
+    cdef bytes out = PyBytes_FromStringAndSize(NULL, total)
+    cdef uint8_t* p = <uint8_t*>PyBytes_AS_STRING(out)
+    p[0] = RECORD_TAG
+    p[1] = FLAG_CHUNKED if chunked else 0
+    _put_u64(p + 2, seq)
+    _put_u32(p + 10, <uint32_t>vn)
+    p[18] = <uint8_t>on
+    memcpy(p + 19, owner, on)
+    if not chunked:
+        memcpy(p + 19 + on, v, vn)
+    cdef uint32_t crc = _crc_update(
+        0, <const uint8_t*>PyBytes_AS_STRING(key), PyBytes_GET_SIZE(key))
+    crc = _crc_update(crc, p, 14)
+    crc = _crc_update(crc, p + 18, 1 + on)
+    crc = _crc_update(crc, v, vn)
+    _put_u32(p + 14, crc)
+    return out
+
+
+cdef void _check_old(object old) except *:
+    # What `decode_record_header` refuses (the replica's old record is read through it).
+    cdef Py_ssize_t n = PyBytes_GET_SIZE(old)
+    cdef const uint8_t* p = <const uint8_t*>PyBytes_AS_STRING(old)
+    if n < RECORD_FIXED or p[0] != RECORD_TAG:
+        raise ValueError("malformed value record")
+    cdef Py_ssize_t off = RECORD_FIXED + p[18]
+    if n < off or (not (p[1] & FLAG_CHUNKED) and n != off + _get_u32(p + 10)):
+        raise ValueError("malformed value record")
+
+
+def apply_entries(payload, get, put, delete, rare, doc, dict delta):
+    """Apply the entries of `payload`, which `scan_entries` accepted (see
+    store/replay.py)."""
+    cdef const uint8_t[:] buf = payload
+    cdef Py_ssize_t n = buf.shape[0], pos = 0, a, k, v, on, kn, vn
+    cdef const uint8_t* base
+    cdef const uint8_t* p
+    cdef uint64_t seq
+    cdef int op
+    cdef object mv = None, old, key
+    cdef bint big
+    # The owner of the previous change: most records have one (no decode, no lookup).
+    cdef const uint8_t* prev_owner = NULL
+    cdef Py_ssize_t prev_on = -1
+    cdef str name
+    cdef list d = None
+    if n == 0:
+        return
+    base = &buf[0]
+    while pos < n:
+        p = base + pos
+        seq = _get_u64(p)
+        op = p[8]
+        on = p[9]
+        kn = p[10] | (p[11] << 8)
+        vn = _get_u32(p + 12)
+        a = pos + ENTRY_HDR
+        k = a + on
+        v = k + kn
+        pos = v + vn
+        key = PyBytes_FromStringAndSize(<const char*>(base + k), kn)
+        if op == OP_DOC:  # a replicated document, never a user key
+            doc(seq, key, PyBytes_FromStringAndSize(<const char*>(base + v), vn))
+            continue
+        old = get(key)
+        if old is not None:
+            if type(old) is not bytes:
+                old = bytes(old)
+            _check_old(old)
+            _forget(<const uint8_t*>PyBytes_AS_STRING(old), kn, delta, rare)
+        if d is None or on != prev_on or memcmp(prev_owner, base + a, on) != 0:
+            name = (<const char*>base)[a:k].decode("utf-8", "replace")
+            d = _delta_for(delta, name)
+            prev_owner, prev_on = base + a, on
+        if op == OP_SET:
+            big = vn > CHUNK_SIZE
+            if big:
+                if mv is None:
+                    mv = memoryview(payload)
+                rare.put_chunks(seq, mv[v:pos])  # LMDB copies it: no value bytes object
+            put(key, _encode_record_raw(key, seq, base + a, on, base + v, vn, big))
+            d[0] += 1
+            d[1] += _stored_bytes(kn, vn, on)
+            d[2] += 1
+        else:
+            delete(key)
+            d[3] += 1

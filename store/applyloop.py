@@ -30,8 +30,8 @@ class Rare(Protocol):
     def chunked_equal(self, seq: int, vlen: int, value: bytes) -> bool:
         """Whether the chunked value stored under `seq` equals `value`."""
 
-    def put_chunks(self, seq: int, value: bytes) -> None:
-        """Store `value` as chunks under `seq`."""
+    def put_chunks(self, seq: int, value: bytes | memoryview) -> None:
+        """Store `value` as chunks under `seq` (a replica hands a view into its record)."""
 
     def drop_chunks(self, seq: int, vlen: int) -> None:
         """Delete the chunks of the value stored under `seq`."""

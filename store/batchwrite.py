@@ -184,7 +184,7 @@ class ValueChunks:
     def chunked_equal(self, seq: int, vlen: int, value: bytes) -> bool:
         return chunks.get(self._txn, self._db, chunks.VALUE_NS, seq, vlen) == value
 
-    def put_chunks(self, seq: int, value: bytes) -> None:
+    def put_chunks(self, seq: int, value: bytes | memoryview) -> None:
         chunks.put(self._txn, self._db, chunks.VALUE_NS, seq, value)
 
     def drop_chunks(self, seq: int, vlen: int) -> None:

@@ -22,7 +22,7 @@ def is_chunked(length: int) -> bool:
     return length > CHUNK_SIZE
 
 
-def put(txn: Any, db: Any, ns: bytes, seq: int, data: bytes) -> None:
+def put(txn: Any, db: Any, ns: bytes, seq: int, data: bytes | memoryview) -> None:
     """Store `data` as chunks under (ns, seq).
 
     One `putmulti` (LMDB's loop in C, not one Python call per chunk). Log chunks are

@@ -15,6 +15,7 @@ from typing import Any
 from store import applyloop as _loop
 from store import crccombine as _crccombine
 from store import format as _ref
+from store import replay as _replay
 
 IMPLEMENTATION: str
 
@@ -28,6 +29,8 @@ unpack_entries: Callable[[Any, bytes], tuple[list[_ref.Entry], bytes]]
 crc32: Callable[..., int]
 crc32_combine: Callable[[int, int, int], int]
 apply_ops: Callable[..., Any]
+scan_entries: Callable[[Any, bytes, int, int], bytes]
+apply_entries: Callable[..., None]
 
 if os.environ.get("MERCURY_PURE") == "1":
     _impl: Any = _ref
@@ -55,7 +58,7 @@ def use(implementation: str) -> None:
     run). Callers look functions up on this module at call time, so the switch is global."""
     global IMPLEMENTATION, _impl, crc32, crc32_combine
     global encode_record, decode_record_header, record_value, encode_entry, chain
-    global pack_entries, unpack_entries, apply_ops
+    global pack_entries, unpack_entries, apply_ops, scan_entries, apply_entries
     if implementation == "cython":
         from store import _codec
 
@@ -73,6 +76,8 @@ def use(implementation: str) -> None:
     pack_entries = _impl.pack_entries
     unpack_entries = _impl.unpack_entries
     apply_ops = _impl.apply_ops if implementation == "cython" else _loop.apply_ops
+    scan_entries = _impl.scan_entries if implementation == "cython" else _replay.scan_entries
+    apply_entries = _impl.apply_entries if implementation == "cython" else _replay.apply_entries
 
 
 use(IMPLEMENTATION)

@@ -1,9 +1,12 @@
 """A replica's write path: a source's log records, checked and applied byte-identical.
 
-Each record is checked for its CRC, seq continuity with this store, contiguous entries and
-the hash chain from this store's head to the record's head; then its entries are applied
-and the record is stored as it came, so every node's log and hash head are identical.
-Consecutive records can share one transaction (a catching-up replica); all or nothing.
+Each record is checked for its CRC, seq continuity with this store, entries a store
+accepts (numbering, op, key and value sizes: `InvalidRecordError` otherwise) and the hash
+chain from this store's head to the record's head — one compiled pass over the payload
+(`codec.scan_entries`) — then its entries are applied straight from the payload
+(`codec.apply_entries`: no `Entry` objects, chunked values handed to LMDB as views) and the
+record is stored as it came, so every node's log and hash head are identical. Consecutive
+records can share one transaction (a catching-up replica); all or nothing.
 """
 
 from __future__ import annotations
@@ -13,16 +16,20 @@ from typing import Any
 
 import cramjam
 
-from core.errors import ChainError, CorruptionError
-from store import chunks, codec, docs, layout, txlog
-from store.applyloop import forget
+from core.errors import ChainError, CorruptionError, InvalidRecordError
+from store import codec, docs, layout, txlog
 from store.batchwrite import ValueChunks
-from store.counters import Delta, bump, write_usage
-from store.format import OP_DOC, OP_SET, log_crc_ok
+from store.counters import Delta, write_usage
+from store.format import log_crc_ok
 from store.layout import K_HASH_HEAD, K_LAST_SEQ, U64
 from store.lmdberrors import writing
 from store.ops import LogRecord
-from store.usage import stored_bytes
+
+#: What an operator does about a record no store accepts.
+INVALID_HINT = (
+    "the source sent a record no store accepts; replication stopped. Check the "
+    "source's version and integrity, then re-bootstrap this replica"
+)
 
 
 def apply_records(
@@ -80,9 +87,13 @@ def _apply_record(
             hint="resume replication from the store's last seq",
         )
     try:
-        entries, new_head = codec.unpack_entries(raw, head)
+        new_head = codec.scan_entries(raw, head, rec.first_seq, rec.num_entries)
     except ValueError as err:
-        raise CorruptionError(f"log record at {rec.first_seq}: {err}") from err
+        raise InvalidRecordError(
+            f"invalid log record at seq {rec.first_seq}: {err}",
+            seq=rec.first_seq,
+            hint=INVALID_HINT,
+        ) from err
     if new_head != rec.hash_head:
         raise ChainError(
             f"hash chain mismatch in record at seq {rec.first_seq}: the source's "
@@ -90,32 +101,13 @@ def _apply_record(
             seq=rec.first_seq,
             hint="re-bootstrap this replica from a snapshot",
         )
-    if len(entries) != rec.num_entries or any(
-        e.seq != rec.first_seq + i for i, e in enumerate(entries)
-    ):
-        raise ChainError(f"log record at {rec.first_seq}: entries not contiguous")
-    get, put = txn.get, txn.put
-    rare = ValueChunks(txn, dbs.chunks)
-    for e in entries:
-        if e.op == OP_DOC:  # a replicated document, never a user key
-            docs.apply_entry(txn, dbs, e.seq, e.key, e.value)
-            continue
-        old = get(e.key)
-        if old is not None:
-            forget(codec.decode_record_header(old), len(e.key), delta, rare)
-        if e.op == OP_SET:
-            owner = e.owner.encode()
-            big = chunks.is_chunked(len(e.value))
-            if big:
-                chunks.put(txn, dbs.chunks, chunks.VALUE_NS, e.seq, e.value)
-            put(e.key, codec.encode_record(e.key, e.seq, owner, e.value, big))
-            d = delta.get(e.owner)
-            if d is None:
-                d = delta[e.owner] = [0, 0, 0, 0, 0, 0]
-            d[0] += 1
-            d[1] += stored_bytes(len(e.key), len(e.value), len(owner))
-            d[2] += 1
-        else:
-            txn.delete(e.key)
-            bump(delta, e.owner, 3, 1)
+    codec.apply_entries(
+        raw,
+        txn.get,
+        txn.put,
+        txn.delete,
+        ValueChunks(txn, dbs.chunks),
+        lambda seq, key, value: docs.apply_entry(txn, dbs, seq, key, value),
+        delta,
+    )
     txlog.put_record(txn, dbs, rec.first_seq, rec.header, rec.payload)

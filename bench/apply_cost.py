@@ -1,0 +1,259 @@
+"""A replica applier's CPU per MB absorbed, and its entry rate against the root's (JSON).
+
+A real root store (fsync) served by a real `ReplicationSource` (in this process, on a
+thread) streams its whole log to a child process running a real `ReplicaClient` into an
+empty store of the same database (fsync on): the replica's worker, with nothing else in
+it. The child counts its own CPU (`resource.getrusage`, user + system, all its threads)
+from its first connection until its store holds the root's last seq; startup and imports
+are not counted. Workloads:
+
+- ``40k-x2``: fresh 40 KiB random values, two per record (what a 10 ms batch window
+  gathers from a handful of writers);
+- ``40k-1mb``: fresh 40 KiB random values, 25 per record (~1 MB batches);
+- ``100b``: fresh 100-byte values, 1,000 per record; the root's own `Store.apply` rate
+  of the same batches (fsync) is timed while building it, beside the replica's entries/s
+  (goal: >= 1x).
+
+MB is 10^6 bytes of values absorbed. ``--trees A,B`` runs the child from other source
+trees too (each a checkout with its `store/_codec` built), interleaved round by round
+against the same root stores: a before/after A/B in one run. ``--py-spy DIR`` records
+each child under py-spy (``--native``, every thread; collapsed stacks, one file per run;
+profiled runs are slower: their CPU figures are not the ones to quote).
+
+Usage: .venv/bin/python bench/apply_cost.py [--mb 64] [--entries-100b 200000]
+       [--rounds 3] [--only 40k-x2,40k-1mb,100b] [--trees .,/tmp/base] [--py-spy DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+MB = 1e6
+#: Longest a child may take for one workload (a stuck replica fails the bench, not hangs it).
+CHILD_TIMEOUT = 300.0
+
+
+def _cpu() -> float:
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+def child(a: argparse.Namespace) -> None:
+    """The applier process: stream from 127.0.0.1:port into a fresh store at `a.dir`."""
+    sys.path.insert(0, os.getcwd())  # the tree under test (cwd), not necessarily ours
+    from replicator.client import ReplicaClient
+    from replicator.heartbeat import RelayedHeartbeat
+    from replicator.selection import Selector
+    from replicator.status import StatusBoard
+    from store import codec
+    from store.store import Store
+
+    store = Store.create(a.dir, db_id=a.db_id, sync=True, map_size=8 << 30)
+
+    async def run() -> tuple[float, float]:
+        board = StatusBoard(a.dir)
+        client = ReplicaClient(
+            store,
+            Selector([("127.0.0.1", a.port)]),
+            node_id=uuid.uuid4().bytes,
+            board=board,
+            relay=RelayedHeartbeat(),
+        )
+        t0, c0 = time.perf_counter(), _cpu()
+        task = asyncio.create_task(client.run())
+        deadline = t0 + CHILD_TIMEOUT
+        while store.last_seq() < a.target:
+            if task.done():
+                task.result()  # raises what stopped it
+                raise RuntimeError("replication ended before the target seq")
+            if time.perf_counter() > deadline:
+                raise TimeoutError(f"seq {store.last_seq()} of {a.target} after {CHILD_TIMEOUT}s")
+            await asyncio.sleep(0.002)
+        wall, cpu = time.perf_counter() - t0, _cpu() - c0
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        return wall, cpu
+
+    wall, cpu = asyncio.run(run())
+    store.close()
+    print(json.dumps({"wall_s": wall, "cpu_s": cpu, "codec": codec.IMPLEMENTATION}))
+
+
+WORKLOADS = {
+    # name: (value size, values per record)
+    "40k-x2": (40 << 10, 2),
+    "40k-1mb": (40 << 10, 25),
+    "100b": (100, 1000),
+}
+
+
+def build_root(tmp: Path, name: str, n_values: int) -> tuple[Any, float]:
+    """A RootNode holding `n_values` fresh values of workload `name`; the seconds its
+    `Store.apply` calls took (fsync on)."""
+    sys.path.insert(0, str(ROOT))
+    from store.ops import SET, Op
+    from tests.replicator.harness import RootNode
+
+    size, per = WORKLOADS[name]
+    root = RootNode(str(tmp / f"root-{name}"), heartbeat_ms=1000, sync=True, map_size=8 << 30)
+    # Random values (incompressible, like the read bench's); 100-byte ones as hex text.
+    spent = 0.0
+    for b in range(0, n_values, per):
+        ops = [
+            Op(
+                SET,
+                f"{name}/{i:010d}".encode(),
+                os.urandom(size // 2).hex().encode() if size <= 4096 else os.urandom(size),
+                owner="bench",
+            )
+            for i in range(b, min(n_values, b + per))
+        ]
+        t0 = time.perf_counter()
+        root.store.apply(ops)
+        spent += time.perf_counter() - t0
+    return root, spent
+
+
+def run_child(
+    tree: str, tmp: Path, port: int, db_id: str, target: int, profile: str | None
+) -> dict[str, Any]:
+    d = tempfile.mkdtemp(prefix="replica-", dir=tmp)
+    cmd_child = [
+        sys.executable,
+        str(ROOT / "bench" / "apply_cost.py"),
+        "--child",
+        "--dir",
+        os.path.join(d, "s"),
+        "--port",
+        str(port),
+        "--db-id",
+        db_id,
+        "--target",
+        str(target),
+    ]
+    if profile:  # py-spy starts the child and samples all its threads
+        cmd = [
+            str(Path(sys.executable).parent / "py-spy"),
+            "record",
+            "--native",
+            "--rate",
+            "200",
+            "--format",
+            "raw",
+        ]
+        cmd += ["-o", profile, "--", *cmd_child]
+    else:
+        cmd = cmd_child
+    env = {**os.environ, "PYTHONPATH": tree}
+    p = subprocess.run(
+        cmd, cwd=tree, env=env, capture_output=True, text=True, timeout=CHILD_TIMEOUT + 60
+    )
+    if p.returncode != 0:
+        raise RuntimeError(f"applier child failed ({tree}): {p.stderr[-2000:]}")
+    subprocess.run(["rm", "-rf", d], check=False)
+    last = [ln for ln in p.stdout.splitlines() if ln.startswith("{")][-1]
+    out: dict[str, Any] = json.loads(last)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--mb", type=float, default=64.0, help="MB of 40 KiB values per workload")
+    ap.add_argument("--entries-100b", type=int, default=200_000)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--only", default=",".join(WORKLOADS))
+    ap.add_argument("--trees", default=".", help="source trees to run the applier from")
+    ap.add_argument("--py-spy", dest="profile", default=None, help="directory for profiles")
+    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--dir", help=argparse.SUPPRESS)
+    ap.add_argument("--port", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--db-id", help=argparse.SUPPRESS)
+    ap.add_argument("--target", type=int, help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    if a.child:
+        child(a)
+        return
+    trees = [str(ROOT) if t == "." else str(Path(t).resolve()) for t in a.trees.split(",")]
+    names = [n for n in a.only.split(",") if n]
+    out: dict[str, Any] = {
+        "settings": {
+            "mb": a.mb,
+            "entries_100b": a.entries_100b,
+            "rounds": a.rounds,
+            "trees": trees,
+            "load_avg_start": os.getloadavg()[0],
+        },
+        "workloads": {},
+    }
+    with tempfile.TemporaryDirectory(prefix="apply-cost-") as tmp_s:
+        tmp = Path(tmp_s)
+        for name in names:
+            size, per = WORKLOADS[name]
+            n = a.entries_100b if size <= 4096 else int(a.mb * MB / size)
+            root, root_s = build_root(tmp, name, n)
+            try:
+                target = root.store.last_seq()
+                mb = n * size / MB
+                runs: dict[str, list[dict[str, Any]]] = {t: [] for t in trees}
+                for r in range(a.rounds):
+                    # Alternate the order each round: neither tree always runs first.
+                    order = trees if r % 2 == 0 else list(reversed(trees))
+                    for t in order:
+                        prof = None
+                        if a.profile:
+                            Path(a.profile).mkdir(parents=True, exist_ok=True)
+                            tag = Path(t).name or "tree"
+                            prof = str(Path(a.profile).resolve() / f"{name}-{tag}-{r}.txt")
+                        got = run_child(t, tmp, root.port, root.store.db_id, target, prof)
+                        runs[t].append(
+                            {
+                                "cpu_ms_per_mb": round(got["cpu_s"] * 1000 / mb, 2),
+                                "entries_s": round(n / got["wall_s"]),
+                                "mb_s": round(mb / got["wall_s"], 1),
+                                "codec": got["codec"],
+                            }
+                        )
+                res: dict[str, Any] = {
+                    "values": n,
+                    "value_bytes": size,
+                    "values_per_record": per,
+                    "mb": round(mb, 1),
+                    "root_apply_entries_s": round(n / root_s),
+                }
+                for t in trees:
+                    cpu = [x["cpu_ms_per_mb"] for x in runs[t]]
+                    rate = [x["entries_s"] for x in runs[t]]
+                    res[t] = {
+                        "cpu_ms_per_mb_median": statistics.median(cpu),
+                        "cpu_ms_per_mb_all": cpu,
+                        "entries_s_median": statistics.median(rate),
+                        "vs_root_apply_rate": round(statistics.median(rate) * root_s / n, 2),
+                        "runs": runs[t],
+                    }
+                if len(trees) > 1:
+                    base = statistics.median([x["cpu_ms_per_mb"] for x in runs[trees[-1]]])
+                    res["cpu_ratio_first_vs_last_tree"] = round(
+                        res[trees[0]]["cpu_ms_per_mb_median"] / base, 3
+                    )
+                out["workloads"][name] = res
+            finally:
+                root.close()
+    out["settings"]["load_avg_end"] = os.getloadavg()[0]
+    print(json.dumps(out, indent=2))
+
+
+if __name__ == "__main__":
+    main()

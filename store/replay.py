@@ -1,0 +1,109 @@
+"""A replica's per-entry work on a log record, pure-Python reference (Cython twin in
+`_codec.pyx`; `tests/property/test_replay_agree.py` proves them equal).
+
+Two passes over a record's decompressed payload, neither building an `Entry` per change:
+
+- `scan_entries` checks every entry is one a store accepts — numbered from the record's
+  first seq, a known op, a key of 1..MAX_KEY bytes (an op-3 document name too), a value
+  of at most MAX_VALUE bytes and none for a delete, inside the payload, as many as the
+  header says — and folds each into the hash chain. It needs nothing but the bytes (the
+  Cython twin runs it without the GIL on large records).
+- `apply_entries` then applies them inside the caller's write transaction through the
+  bound ``get``/``put``/``delete`` of the data sub-database, a `Rare` for chunked values
+  (handed a zero-copy view of the value inside the payload) and ``doc(seq, key, value)``
+  for op-3 entries, and adds each owner's usage changes to `delta`.
+
+Scanning first keeps the all-or-nothing rule simple: nothing is applied from a record
+whose bytes or chain do not hold.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+from typing import Any
+
+from store import format as fmt
+from store.applyloop import Rare, forget
+from store.usage import stored_bytes
+
+_HDR = fmt.ENTRY_HEADER
+
+
+def scan_entries(raw: Any, prev_hash: bytes, first_seq: int, num_entries: int) -> bytes:
+    """Check the entries of `raw` (see module doc); return the hash head after the last.
+
+    Raises ValueError naming the first entry no store accepts (the caller names the
+    record)."""
+    if len(prev_hash) != fmt.HASH_SIZE:
+        raise ValueError("prev_hash must be 32 bytes")
+    mv = memoryview(raw)
+    h = prev_hash
+    pos, n, hs = 0, len(mv), _HDR.size
+    count = 0
+    while pos < n:
+        if pos + hs > n:
+            raise ValueError("truncated entry header")
+        seq, op, on, kn, vn = _HDR.unpack_from(mv, pos)
+        if seq != first_seq + count:
+            raise ValueError(f"entry {count} has seq {seq}, expected {first_seq + count}")
+        if op not in (fmt.OP_SET, fmt.OP_DELETE, fmt.OP_DOC):
+            raise ValueError(f"entry at seq {seq} has unknown op code {op}")
+        if not 1 <= kn <= fmt.MAX_KEY:
+            raise ValueError(f"entry at seq {seq} has a key of {kn} bytes (1..{fmt.MAX_KEY})")
+        if vn > fmt.MAX_VALUE or (op == fmt.OP_DELETE and vn):
+            raise ValueError(f"entry at seq {seq} has a value of {vn} bytes")
+        end = pos + hs + on + kn + vn
+        if end > n:
+            raise ValueError(f"entry at seq {seq} runs past the payload")
+        b = hashlib.blake2b(h, digest_size=fmt.HASH_SIZE)
+        b.update(mv[pos:end])
+        h = b.digest()
+        pos = end
+        count += 1
+    if count != num_entries:
+        raise ValueError(f"{count} entries, the header says {num_entries}")
+    return h
+
+
+def apply_entries(
+    raw: Any,
+    get: Callable[..., Any],
+    put: Callable[..., Any],
+    delete: Callable[..., Any],
+    rare: Rare,
+    doc: Callable[[int, bytes, bytes], None],
+    delta: dict[str, list[int]],
+) -> None:
+    """Apply the entries of `raw`, which `scan_entries` accepted (see module doc)."""
+    mv = memoryview(raw)
+    pos, n, hs = 0, len(mv), _HDR.size
+    while pos < n:
+        seq, op, on, kn, vn = _HDR.unpack_from(mv, pos)
+        a = pos + hs
+        k = a + on
+        v = k + kn
+        pos = v + vn
+        key = bytes(mv[k:v])
+        if op == fmt.OP_DOC:  # a replicated document, never a user key
+            doc(seq, key, bytes(mv[v:pos]))
+            continue
+        old = get(key)
+        if old is not None:
+            forget(fmt.decode_record_header(old), kn, delta, rare)
+        owner = bytes(mv[a:k])
+        name = owner.decode("utf-8", "replace")
+        d = delta.get(name)
+        if d is None:
+            d = delta[name] = [0, 0, 0, 0, 0, 0]
+        if op == fmt.OP_SET:
+            big = vn > fmt.CHUNK_SIZE
+            if big:
+                rare.put_chunks(seq, mv[v:pos])  # LMDB copies it: no value bytes object
+            put(key, fmt.encode_record(key, seq, owner, bytes(mv[v:pos]), big))
+            d[0] += 1
+            d[1] += stored_bytes(kn, vn, on)
+            d[2] += 1
+        else:
+            delete(key)
+            d[3] += 1

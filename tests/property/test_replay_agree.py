@@ -1,0 +1,156 @@
+"""A replica's per-entry work: the Cython kernel (`_codec.scan_entries`/`apply_entries`)
+and its pure-Python twin (`store/replay.py`) accept, refuse, hash and apply alike."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from replicator import validate
+from store import codec, replay
+from store import format as ref
+
+if codec.IMPLEMENTATION != "cython":
+    pytest.skip("Cython codec not in use (MERCURY_PURE=1)", allow_module_level=True)
+
+from store import _codec as cy
+
+_BIG = [b"x" * (ref.CHUNK_SIZE + 1), bytes(range(256)) * 40, b"\x07" * (3 * ref.CHUNK_SIZE)]
+values = st.one_of(st.binary(max_size=40), st.sampled_from(_BIG))
+owners = st.sampled_from([b"", b"alice", b"bob", "\u00e9t\u00e9".encode(), b"\xff\xfe"])
+keys = st.sampled_from([b"a", b"b", b"c", b"\x00i", b"k" * 500])
+# (op, owner, key, value): sets (chunked ones included), deletes and op-3 documents.
+entries = st.one_of(
+    st.tuples(st.just(ref.OP_SET), owners, keys, values),
+    st.tuples(st.just(ref.OP_DELETE), owners, keys, st.just(b"")),
+    st.tuples(st.just(ref.OP_DOC), st.just(b""), st.sampled_from([b"acl", b"\x00ix"]), values),
+)
+
+
+def _outcome(fn: Any, *args: Any) -> tuple[str, Any]:
+    try:
+        return "ok", fn(*args)
+    except ValueError as err:
+        return "error", str(err)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.integers(min_value=1, max_value=2**40),
+    st.lists(entries, max_size=6),
+    st.lists(st.tuples(st.integers(0, 20_000), st.integers(0, 255)), max_size=3),
+    st.integers(-1, 40),
+    st.integers(-1, 1),
+)
+def test_scan_accepts_refuses_and_hashes_alike(
+    first: int,
+    ops: list[tuple[int, bytes, bytes, bytes]],
+    flips: list[tuple[int, int]],
+    cut: int,
+    count_off: int,
+) -> None:
+    """Valid payloads give the reference's hash head; damaged ones (flipped bytes, cut
+    short, a wrong entry count) the same error in both, and one the store's old separate
+    check (`replicator/validate.py`) also refuses."""
+    prev = bytes(range(32))
+    payload, head = ref.pack_entries(first, ops, prev)
+    assert cy.scan_entries(payload, prev, first, len(ops)) == head
+    assert replay.scan_entries(payload, prev, first, len(ops)) == head
+    raw = bytearray(payload)
+    for i, b in flips:
+        if raw:
+            raw[i % len(raw)] = b
+    if cut >= 0 and raw:
+        raw = raw[: max(0, len(raw) - cut)]
+    n = max(0, len(ops) + count_off)
+    got = _outcome(cy.scan_entries, bytes(raw), prev, first, n)
+    assert got == _outcome(replay.scan_entries, memoryview(bytes(raw)), prev, first, n)
+    old_check = "ok"
+    try:
+        validate.check_entries(first, n, bytes(raw))
+    except Exception:
+        old_check = "error"
+    assert got[0] == old_check
+
+
+class _Rec:
+    """A data sub-database, chunk store and docs over dicts, recording every call."""
+
+    def __init__(self, data: dict[bytes, bytes]) -> None:
+        self.data = dict(data)
+        self.calls: list[tuple[Any, ...]] = []
+        self.chunks: dict[int, bytes] = {}
+
+    def get(self, key: bytes) -> bytes | None:
+        self.calls.append(("get", key))
+        return self.data.get(key)
+
+    def put(self, key: bytes, rec: bytes) -> None:
+        self.calls.append(("put", key, rec))
+        self.data[key] = rec
+
+    def delete(self, key: bytes) -> None:
+        self.calls.append(("delete", key))
+        del self.data[key]
+
+    def doc(self, seq: int, key: bytes, value: bytes) -> None:
+        assert type(key) is bytes and type(value) is bytes
+        self.calls.append(("doc", seq, key, value))
+
+    def chunked_equal(self, seq: int, vlen: int, value: bytes) -> bool:
+        raise AssertionError("a replica never compares values")
+
+    def put_chunks(self, seq: int, value: Any) -> None:
+        self.calls.append(("chunks", seq, bytes(value)))
+        self.chunks[seq] = bytes(value)
+
+    def drop_chunks(self, seq: int, vlen: int) -> None:
+        self.calls.append(("drop", seq, vlen))
+
+
+@st.composite
+def stored_records(draw: st.DrawFn) -> dict[bytes, bytes]:
+    """Records already stored under some keys: inline, chunked, by various owners."""
+    out = {}
+    for key in draw(st.lists(st.sampled_from([b"a", b"b", b"c", b"k" * 500]), unique=True)):
+        value = draw(values)
+        big = len(value) > ref.CHUNK_SIZE
+        out[key] = ref.encode_record(key, draw(st.integers(1, 99)), draw(owners), value, big)
+    return out
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.data(), st.integers(min_value=100, max_value=2**40), st.lists(entries, max_size=8))
+def test_apply_entries_identical(
+    data: st.DataObject, first: int, ops: list[tuple[int, bytes, bytes, bytes]]
+) -> None:
+    """Same calls (gets, records put, deletes, chunks put and dropped, documents) and the
+    same usage deltas, over the same stored records."""
+    # A delete of a key with nothing stored is never logged: give those keys a record.
+    stored = data.draw(stored_records())
+    for op, _o, key, _v in ops:
+        if op == ref.OP_DELETE and key not in stored:
+            stored[key] = ref.encode_record(key, 1, b"x", b"v", False)
+    payload, _ = ref.pack_entries(first, ops, ref.ZERO_HASH)
+    runs = []
+    for fn in (cy.apply_entries, replay.apply_entries):
+        r = _Rec(stored)
+        delta: dict[str, list[int]] = {"seeded": [1, 2, 3, 4, 5, 6]}
+        deleted_ok = True
+        try:
+            fn(payload, r.get, r.put, r.delete, r, r.doc, delta)
+        except KeyError:  # a key deleted twice in one record: both fail alike
+            deleted_ok = False
+        runs.append((r.calls, r.data, r.chunks, delta, deleted_ok))
+    assert runs[0] == runs[1]
+
+
+def test_apply_entries_refuses_a_malformed_stored_record_alike() -> None:
+    payload, _ = ref.pack_entries(5, [(ref.OP_SET, b"o", b"a", b"v")], ref.ZERO_HASH)
+    for fn in (cy.apply_entries, replay.apply_entries):
+        r = _Rec({b"a": b"\x02garbage-record-bytes"})
+        with pytest.raises(ValueError, match="malformed value record"):
+            fn(payload, r.get, r.put, r.delete, r, r.doc, {})
