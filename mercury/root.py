@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from typing import Any
 
 import uvicorn
 
+from core.errors import ConfigError
 from core.service import Service
 from core.tlsconf import TlsContexts
 from gateway.app import create_app
@@ -61,6 +63,12 @@ def run_root(args: argparse.Namespace) -> int:
     # One writer per store: a second root (or a replica worker) on this directory fails
     # here, naming the holder, before it opens anything.
     writer_lock = WriterLock.acquire(cfg.data_dir, create=False)
+    if not args.ha_await_go:
+        try:
+            _refuse_replica_store(cfg.data_dir)
+        except BaseException:
+            writer_lock.release()
+            raise
     tls.check_tokenless_listeners(
         [("kt", cfg.listeners.kt), ("memcached", cfg.listeners.memcached)],
         cfg.allow_unauthenticated_reads,
@@ -146,6 +154,23 @@ def run_root(args: argparse.Namespace) -> int:
         store.close()
         writer_lock.release()
     return 0
+
+
+def _refuse_replica_store(data_dir: str) -> None:
+    """A replica's store (its status file is there: it was never promoted) must not start
+    writing as a root: its old root may still write the same history, and every node of
+    both would then hold two different records at one seq. `mercury promote` records the
+    change of root in the log first (and removes the status file). An HA candidate's own
+    root process is exempt: it records its term the same way when elected."""
+    from replicator.status import status_path
+
+    if os.path.exists(status_path(data_dir)):
+        raise ConfigError(
+            f"{data_dir} holds a replica's store (never promoted): refusing to write to it "
+            "as a root",
+            hint=f"stop the replica, then `mercury promote {data_dir}` and start the root "
+            "(a store left by an HA candidate's standby needs the same)",
+        )
 
 
 def _hp(addr: tuple[str, int] | None) -> str | None:

@@ -58,6 +58,11 @@ def test_a_promoted_replica_serves_as_the_root_with_everything_it_had(
     assert busy.returncode == 2 and "locked" in busy.stderr, busy.stderr
     procs.terminate(rep.proc)
     assert (rep.data_dir / "replication.json").exists()
+    # Started as a root before its promotion, the replica's store is refused: its old root
+    # could still be writing the same history.
+    early = run_mercury("root", str(rep.data_dir), "--listen", f"127.0.0.1:{free_port()}")
+    assert early.returncode == 2 and "never promoted" in early.stderr, early.stderr
+    assert "mercury promote" in early.stderr
     done = run_mercury("promote", str(rep.data_dir))
     assert done.returncode == 0, done.stderr
     info = json.loads(done.stdout)
