@@ -32,12 +32,13 @@ from core.errors import (
     SnapshotTransferError,
 )
 from core.tlsconf import TlsContexts
-from ha.fencing import TERM_DOC, StaleTermError, TermGuard, decode_term
+from ha.fencing import StaleTermError, TermGuard
 from replicator import bootstrap, frames, upstream, wire
 from replicator.client import ReplicaClient, ReplicationFailed, open_source
 from replicator.heartbeat import RelayedHeartbeat
 from replicator.selection import Selector
 from replicator.status import StatusBoard
+from replicator.terms import store_term
 from store import layout
 from store.lock import WriterLock
 from store.ops import LogRecord
@@ -60,17 +61,6 @@ def decode_applied(payload: bytes) -> int:
     if len(payload) != _U64.size:
         raise ValueError(f"APPLIED payload of {len(payload)} bytes")
     return int(_U64.unpack(payload)[0])
-
-
-def store_term(store: Store) -> int:
-    """The term recorded in this store's log (0: none yet)."""
-    doc = store.get_doc(TERM_DOC)
-    if doc is None:
-        return 0
-    try:
-        return decode_term(doc.body)
-    except ValueError:
-        return 0
 
 
 class _ReportingClient(ReplicaClient):
