@@ -46,8 +46,9 @@ from ha.role import (
     progress_prefix,
 )
 from mercury.ha_front import Front
-from mercury.ha_standby import Standby, store_term
+from mercury.ha_standby import Standby
 from mercury.tls import files_from_args
+from replicator.terms import store_term
 from store import layout
 from store.store import Store
 

@@ -39,9 +39,10 @@ from ha.errors import NotInSyncError, NotLeaderError
 from ha.fencing import StaleTermError, TermGuard, term_fields
 from ha.lease import LeaseClock
 from ha.syncack import SyncTracker
-from mercury.ha_standby import decode_applied, store_term
+from mercury.ha_standby import decode_applied
 from replicator import upstream
 from replicator.source import ReplicationSource
+from replicator.terms import store_term
 from store.promotion import promote
 from store.store import Store
 
