@@ -11,17 +11,19 @@ are not counted. Workloads:
   gathers from a handful of writers);
 - ``40k-1mb``: fresh 40 KiB random values, 25 per record (~1 MB batches);
 - ``100b``: fresh 100-byte values, 1,000 per record; the root's own `Store.apply` rate
-  of the same batches (fsync) is timed while building it, beside the replica's entries/s
-  (goal: >= 1x).
+  of the same batches into a fresh store (fsync) is timed every round, beside the
+  replica's entries/s (goal: >= 1x; medians compared).
 
 MB is 10^6 bytes of values absorbed. ``--trees A,B`` runs the child from other source
 trees too (each a checkout with its `store/_codec` built), interleaved round by round
 against the same root stores: a before/after A/B in one run. ``--py-spy DIR`` records
-each child under py-spy (``--native``, every thread; collapsed stacks, one file per run;
-profiled runs are slower: their CPU figures are not the ones to quote).
+each child under py-spy (``--native``, every thread; collapsed stacks, one file per run).
+``--perf DIR`` records each child under ``perf record -g`` instead (every thread, kernel
+included; read with ``perf report -i``). Profiled runs are slower: their CPU figures are
+not the ones to quote.
 
 Usage: .venv/bin/python bench/apply_cost.py [--mb 64] [--entries-100b 200000]
-       [--rounds 3] [--only 40k-x2,40k-1mb,100b] [--trees .,/tmp/base] [--py-spy DIR]
+       [--rounds 3] [--only 40k-x2,40k-1mb,100b] [--trees .,/tmp/base] [--py-spy DIR | --perf DIR]
 """
 
 from __future__ import annotations
@@ -100,9 +102,8 @@ WORKLOADS = {
 }
 
 
-def build_root(tmp: Path, name: str, n_values: int) -> tuple[Any, float]:
-    """A RootNode holding `n_values` fresh values of workload `name`; the seconds its
-    `Store.apply` calls took (fsync on)."""
+def build_root(tmp: Path, name: str, n_values: int) -> tuple[Any, list[list[Any]]]:
+    """A RootNode holding `n_values` fresh values of workload `name`, and its batches."""
     sys.path.insert(0, str(ROOT))
     from store.ops import SET, Op
     from tests.replicator.harness import RootNode
@@ -110,9 +111,8 @@ def build_root(tmp: Path, name: str, n_values: int) -> tuple[Any, float]:
     size, per = WORKLOADS[name]
     root = RootNode(str(tmp / f"root-{name}"), heartbeat_ms=1000, sync=True, map_size=8 << 30)
     # Random values (incompressible, like the read bench's); 100-byte ones as hex text.
-    spent = 0.0
-    for b in range(0, n_values, per):
-        ops = [
+    batches = [
+        [
             Op(
                 SET,
                 f"{name}/{i:010d}".encode(),
@@ -121,10 +121,30 @@ def build_root(tmp: Path, name: str, n_values: int) -> tuple[Any, float]:
             )
             for i in range(b, min(n_values, b + per))
         ]
-        t0 = time.perf_counter()
+        for b in range(0, n_values, per)
+    ]
+    for ops in batches:
         root.store.apply(ops)
-        spent += time.perf_counter() - t0
-    return root, spent
+    return root, batches
+
+
+def root_apply_s(tmp: Path, batches: list[list[Any]]) -> float:
+    """Seconds the root's own `Store.apply` takes for `batches` into a fresh store (fsync
+    on), timed per call as the root's write path runs them."""
+    from store.store import Store
+
+    d = tempfile.mkdtemp(prefix="rootrate-", dir=tmp)
+    store = Store.create(os.path.join(d, "s"), sync=True, map_size=8 << 30)
+    spent = 0.0
+    try:
+        for ops in batches:
+            t0 = time.perf_counter()
+            store.apply(ops)
+            spent += time.perf_counter() - t0
+    finally:
+        store.close()
+        subprocess.run(["rm", "-rf", d], check=False)
+    return spent
 
 
 def run_child(
@@ -144,7 +164,9 @@ def run_child(
         "--target",
         str(target),
     ]
-    if profile:  # py-spy starts the child and samples all its threads
+    if profile and profile.endswith(".perf"):  # CPU samples of every thread, kernel too
+        cmd = ["perf", "record", "-q", "-F", "999", "-g", "-o", profile, "--", *cmd_child]
+    elif profile:  # py-spy starts the child and samples all its threads
         cmd = [
             str(Path(sys.executable).parent / "py-spy"),
             "record",
@@ -177,6 +199,7 @@ def main() -> None:
     ap.add_argument("--only", default=",".join(WORKLOADS))
     ap.add_argument("--trees", default=".", help="source trees to run the applier from")
     ap.add_argument("--py-spy", dest="profile", default=None, help="directory for profiles")
+    ap.add_argument("--perf", default=None, help="directory for `perf record` files")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--dir", help=argparse.SUPPRESS)
     ap.add_argument("--port", type=int, help=argparse.SUPPRESS)
@@ -203,20 +226,24 @@ def main() -> None:
         for name in names:
             size, per = WORKLOADS[name]
             n = a.entries_100b if size <= 4096 else int(a.mb * MB / size)
-            root, root_s = build_root(tmp, name, n)
+            root, batches = build_root(tmp, name, n)
             try:
                 target = root.store.last_seq()
                 mb = n * size / MB
                 runs: dict[str, list[dict[str, Any]]] = {t: [] for t in trees}
+                root_rates: list[float] = []
                 for r in range(a.rounds):
+                    if size <= 4096:  # the root's own rate, interleaved with the replicas
+                        root_rates.append(n / root_apply_s(tmp, batches))
                     # Alternate the order each round: neither tree always runs first.
                     order = trees if r % 2 == 0 else list(reversed(trees))
                     for t in order:
                         prof = None
-                        if a.profile:
-                            Path(a.profile).mkdir(parents=True, exist_ok=True)
-                            tag = Path(t).name or "tree"
-                            prof = str(Path(a.profile).resolve() / f"{name}-{tag}-{r}.txt")
+                        tag = Path(t).name or "tree"
+                        for where, ext in ((a.profile, "txt"), (a.perf, "perf")):
+                            if where:
+                                Path(where).mkdir(parents=True, exist_ok=True)
+                                prof = str(Path(where).resolve() / f"{name}-{tag}-{r}.{ext}")
                         got = run_child(t, tmp, root.port, root.store.db_id, target, prof)
                         runs[t].append(
                             {
@@ -231,7 +258,10 @@ def main() -> None:
                     "value_bytes": size,
                     "values_per_record": per,
                     "mb": round(mb, 1),
-                    "root_apply_entries_s": round(n / root_s),
+                    "root_apply_entries_s_median": round(statistics.median(root_rates))
+                    if root_rates
+                    else None,
+                    "root_apply_entries_s_all": [round(x) for x in root_rates],
                 }
                 for t in trees:
                     cpu = [x["cpu_ms_per_mb"] for x in runs[t]]
@@ -240,7 +270,11 @@ def main() -> None:
                         "cpu_ms_per_mb_median": statistics.median(cpu),
                         "cpu_ms_per_mb_all": cpu,
                         "entries_s_median": statistics.median(rate),
-                        "vs_root_apply_rate": round(statistics.median(rate) * root_s / n, 2),
+                        "vs_root_apply_rate": round(
+                            statistics.median(rate) / statistics.median(root_rates), 2
+                        )
+                        if root_rates
+                        else None,
                         "runs": runs[t],
                     }
                 if len(trees) > 1:

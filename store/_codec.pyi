@@ -25,8 +25,16 @@ def apply_ops(
 ) -> tuple[list[Any], list[tuple[int, bytes, bytes, bytes]], int, dict[str, list[int]]]: ...
 def scan_entries(payload: Any, prev_hash: bytes, first_seq: int, num_entries: int) -> bytes: ...
 def apply_entries(
-    payload: Any, get: Any, put: Any, delete: Any, rare: Any, doc: Any, delta: dict[str, list[int]]
-) -> None: ...
+    payload: Any,
+    get: Any,
+    put: Any,
+    delete: Any,
+    rare: Any,
+    doc: Any,
+    delta: dict[str, list[int]],
+    max_key: bytes | None = ...,
+    append: Any = ...,
+) -> bytes | None: ...
 
 CONSTANTS: dict[str, int]
 

@@ -597,9 +597,10 @@ cdef void _check_old(object old) except *:
         raise ValueError("malformed value record")
 
 
-def apply_entries(payload, get, put, delete, rare, doc, dict delta):
-    """Apply the entries of `payload`, which `scan_entries` accepted (see
-    store/replay.py)."""
+def apply_entries(payload, get, put, delete, rare, doc, dict delta, max_key=None,
+                  append=None):
+    """Apply the entries of `payload`, which `scan_entries` accepted; returns the largest
+    key after them (see store/replay.py)."""
     cdef const uint8_t[:] buf = payload
     cdef Py_ssize_t n = buf.shape[0], pos = 0, a, k, v, on, kn, vn
     cdef const uint8_t* base
@@ -607,14 +608,14 @@ def apply_entries(payload, get, put, delete, rare, doc, dict delta):
     cdef uint64_t seq
     cdef int op
     cdef object mv = None, old, key
-    cdef bint big
+    cdef bint big, fresh
     # The owner of the previous change: most records have one (no decode, no lookup).
     cdef const uint8_t* prev_owner = NULL
     cdef Py_ssize_t prev_on = -1
     cdef str name
     cdef list d = None
     if n == 0:
-        return
+        return max_key
     base = &buf[0]
     while pos < n:
         p = base + pos
@@ -631,7 +632,8 @@ def apply_entries(payload, get, put, delete, rare, doc, dict delta):
         if op == OP_DOC:  # a replicated document, never a user key
             doc(seq, key, PyBytes_FromStringAndSize(<const char*>(base + v), vn))
             continue
-        old = get(key)
+        fresh = append is not None and op == OP_SET and (max_key is None or key > max_key)
+        old = None if fresh else get(key)
         if old is not None:
             if type(old) is not bytes:
                 old = bytes(old)
@@ -647,10 +649,16 @@ def apply_entries(payload, get, put, delete, rare, doc, dict delta):
                 if mv is None:
                     mv = memoryview(payload)
                 rare.put_chunks(seq, mv[v:pos])  # LMDB copies it: no value bytes object
-            put(key, _encode_record_raw(key, seq, base + a, on, base + v, vn, big))
+            if fresh:
+                append(key, _encode_record_raw(key, seq, base + a, on, base + v, vn, big),
+                       True, True, True)
+                max_key = key
+            else:
+                put(key, _encode_record_raw(key, seq, base + a, on, base + v, vn, big))
             d[0] += 1
             d[1] += _stored_bytes(kn, vn, on)
             d[2] += 1
         else:
             delete(key)
             d[3] += 1
+    return max_key

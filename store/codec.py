@@ -30,7 +30,7 @@ crc32: Callable[..., int]
 crc32_combine: Callable[[int, int, int], int]
 apply_ops: Callable[..., Any]
 scan_entries: Callable[[Any, bytes, int, int], bytes]
-apply_entries: Callable[..., None]
+apply_entries: Callable[..., bytes | None]
 
 if os.environ.get("MERCURY_PURE") == "1":
     _impl: Any = _ref

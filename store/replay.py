@@ -74,8 +74,16 @@ def apply_entries(
     rare: Rare,
     doc: Callable[[int, bytes, bytes], None],
     delta: dict[str, list[int]],
-) -> None:
-    """Apply the entries of `raw`, which `scan_entries` accepted (see module doc)."""
+    max_key: bytes | None = None,
+    append: Callable[..., Any] | None = None,
+) -> bytes | None:
+    """Apply the entries of `raw`, which `scan_entries` accepted (see module doc).
+
+    As in the root's `applyloop.apply_ops`: `max_key` is the data sub-database's largest
+    key (None: empty or unknown) and `append` a `Cursor.put`-like callable; a set of a
+    greater key overwrites nothing, so it skips the lookup and is stored in LMDB's append
+    mode (``append(key, value, True, True, True)``). Returns the largest key after the
+    record (to pass to the next record of the same transaction)."""
     mv = memoryview(raw)
     pos, n, hs = 0, len(mv), _HDR.size
     while pos < n:
@@ -88,7 +96,8 @@ def apply_entries(
         if op == fmt.OP_DOC:  # a replicated document, never a user key
             doc(seq, key, bytes(mv[v:pos]))
             continue
-        old = get(key)
+        fresh = append is not None and op == fmt.OP_SET and (max_key is None or key > max_key)
+        old = None if fresh else get(key)
         if old is not None:
             forget(fmt.decode_record_header(old), kn, delta, rare)
         owner = bytes(mv[a:k])
@@ -100,10 +109,16 @@ def apply_entries(
             big = vn > fmt.CHUNK_SIZE
             if big:
                 rare.put_chunks(seq, mv[v:pos])  # LMDB copies it: no value bytes object
-            put(key, fmt.encode_record(key, seq, owner, bytes(mv[v:pos]), big))
+            rec = fmt.encode_record(key, seq, owner, bytes(mv[v:pos]), big)
+            if fresh and append is not None:
+                append(key, rec, True, True, True)
+                max_key = key
+            else:
+                put(key, rec)
             d[0] += 1
             d[1] += stored_bytes(kn, vn, on)
             d[2] += 1
         else:
             delete(key)
             d[3] += 1
+    return max_key

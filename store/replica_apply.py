@@ -51,13 +51,32 @@ def apply_records(
         last = U64.unpack(txn.get(K_LAST_SEQ, db=dbs.meta))[0]
         head = bytes(txn.get(K_HASH_HEAD, db=dbs.meta))
         delta: Delta = {}
+        target = _Target(txn, dbs)
         for rec, raw in zip(recs, raws, strict=True):
-            _apply_record(txn, dbs, rec, raw, last, head, delta)
+            _apply_record(target, rec, raw, last, head, delta)
             last, head = rec.last_seq, rec.hash_head
         if counted:
             write_usage(txn, dbs.meta, delta)
         txn.put(K_LAST_SEQ, U64.pack(last), db=dbs.meta)
         txn.put(K_HASH_HEAD, head, db=dbs.meta)
+
+
+class _Target:
+    """What applying records needs of one write transaction, bound once for all of them.
+
+    Like the root's apply, a set of a key past the data sub-database's last one skips the
+    lookup and goes in with LMDB's append mode (`max_key` follows the records)."""
+
+    def __init__(self, txn: Any, dbs: layout.Dbs) -> None:
+        self.txn = txn
+        self.dbs = dbs
+        self.rare = ValueChunks(txn, dbs.chunks)
+        cur = txn.cursor()  # the data sub-database: the transaction's default
+        self.append = cur.put
+        self.max_key: bytes | None = bytes(cur.key()) if cur.last() else None
+
+    def doc(self, seq: int, key: bytes, value: bytes) -> None:
+        docs.apply_entry(self.txn, self.dbs, seq, key, value)
 
 
 def payload(rec: LogRecord, crc_checked: bool = False) -> memoryview:
@@ -71,15 +90,14 @@ def payload(rec: LogRecord, crc_checked: bool = False) -> memoryview:
 
 
 def _apply_record(
-    txn: Any,
-    dbs: layout.Dbs,
+    t: _Target,
     rec: LogRecord,
     raw: Any,
     last: int,
     head: bytes,
     delta: Delta,
 ) -> None:
-    """Check one record against (last, head) and apply it inside `txn`."""
+    """Check one record against (last, head) and apply it inside `t`'s transaction."""
     if rec.first_seq != last + 1:
         raise ChainError(
             f"seq gap: store is at seq {last}, record starts at {rec.first_seq}",
@@ -101,13 +119,8 @@ def _apply_record(
             seq=rec.first_seq,
             hint="re-bootstrap this replica from a snapshot",
         )
-    codec.apply_entries(
-        raw,
-        txn.get,
-        txn.put,
-        txn.delete,
-        ValueChunks(txn, dbs.chunks),
-        lambda seq, key, value: docs.apply_entry(txn, dbs, seq, key, value),
-        delta,
+    txn = t.txn
+    t.max_key = codec.apply_entries(
+        raw, txn.get, txn.put, txn.delete, t.rare, t.doc, delta, t.max_key, t.append
     )
-    txlog.put_record(txn, dbs, rec.first_seq, rec.header, rec.payload)
+    txlog.put_record(txn, t.dbs, rec.first_seq, rec.header, rec.payload)

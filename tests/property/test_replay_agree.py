@@ -92,6 +92,12 @@ class _Rec:
         self.calls.append(("put", key, rec))
         self.data[key] = rec
 
+    def append(self, key: bytes, rec: bytes, *flags: bool) -> None:
+        assert flags == (True, True, True)  # LMDB's append mode, as the root's apply
+        assert all(key > k for k in self.data), "appended a key that is not the last"
+        self.calls.append(("append", key, rec))
+        self.data[key] = rec
+
     def delete(self, key: bytes) -> None:
         self.calls.append(("delete", key))
         del self.data[key]
@@ -123,12 +129,18 @@ def stored_records(draw: st.DrawFn) -> dict[bytes, bytes]:
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.data(), st.integers(min_value=100, max_value=2**40), st.lists(entries, max_size=8))
+@given(
+    st.data(),
+    st.integers(min_value=100, max_value=2**40),
+    st.lists(entries, max_size=8),
+    st.booleans(),
+)
 def test_apply_entries_identical(
-    data: st.DataObject, first: int, ops: list[tuple[int, bytes, bytes, bytes]]
+    data: st.DataObject, first: int, ops: list[tuple[int, bytes, bytes, bytes]], appending: bool
 ) -> None:
-    """Same calls (gets, records put, deletes, chunks put and dropped, documents) and the
-    same usage deltas, over the same stored records."""
+    """Same calls (gets, records put or appended past the largest key, deletes, chunks put
+    and dropped, documents), the same usage deltas and the same largest key after, over the
+    same stored records."""
     # A delete of a key with nothing stored is never logged: give those keys a record.
     stored = data.draw(stored_records())
     for op, _o, key, _v in ops:
@@ -140,11 +152,16 @@ def test_apply_entries_identical(
         r = _Rec(stored)
         delta: dict[str, list[int]] = {"seeded": [1, 2, 3, 4, 5, 6]}
         deleted_ok = True
+        top = max(stored) if stored else None
+        last: Any = "unset"
         try:
-            fn(payload, r.get, r.put, r.delete, r, r.doc, delta)
+            if appending:
+                last = fn(payload, r.get, r.put, r.delete, r, r.doc, delta, top, r.append)
+            else:
+                last = fn(payload, r.get, r.put, r.delete, r, r.doc, delta)
         except KeyError:  # a key deleted twice in one record: both fail alike
             deleted_ok = False
-        runs.append((r.calls, r.data, r.chunks, delta, deleted_ok))
+        runs.append((r.calls, r.data, r.chunks, delta, deleted_ok, last))
     assert runs[0] == runs[1]
 
 
