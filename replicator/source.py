@@ -147,6 +147,9 @@ class ReplicationSource:
         self._snapshot_lock = asyncio.Lock()
         self._waiters: set[asyncio.Event] = set()
         self._tail = _Tail()
+        #: Streams waiting for the next commit, by their event: `_tail_arrived` sends them
+        #: its records at once (see `_Caught`).
+        self._caught: dict[asyncio.Event, _Caught] = {}
         self._tail_lock = threading.Lock()
         #: First seq the next commit's tail read starts at (None: resync at the next one).
         self._tail_next: int | None = None
@@ -238,6 +241,8 @@ class ReplicationSource:
             self._tail.clear()
         else:
             self._tail.extend(recs)
+            for caught in self._caught.values():
+                caught.send(recs)
         self.wake()
 
     async def _poll(self) -> None:
@@ -483,11 +488,25 @@ class ReplicationSource:
                 if recs and more:
                     continue  # more is there already; only a read that took all waits
                 timeout = max(0.0, interval - (time.monotonic() - last_hb_at))
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(ev.wait(), timeout)
+                # Caught up: the next commit's records are written from `_tail_arrived`
+                # while this task sleeps (one turn of the loop sooner). Not for a stream
+                # the horizon holds back, nor one that ends at `stop`.
+                caught = None
+                if stop is None and not (held and self.horizon is not None):
+                    caught = self._caught[ev] = _Caught(pos, writer)
+                try:
+                    async with asyncio.timeout(timeout):  # no task per wait, unlike wait_for
+                        await ev.wait()
+                except TimeoutError:
+                    pass
+                finally:
+                    if caught is not None:
+                        del self._caught[ev]
+                        pos = caught.pos
         finally:
             self._waiters.discard(ev)
             self._held.discard(ev)
+            self._caught.pop(ev, None)
 
     async def _drain(self, writer: asyncio.StreamWriter) -> None:
         """Wait for the send buffer to drain; TimeoutError (the stream ends, the replica
@@ -689,6 +708,33 @@ class _Tail:
             out.append(rec)
         out.reverse()
         return out[:READ_RECORDS]
+
+
+class _Caught:
+    """A caught-up stream waiting for the next commit: where it is, and its writer."""
+
+    __slots__ = ("pos", "writer")
+
+    def __init__(self, pos: int, writer: asyncio.StreamWriter) -> None:
+        self.pos = pos
+        self.writer = writer
+
+    def send(self, recs: list[LogRecord]) -> None:
+        """Write the records of `recs` from `pos` on, when they continue it and the link
+        takes what it gets (otherwise the stream's task sends them, with backpressure)."""
+        transport = self.writer.transport
+        if transport.is_closing() or transport.get_write_buffer_size() >= _COALESCE:
+            return
+        todo = [r for r in recs if r.last_seq >= self.pos]
+        if not todo or todo[0].first_seq > self.pos:
+            return
+        if sum(len(r.payload) for r in todo) > READ_BYTES:
+            return  # a large commit is the task's, which drains as it writes
+        out = _Coalescer(self.writer)
+        for rec in todo:
+            out.write(frames.encode_record(rec.header, rec.payload))
+            self.pos = rec.last_seq + 1
+        out.flush()
 
 
 class _Coalescer:
