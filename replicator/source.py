@@ -364,7 +364,9 @@ class ReplicationSource:
                 await self._send_snapshot(hello, reader, writer)
             elif upstream and self.upstream is not None:
                 origin = Origin(hello.client_id, str(peer))
-                await self.upstream.serve_beside(reader, origin, self._stream(hello, writer))
+                await self.upstream.serve_beside(
+                    reader, origin, self._stream(hello, writer), writer
+                )
             else:
                 await self._stream(hello, writer)
         except (ProtocolError, ValueError) as err:

@@ -32,7 +32,7 @@ import logging
 import os
 import time
 from collections.abc import Awaitable, Callable
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from prometheus_client import Counter
 
@@ -131,12 +131,23 @@ class UpstreamRouter:
             self.dispatch(origin, kind, payload)
 
     async def serve_beside(
-        self, reader: asyncio.StreamReader, origin: Origin, stream: Awaitable[None]
+        self,
+        reader: asyncio.StreamReader,
+        origin: Origin,
+        stream: Awaitable[None],
+        writer: asyncio.StreamWriter | None = None,
     ) -> None:
         """Run `stream` (the source's sending side) and the upstream reader together until
-        either ends: a client that closed or sent a bad frame ends its stream too."""
+        either ends: a client that closed or sent a bad frame ends its stream too.
+
+        With `writer` (the connection's), the reading side is taken over from `reader` by a
+        protocol that dispatches each frame as its bytes arrive (`_Dispatcher`); without,
+        a task reads them from `reader`."""
         sending = asyncio.ensure_future(stream)
-        reading = asyncio.ensure_future(self.read_frames(reader, origin))
+        if writer is not None:
+            reading: asyncio.Future[None] = _Dispatcher.take_over(self, origin, reader, writer)
+        else:
+            reading = asyncio.ensure_future(self.read_frames(reader, origin))
         try:
             await asyncio.wait({sending, reading}, return_when=asyncio.FIRST_COMPLETED)
         finally:
@@ -147,6 +158,106 @@ class UpstreamRouter:
             err = t.exception() if t.done() and not t.cancelled() else None
             if err is not None:
                 raise err
+
+
+class _Dispatcher(asyncio.Protocol):
+    """The reading side of a source's connection once its stream started: UPSTREAM frames
+    are parsed and dispatched in the transport's callback, as their bytes arrive. A task
+    reading them was woken one turn of the loop later, and on an HA leader (whose loop
+    serves every writer) a standby's APPLIED report gates acknowledgements. Frame headers
+    are checked (type, bound) before a body is buffered; a bad frame ends the connection.
+    The stream protocol the transport had keeps the writer's flow control."""
+
+    def __init__(
+        self, router: UpstreamRouter, origin: Origin, old: asyncio.BaseProtocol | None
+    ) -> None:
+        self.router = router
+        self.origin = origin
+        self._old = old
+        self._buf = bytearray()
+        self._need = frames.HEADER_SIZE  # bytes the next step waits for
+        self._header: bytes | None = None
+        #: Done when the client closed (None) or sent something wrong (ProtocolError).
+        self.done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    @classmethod
+    def take_over(
+        cls,
+        router: UpstreamRouter,
+        origin: Origin,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+    ) -> asyncio.Future[None]:
+        """Move the connection's reading onto a new dispatcher: bytes `reader` already
+        holds are dispatched first. Returns its `done` future."""
+        transport: Any = writer.transport  # a ReadTransport too (a socket or TLS one)
+        d = cls(router, origin, transport.get_protocol())
+        held = bytes(getattr(reader, "_buffer", b""))
+        transport.set_protocol(d)
+        d._transport = transport
+        transport.resume_reading()  # in case the stream reader had paused it
+        if held:
+            d.data_received(held)
+        if reader.at_eof() or getattr(reader, "_eof", False):
+            d._finish(None)
+        return d.done
+
+    _transport: Any = None
+
+    def data_received(self, data: bytes) -> None:
+        if self.done.done():
+            return
+        self._buf += data
+        while len(self._buf) >= self._need:
+            if self._header is None:
+                raw = bytes(self._buf[: frames.HEADER_SIZE])
+                try:
+                    h = frames.decode_header(raw, _UPSTREAM_ONLY)
+                except ValueError as err:
+                    self._finish(ProtocolError(f"bad frame header: {err}"))
+                    return
+                self._header = raw
+                self._need = frames.HEADER_SIZE + h.length
+                continue
+            header, body = self._header, bytes(self._buf[frames.HEADER_SIZE : self._need])
+            del self._buf[: self._need]
+            self._header, self._need = None, frames.HEADER_SIZE
+            if not frames.check_body(header, body):
+                self._finish(ProtocolError(f"frame of type {header[0]} fails its CRC"))
+                return
+            try:
+                kind, payload = frames.decode_upstream(body)
+            except ValueError as err:
+                self._finish(ProtocolError(str(err)))
+                return
+            self.router.dispatch(self.origin, kind, payload)
+
+    def eof_received(self) -> bool | None:
+        self._finish(None if not self._buf else ProtocolError("connection closed mid-frame"))
+        return None  # the transport closes
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._finish(None)
+        if self._old is not None:
+            self._old.connection_lost(exc)
+
+    def pause_writing(self) -> None:
+        if self._old is not None:
+            self._old.pause_writing()
+
+    def resume_writing(self) -> None:
+        if self._old is not None:
+            self._old.resume_writing()
+
+    def _finish(self, err: ProtocolError | None) -> None:
+        if self.done.done():
+            return
+        if err is None:
+            self.done.set_result(None)
+        else:
+            self.done.set_exception(err)
+            if self._transport is not None:
+                self._transport.pause_reading()  # nothing more is read; the stream ends
 
 
 class UpstreamOutbox:
