@@ -1,12 +1,17 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
 """Compiled `reads/fastget.py` (the reference, which documents the bytes): a point read's
-reply straight from the stored record, CRC checked, in one allocation. Same names, same
-results; `tests/property/test_fastget_agree.py` proves the bytes identical."""
+reply straight from the stored record, CRC checked, in one allocation, and memcached's
+lone `get` answered whole (`McGet`). Same names, same results;
+`tests/property/test_fastget_agree.py` and `test_mcget_agree.py` prove them identical."""
 
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
 from libc.stdint cimport uint8_t, uint32_t, uint64_t
 from libc.stdio cimport snprintf
-from libc.string cimport memcpy
+from libc.stdlib cimport free, malloc
+from libc.string cimport memchr, memcmp, memcpy
+from posix.time cimport CLOCK_MONOTONIC, clock_gettime, timespec
+
+from reads.fastobserve import FLUSH_EVERY
 
 # CRC-32 from zlib (the function Python's zlib.crc32 wraps), as store/_codec.pyx does.
 cdef extern from "zlib.h":
@@ -53,7 +58,8 @@ cdef inline Py_ssize_t _inline(bytes key, bytes rec, uint64_t* seq) noexcept:
     return off
 
 
-def mc_value(bytes key, bytes rec, bint with_cas, bint flags_in_value):
+cdef object _mc_block(bytes key, bytes rec, bint with_cas, bint flags_in_value, bint end):
+    """`VALUE` block of an inline record whose CRC holds (then `END` when `end`), or None."""
     cdef uint64_t seq
     cdef Py_ssize_t off = _inline(key, rec, &seq)
     if off < 0:
@@ -73,14 +79,19 @@ def mc_value(bytes key, bytes rec, bint with_cas, bint flags_in_value):
     else:
         m = snprintf(nums, sizeof(nums), b" %u %zd\r\n", flags, vlen)
     cdef Py_ssize_t kn = PyBytes_GET_SIZE(key)
-    out = PyBytes_FromStringAndSize(NULL, 6 + kn + m + vlen + 2)
+    cdef Py_ssize_t tail = 7 if end else 2
+    out = PyBytes_FromStringAndSize(NULL, 6 + kn + m + vlen + tail)
     cdef char* o = PyBytes_AS_STRING(out)
     memcpy(o, b"VALUE ", 6)
     memcpy(o + 6, PyBytes_AS_STRING(key), kn)
     memcpy(o + 6 + kn, nums, m)
     memcpy(o + 6 + kn + m, v, vlen)
-    memcpy(o + 6 + kn + m + vlen, b"\r\n", 2)
+    memcpy(o + 6 + kn + m + vlen, b"\r\nEND\r\n", tail)
     return out
+
+
+def mc_value(bytes key, bytes rec, bint with_cas, bint flags_in_value):
+    return _mc_block(key, rec, with_cas, flags_in_value, False)
 
 
 def http_value(bytes head, bytes key, bytes rec, unsigned long long applied, bint head_only,
@@ -107,3 +118,129 @@ def http_value(bytes head, bytes key, bytes rec, unsigned long long applied, bin
     if body:
         memcpy(o + hn + m, PyBytes_AS_STRING(rec) + off, body)
     return out
+
+
+cdef bytes END = b"END\r\n"
+
+
+cdef inline bint _space(uint8_t c) noexcept nogil:
+    """ASCII whitespace as `bytes.split()` takes it (space, \\t \\n \\v \\f \\r)."""
+    return c == 32 or 9 <= c <= 13
+
+
+cdef inline double _now() noexcept nogil:
+    # time.perf_counter's clock on Linux
+    cdef timespec ts
+    clock_gettime(CLOCK_MONOTONIC, &ts)
+    return <double>ts.tv_sec + <double>ts.tv_nsec * 1e-9
+
+
+cdef class McGet:
+    """See `reads.fastget.McGet` (the reference)."""
+
+    cdef object env, db, fallback, observe, note_read
+    cdef bint flags_in_value
+    cdef Py_ssize_t max_key, max_line
+    cdef readonly unsigned long long cmd_get, get_hits, get_misses
+    # The histogram's bucket bounds (from `observe`), searched in C.
+    cdef double* bounds
+    cdef Py_ssize_t nbounds, flush_every
+
+    def __cinit__(self):
+        self.bounds = NULL
+
+    def __init__(self, env, db, bint flags_in_value, fallback, observe, note_read,
+                 Py_ssize_t max_key, Py_ssize_t max_line):
+        self.env, self.db, self.flags_in_value = env, db, flags_in_value
+        self.fallback, self.observe, self.note_read = fallback, observe, note_read
+        self.max_key, self.max_line = max_key, max_line
+        bounds = [float(b) for b in observe.bounds]
+        if not bounds or bounds[len(bounds) - 1] != float("inf"):
+            raise ValueError("a histogram's last bucket bound is +Inf")
+        self.nbounds = len(bounds)
+        free(self.bounds)
+        self.bounds = <double*>malloc(self.nbounds * sizeof(double))
+        if self.bounds == NULL:
+            raise MemoryError()
+        cdef Py_ssize_t i
+        for i in range(self.nbounds):
+            self.bounds[i] = bounds[i]
+        self.flush_every = FLUSH_EVERY
+
+    def __dealloc__(self):
+        free(self.bounds)
+
+    cpdef Py_ssize_t bucket(self, double v):
+        """The histogram bucket of `v`: the first whose upper bound is >= v (bisect_left)."""
+        cdef Py_ssize_t lo = 0, hi = self.nbounds, mid
+        while lo < hi:
+            mid = (lo + hi) >> 1
+            if self.bounds[mid] < v:
+                lo = mid + 1
+            else:
+                hi = mid
+        return lo
+
+    cdef int _observe(self, double v) except -1:
+        """`observe(v)` without its Python frame: the bucket found in C (bisect_left over
+        the bounds, BatchedObserve's rule), the counts kept in `observe`'s own fields, so
+        its folding (every FLUSH_EVERY values and before every scrape) covers these too."""
+        cdef Py_ssize_t lo = self.bucket(v)
+        ob = self.observe
+        counts = ob.counts  # a new list after each fold
+        counts[lo] += 1
+        ob.total += v
+        ob.n += 1
+        if ob.n >= self.flush_every:
+            ob.flush()
+        return 0
+
+    def __call__(self, bytes data):
+        cdef Py_ssize_t n = PyBytes_GET_SIZE(data)
+        cdef const uint8_t* p = <const uint8_t*>PyBytes_AS_STRING(data)
+        cdef Py_ssize_t i, start, end
+        cdef bint with_cas
+        # memcached_protocol.lone_get, in C
+        if n < 2 or n > self.max_line or p[n - 2] != 13 or p[n - 1] != 10:
+            return self.fallback(data)
+        if memchr(p, 10, n - 1) != NULL:
+            return self.fallback(data)
+        if n >= 4 and memcmp(p, b"get ", 4) == 0:
+            i, with_cas = 4, False
+        elif n >= 5 and memcmp(p, b"gets ", 5) == 0:
+            i, with_cas = 5, True
+        else:
+            return self.fallback(data)
+        end = n - 2
+        while i < end and _space(p[i]):
+            i += 1
+        start = i
+        while i < end and not _space(p[i]):
+            i += 1
+        if i == start or i - start > self.max_key:
+            return self.fallback(data)
+        cdef Py_ssize_t klen = i - start
+        while i < end and _space(p[i]):
+            i += 1
+        if i != end:
+            return self.fallback(data)  # several keys
+        cdef double t0 = _now()
+        cdef bytes key = PyBytes_FromStringAndSize(<const char*>p + start, klen)
+        txn = self.env.begin(self.db)
+        try:
+            rec = txn.get(key)
+        finally:
+            txn.abort()
+        self.cmd_get += 1
+        if rec is None:
+            self.get_misses += 1
+            self._observe(_now() - t0)
+            return END
+        out = _mc_block(key, rec, with_cas, self.flags_in_value, True)
+        if out is None:
+            self.cmd_get -= 1  # the fallback answers and counts it
+            return self.fallback(data)
+        self.note_read(key)
+        self.get_hits += 1
+        self._observe(_now() - t0)
+        return out

@@ -17,9 +17,14 @@ from __future__ import annotations
 
 import os
 import sys
+import time
+from bisect import bisect_left
 from collections.abc import Callable
 from types import ModuleType
+from typing import Any
 
+from reads import memcached_protocol as mc
+from reads.fastobserve import BatchedObserve
 from store.format import FLAG_CHUNKED, RECORD_FIXED, RECORD_HEADER, RECORD_TAG, record_crc
 
 _OCTET_HEAD = b"content-type: application/octet-stream\r\netag: "
@@ -84,6 +89,66 @@ def http_value(
     )
 
 
+class McGet:
+    """memcached's commonest request answered whole: called with the bytes a connection
+    received (`reads.tcp.Fast`), it answers a lone `get`/`gets` of one key
+    (`memcached_protocol.lone_get`) from the stored record in one short read transaction
+    on `db` of `env`: `END` for a miss, the `VALUE` block and `END` for an inline record
+    whose CRC holds (`mc_value`). Anything else — another command, several keys, a partial
+    line, a chunked or failing record — is handed to `fallback` (the handler's full path)
+    and its answer returned. Counts `cmd_get`, `get_hits` and `get_misses` of what it
+    answered itself, observes each answer's seconds with `observe` and counts each hit's
+    key with `note_read` (unused-key analytics).
+
+    The compiled twin (`reads/_fastget.pyx`) keeps the counters as C integers and does
+    `observe`'s bucket search in C."""
+
+    def __init__(
+        self,
+        env: Any,
+        db: Any,
+        flags_in_value: bool,
+        fallback: Callable[[bytes], bytes | None],
+        observe: BatchedObserve,
+        note_read: Callable[[bytes], None],
+        max_key: int,
+        max_line: int,
+    ) -> None:
+        self.env, self.db, self.flags_in_value = env, db, flags_in_value
+        self.fallback, self.observe, self.note_read = fallback, observe, note_read
+        self.max_key, self.max_line = max_key, max_line
+        self.cmd_get = self.get_hits = self.get_misses = 0
+
+    def bucket(self, v: float) -> int:
+        """The histogram bucket `observe` counts `v` in (the compiled twin's is in C)."""
+        return bisect_left(self.observe.bounds, v)
+
+    def __call__(self, data: bytes) -> bytes | None:
+        got = mc.lone_get(data, self.max_line, self.max_key)
+        if got is None:
+            return self.fallback(data)
+        key, with_cas = got
+        t0 = time.perf_counter()
+        txn = self.env.begin(self.db)
+        try:
+            rec = txn.get(key)
+        finally:
+            txn.abort()
+        self.cmd_get += 1
+        if rec is None:
+            self.get_misses += 1
+            self.observe(time.perf_counter() - t0)
+            return mc.END
+        block = mc_value(key, rec, with_cas, self.flags_in_value)
+        if block is None:
+            self.cmd_get -= 1  # the fallback answers and counts it
+            return self.fallback(data)
+        self.note_read(key)
+        self.get_hits += 1
+        self.observe(time.perf_counter() - t0)
+        return block + mc.END
+
+
 def _load() -> ModuleType:
     this = sys.modules[__name__]
     if os.environ.get("MERCURY_PURE") == "1":
@@ -101,3 +166,4 @@ def _load() -> ModuleType:
 IMPL = _load()
 MC_VALUE: Callable[[bytes, bytes, bool, bool], bytes | None] = IMPL.mc_value
 HTTP_VALUE: Callable[[bytes, bytes, bytes, int, bool, bool], bytes | None] = IMPL.http_value
+MC_GET: type[McGet] = IMPL.McGet

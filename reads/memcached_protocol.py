@@ -107,6 +107,27 @@ def parse_command(buf: bytes | bytearray) -> tuple[Command, int] | None:
     return Command(verb, reply=ERROR), pos
 
 
+def lone_get(
+    data: bytes, max_line: int = MAX_LINE, max_key: int = MAX_KEY
+) -> tuple[bytes, bool] | None:
+    """(key, with_cas) when `data` is exactly one `get`/`gets` line of one key that
+    `parse_command` would accept (lower-case verb, CRLF-terminated, key of at most
+    `max_key` bytes, the whole line at most `max_line`); None for anything else, which the
+    caller then parses in full. The read listeners' shortcut (`reads/fastget.py`'s
+    `McGet`, compiled in `reads/_fastget.pyx`)."""
+    if len(data) > max_line or data.find(b"\n") != len(data) - 1 or data[-2:] != b"\r\n":
+        return None
+    if data.startswith(b"get "):
+        keys, with_cas = data[4:-2].split(), False
+    elif data.startswith(b"gets "):
+        keys, with_cas = data[5:-2].split(), True
+    else:
+        return None
+    if len(keys) != 1 or len(keys[0]) > max_key:
+        return None
+    return keys[0], with_cas
+
+
 def encode_values(
     hits: list[tuple[bytes, bytes, int]], with_cas: bool, flags_in_value: bool = False
 ) -> bytes:

@@ -21,7 +21,6 @@ from store.store import Store
 
 VERSION = "1.6.0-mercury"
 _OBSERVE_GET = BatchedObserve(READ_SECONDS, "memcached_get")
-_mc_value = fastget.MC_VALUE
 #: Bytes of values one `get` may answer; beyond it the command fails.
 MAX_REPLY_BYTES = 256 << 20
 
@@ -44,6 +43,18 @@ class MemcachedHandler:
         self.cmd_get = 0
         self.get_hits = 0
         self.get_misses = 0
+        #: The shortcut `reads.tcp` calls with a connection's received bytes: a lone
+        #: one-key `get` answered whole (compiled when built), the rest to `_fast_more`.
+        self.fast = fastget.MC_GET(
+            store.env,
+            store.dbs.data,
+            flags_in_value,
+            self._fast_more,
+            _OBSERVE_GET,
+            readstats.note_read,
+            MAX_KEY,
+            mc.MAX_LINE,
+        )
 
     def step(self, buf: bytearray) -> tuple[bytes, bool]:
         """Answer every complete command in `buf` at once (tests and tools)."""
@@ -88,10 +99,11 @@ class MemcachedHandler:
             yield mc.READ_ONLY
         return False
 
-    def fast(self, data: bytes) -> bytes | None:
-        """The reply to `data` when it is exactly one `get`/`gets` command line (the
-        common request, answered without the connection's run generator); None for
-        anything else, which `run` then parses in full (`reads.tcp.Fast`)."""
+    def _fast_more(self, data: bytes) -> bytes | None:
+        """What `fast` (`fastget.McGet`) hands back: the reply to `data` when it is one
+        `get`/`gets` line of several keys, or of one key whose record is chunked or fails
+        its CRC (`_get` reassembles it or reports the failure); None for anything else,
+        which `run` then parses in full (`reads.tcp.Fast`)."""
         if len(data) > mc.MAX_LINE or data.find(b"\n") != len(data) - 1 or data[-2:] != b"\r\n":
             return None
         if data.startswith(b"get "):
@@ -102,24 +114,6 @@ class MemcachedHandler:
             return None
         if not keys or (len(data) > MAX_KEY and any(len(k) > MAX_KEY for k in keys)):
             return None  # run's parser answers ERROR / CLIENT_ERROR
-        if len(keys) == 1:
-            # One key: its reply straight from the stored record (reads/fastget.py, CRC
-            # checked); `_get` takes a chunked or failing record and reports a failure.
-            t0 = time.perf_counter()
-            key = keys[0]
-            rec, _ = self.store.record(key)
-            self.cmd_get += 1
-            if rec is None:
-                self.get_misses += 1
-                _OBSERVE_GET(time.perf_counter() - t0)
-                return mc.END
-            block = _mc_value(key, rec, with_cas, self.flags_in_value)
-            if block is not None:
-                readstats.note_read(key)
-                self.get_hits += 1
-                _OBSERVE_GET(time.perf_counter() - t0)
-                return block + mc.END
-            self.cmd_get -= 1  # counted again by _get
         return self._get(keys, with_cas)
 
     @staticmethod
@@ -164,9 +158,9 @@ class MemcachedHandler:
                 ("version", VERSION),
                 ("curr_connections", self.connections()),
                 ("curr_items", st["entries_data"]),
-                ("cmd_get", self.cmd_get),
-                ("get_hits", self.get_hits),
-                ("get_misses", self.get_misses),
+                ("cmd_get", self.cmd_get + self.fast.cmd_get),
+                ("get_hits", self.get_hits + self.fast.get_hits),
+                ("get_misses", self.get_misses + self.fast.get_misses),
             ]
         )
 
