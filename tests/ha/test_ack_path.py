@@ -1,0 +1,219 @@
+"""The path a semi-synchronous acknowledgement waits on, piece by piece, over real sockets.
+
+- The source sends a caught-up stream what was just committed from the commit's own
+  wake-up (its tail of recent records), concurrently with commits: every record exactly
+  once, in order, byte-identical to the log; a stream the horizon holds back gets nothing
+  past it until the horizon moves.
+- Upstream frames are dispatched as their bytes arrive, however the bytes are cut; a frame
+  failing its CRC ends the connection and is not dispatched.
+- A standby reports one APPLIED per applied group (its last seq), not one per record.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import shutil
+import threading
+import uuid
+from pathlib import Path
+
+import pytest
+
+from core.errors import ProtocolError
+from mercury.ha_standby import _ReportingClient, decode_applied
+from replicator import frames, upstream, wire
+from replicator.heartbeat import RelayedHeartbeat
+from replicator.selection import Selector
+from replicator.status import StatusBoard
+from store.ops import SET, Op
+from store.store import Store
+from tests.replicator.harness import RootNode, root_node, wait_for
+
+
+def _hello(db_id: bytes, options: int, last_seq: int = 0) -> bytes:
+    return frames.encode_hello(
+        frames.Hello(
+            frames.PROTOCOL_VERSION,
+            frames.MODE_STREAM,
+            options,
+            uuid.uuid4().bytes,
+            db_id,
+            last_seq,
+            0,
+            0,
+            frames.ZERO_SHA,
+        )
+    )
+
+
+def _db_id(root: RootNode) -> bytes:
+    return uuid.UUID(root.store.db_id).bytes
+
+
+def _write(store: Store, batches: int, prefix: str) -> None:
+    for b in range(batches):
+        store.apply(
+            [Op(SET, f"{prefix}/{b:05d}/{i}".encode(), b"v" * 50, owner="t") for i in range(5)]
+        )
+
+
+async def _records_until(
+    port: int, db_id: bytes, options: int, until: threading.Event, target: list[int]
+) -> list[tuple[int, int, bytes]]:
+    """Stream from seq 1 with `options` until `until` is set and the records reached
+    `target[0]`; (first seq, last seq, hash head) of every record received."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port, limit=16 << 20)
+    got: list[tuple[int, int, bytes]] = []
+    try:
+        await wire.send(writer, _hello(db_id, options))
+        ftype, _flags, _ = await upstream.read_welcome(reader)
+        assert ftype == frames.WELCOME
+        async with asyncio.timeout(60):
+            while not (until.is_set() and got and got[-1][1] >= target[0]):
+                ftype, body = await wire.read_frame(reader)
+                if ftype == frames.RECORD:
+                    rec = wire.parse_record(body)
+                    got.append((rec.first_seq, rec.last_seq, rec.hash_head))
+    finally:
+        await wire.close(writer)
+    return got
+
+
+def _assert_is_the_log(store: Store, got: list[tuple[int, int, bytes]], upto: int) -> None:
+    log = [(r.first_seq, r.last_seq, r.hash_head) for r in store.read_log(1, max_records=100_000)]
+    assert got == [r for r in log if r[1] <= upto]
+
+
+def test_a_caught_up_stream_gets_every_record_once_in_order_while_commits_go_on(
+    tmp_path: Path,
+) -> None:
+    with root_node(str(tmp_path / "root")) as root:
+        _write(root.store, 5, "before")
+        done = threading.Event()
+        target = [0]
+
+        def writer() -> None:
+            _write(root.store, 400, "during")  # commit listener: the tail, in this thread
+            target[0] = root.store.last_seq()
+            done.set()
+
+        t = threading.Thread(target=writer)
+        t.start()
+        got = asyncio.run(_records_until(root.port, _db_id(root), frames.OPT_STANDBY, done, target))
+        t.join()
+        _assert_is_the_log(root.store, got, target[0])
+        # The stream was served from the tail: it holds the last commit.
+        assert root.source._tail.recs and root.source._tail.recs[-1].last_seq == target[0]
+
+
+def test_a_stream_held_back_by_the_horizon_gets_nothing_past_it(tmp_path: Path) -> None:
+    with root_node(str(tmp_path / "root")) as root:
+        _write(root.store, 10, "a")
+        horizon = [root.store.read_log(1, max_records=4)[-1].last_seq]
+        root.source.horizon = lambda: horizon[0]
+        first_part = horizon[0]
+        moved = threading.Event()
+        target = [root.store.last_seq()]
+
+        async def session() -> list[tuple[int, int, bytes]]:
+            task = asyncio.ensure_future(_records_until(root.port, _db_id(root), 0, moved, target))
+            await asyncio.sleep(1.0)  # streams what the horizon allows, then waits
+            _write(root.store, 3, "b")  # commits wake it: still held back
+            await asyncio.sleep(0.5)
+            target[0] = root.store.last_seq()
+            horizon[0] = target[0]
+            moved.set()
+            root._loop.call_soon_threadsafe(root.source.wake_held)
+            return await task
+
+        got = asyncio.run(session())
+        assert got[3][1] == first_part  # the first four records came before the move
+        _assert_is_the_log(root.store, got, target[0])
+
+
+class _Inbox:
+    def __init__(self) -> None:
+        self.router = upstream.UpstreamRouter()
+        self.got: list[bytes] = []
+        self.router.register(upstream.READS, lambda _o, _k, p: self.got.append(p))
+
+
+def test_upstream_frames_are_dispatched_however_their_bytes_are_cut(tmp_path: Path) -> None:
+    inbox = _Inbox()
+    with root_node(str(tmp_path / "root"), upstream=inbox.router) as root:
+        payloads = [f"summary {i}".encode() * (i + 1) for i in range(6)]
+        data = b"".join(frames.encode_upstream(upstream.READS, p) for p in payloads)
+
+        async def send() -> None:
+            reader, writer = await asyncio.open_connection("127.0.0.1", root.port)
+            try:
+                await wire.send(writer, _hello(_db_id(root), frames.OPT_UPSTREAM))
+                _, flags, _ = await upstream.read_welcome(reader)
+                assert flags & frames.WELCOME_UPSTREAM
+                cuts = [0, 1, 5, 9, 10, 11, 30, 31, len(data) - 1, len(data)]
+                for a, b in itertools.pairwise(cuts):
+                    await wire.send(writer, data[a:b])
+                    await asyncio.sleep(0.02)  # each piece its own segment
+                await asyncio.sleep(0.3)
+            finally:
+                await wire.close(writer)
+
+        asyncio.run(send())
+        wait_for(lambda: inbox.got == payloads, 10, "every frame, in order")
+
+
+def test_a_frame_failing_its_crc_ends_the_connection_undispatched(tmp_path: Path) -> None:
+    inbox = _Inbox()
+    with root_node(str(tmp_path / "root"), upstream=inbox.router) as root:
+        good = frames.encode_upstream(upstream.READS, b"good")
+        bad = bytearray(frames.encode_upstream(upstream.READS, b"bad!"))
+        bad[-1] ^= 0xFF
+        after = frames.encode_upstream(upstream.READS, b"after")
+
+        async def send() -> None:
+            reader, writer = await asyncio.open_connection("127.0.0.1", root.port)
+            try:
+                await wire.send(writer, _hello(_db_id(root), frames.OPT_UPSTREAM))
+                await upstream.read_welcome(reader)
+                await wire.send(writer, good + bytes(bad) + after)
+                async with asyncio.timeout(10):
+                    with pytest.raises(ProtocolError, match="closed"):
+                        while True:
+                            await wire.read_frame(reader)
+            finally:
+                await wire.close(writer)
+
+        asyncio.run(send())
+        assert inbox.got == [b"good"]
+
+
+def test_a_standby_reports_one_applied_frame_per_applied_group(tmp_path: Path) -> None:
+    # The standby is a copy of the leader's store (same db id), as a bootstrap makes one.
+    Store.create(str(tmp_path / "leader"), sync=False).close()
+    shutil.copytree(tmp_path / "leader", tmp_path / "standby")
+    leader = Store.open(str(tmp_path / "leader"), sync=False)
+    standby = Store.open(str(tmp_path / "standby"), sync=False)
+    try:
+        _write(leader, 3, "g")
+        recs = leader.read_log(leader.last_seq() - 14, max_records=10)
+        assert len(recs) == 3
+        outbox = upstream.UpstreamOutbox()
+        client = _ReportingClient(
+            standby,
+            Selector([("127.0.0.1", 1)]),
+            node_id=uuid.uuid4().bytes,
+            board=StatusBoard(str(tmp_path / "standby")),
+            relay=RelayedHeartbeat(),
+            outbox=outbox,
+        )
+        standby.apply_log_records(recs)  # one group, one transaction, as the apply thread
+        for rec in recs:  # then each record is reported, as the apply thread does
+            client._applied(rec)
+        assert outbox.pending() == 1
+        frame = outbox._q[0]
+        kind, payload = frames.decode_upstream(frame[frames.HEADER_SIZE :])
+        assert kind == upstream.APPLIED and decode_applied(payload) == recs[-1].last_seq
+    finally:
+        leader.close()
+        standby.close()
