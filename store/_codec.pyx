@@ -619,6 +619,9 @@ def apply_entries(payload, get, put, delete, rare, doc, dict delta, max_key=None
     base = &buf[0]
     while pos < n:
         p = base + pos
+        # `scan_entries` accepted these bytes; still never read past them.
+        if pos + ENTRY_HDR > n or pos + _entry_size(p) > n:
+            raise ValueError("entry runs past the payload")
         seq = _get_u64(p)
         op = p[8]
         on = p[9]

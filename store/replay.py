@@ -87,11 +87,15 @@ def apply_entries(
     mv = memoryview(raw)
     pos, n, hs = 0, len(mv), _HDR.size
     while pos < n:
+        if pos + hs > n:  # `scan_entries` accepted these bytes; still never read past them
+            raise ValueError("entry runs past the payload")
         seq, op, on, kn, vn = _HDR.unpack_from(mv, pos)
         a = pos + hs
         k = a + on
         v = k + kn
         pos = v + vn
+        if pos > n:
+            raise ValueError("entry runs past the payload")
         key = bytes(mv[k:v])
         if op == fmt.OP_DOC:  # a replicated document, never a user key
             doc(seq, key, bytes(mv[v:pos]))

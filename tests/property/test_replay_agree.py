@@ -165,6 +165,25 @@ def test_apply_entries_identical(
     assert runs[0] == runs[1]
 
 
+@given(st.lists(entries, min_size=1, max_size=3), st.integers(1, 200))
+def test_apply_entries_never_reads_past_a_cut_payload(
+    ops: list[tuple[int, bytes, bytes, bytes]], cut: int
+) -> None:
+    """Called on bytes `scan_entries` would refuse (a misuse), both stop alike instead of
+    reading past the buffer (what came before the cut may have been applied)."""
+    payload, _ = ref.pack_entries(1, ops, ref.ZERO_HASH)
+    raw = payload[: max(1, len(payload) - cut)]
+    got = []
+    for fn in (cy.apply_entries, replay.apply_entries):
+        r = _Rec({})
+        try:
+            fn(raw, r.get, r.put, r.delete, r, r.doc, {})
+            got.append(("ok", r.calls))
+        except (ValueError, KeyError) as err:
+            got.append((type(err).__name__, r.calls))
+    assert got[0] == got[1]
+
+
 def test_apply_entries_refuses_a_malformed_stored_record_alike() -> None:
     payload, _ = ref.pack_entries(5, [(ref.OP_SET, b"o", b"a", b"v")], ref.ZERO_HASH)
     for fn in (cy.apply_entries, replay.apply_entries):
