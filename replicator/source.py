@@ -9,8 +9,10 @@ its replication worker). Contract:
 - Streaming: log records from the client's last seq + 1 in order, each in one RECORD frame
   exactly as stored. A commit wakes every stream at once — through the store's in-process
   commit listener, the cross-process ping (`replicator/notify.py`) and a slow safety poll —
-  never a busy poll. Log reads run in a worker thread so a long catch-up never blocks the
-  loop (on the root it serves the gateway too).
+  never a busy poll. An in-process commit's listener reads what was just committed in the
+  committing thread and hands it to the loop (`_Tail`): a caught-up stream gets it written
+  from that wake-up at once, with no log read of its own. Other log reads run in a worker
+  thread so a long catch-up never blocks the loop (on the root it serves the gateway too).
 - Heartbeats: when nothing else is sent, one HEARTBEAT frame per interval from
   `heartbeat.current()`; a newer relayed heartbeat is forwarded at once.
 - Bootstrap (`MODE_SNAPSHOT`): at most `max_bootstraps` transfers at a time (others get

@@ -19,8 +19,10 @@ it streams from, and the source dispatches each one by kind to a registered hand
 - Best effort, at most once: frames in flight when a link is cut are lost. Senders that
   must not lose state re-send it in full when a link comes up (`UpstreamOutbox.on_connect`).
 
-Handlers run on the source's event loop (on the root: the gateway's), so they must be cheap:
-fold the payload into memory and let a batch or a timer persist it.
+Handlers run on the source's event loop (on the root: the gateway's), called from the
+transport's callback as each frame's bytes arrive (a standby's APPLIED report gates the
+root's acknowledgements: no task wake-up in between), so they must be cheap: fold the
+payload into memory and let a batch or a timer persist it.
 """
 
 from __future__ import annotations
@@ -284,7 +286,7 @@ class UpstreamOutbox:
         frames are dropped (counted) when the outbox is over its bounds."""
         frame = frames.encode_upstream(kind, payload)
         w = self._writer
-        # The link is idle: hand the frame to the socket now rather than one loop turn
+        # When the link is idle the frame goes to the socket now rather than one loop turn
         # later in `pump` (a standby's APPLIED report gates its leader's acknowledgements).
         # A link that is not taking what it gets queues as usual; `pump`'s drain times it out.
         if (
