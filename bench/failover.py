@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import shutil
 import signal
 import sys
@@ -122,6 +123,9 @@ def ack_and_bulk(
     out: dict[str, Any] = {}
     if "ack" in only:
         runs: dict[str, list[dict[str, Any]]] = {k: [] for k in clusters}
+        #: the machine's 1-minute load average after each measured phase (the figures move
+        #: with it on a shared machine)
+        loads: list[float] = []
         # An unmeasured phase on each first (the first phase of a fresh cluster paid its
         # warm-up: connections, caches, the standby's first session), then the phases
         # alternate which cluster goes first, so neither always runs after the other.
@@ -137,10 +141,17 @@ def ack_and_bulk(
                 r = asyncio.run(open_loop(leaders[k], rate, secs, put, ack_conns))
                 if rep >= 0:
                     runs[k].append(r)
+                    loads.append(round(os.getloadavg()[0], 2))
         out["ack"] = {
             "rate_per_s": rate,
             "connections": ack_conns,
             "runs": runs,
+            "load_1m_after_phase": loads,
+            "p50_ms": {k: [r.get("p50_ms") for r in v] for k, v in runs.items()},
+            "p50_delta_ms": [
+                round(a["p50_ms"] - b["p50_ms"], 2)
+                for a, b in zip(runs["sync1"], runs["sync0"], strict=True)
+            ],
             "p99_ms": {k: [r.get("p99_ms") for r in v] for k, v in runs.items()},
             "p99_delta_ms": [
                 round(a["p99_ms"] - b["p99_ms"], 2)
@@ -155,6 +166,7 @@ def ack_and_bulk(
         behind: dict[str, list[int]] = {k: [] for k in clusters}
         #: pairs over (phase + the time the standby took to catch up afterwards)
         sustained: dict[str, list[float]] = {k: [] for k in clusters}
+        bloads: list[float] = []
         for rep in range(repeats):
             for k in clusters:
                 tag = f"b{rep}{k}"
@@ -169,6 +181,7 @@ def ack_and_bulk(
 
                 r = asyncio.run(closed_loop(leaders[k], bulk_conns, seconds, batch))
                 bruns[k].append(round(r["per_s"] * 1000, 1))
+                bloads.append(round(os.getloadavg()[0], 2))
                 behind[k].append(standby_behind(clusters[k]))
                 t0 = time.monotonic()
                 while standby_behind(clusters[k]) > 0 and time.monotonic() - t0 < 300:
@@ -178,6 +191,7 @@ def ack_and_bulk(
                 sustained[k].append(round(pairs / (seconds + catch_up), 1))
         out["bulk"] = {
             "connections": bulk_conns,
+            "load_1m_after_phase": bloads,
             "pairs_per_s": bruns,
             "ratio_sync1_over_sync0": [
                 round(a / b, 3) for a, b in zip(bruns["sync1"], bruns["sync0"], strict=True)
