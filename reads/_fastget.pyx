@@ -7,7 +7,7 @@ lone `get` answered whole (`McGet`). Same names, same results;
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
 from libc.stdint cimport uint8_t, uint32_t, uint64_t
 from libc.stdio cimport snprintf
-from libc.stdlib cimport free, malloc
+from libc.stdlib cimport calloc, free, malloc
 from libc.string cimport memchr, memcmp, memcpy
 from posix.time cimport CLOCK_MONOTONIC, clock_gettime, timespec
 
@@ -139,15 +139,20 @@ cdef class McGet:
     """See `reads.fastget.McGet` (the reference)."""
 
     cdef object env, db, fallback, observe, note_read
+    cdef object __weakref__  # observe.sources holds it weakly
     cdef bint flags_in_value
     cdef Py_ssize_t max_key, max_line
     cdef readonly unsigned long long cmd_get, get_hits, get_misses
-    # The histogram's bucket bounds (from `observe`), searched in C.
+    # The histogram's bucket bounds (from `observe`) and the latency counts not yet folded
+    # into it (`fold`): a value costs a bisect and an increment, no Python object.
     cdef double* bounds
-    cdef Py_ssize_t nbounds, flush_every
+    cdef unsigned long long* counts
+    cdef Py_ssize_t nbounds, pending, flush_every
+    cdef double total
 
     def __cinit__(self):
         self.bounds = NULL
+        self.counts = NULL
 
     def __init__(self, env, db, bint flags_in_value, fallback, observe, note_read,
                  Py_ssize_t max_key, Py_ssize_t max_line):
@@ -159,16 +164,24 @@ cdef class McGet:
             raise ValueError("a histogram's last bucket bound is +Inf")
         self.nbounds = len(bounds)
         free(self.bounds)
+        free(self.counts)
         self.bounds = <double*>malloc(self.nbounds * sizeof(double))
-        if self.bounds == NULL:
+        self.counts = <unsigned long long*>calloc(self.nbounds, sizeof(unsigned long long))
+        if self.bounds == NULL or self.counts == NULL:
             raise MemoryError()
         cdef Py_ssize_t i
         for i in range(self.nbounds):
             self.bounds[i] = bounds[i]
+        self.pending = 0
+        self.total = 0.0
         self.flush_every = FLUSH_EVERY
+        sources = getattr(observe, "sources", None)
+        if sources is not None:
+            sources.add(self)
 
     def __dealloc__(self):
         free(self.bounds)
+        free(self.counts)
 
     cpdef Py_ssize_t bucket(self, double v):
         """The histogram bucket of `v`: the first whose upper bound is >= v (bisect_left)."""
@@ -182,18 +195,30 @@ cdef class McGet:
         return lo
 
     cdef int _observe(self, double v) except -1:
-        """`observe(v)` without its Python frame: the bucket found in C (bisect_left over
-        the bounds, BatchedObserve's rule), the counts kept in `observe`'s own fields, so
-        its folding (every FLUSH_EVERY values and before every scrape) covers these too."""
-        cdef Py_ssize_t lo = self.bucket(v)
-        ob = self.observe
-        counts = ob.counts  # a new list after each fold
-        counts[lo] += 1
-        ob.total += v
-        ob.n += 1
-        if ob.n >= self.flush_every:
-            ob.flush()
+        self.counts[self.bucket(v)] += 1
+        self.total += v
+        self.pending += 1
+        if self.pending >= self.flush_every:
+            self.fold()
+            self.observe.flush()
         return 0
+
+    def fold(self):
+        """Move the pending latency counts into `observe`'s (which its `flush` folds into
+        the histogram; a `SourcedObserve` calls this first, so a scrape sees them)."""
+        if not self.pending:
+            return
+        ob = self.observe
+        counts = ob.counts
+        cdef Py_ssize_t i
+        for i in range(self.nbounds):
+            if self.counts[i]:
+                counts[i] += self.counts[i]
+                self.counts[i] = 0
+        ob.total += self.total
+        ob.n += self.pending
+        self.total = 0.0
+        self.pending = 0
 
     def __call__(self, bytes data):
         cdef Py_ssize_t n = PyBytes_GET_SIZE(data)

@@ -18,10 +18,13 @@ from __future__ import annotations
 import os
 import sys
 import time
+import weakref
 from bisect import bisect_left
 from collections.abc import Callable
 from types import ModuleType
 from typing import Any
+
+from prometheus_client import Histogram
 
 from reads import memcached_protocol as mc
 from reads.fastobserve import BatchedObserve
@@ -89,6 +92,22 @@ def http_value(
     )
 
 
+class SourcedObserve(BatchedObserve):
+    """A `BatchedObserve` that compiled shortcuts (`McGet`) count into in C: before each
+    fold into the histogram (every `FLUSH_EVERY` values, and before every scrape) it takes
+    their pending counts (`fold`), so what a scrape sees is still every value observed."""
+
+    def __init__(self, hist: Histogram, *labels: str) -> None:
+        super().__init__(hist, *labels)
+        #: Objects with `fold()`, held weakly (a handler gone takes its shortcut with it).
+        self.sources: weakref.WeakSet[Any] = weakref.WeakSet()
+
+    def flush(self) -> None:
+        for s in list(self.sources):
+            s.fold()
+        super().flush()
+
+
 class McGet:
     """memcached's commonest request answered whole: called with the bytes a connection
     received (`reads.tcp.Fast`), it answers a lone `get`/`gets` of one key
@@ -100,8 +119,9 @@ class McGet:
     answered itself, observes each answer's seconds with `observe` and counts each hit's
     key with `note_read` (unused-key analytics).
 
-    The compiled twin (`reads/_fastget.pyx`) keeps the counters as C integers and does
-    `observe`'s bucket search in C."""
+    The compiled twin (`reads/_fastget.pyx`) keeps the counters as C integers and the
+    latency counts in C, handed to `observe` by `fold` (a `SourcedObserve` asks for them
+    before each fold into the histogram); here `fold` has nothing to hand over."""
 
     def __init__(
         self,
@@ -118,10 +138,16 @@ class McGet:
         self.fallback, self.observe, self.note_read = fallback, observe, note_read
         self.max_key, self.max_line = max_key, max_line
         self.cmd_get = self.get_hits = self.get_misses = 0
+        sources = getattr(observe, "sources", None)
+        if sources is not None:
+            sources.add(self)
 
     def bucket(self, v: float) -> int:
         """The histogram bucket `observe` counts `v` in (the compiled twin's is in C)."""
         return bisect_left(self.observe.bounds, v)
+
+    def fold(self) -> None:
+        """Hand pending latency counts to `observe` (none: each value went there)."""
 
     def __call__(self, data: bytes) -> bytes | None:
         got = mc.lone_get(data, self.max_line, self.max_key)

@@ -13,14 +13,13 @@ from collections.abc import Callable
 from core.errors import CRCError, ReadProtocolError
 from reads import fastget, readstats
 from reads import memcached_protocol as mc
-from reads.fastobserve import BatchedObserve
 from reads.metrics import READ_ERRORS, READ_SECONDS
 from reads.tcp import ListenerLimits, Run, TcpService, drain
 from store.format import MAX_KEY
 from store.store import Store
 
 VERSION = "1.6.0-mercury"
-_OBSERVE_GET = BatchedObserve(READ_SECONDS, "memcached_get")
+_OBSERVE_GET = fastget.SourcedObserve(READ_SECONDS, "memcached_get")
 #: Bytes of values one `get` may answer; beyond it the command fails.
 MAX_REPLY_BYTES = 256 << 20
 

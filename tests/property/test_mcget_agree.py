@@ -17,7 +17,6 @@ from prometheus_client import CollectorRegistry, Histogram
 
 from reads import fastget
 from reads import memcached_protocol as mc
-from reads.fastobserve import BatchedObserve
 from reads.memcached_server import MemcachedHandler
 from store import format as fmt
 from store.store import Store
@@ -98,8 +97,9 @@ class Recorder:
     def __init__(self, impl: type[fastget.McGet], store: Store, flags: bool) -> None:
         self.fallbacks: list[bytes] = []
         self.read: list[bytes] = []
-        hist = Histogram("t_seconds", "t", ["p"], registry=CollectorRegistry())
-        self.observe = BatchedObserve(hist, "x")
+        self.registry = CollectorRegistry()
+        hist = Histogram("t_seconds", "t", ["p"], registry=self.registry)
+        self.observe = fastget.SourcedObserve(hist, "x")
         self.child = hist.labels("x")
         self.get = impl(
             store.env,
@@ -117,8 +117,10 @@ class Recorder:
         return b"FALLBACK\r\n" if data.startswith(b"get") else None
 
     def observed(self) -> int:
-        self.observe.flush()
-        return int(sum(b.get() for b in self.child._buckets))
+        """Observations a scrape sees (it folds whatever is pending, C counts included)."""
+        n = self.registry.get_sample_value("t_seconds_count", {"p": "x"})
+        assert n == sum(b.get() for b in self.child._buckets)
+        return int(n or 0)
 
     def state(self) -> tuple[object, ...]:
         g = self.get
@@ -168,6 +170,17 @@ def test_reference_answers_what_the_full_path_answers(
         return
     handler = MemcachedHandler(store, flags_in_value=flags)
     assert got == handler.step(bytearray(data))[0]
+
+
+@pytest.mark.parametrize("impl", [fastget.McGet, cy.McGet])
+def test_a_scrape_sees_every_observation(store: Store, impl: type[fastget.McGet]) -> None:
+    """Across the C batch boundary (FLUSH_EVERY) and between folds alike."""
+    put_all(store, {b"a": fmt.encode_record(b"a", 3, b"p", b"v", False)})
+    rec = Recorder(impl, store, False)
+    for n in range(1, 600):
+        rec.get(b"get a\r\n" if n % 3 else b"get nope\r\n")
+        if n % 97 == 0 or n in (255, 256, 257, 512, 599):
+            assert rec.observed() == n
 
 
 def test_handler_serves_through_the_compiled_mcget(tmp_path: Path) -> None:
