@@ -21,7 +21,7 @@ EXT_STAMP := build/.ext-built
 # when missing and we are root (CI, containers); otherwise the rule says what to install.
 C_DEPS := libsodium-dev zlib1g-dev
 
-$(EXT_STAMP): store/_codec.pyx gateway/_jsonops.pyx reads/_fastget.pyx setup.py $(STAMP)
+$(EXT_STAMP): store/_codec.pyx gateway/_jsonops.pyx reads/_fastget.pyx reads/_fastconn.pyx setup.py $(STAMP)
 	@dpkg -s $(C_DEPS) >/dev/null 2>&1 \
 	  || { [ "$$(id -u)" = 0 ] && apt-get update -qq && apt-get install -y -qq $(C_DEPS); } \
 	  || { echo "missing C headers: apt-get install $(C_DEPS)" >&2; exit 1; }
@@ -96,4 +96,4 @@ bench: build bench-deps ha-deps
 	@for b in bench/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
 
 clean:
-	rm -rf $(VENV) build store/_codec.c store/*.so gateway/_jsonops.c gateway/_usagecount.c gateway/*.so reads/_fastget.c reads/*.so var
+	rm -rf $(VENV) build store/_codec.c store/*.so gateway/_jsonops.c gateway/_usagecount.c gateway/*.so reads/_fastget.c reads/_fastconn.c reads/*.so var

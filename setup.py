@@ -1,5 +1,5 @@
 """Build the Cython hot paths (store/_codec.pyx, gateway/_jsonops.pyx,
-gateway/_usagecount.pyx, reads/_fastget.pyx);
+gateway/_usagecount.pyx, reads/_fastget.pyx, reads/_fastconn.pyx);
 everything else is pure Python. The store codec links zlib (CRC-32) and libsodium
 (BLAKE2b), the read fast path zlib: Debian packages zlib1g-dev and libsodium-dev (`make
 build` installs them when missing and run as root)."""
@@ -18,6 +18,7 @@ setup(
             Extension("gateway._jsonops", ["gateway/_jsonops.pyx"]),
             Extension("gateway._usagecount", ["gateway/_usagecount.pyx"]),
             Extension("reads._fastget", ["reads/_fastget.pyx"], libraries=["z"]),
+            Extension("reads._fastconn", ["reads/_fastconn.pyx"]),
         ],
         compiler_directives={"language_level": "3", "boundscheck": False, "wraparound": False},
     )

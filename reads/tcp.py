@@ -33,8 +33,9 @@ import socket
 import time
 from collections.abc import Callable, Generator
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
+from reads import fastconn
 from reads.metrics import LISTENER_CONNECTIONS, LISTENER_REFUSED, READ_ERRORS
 
 log = logging.getLogger(__name__)
@@ -134,14 +135,26 @@ def listener_limits(args: argparse.Namespace) -> ListenerLimits:
     )
 
 
-class _Conn(asyncio.Protocol):
+if TYPE_CHECKING:
+    _ConnBase = fastconn.ConnBase
+else:
+    _ConnBase = fastconn.BASE
+
+
+class _Conn(_ConnBase, asyncio.Protocol):
+    """One connection. `data_received` is `reads/fastconn.py`'s (compiled when built): a
+    whole request on an idle connection goes to the session's shortcut, the rest to
+    `received_more`."""
+
+    transport: asyncio.Transport | None
+    fast: Fast | None
+    work: Run | None
+
     def __init__(self, service: TcpService) -> None:
+        super().__init__()
         self.service = service
         self.session = service.make_session()
-        self.fast: Fast | None = getattr(self.session, "fast", None)
-        self.buf = bytearray()
-        self.transport: asyncio.Transport | None = None
-        self.work: Run | None = None
+        self.fast = getattr(self.session, "fast", None)
         self.write_paused_at: float | None = None
         self.scheduled = False
         self.waiting: asyncio.Future[Any] | None = None
@@ -170,26 +183,14 @@ class _Conn(asyncio.Protocol):
             with contextlib.suppress(OSError):
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
-    def data_received(self, data: bytes) -> None:
-        t = self.transport
-        if t is None or t.is_closing():
-            return
-        self.active_at = time.monotonic()
-        self.received += len(data)
-        if self.work is None and not self.buf and self.fast is not None:
-            # The common case of a keep-alive client: one whole request in one segment on
-            # an idle connection. Answered here, without the run generator and its turns.
-            try:
-                reply = self.fast(data)
-            except Exception:
-                # As in _drive: a bug costs one connection, never the listener.
-                log.exception("%s listener: request failed; closing", self.service.name)
-                READ_ERRORS.labels(self.service.name, "internal").inc()
-                t.close()
-                return
-            if reply is not None:
-                t.write(reply)
-                return
+    def fast_failed(self) -> None:
+        # As in _drive: a bug costs one connection, never the listener.
+        log.exception("%s listener: request failed; closing", self.service.name)
+        READ_ERRORS.labels(self.service.name, "internal").inc()
+        if self.transport is not None:
+            self.transport.close()
+
+    def received_more(self, data: bytes) -> None:
         self.buf += data
         if self.work is None:
             self.work = self.session.run(self.buf)
