@@ -58,6 +58,25 @@ cdef inline Py_ssize_t _inline(bytes key, bytes rec, uint64_t* seq) noexcept:
     return off
 
 
+cdef inline int _put_uint(char* out, int at, uint64_t v) noexcept nogil:
+    """Write " <v in decimal>" at `out + at` (as printf's " %llu"); the new end."""
+    cdef char digits[20]
+    cdef int n = 0
+    while True:
+        digits[n] = <char>(48 + v % 10)
+        n += 1
+        v //= 10
+        if v == 0:
+            break
+    out[at] = 32
+    at += 1
+    while n:
+        n -= 1
+        out[at] = digits[n]
+        at += 1
+    return at
+
+
 cdef object _mc_block(bytes key, bytes rec, bint with_cas, bint flags_in_value, bint end):
     """`VALUE` block of an inline record whose CRC holds (then `END` when `end`), or None."""
     cdef uint64_t seq
@@ -72,12 +91,13 @@ cdef object _mc_block(bytes key, bytes rec, bint with_cas, bint flags_in_value, 
             <uint32_t>v[vlen - 2] << 8) | v[vlen - 1]
         vlen -= 4
     cdef char nums[96]
-    cdef int m
+    cdef int m = _put_uint(nums, 0, flags)
+    m = _put_uint(nums, m, <uint64_t>vlen)
     if with_cas:
-        m = snprintf(nums, sizeof(nums), b" %u %zd %llu\r\n", flags, vlen,
-                     <unsigned long long>seq)
-    else:
-        m = snprintf(nums, sizeof(nums), b" %u %zd\r\n", flags, vlen)
+        m = _put_uint(nums, m, seq)
+    nums[m] = 13
+    nums[m + 1] = 10
+    m += 2
     cdef Py_ssize_t kn = PyBytes_GET_SIZE(key)
     cdef Py_ssize_t tail = 7 if end else 2
     out = PyBytes_FromStringAndSize(NULL, 6 + kn + m + vlen + tail)
