@@ -14,6 +14,11 @@ are not counted. Workloads:
   of the same batches into a fresh store (fsync) is timed every round, beside the
   replica's entries/s (goal: >= 1x; medians compared).
 
+``--live``: each child follows a fresh root while that root writes the same batches
+(fsync, back to back, in this process), so records arrive one by one and groups are small
+(a commit per record or two) as on a replica of a busy root; its entries/s is then the
+root's pace, and its CPU window includes the second it waits for the first write.
+
 MB is 10^6 bytes of values absorbed. ``--trees A,B`` runs the child from other source
 trees too (each a checkout with its `store/_codec` built), interleaved round by round
 against the same root stores: a before/after A/B in one run. ``--py-spy DIR`` records
@@ -23,7 +28,8 @@ included; read with ``perf report -i``). Profiled runs are slower: their CPU fig
 not the ones to quote.
 
 Usage: .venv/bin/python bench/apply_cost.py [--mb 64] [--entries-100b 200000]
-       [--rounds 3] [--only 40k-x2,40k-1mb,100b] [--trees .,/tmp/base] [--py-spy DIR | --perf DIR]
+       [--rounds 3] [--only 40k-x2,40k-1mb,100b] [--trees .,/tmp/base] [--live]
+       [--py-spy DIR | --perf DIR]
 """
 
 from __future__ import annotations
@@ -46,6 +52,8 @@ ROOT = Path(__file__).resolve().parents[1]
 MB = 1e6
 #: Longest a child may take for one workload (a stuck replica fails the bench, not hangs it).
 CHILD_TIMEOUT = 300.0
+#: Time a live child gets to start and connect before its root writes.
+LIVE_CONNECT_S = 1.5
 
 
 def _cpu() -> float:
@@ -147,9 +155,10 @@ def root_apply_s(tmp: Path, batches: list[list[Any]]) -> float:
     return spent
 
 
-def run_child(
+def start_child(
     tree: str, tmp: Path, port: int, db_id: str, target: int, profile: str | None
-) -> dict[str, Any]:
+) -> tuple[subprocess.Popen[str], str]:
+    """Start the applier child (see `child`); its data directory."""
     d = tempfile.mkdtemp(prefix="replica-", dir=tmp)
     cmd_child = [
         sys.executable,
@@ -167,28 +176,61 @@ def run_child(
     if profile and profile.endswith(".perf"):  # CPU samples of every thread, kernel too
         cmd = ["perf", "record", "-q", "-F", "999", "-g", "-o", profile, "--", *cmd_child]
     elif profile:  # py-spy starts the child and samples all its threads
-        cmd = [
-            str(Path(sys.executable).parent / "py-spy"),
-            "record",
-            "--native",
-            "--rate",
-            "200",
-            "--format",
-            "raw",
-        ]
-        cmd += ["-o", profile, "--", *cmd_child]
+        spy = str(Path(sys.executable).parent / "py-spy")
+        cmd = [spy, "record", "--native", "--rate", "500", "--format", "raw", "-o", profile]
+        cmd += ["--", *cmd_child]
     else:
         cmd = cmd_child
     env = {**os.environ, "PYTHONPATH": tree}
-    p = subprocess.run(
-        cmd, cwd=tree, env=env, capture_output=True, text=True, timeout=CHILD_TIMEOUT + 60
+    proc = subprocess.Popen(
+        cmd, cwd=tree, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
-    if p.returncode != 0:
-        raise RuntimeError(f"applier child failed ({tree}): {p.stderr[-2000:]}")
+    return proc, d
+
+
+def finish_child(proc: subprocess.Popen[str], d: str, tree: str) -> dict[str, Any]:
+    """Wait for the child; its JSON line."""
+    try:
+        stdout, stderr = proc.communicate(timeout=CHILD_TIMEOUT + 60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise
+    if proc.returncode != 0:
+        raise RuntimeError(f"applier child failed ({tree}): {stderr[-2000:]}")
     subprocess.run(["rm", "-rf", d], check=False)
-    last = [ln for ln in p.stdout.splitlines() if ln.startswith("{")][-1]
+    last = [ln for ln in stdout.splitlines() if ln.startswith("{")][-1]
     out: dict[str, Any] = json.loads(last)
     return out
+
+
+def run_child(
+    tree: str, tmp: Path, port: int, db_id: str, target: int, profile: str | None
+) -> dict[str, Any]:
+    """Catch-up: the child streams a root's whole log, already written."""
+    proc, d = start_child(tree, tmp, port, db_id, target, profile)
+    return finish_child(proc, d, tree)
+
+
+def run_live(tree: str, tmp: Path, batches: list[list[Any]], profile: str | None) -> dict[str, Any]:
+    """Live: a fresh root writes `batches` (fsync, as fast as it commits them) while the
+    child follows it, so records arrive one by one as a replica of a busy root sees them."""
+    from tests.replicator.harness import RootNode
+
+    root = RootNode(
+        tempfile.mkdtemp(prefix="live-", dir=tmp) + "/root",
+        heartbeat_ms=1000,
+        sync=True,
+        map_size=8 << 30,
+    )
+    try:
+        target = sum(len(ops) for ops in batches)
+        proc, d = start_child(tree, tmp, root.port, root.store.db_id, target, profile)
+        time.sleep(LIVE_CONNECT_S)  # the child connects before the first write
+        for ops in batches:
+            root.store.apply(ops)
+        return finish_child(proc, d, tree)
+    finally:
+        root.close()
 
 
 def main() -> None:
@@ -198,6 +240,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--only", default=",".join(WORKLOADS))
     ap.add_argument("--trees", default=".", help="source trees to run the applier from")
+    ap.add_argument("--live", action="store_true", help="follow a root while it writes")
     ap.add_argument("--py-spy", dest="profile", default=None, help="directory for profiles")
     ap.add_argument("--perf", default=None, help="directory for `perf record` files")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
@@ -217,6 +260,7 @@ def main() -> None:
             "entries_100b": a.entries_100b,
             "rounds": a.rounds,
             "trees": trees,
+            "live": a.live,
             "load_avg_start": os.getloadavg()[0],
         },
         "workloads": {},
@@ -233,7 +277,7 @@ def main() -> None:
                 runs: dict[str, list[dict[str, Any]]] = {t: [] for t in trees}
                 root_rates: list[float] = []
                 for r in range(a.rounds):
-                    if size <= 4096:  # the root's own rate, interleaved with the replicas
+                    if size <= 4096 and not a.live:  # the root's rate, beside the replicas
                         root_rates.append(n / root_apply_s(tmp, batches))
                     # Alternate the order each round: neither tree always runs first.
                     order = trees if r % 2 == 0 else list(reversed(trees))
@@ -244,7 +288,10 @@ def main() -> None:
                             if where:
                                 Path(where).mkdir(parents=True, exist_ok=True)
                                 prof = str(Path(where).resolve() / f"{name}-{tag}-{r}.{ext}")
-                        got = run_child(t, tmp, root.port, root.store.db_id, target, prof)
+                        if a.live:
+                            got = run_live(t, tmp, batches, prof)
+                        else:
+                            got = run_child(t, tmp, root.port, root.store.db_id, target, prof)
                         runs[t].append(
                             {
                                 "cpu_ms_per_mb": round(got["cpu_s"] * 1000 / mb, 2),
