@@ -289,3 +289,116 @@ cdef class McGet:
         self.get_hits += 1
         self._observe(_now() - t0)
         return out
+
+
+cdef enum:
+    MAX_HTTP_HEAD = 8192
+
+
+cdef inline bint _path_ok(uint8_t c) noexcept nogil:
+    # fastget._PATH_OK: letters, digits, -._~!$&'()*+,;=:@/
+    if (48 <= c <= 57) or (65 <= c <= 90) or (97 <= c <= 122):
+        return True
+    return memchr(b"-._~!$&'()*+,;=:@/", c, 18) != NULL
+
+
+cdef inline bint _name_ok(uint8_t c) noexcept nogil:
+    return (48 <= c <= 57) or (65 <= c <= 90) or (97 <= c <= 122) or c == 45
+
+
+cdef inline uint8_t _lower(uint8_t c) noexcept nogil:
+    return c + 32 if 65 <= c <= 90 else c
+
+
+cdef const char* _DECLINE[7]
+_DECLINE[0] = b"content-length"
+_DECLINE[1] = b"transfer-encoding"
+_DECLINE[2] = b"expect"
+_DECLINE[3] = b"upgrade"
+_DECLINE[4] = b"if-none-match"
+_DECLINE[5] = b"connection"
+_DECLINE[6] = b"authorization"
+
+
+cdef bint _declined(const uint8_t* name, Py_ssize_t n) noexcept nogil:
+    cdef int i
+    cdef Py_ssize_t j
+    cdef const char* d
+    for i in range(7):
+        d = _DECLINE[i]
+        j = 0
+        while j < n and d[j] != 0 and _lower(name[j]) == <uint8_t>d[j]:
+            j += 1
+        if j == n and d[j] == 0:
+            return True
+    return False
+
+
+def http_request(bytes data, Py_ssize_t max_key):
+    cdef Py_ssize_t n = PyBytes_GET_SIZE(data)
+    cdef const uint8_t* p = <const uint8_t*>PyBytes_AS_STRING(data)
+    cdef Py_ssize_t i, ks, ke, colon, line_end
+    cdef bint head_only
+    if n < 4 or n > MAX_HTTP_HEAD or memcmp(p + n - 4, b"\r\n\r\n", 4) != 0:
+        return None
+    # no earlier empty line (a second, pipelined request or a body after the head)
+    for i in range(n - 4):
+        if p[i] == 13 and memcmp(p + i, b"\r\n\r\n", 4) == 0:
+            return None
+    if n >= 11 and memcmp(p, b"GET /v1/kv/", 11) == 0:
+        head_only, ks = False, 11
+    elif n >= 12 and memcmp(p, b"HEAD /v1/kv/", 12) == 0:
+        head_only, ks = True, 12
+    else:
+        return None
+    i = ks
+    while i < n and p[i] != 13:
+        i += 1
+    # the request line is p[0:i]; it ends with " HTTP/1.1"
+    if i - ks < 10 or memcmp(p + i - 9, b" HTTP/1.1", 9) != 0:
+        return None
+    ke = i - 9
+    if ke - ks > max_key:
+        return None
+    cdef Py_ssize_t j
+    for j in range(ks, ke):
+        if not _path_ok(p[j]):
+            return None
+    i += 2  # past the request line's CRLF (p[i] was CR; a lone CR fails below)
+    if p[i - 1] != 10:
+        return None
+    while i < n - 2:  # header lines up to the final CRLF
+        line_end = i
+        while line_end < n and p[line_end] != 13:
+            line_end += 1
+        if line_end + 1 >= n or p[line_end + 1] != 10:
+            return None
+        colon = i
+        while colon < line_end and p[colon] != 58:
+            if not _name_ok(p[colon]):
+                return None
+            colon += 1
+        if colon == i or colon == line_end or _declined(p + i, colon - i):
+            return None
+        for j in range(colon + 1, line_end):
+            if not (32 <= p[j] < 127 or p[j] == 9):
+                return None
+        i = line_end + 2
+    if i != n - 2:
+        return None
+    return PyBytes_FromStringAndSize(<const char*>p + ks, ke - ks), head_only
+
+
+def http_get(env, data_db, meta_db, bytes seq_key, bytes head, bytes key, bint head_only):
+    txn = env.begin(data_db)
+    try:
+        rec = txn.get(key)
+        raw = txn.get(seq_key, None, meta_db)
+    finally:
+        txn.abort()
+    if rec is None:
+        return None
+    if type(raw) is not bytes or PyBytes_GET_SIZE(raw) != 8:
+        raise ValueError("the store's last seq is not a u64")
+    return http_value(head, key, rec, _u64(<const uint8_t*>PyBytes_AS_STRING(raw)), head_only,
+                      False)

@@ -175,6 +175,90 @@ class McGet:
         return block + mc.END
 
 
+#: Longest request head the HTTP pre-parse (`http_request`) looks at.
+MAX_HTTP_HEAD = 8192
+#: Bytes a key may hold to be taken from the path as is (RFC 3986's unreserved and
+#: sub-delims, ":", "@", "/"): a "%" escape, "?", "#", a space or a control leaves the
+#: request to the HTTP parser.
+_PATH_OK = frozenset(
+    b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~!$&'()*+,;=:@/"
+)
+_NAME_OK = frozenset(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-")
+#: Headers that leave the request to the parser and the full path: a body, a
+#: 100-continue, an upgrade, a conditional get, connection rules, credentials.
+_DECLINE = frozenset(
+    (
+        b"content-length",
+        b"transfer-encoding",
+        b"expect",
+        b"upgrade",
+        b"if-none-match",
+        b"connection",
+        b"authorization",
+    )
+)
+
+
+def http_request(data: bytes, max_key: int) -> tuple[bytes, bool] | None:
+    """(key, head_only) when `data` is exactly one complete plain HTTP/1.1 point get —
+    `GET|HEAD /v1/kv/<key> HTTP/1.1`, header lines `Name: value` whose names are letters,
+    digits and "-" and not one of `_DECLINE`, values printable ASCII or tabs, then the
+    empty line ending `data` — with a key of 1 to `max_key` bytes of `_PATH_OK`. None for
+    anything else (the HTTP parser then takes it: this accepts only what it accepts and
+    answers the same way)."""
+    if len(data) > MAX_HTTP_HEAD or data.find(b"\r\n\r\n") != len(data) - 4:
+        return None
+    lines = data[:-4].split(b"\r\n")
+    req = lines[0]
+    if req.startswith(b"GET /v1/kv/"):
+        head_only, rest = False, req[11:]
+    elif req.startswith(b"HEAD /v1/kv/"):
+        head_only, rest = True, req[12:]
+    else:
+        return None
+    if not rest.endswith(b" HTTP/1.1"):
+        return None
+    key = rest[:-9]
+    if not 1 <= len(key) <= max_key or any(c not in _PATH_OK for c in key):
+        return None
+    for line in lines[1:]:
+        colon = line.find(b":")
+        if colon <= 0:
+            return None
+        name = line[:colon]
+        if any(c not in _NAME_OK for c in name) or name.lower() in _DECLINE:
+            return None
+        if any(not (32 <= c < 127 or c == 9) for c in line[colon + 1 :]):
+            return None
+    return key, head_only
+
+
+def http_get(
+    env: Any,
+    data_db: Any,
+    meta_db: Any,
+    seq_key: bytes,
+    head: bytes,
+    key: bytes,
+    head_only: bool,
+) -> bytes | None:
+    """The whole 200 answer (`http_value`) of a point get of `key` on a keep-alive
+    connection, from its record and the store's last seq (the u64 at `seq_key` in
+    `meta_db`) read in one short transaction; None for a miss or a record `http_value`
+    does not answer (the full path answers those)."""
+    txn = env.begin(data_db)
+    try:
+        rec = txn.get(key)
+        raw = txn.get(seq_key, None, meta_db)
+    finally:
+        txn.abort()
+    if rec is None:
+        return None
+    if type(raw) is not bytes or len(raw) != 8:
+        raise ValueError("the store's last seq is not a u64")
+    return http_value(head, key, rec, int.from_bytes(raw, "little"), head_only, False)
+
+
 def _load() -> ModuleType:
     this = sys.modules[__name__]
     if os.environ.get("MERCURY_PURE") == "1":
@@ -193,3 +277,5 @@ IMPL = _load()
 MC_VALUE: Callable[[bytes, bytes, bool, bool], bytes | None] = IMPL.mc_value
 HTTP_VALUE: Callable[[bytes, bytes, bytes, int, bool, bool], bytes | None] = IMPL.http_value
 MC_GET: type[McGet] = IMPL.McGet
+HTTP_REQUEST: Callable[[bytes, int], tuple[bytes, bool] | None] = IMPL.http_request
+HTTP_GET: Callable[[Any, Any, Any, bytes, bytes, bytes, bool], bytes | None] = IMPL.http_get

@@ -28,12 +28,15 @@ from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 from reads import fastget, pointget, readstats
 from reads.auth import TokenIndex, allowed, bearer
 from store.format import MAX_KEY
+from store.layout import K_LAST_SEQ
 from store.store import Store
 
 log = logging.getLogger(__name__)
 _KV = pointget.KV_PREFIX
 _OBSERVE = pointget.OBSERVE
 _http_value = fastget.HTTP_VALUE
+_http_request = fastget.HTTP_REQUEST
+_http_get = fastget.HTTP_GET
 #: Request headers that make a point get leave the shortcut (a body, a 100-continue, an
 #: upgrade): uvicorn's full cycle handles them.
 _SLOW_HEADERS = frozenset((b"content-length", b"transfer-encoding", b"expect", b"upgrade"))
@@ -70,9 +73,46 @@ class FastReadProtocol(HttpToolsProtocol):
     _idle_timer: asyncio.TimerHandle | None = None
     _active_at = 0.0
 
+    #: The parser is inside a request (from its first byte to its end): segments then go
+    #: to it, never to the pre-parse.
+    _in_message = False
+
     def data_received(self, data: bytes) -> None:
         self._active_at = self.loop.time()
+        if not self._in_message and self.tokens is None:
+            # A whole plain point get in one segment between requests: answered before
+            # the parser sees it (`fastget.http_request` accepts only requests the parser
+            # takes and that need nothing but the key); any doubt goes to the parser.
+            got = _http_request(data, MAX_KEY)
+            if got is not None and self._answer_plain(got[0], got[1]):
+                return
         super().data_received(data)
+
+    def _answer_plain(self, key: bytes, head_only: bool) -> bool:
+        """Answer a pre-parsed keep-alive point get that hits an inline value; False (the
+        parser then takes the request) for anything else."""
+        cycle = self.cycle
+        if (cycle is not None and not cycle.response_complete) or self.pipeline:
+            return False
+        transport: asyncio.Transport = self.transport
+        if self.flow.write_paused or transport.is_closing():
+            return False
+        t0 = time.perf_counter()
+        store = self.store
+        reply = _http_get(
+            store.env, store.dbs.data, store.dbs.meta, K_LAST_SEQ, self._head_200(), key, head_only
+        )
+        if reply is None:
+            return False
+        readstats.note_read(key)
+        _OBSERVE(time.perf_counter() - t0)
+        self._unset_keepalive_if_required()  # as uvicorn's data_received does first
+        transport.write(reply)
+        self.cycle = _ANSWERED
+        self.server_state.total_requests += 1
+        if self._idle_timer is None:
+            self._idle_timer = self.loop.call_later(self.timeout_keep_alive, self._idle_check)
+        return True
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self._idle_timer is not None:
@@ -96,6 +136,7 @@ class FastReadProtocol(HttpToolsProtocol):
         self.timeout_keep_alive_handler()
 
     def on_message_begin(self) -> None:
+        self._in_message = True
         # uvicorn builds the request's ASGI scope here; a point get answered by the
         # shortcut never needs one, so it is built in on_headers_complete when it is.
         self.url = b""
@@ -112,6 +153,7 @@ class FastReadProtocol(HttpToolsProtocol):
         super().on_headers_complete()
 
     def on_message_complete(self) -> None:
+        self._in_message = False
         if self.cycle is not _ANSWERED:
             super().on_message_complete()
 
