@@ -3,6 +3,7 @@ and its pure-Python twin (`store/replay.py`) accept, refuse, hash and apply alik
 
 from __future__ import annotations
 
+import tempfile
 from typing import Any
 
 import pytest
@@ -12,6 +13,9 @@ from hypothesis import strategies as st
 from replicator import validate
 from store import codec, replay
 from store import format as ref
+from store.ops import Op
+from store.store import Store
+from tests.conftest import assert_store_ok
 
 if codec.IMPLEMENTATION != "cython":
     pytest.skip("Cython codec not in use (MERCURY_PURE=1)", allow_module_level=True)
@@ -190,3 +194,65 @@ def test_apply_entries_refuses_a_malformed_stored_record_alike() -> None:
         r = _Rec({b"a": b"\x02garbage-record-bytes"})
         with pytest.raises(ValueError, match="malformed value record"):
             fn(payload, r.get, r.put, r.delete, r, r.doc, {})
+
+
+_POOL = [b"", b"v", b"w" * 100, _BIG[0], _BIG[1], _BIG[2]]
+replica_ops = st.builds(
+    lambda kind, key, v, owner: Op(kind, key, v if kind == ref.OP_SET else b"", owner),
+    st.sampled_from([ref.OP_SET, ref.OP_SET, ref.OP_DELETE]),
+    st.sampled_from([b"a", b"b", b"c", b"z"]),
+    st.sampled_from(_POOL),
+    st.sampled_from(["", "alice", "bob"]),
+)
+
+
+def _logged_usage(store: Store) -> dict[str, tuple[int, int, int, int]]:
+    """Usage a replica recomputes from the log: keys, bytes, writes, deletes (duplicates
+    and throttling are counted by the root alone: they are never logged)."""
+    out = {}
+    for owner, u in store.usage().items():
+        figures = (u.keys, u.bytes, u.writes, u.deletes)
+        if any(figures):
+            out[owner] = figures
+    return out
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    st.lists(st.lists(replica_ops, min_size=1, max_size=12), min_size=1, max_size=5),
+    st.integers(1, 3),
+)
+def test_replicas_on_either_codec_equal_their_root(batches: list[list[Op]], group: int) -> None:
+    """Real LMDB stores: a root's log applied to one replica with the Cython kernel and to
+    another with the reference (in groups of `group` records per transaction) gives both
+    the root's head, log, values, logged usage and chunk layout (overwrites and deletes of
+    chunked values, appends past the last key included)."""
+    with tempfile.TemporaryDirectory() as d:
+        root = Store.create(f"{d}/root", sync=False, map_size=1 << 26)
+        reps = [
+            Store.create(f"{d}/{i}", db_id=root.db_id, sync=False, map_size=1 << 26) for i in (0, 1)
+        ]
+        try:
+            root.put_docs({"acl": b'{"v": 1}'})
+            for n, batch in enumerate(batches):
+                root.apply(batch, time_us=1_000_000 + n)
+            recs = root.read_log(1, max_records=1000)
+            for impl, rep in zip(("cython", "python"), reps, strict=True):
+                codec.use(impl)
+                try:
+                    for i in range(0, len(recs), group):
+                        rep.apply_log_records(recs[i : i + group])
+                finally:
+                    codec.use("cython")
+            for rep in reps:
+                assert rep.head() == root.head()
+                assert rep.read_log(1, max_records=1000) == recs
+                assert _logged_usage(rep) == _logged_usage(root)
+                assert rep.get_doc("acl") == root.get_doc("acl")
+                with rep.reader() as a, root.reader() as b:
+                    assert list(a.scan()) == list(b.scan())
+                assert rep.stat()["entries_chunks"] == root.stat()["entries_chunks"]
+                assert_store_ok(rep)
+        finally:
+            for s in (root, *reps):
+                s.close()
