@@ -1,16 +1,21 @@
-"""Reply bytes of a point read straight from a stored record: the pure-Python reference.
+"""Point reads answered straight from the stored record: the pure-Python reference.
 
 The hot read paths (memcached `get`, HTTP `GET /v1/kv/{key}`) answer a hit on an inline
 value from its stored record (`store/format.py`: header, owner, value; CRC over key,
 header and value) in one step: check the record's CRC and write the protocol's reply
-around the value, with no `Value` object in between. `reads/_fastget.pyx` compiles the same
-two functions (the servers call `MC_VALUE` and `HTTP_VALUE`); this module is the reference
-it must agree with byte for byte (`tests/property/test_fastget_agree.py`).
+around the value, with no `Value` object in between (`mc_value`, `http_value`). Around
+them, the request itself: `McGet` answers a memcached connection's lone one-key `get`
+whole (parse, one read transaction, reply, counters), `http_request` recognises a plain
+point get's HTTP head and `http_get` reads and answers it. `reads/_fastget.pyx` compiles
+the same names (the servers call them through `MC_VALUE`, `HTTP_VALUE`, `MC_GET`,
+`HTTP_REQUEST`, `HTTP_GET`); this module is the reference it must agree with
+(`tests/property/test_fastget_agree.py`, `test_mcget_agree.py`, `test_httpget_agree.py`).
 
-Both return None for a record they do not answer — chunked (a large value, reassembled by
-the store's reader), malformed, or failing its CRC — and the caller then takes the full
-path, which reassembles the value or reports the failure (`CRCError`, counted): a bad
-value is never served.
+Each returns None (or hands the request to its fallback) for what it does not answer — a
+chunked record (a large value, reassembled by the store's reader), a malformed one or one
+failing its CRC, a miss where the full path words the answer, a request with anything
+unusual — and the caller then takes the full path, which reassembles the value or reports
+the failure (`CRCError`, counted): a bad value is never served.
 """
 
 from __future__ import annotations
