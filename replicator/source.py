@@ -217,7 +217,8 @@ class ReplicationSource:
         with the wake-up, so a caught-up stream sends it at once. Reading it from the loop
         cost a round trip through a worker thread: two more turns of a loop that, on the
         root, also serves every writer, and an HA leader's acknowledgements wait for its
-        standby to receive these records. The read is as large as the commit was."""
+        standby to receive these records. Only commits of at most `TAIL_BYTES` are read
+        here; a larger one is left to the streams' own reads."""
         loop = self._loop
         if loop is None or loop.is_closed():
             return
@@ -226,7 +227,11 @@ class ReplicationSource:
             start = self._tail_next
             if start is not None and self._waiters:
                 try:
-                    got = self.store.read_log(start, max_records=READ_RECORDS, max_bytes=TAIL_BYTES)
+                    # `within`: a large commit is not copied here (it would delay the next
+                    # commit); the streams then read it themselves.
+                    got = self.store.read_log(
+                        start, max_records=READ_RECORDS, max_bytes=TAIL_BYTES, within=True
+                    )
                 except Exception:  # a listener never raises; the streams read for themselves
                     got = []
                 if got and got[0].first_seq <= start and got[-1].last_seq == seq:

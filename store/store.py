@@ -287,15 +287,23 @@ class Store:
     # --- log -------------------------------------------------------------------------
 
     def read_log(
-        self, from_seq: int, *, max_records: int = 1000, max_bytes: int = 8 << 20
+        self,
+        from_seq: int,
+        *,
+        max_records: int = 1000,
+        max_bytes: int = 8 << 20,
+        within: bool = False,
     ) -> list[LogRecord]:
         """Log records from the one holding `from_seq` on, in seq order, bounded in count
-        and bytes (at least one record is returned when one exists).
+        and bytes (at least one record is returned when one exists, unless `within`: then
+        never more than `max_bytes` of payload, possibly none).
 
         Raises LogRetentionError when `from_seq` is older than the retained log.
         """
         with self.env.begin() as txn:
-            return txlog.read(txn, self.dbs, from_seq, max_records=max_records, max_bytes=max_bytes)
+            return txlog.read(
+                txn, self.dbs, from_seq, max_records=max_records, max_bytes=max_bytes, within=within
+            )
 
     def log_bounds(self) -> tuple[int, bytes]:
         """(first retained seq, hash head before it)."""

@@ -53,9 +53,17 @@ def put_record(txn: Any, dbs: layout.Dbs, first: int, header: bytes, comp: bytes
 
 
 def read(
-    txn: Any, dbs: layout.Dbs, from_seq: int, *, max_records: int, max_bytes: int
+    txn: Any,
+    dbs: layout.Dbs,
+    from_seq: int,
+    *,
+    max_records: int,
+    max_bytes: int,
+    within: bool = False,
 ) -> list[LogRecord]:
-    """Log records from the one holding `from_seq` on (see `Store.read_log`)."""
+    """Log records from the one holding `from_seq` on (see `Store.read_log`). `within`:
+    never more than `max_bytes` of payload, even if that means no record at all (a record
+    is sized from its header before its chunks are reassembled)."""
     out: list[LogRecord] = []
     first = U64.unpack(txn.get(K_LOG_FIRST, db=dbs.meta))[0]
     if from_seq < first:
@@ -75,6 +83,12 @@ def read(
         return out
     size = 0
     for k, v in cur:
+        if within:
+            h = decode_log_header(bytes(v[:_LOG_HDR]))
+            if h.first_seq + h.num_entries - 1 < from_seq:
+                continue
+            if size + h.plen > max_bytes:
+                break
         rec = record(txn, dbs, k, v)
         if rec.last_seq < from_seq:
             continue
