@@ -10,7 +10,7 @@ from typing import Any
 import httpx
 
 from store.store import Store
-from tests.gateway.conftest import Root
+from tests.gateway.conftest import Root, logged_since
 from tests.support.procs import Procs
 
 
@@ -66,7 +66,8 @@ def test_idempotency_key_applies_once_and_replays_first_answer(shared_root: Root
         "/v1/batch", json={"ops": [{"op": "set", "key": f"{name}/i", "value": "2"}]}, headers=h
     )
     assert other_body.status_code == 422
-    assert _seq(shared_root) == seq and c.get(f"/v1/kv/{name}/i").content == b"1"
+    mine = [k for _, k in logged_since(shared_root, seq) if name.encode() in k]
+    assert mine == [] and c.get(f"/v1/kv/{name}/i").content == b"1"  # nothing re-applied
     # another producer's identical key is its own
     other, tok2 = shared_root.producer()
     r = shared_root.client(tok2).put(f"/v1/kv/{other}/i", content=b"x", headers=h)
@@ -88,7 +89,10 @@ def test_concurrent_retries_with_one_idempotency_key_apply_once(shared_root: Roo
     with ThreadPoolExecutor(6) as ex:
         answers = list(ex.map(put, range(6)))
     assert len({a.text for a in answers}) == 1
-    assert _seq(shared_root) == before + 2  # one change, then its logged answer (format 5)
+    # One change, then its logged answer (format 5: op-3 under NUL ++ its storage key).
+    logged = logged_since(shared_root, before)
+    assert [k for _, k in logged if k == f"{name}/c".encode()] == [f"{name}/c".encode()]
+    assert len([k for _, k in logged if k.startswith(b"\x00")]) == 1, logged
 
 
 def test_idempotent_answer_survives_restart(root: Root) -> None:
