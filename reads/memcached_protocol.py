@@ -107,6 +107,18 @@ def parse_command(buf: bytes | bytearray) -> tuple[Command, int] | None:
     return Command(verb, reply=ERROR), pos
 
 
+def get_line(data: bytes, max_line: int = MAX_LINE) -> tuple[list[bytes], bool] | None:
+    """(keys, with_cas) when `data` is exactly one CRLF-terminated `get`/`gets` line of at
+    most `max_line` bytes (the keys unchecked); None for anything else."""
+    if len(data) > max_line or data.find(b"\n") != len(data) - 1 or data[-2:] != b"\r\n":
+        return None
+    if data.startswith(b"get "):
+        return data[4:-2].split(), False
+    if data.startswith(b"gets "):
+        return data[5:-2].split(), True
+    return None
+
+
 def lone_get(
     data: bytes, max_line: int = MAX_LINE, max_key: int = MAX_KEY
 ) -> tuple[bytes, bool] | None:
@@ -115,14 +127,10 @@ def lone_get(
     `max_key` bytes, the whole line at most `max_line`); None for anything else, which the
     caller then parses in full. The read listeners' shortcut (`reads/fastget.py`'s
     `McGet`, compiled in `reads/_fastget.pyx`)."""
-    if len(data) > max_line or data.find(b"\n") != len(data) - 1 or data[-2:] != b"\r\n":
+    got = get_line(data, max_line)
+    if got is None:
         return None
-    if data.startswith(b"get "):
-        keys, with_cas = data[4:-2].split(), False
-    elif data.startswith(b"gets "):
-        keys, with_cas = data[5:-2].split(), True
-    else:
-        return None
+    keys, with_cas = got
     if len(keys) != 1 or len(keys[0]) > max_key:
         return None
     return keys[0], with_cas

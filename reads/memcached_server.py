@@ -103,14 +103,10 @@ class MemcachedHandler:
         `get`/`gets` line of several keys, or of one key whose record is chunked or fails
         its CRC (`_get` reassembles it or reports the failure); None for anything else,
         which `run` then parses in full (`reads.tcp.Fast`)."""
-        if len(data) > mc.MAX_LINE or data.find(b"\n") != len(data) - 1 or data[-2:] != b"\r\n":
+        got = mc.get_line(data)
+        if got is None:
             return None
-        if data.startswith(b"get "):
-            keys, with_cas = data[4:-2].split(), False
-        elif data.startswith(b"gets "):
-            keys, with_cas = data[5:-2].split(), True
-        else:
-            return None
+        keys, with_cas = got
         if not keys or (len(data) > MAX_KEY and any(len(k) > MAX_KEY for k in keys)):
             return None  # run's parser answers ERROR / CLIENT_ERROR
         return self._get(keys, with_cas)
