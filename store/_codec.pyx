@@ -147,28 +147,11 @@ def encode_record(bytes key, uint64_t seq, bytes owner, bytes value, bint chunke
 
 cdef bytes _encode_record(bytes key, uint64_t seq, bytes owner, bytes value, bint chunked):
     cdef Py_ssize_t on = PyBytes_GET_SIZE(owner)
-    cdef Py_ssize_t vn = PyBytes_GET_SIZE(value)
-    cdef Py_ssize_t total = RECORD_FIXED + on + (0 if chunked else vn)
     if on > MAX_OWNER:
         raise ValueError("owner too long")
-    cdef bytes out = PyBytes_FromStringAndSize(NULL, total)
-    cdef uint8_t* p = <uint8_t*>PyBytes_AS_STRING(out)
-    cdef const uint8_t* v = <const uint8_t*>PyBytes_AS_STRING(value)
-    p[0] = RECORD_TAG
-    p[1] = FLAG_CHUNKED if chunked else 0
-    _put_u64(p + 2, seq)
-    _put_u32(p + 10, <uint32_t>vn)
-    p[18] = <uint8_t>on
-    memcpy(p + 19, PyBytes_AS_STRING(owner), on)
-    if not chunked:
-        memcpy(p + 19 + on, v, vn)
-    cdef uint32_t crc = _crc_update(
-        0, <const uint8_t*>PyBytes_AS_STRING(key), PyBytes_GET_SIZE(key))
-    crc = _crc_update(crc, p, 14)
-    crc = _crc_update(crc, p + 18, 1 + on)
-    crc = _crc_update(crc, v, vn)
-    _put_u32(p + 14, crc)
-    return out
+    return _encode_record_raw(
+        key, seq, <const uint8_t*>PyBytes_AS_STRING(owner), on,
+        <const uint8_t*>PyBytes_AS_STRING(value), PyBytes_GET_SIZE(value), chunked)
 
 
 def decode_record_header(const uint8_t[:] rec):
@@ -565,7 +548,9 @@ def scan_entries(payload, bytes prev_hash, uint64_t first_seq, Py_ssize_t num_en
 
 cdef bytes _encode_record_raw(bytes key, uint64_t seq, const uint8_t* owner, Py_ssize_t on,
                               const uint8_t* v, Py_ssize_t vn, bint chunked):
-    # `_encode_record` from raw pointers (the value stays inside the record's payload).
+    # The value record of `key` from raw pointers (`_encode_record`'s bytes, or a value
+    # that stays inside a log record's payload); its CRC covers the key. The caller checks
+    # `on` <= MAX_OWNER.
     cdef Py_ssize_t total = RECORD_FIXED + on + (0 if chunked else vn)
     cdef bytes out = PyBytes_FromStringAndSize(NULL, total)
     cdef uint8_t* p = <uint8_t*>PyBytes_AS_STRING(out)
