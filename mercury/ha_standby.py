@@ -32,6 +32,7 @@ from core.errors import (
     RefusedError,
     SnapshotTransferError,
 )
+from core.tasks import cancel_and_wait
 from core.tlsconf import TlsContexts
 from ha.fencing import StaleTermError, TermGuard
 from replicator import bootstrap, frames, upstream, wire
@@ -207,9 +208,7 @@ class Standby:
     async def stop(self) -> None:
         """Stop following; the store is closed and the writer lock released on return."""
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._task
+            await cancel_and_wait(self._task)  # a swallowed cancellation would hang here
             self._task = None
 
     async def _run(self) -> None:

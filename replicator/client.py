@@ -51,6 +51,7 @@ from core.errors import (
     SelfReplicationError,
     StreamGapError,
 )
+from core.tasks import cancelling
 from core.tlsconf import TlsContexts
 from replicator import frames, upstream, wire
 from replicator.heartbeat import RelayedHeartbeat
@@ -214,6 +215,8 @@ class ReplicaClient:
                     log.info("source %s unreachable: %s", name, err)
                     self.board.count_error("unreachable", f"{name}: {err}")
                     wait = self.selector.failed()
+                if cancelling():  # asked to stop while an error path swallowed it
+                    raise asyncio.CancelledError
                 self.board.update(state="reconnecting")
                 if wait:
                     await asyncio.sleep(wait)
@@ -247,15 +250,15 @@ class ReplicaClient:
         self.board.update(state="connecting", source=f"{host}:{port}")
         self.applied = self.store.last_seq()
         self._applied_us = self._commit_time_us(self.applied)
-        reader, writer = await asyncio.wait_for(
-            open_source(host, port, self.tls, limit=READ_LIMIT), CONNECT_TIMEOUT
-        )
+        # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancellation that
+        # races with a refused connect (core/tasks.py).
+        async with asyncio.timeout(CONNECT_TIMEOUT):
+            reader, writer = await open_source(host, port, self.tls, limit=READ_LIMIT)
         try:
             opts = frames.OPT_TERM | (frames.OPT_UPSTREAM if self.outbox is not None else 0)
             await wire.send(writer, self._hello(opts))
-            ftype, flags, body = await asyncio.wait_for(
-                upstream.read_welcome(reader), CONNECT_TIMEOUT
-            )
+            async with asyncio.timeout(CONNECT_TIMEOUT):
+                ftype, flags, body = await upstream.read_welcome(reader)
             if ftype == frames.REFUSE:
                 raise refusal_error(frames.decode_refuse(body))
             if ftype != frames.WELCOME:
@@ -306,7 +309,8 @@ class ReplicaClient:
                         return i
 
     async def _healthy(self, host: str, port: int) -> bool:
-        reader, writer = await asyncio.wait_for(open_source(host, port, self.tls), CONNECT_TIMEOUT)
+        async with asyncio.timeout(CONNECT_TIMEOUT):
+            reader, writer = await open_source(host, port, self.tls)
         try:
             await wire.send(writer, self._hello(frames.OPT_NEWEST_ONLY | frames.OPT_TERM))
             async with asyncio.timeout(PROBE_TIMEOUT):

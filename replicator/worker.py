@@ -16,7 +16,6 @@ store open for reading, swaps it).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import os
@@ -35,6 +34,7 @@ from core.errors import (
     RefusedError,
     SnapshotTransferError,
 )
+from core.tasks import cancel_and_wait
 from core.tlsconf import TlsContexts, TlsFiles
 from replicator import bootstrap, frames, notify, sched
 from replicator.client import ReplicaClient, ReplicationFailed
@@ -257,9 +257,7 @@ async def _until(stop: asyncio.Event, coro: Coroutine[Any, Any, T]) -> T | None:
         stopper.cancel()
     if task.done():
         return task.result()
-    task.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await task
+    await cancel_and_wait(task)  # until it is done, even if a cancellation was swallowed
     return None
 
 
