@@ -23,11 +23,15 @@ from tests.support.procs import run_mercury
 
 
 def _flip_in_file(path: str, needle: bytes) -> None:
-    """Flip one byte of `needle` where it sits in the LMDB data file (a disk-level fault)."""
+    """Flip one byte of `needle` wherever it sits in the LMDB data file (a disk-level
+    fault). Every copy: a short value's bytes are also in its log record's payload
+    (snappy keeps short literals), which may come first in the file."""
     data = bytearray(Path(path).read_bytes())
     at = data.find(needle)
     assert at >= 0, "value not found in the data file"
-    data[at + len(needle) // 2] ^= 0x01
+    while at >= 0:
+        data[at + len(needle) // 2] ^= 0x01
+        at = data.find(needle, at + 1)
     Path(path).write_bytes(bytes(data))
 
 
