@@ -70,7 +70,8 @@ async def usage_series(request: Request) -> Response:
         raise ForbiddenError(f"only the admin or producer {producer!r} may read its usage")
     series = gw.series
     try:
-        rng = parse_range(q.get("since"), q.get("until"), q.get("step"), series.clock())
+        now = series.clock()
+        rng = parse_range(q.get("since"), q.get("until"), q.get("step"), now)
     except ValueError as err:
         raise BadRequestError(str(err)) from None
     keyspace = q.get("keyspace")
@@ -90,7 +91,7 @@ async def usage_series(request: Request) -> Response:
             u = usage.get(n)
             first: dict[str, int | None] = {}
             now_usage = None if u is None else (u.keys, u.bytes)
-            pts = query(series, n, keyspace, rng, now_usage, first)
+            pts = query(series, n, keyspace, rng, now_usage, first, now)
             for k, v in first.items():
                 a = start[k]
                 start[k] = None if a is None and v is None else (a or 0) + (v or 0)

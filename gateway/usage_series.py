@@ -590,6 +590,7 @@ def query(
     rng: Range,
     now_usage: tuple[int, int] | None,
     start: dict[str, int | None] | None = None,
+    now: float | None = None,
 ) -> list[dict[str, int | None]]:
     """Points of `producer` (one keyspace, or all with None) over `rng`: one per step,
     oldest first, counters summed over the step, keys/bytes as at the step's end (carried
@@ -652,8 +653,15 @@ def query(
         snaps[minute // unit * unit] = pick(snap)
         raw.append((minute, pick(snap)))
     if now_state is not None:
-        snaps[int(series.clock()) // unit * unit] = pick(now_state)
-        raw.append((int(series.clock()), pick(now_state)))
+        # `now`: the time `rng` was parsed at. A range ending now has the state now in its
+        # last point, even when the clock turned a minute since (the state before the
+        # minute's first batch would answer otherwise: a new producer's zero).
+        now_t = int(series.clock() if now is None else now)
+        slot = now_t // unit * unit
+        if rng.until >= now_t:
+            slot = min(slot, rng.until - 1)
+        snaps[slot] = pick(now_state)
+        raw.append((now_t, pick(now_state)))
     if start is not None:
         raw.sort(key=itemgetter(0))
         before = [st for t, st in raw if t <= rng.since]

@@ -569,3 +569,21 @@ def test_a_producer_with_several_keyspaces_sees_each_ones_keys_and_bytes(
     assert ka == (4, stored_bytes(len(a) + 2, 12, n) + 3 * stored_bytes(len(a) + 2, 10, n))
     assert kb == (4, 3 * stored_bytes(len(b) + 2, 20, n) + stored_bytes(len(b) + 3, 9000, n))
     assert whole == (ka[0] + kb[0], ka[1] + kb[1])
+
+
+def test_a_range_ending_now_holds_the_state_now_across_a_minute_turn(tmp_path: Path) -> None:
+    """The range is parsed at M:59.9; the clock turns to M+1 before the query runs. The last
+    point still holds the keys/bytes now (not the state before the minute's first batch,
+    which for a new producer is zero)."""
+    store = Store.create(str(tmp_path / "s"), sync=False)
+    clock = Clock(T0 + 10 * 3600 + 30)
+    s = _series(store, clock, {"p": ("p/",)})
+    _commit(store, s, clock.t, [_set("p/1", b"v1", "p"), _set("p/2", b"v22", "p")], "p")
+    u = store.usage()["p"]
+    now = T0 + 10 * 3600 + 59.9
+    rng = us.parse_range("-10m", None, "1m", now)
+    clock.t = now + 0.2  # the next minute began meanwhile
+    pts = us.query(s, "p", None, rng, (u.keys, u.bytes), None, now)
+    assert (pts[-1]["keys"], pts[-1]["bytes"]) == (u.keys, u.bytes) == (2, u.bytes)
+    assert u.bytes > 0
+    store.close()
