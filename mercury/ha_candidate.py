@@ -22,12 +22,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import ctypes
 import logging
 import signal
 import sys
 import time
 
+from core import lifeline
 from core.addr import parse_hostport
 from core.errors import MercuryError
 from core.tlsconf import TlsContexts, server_context
@@ -58,13 +58,6 @@ log = logging.getLogger("mercury.ha.candidate")
 POLL_S = 0.2
 #: After our root process died while leading, leave the next term to the others this long.
 COOLDOWN_S = 3.0
-_PR_SET_PDEATHSIG = 1
-
-
-def _die_with_parent() -> None:
-    """In the leading root process: SIGKILL when the candidate dies (no orphan leader)."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
 
 class Candidate:
@@ -350,7 +343,7 @@ class Candidate:
         if w is None or w.returncode is not None:
             argv = [sys.executable, "-m", "mercury", *sys.argv[1:], "--ha-await-go"]
             w = self._warm_child = await asyncio.create_subprocess_exec(
-                *argv, stdin=asyncio.subprocess.PIPE, preexec_fn=_die_with_parent
+                *argv, stdin=asyncio.subprocess.PIPE, preexec_fn=lifeline.kill_with_parent
             )
         return w
 

@@ -81,7 +81,7 @@ class WorkerSupervisor:
             "mercury.worker",
             "--log-level",
             self.log_level,
-            self.cfg.to_json(),
+            dataclasses.replace(self.cfg, parent_pid=os.getpid()).to_json(),
             stdin=subprocess.PIPE,
             # The writer lock's descriptor: the worker holds the parent's lock.
             pass_fds=() if self.cfg.lock_fd is None else (self.cfg.lock_fd,),

@@ -27,6 +27,7 @@ from collections.abc import Coroutine
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from core import lifeline
 from core.errors import (
     BootstrapNeededError,
     CorruptionError,
@@ -77,6 +78,8 @@ class WorkerConfig:
     lock_fd: int | None = None
     #: `core.tlsconf.TlsFiles` fields: mutual TLS to sources and from replicas (None: off).
     tls: dict[str, str] | None = None
+    #: The parent's pid: the worker dies with it (`core.lifeline`). None when run alone.
+    parent_pid: int | None = None
 
     def to_json(self) -> str:
         """Serialised for the worker's command line."""
@@ -289,6 +292,10 @@ def main(argv: list[str]) -> int:
         level=logging.INFO, format="%(asctime)s worker %(name)s %(levelname)s %(message)s"
     )
     cfg = WorkerConfig.from_json(argv[1])
+    if cfg.parent_pid is not None:
+        # A replica killed is killed whole: its worker applying on for the moment it takes
+        # to see its stdin's EOF would write a store everyone considers stopped.
+        lifeline.bind_to_parent(cfg.parent_pid)
     if cfg.nice > 0:
         os.nice(cfg.nice)
     # Reads preempt this process when they wake (the read server asked for short slices,

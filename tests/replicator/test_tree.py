@@ -84,7 +84,12 @@ def test_replica_resumes_after_sigkill_mid_stream_without_replay_or_gap(
         wait_seq(r.http, root.store.last_seq())
         # Kill the whole replica mid-stream, then start it again.
         root.write(3000, start=6500, batch=20)
+        worker = read_status(str(r.data_dir))
+        assert worker is not None and _alive(worker.pid)
         procs.kill(r.proc)
+        # The worker dies with its parent (the kernel kills it): nothing is applied after
+        # the kill, so the store's seq below is where the restart must resume.
+        wait_for(lambda: not _alive(worker.pid), 2, "the worker killed with its parent")
         time.sleep(0.3)
         root.write(2000, start=9500, batch=20)
         applied_before = Store.open(str(r.data_dir), readonly=True)
