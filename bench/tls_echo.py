@@ -59,6 +59,16 @@ def _server(kind: str, tls: bool, pem: tuple[bytes, bytes], q: Any) -> None:
             self.t.write(RESP)
 
     loop = uvloop.new_event_loop()
+    if kind == "tlsconn" and ctx is not None:
+        from reads.tlsconn import TlsServer
+
+        ls = socket.socket()
+        ls.bind(("127.0.0.1", 0))
+        ls.listen()
+        TlsServer(loop, Echo, ls, ctx, 10.0)
+        q.put(ls.getsockname()[1])
+        loop.run_forever()
+        return
     srv: Any = loop.run_until_complete(loop.create_server(Echo, "127.0.0.1", 0, ssl=ctx))
     q.put(srv.sockets[0].getsockname()[1])
     loop.run_forever()
@@ -94,7 +104,7 @@ def main() -> None:
     os.sched_setaffinity(0, {0})
     out: dict[str, list[float]] = {}
     for _ in range(a.rounds):
-        for kind in ("uvloop", "blocking"):
+        for kind in ("uvloop", "tlsconn", "blocking"):
             for tls in (False, True):
                 q: Any = mp.Queue()
                 p = mp.Process(target=_server, args=(kind, tls, pem, q))
@@ -107,7 +117,7 @@ def main() -> None:
     med = {k: round(statistics.median(v), 1) for k, v in out.items()}
     ratios = {
         k: round(med[f"{k}_tls_p50_us"] / med[f"{k}_plain_p50_us"], 2)
-        for k in ("uvloop", "blocking")
+        for k in ("uvloop", "tlsconn", "blocking")
     }
     print(json.dumps({"p50_us": med, "rounds": out, "tls_over_plain": ratios}, indent=1))
 
