@@ -68,7 +68,7 @@ def test_second_replica_refused_while_the_first_and_its_worker_hold_the_lock(
     # In-process too: the directory is locked while the replica (and its worker) run.
     with pytest.raises(StoreLockedError, match=f"pid {r.proc.pid}"):
         WriterLock.acquire(str(r.data_dir)).release()
-    procs.kill(r.proc)  # the worker sees stdin EOF and exits; the kernel frees the lock
+    procs.kill(r.proc)  # the kernel kills the worker with it and frees the lock
     deadline = time.monotonic() + 20
     while True:
         try:
