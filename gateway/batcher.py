@@ -21,6 +21,14 @@ Retry-After (async writes are answered 202 before their commit, so without this 
 writer at full speed grew the open batch without limit while a commit ran, up to a log
 record no replica accepts). Memory held by waiting writes is thereby at most
 (`max_queued` + 1) batches.
+
+Acknowledgement gate (`AckGate`, the root's HA wiring): with one, a committed batch joins a
+queue of unacknowledged batches in commit order instead of being answered. `_settle` answers
+the queue's head while the gate says so, in one pass: one standby report that confirms N
+batches answers all N at once, in the callback that delivered it (the replication link's
+transport callback), with no task per batch and no loop turn between two batches. It runs
+after each commit, on each gate wake-up and at the head's deadline (a timer), where the gate
+answers a batch still unconfirmed with its error. Writers are answered in commit order.
 """
 
 from __future__ import annotations
@@ -30,10 +38,10 @@ import contextlib
 import logging
 import time
 from collections import Counter, deque
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import orjson
 
@@ -152,6 +160,24 @@ def fits(
 # --- async adapter ------------------------------------------------------------------------
 
 
+class AckGate(Protocol):
+    """What decides when a committed batch's writers may be answered (HA: N standbys have
+    applied it and the leadership lease holds)."""
+
+    #: how long a batch may wait for its verdict; asked again at its deadline
+    timeout_s: float
+
+    def verdict(self, seq: int, waited_s: float) -> bool | Exception:
+        """For the batch ending at `seq`, committed `waited_s` ago: True to answer its
+        writers now, False to wait, or the error to answer them with (committed, not
+        acknowledged). False only while `waited_s` is under `timeout_s`."""
+        ...
+
+    def listen(self, wake: Callable[[], None]) -> None:
+        """Call `wake()` on the event loop each time a verdict may have turned."""
+        ...
+
+
 @dataclass(slots=True)
 class Request:
     """One HTTP request's ops waiting for a commit."""
@@ -162,6 +188,17 @@ class Request:
     producer: str
     idem_key: bytes | None = None
     answer: AnswerFn | None = None
+
+
+@dataclass(slots=True)
+class _Unacked:
+    """A committed batch waiting for the gate's verdict."""
+
+    seq: int
+    requests: list[Request]
+    results: list[list[Result]]
+    #: loop time of its commit
+    at: float
 
 
 @dataclass(slots=True)
@@ -216,15 +253,24 @@ class Batcher:
         #: usage over time (`gateway/usage_series.py`): counts each committed request,
         #: and its finished minutes ride in the next batch's transaction as documents
         self.series: UsageSeries | None = None
-        #: Awaited with a committed batch's last seq before its writers are answered (the
-        #: root's HA wiring: standbys' acknowledgement, lease check); it raises to answer
-        #: them with its error instead. Answers are sent in commit order; the commit loop
-        #: does not wait for it.
-        self.ack_gate: Callable[[int], Awaitable[None]] | None = None
-        self._acks: asyncio.Task[None] | None = None
+        #: Asked before a committed batch's writers are answered (`set_ack_gate`); the
+        #: commit loop does not wait for it.
+        self.ack_gate: AckGate | None = None
+        #: committed batches not answered yet, in commit order (only with a gate)
+        self._unacked: deque[_Unacked] = deque()
+        self._drained = asyncio.Event()
+        self._drained.set()
+        #: the timer at the head's deadline, and that deadline
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = 0.0
         self._committed_seq = 0
 
     # -- public ---------------------------------------------------------------------------
+
+    def set_ack_gate(self, gate: AckGate) -> None:
+        """Answer each committed batch only when `gate` says so (before serving)."""
+        self.ack_gate = gate
+        gate.listen(self._settle)
 
     def start(self) -> None:
         """Start the commit loop (on the running event loop)."""
@@ -393,11 +439,11 @@ class Batcher:
                             r.future.set_exception(err)
                 else:
                     if self.ack_gate is not None:
-                        self._acks = loop.create_task(
-                            self._gated(
-                                self.ack_gate, self._committed_seq, b.requests, results, self._acks
-                            )
+                        self._unacked.append(
+                            _Unacked(self._committed_seq, b.requests, results, loop.time())
                         )
+                        self._drained.clear()
+                        self._settle()
                     else:
                         _answer(b.requests, results)
                     if self.series is not None:  # here, not in the commit thread: counting
@@ -406,29 +452,43 @@ class Batcher:
                         loop.call_soon(self.series.add_requests, b.requests, results, time.time())
             self._signal_room()  # the open batch moved on
             if self._closing and not self._open.requests and not self._queued:
-                if self._acks is not None:
-                    await self._acks
+                await self._drained.wait()  # every committed batch answered (or refused)
                 return
 
-    async def _gated(
-        self,
-        gate: Callable[[int], Awaitable[None]],
-        seq: int,
-        requests: list[Request],
-        results: list[list[Result]],
-        before: asyncio.Task[None] | None,
-    ) -> None:
-        # After the previous batch's answers: writers are answered in commit order.
-        if before is not None:
-            await before
-        try:
-            await gate(seq)
-        except Exception as err:  # committed, not confirmed: the gate's error says so
-            for r in requests:
-                if not r.future.done():
-                    r.future.set_exception(err)
-        else:
-            _answer(requests, results)
+    def _settle(self) -> None:
+        """Answer every committed batch the gate lets go, from the oldest, in one pass;
+        stop at the first it holds (commit order), and be back at that one's deadline."""
+        gate = self.ack_gate
+        q = self._unacked
+        if gate is None or not q:
+            return
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        while q:
+            head = q[0]
+            verdict = gate.verdict(head.seq, now - head.at)
+            if verdict is False:
+                break
+            q.popleft()
+            if verdict is True:
+                _answer(head.requests, head.results)
+            else:  # committed, not acknowledged: the gate's error says so
+                for r in head.requests:
+                    if not r.future.done():
+                        r.future.set_exception(verdict)
+        if not q:
+            self._drained.set()
+            return
+        due = q[0].at + gate.timeout_s
+        if self._timer is None or self._timer_at != due:
+            if self._timer is not None:
+                self._timer.cancel()
+            self._timer_at = due
+            self._timer = loop.call_at(due, self._on_deadline)
+
+    def _on_deadline(self) -> None:
+        self._timer = None
+        self._settle()
 
     def _signal_room(self) -> None:
         room, self._room = self._room, asyncio.Event()

@@ -7,7 +7,7 @@ line per successful lease renewal: the monotonic deadline (`ha.lease.LeaseClock`
 applied; CLOCK_MONOTONIC is system-wide) until which acknowledging is safe. This module,
 installed by `mercury/root.py` on the gateway app:
 
-- gates every committed batch (`Batcher.ack_gate`): the batch's writers are answered only
+- gates every committed batch (`Batcher.set_ack_gate`): the batch's writers are answered only
   once `--sync-standbys` standbys reported (upstream `APPLIED` frames on the replication
   link) a seq at least the batch's, within `--sync-timeout-ms` (else 503 `not-in-sync`),
   and only while the lease deadline has not passed (else 503 `not-leader`);
@@ -70,30 +70,31 @@ class LeaderGate:
         for cb in self.on_applied:
             cb()
 
-    async def __call__(self, seq: int) -> None:
-        """Return once batch `seq` may be acknowledged; raise the 503 error otherwise."""
-        deadline = time.monotonic() + self.timeout_s
-        while self.tracker.synced_seq(time.monotonic()) < seq:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                self.not_in_sync += 1
-                n = self.tracker.in_sync(time.monotonic())
-                raise NotInSyncError(
-                    f"committed on the leader at seq {seq} but not confirmed by "
-                    f"{self.tracker.required} standby(s) within {self.timeout_s * 1000:g} ms "
-                    f"({n} in sync): not acknowledged; it may or may not survive a failover"
-                )
-            ev = self._changed
-            try:
-                async with asyncio.timeout(left):
-                    await ev.wait()
-            except TimeoutError:
-                pass
-        if not self.clock.valid(time.monotonic()):
-            raise NotLeaderError(
+    def listen(self, wake: Callable[[], None]) -> None:
+        """`Batcher.set_ack_gate`: `wake` runs after each report, first (it answers the
+        writers the report confirmed)."""
+        self.on_applied.insert(0, wake)
+
+    def verdict(self, seq: int, waited_s: float) -> bool | Exception:
+        """Whether batch `seq`, committed `waited_s` ago, may be acknowledged now (True),
+        must wait for a report (False), or gets the 503 error (`gateway.batcher.AckGate`)."""
+        now = time.monotonic()
+        if self.tracker.synced_seq(now) < seq:
+            if waited_s < self.timeout_s:
+                return False
+            self.not_in_sync += 1
+            n = self.tracker.in_sync(now)
+            return NotInSyncError(
+                f"committed on the leader at seq {seq} but not confirmed by "
+                f"{self.tracker.required} standby(s) within {self.timeout_s * 1000:g} ms "
+                f"({n} in sync): not acknowledged; it may or may not survive a failover"
+            )
+        if not self.clock.valid(now):
+            return NotLeaderError(
                 f"committed at seq {seq} but this node's leadership lease could not be "
                 "renewed in time: not acknowledged"
             )
+        return True
 
     async def confirmed(self, seq: int, timeout_s: float) -> bool:
         """Wait until `seq` is confirmed by the required standbys, at most `timeout_s`."""
@@ -158,7 +159,7 @@ class LeaderService:
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
         gw = self.app.state.gw
-        gw.batcher.ack_gate = self.gate
+        gw.batcher.set_ack_gate(self.gate)
         fd = sys.stdin.fileno()
         os.set_blocking(fd, False)
         buf = bytearray()

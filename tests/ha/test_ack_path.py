@@ -7,6 +7,12 @@
 - Upstream frames are dispatched as their bytes arrive, however the bytes are cut; a frame
   failing its CRC ends the connection and is not dispatched.
 - A standby reports one APPLIED per applied group (its last seq), not one per record.
+- The leader answers committed batches from one queue in commit order: a report confirming
+  several batches answers all of them in the callback that delivers it (no task or loop
+  turn per batch) and none past its seq; a batch no report confirms gets 503 `not-in-sync`
+  at its deadline, one past the lease 503 `not-leader`; a stop waits for every committed
+  batch's answer. Under concurrent writers through a real leader and standby, every 200
+  is held by the standby the moment the leader is SIGKILLed.
 """
 
 from __future__ import annotations
@@ -15,20 +21,28 @@ import asyncio
 import itertools
 import shutil
 import threading
+import time
 import uuid
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from core.errors import ProtocolError
-from mercury.ha_standby import _ReportingClient, decode_applied
+from gateway.batcher import Batcher
+from ha.errors import NotInSyncError, NotLeaderError
+from mercury.ha_leader import LeaderGate
+from mercury.ha_standby import _ReportingClient, decode_applied, encode_applied
 from replicator import frames, upstream, wire
 from replicator.heartbeat import RelayedHeartbeat
 from replicator.selection import Selector
 from replicator.status import StatusBoard
-from store.ops import SET, Op
+from store.ops import SET, Op, Result
 from store.store import Store
+from tests.ha.cluster import Cluster, Writers, lost_writes
+from tests.ha.etcdproc import Etcd
 from tests.replicator.harness import RootNode, root_node, wait_for
+from tests.support.procs import Procs
 
 
 def _hello(db_id: bytes, options: int, last_seq: int = 0) -> bytes:
@@ -217,3 +231,149 @@ def test_a_standby_reports_one_applied_frame_per_applied_group(tmp_path: Path) -
     finally:
         leader.close()
         standby.close()
+
+
+# --- the leader's answers: one queue in commit order ------------------------------------
+
+STANDBY = upstream.Origin(b"s" * 16, "127.0.0.1:1")
+
+
+def _gate(timeout_s: float = 60.0, lease_s: float = 3600.0) -> LeaderGate:
+    gate = LeaderGate(1, timeout_s)
+    gate.clock.deadline = time.monotonic() + lease_s
+    return gate
+
+
+def _report(gate: LeaderGate, seq: int) -> None:
+    """What the replication link's transport callback does with a standby's APPLIED."""
+    gate.applied(STANDBY, upstream.APPLIED, encode_applied(seq))
+
+
+async def _committed(b: Batcher, n: int) -> None:
+    """Wait until `n` batches are committed and waiting for the gate."""
+    async with asyncio.timeout(30):
+        while len(b._unacked) < n:
+            await asyncio.sleep(0.005)
+
+
+def _gated(store: Store, gate: LeaderGate) -> Batcher:
+    # One request per batch: each submit past the first seals a batch of its own.
+    b = Batcher(store, window_s=0.0, max_ops=1, max_bytes=1 << 20, max_queued=64)
+    b.set_ack_gate(gate)
+    b.start()
+    return b
+
+
+def _put(b: Batcher, i: int) -> asyncio.Future[list[Result]]:
+    return b.submit([Op(SET, f"k/{i}".encode(), b"v", "p")], 2, "p")
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[Store]:
+    s = Store.create(str(tmp_path / "s"), sync=False, map_size=1 << 26)
+    yield s
+    s.close()
+
+
+def test_one_report_answers_every_batch_it_confirms_at_once_in_commit_order(
+    store: Store,
+) -> None:
+    async def run() -> None:
+        gate = _gate()
+        b = _gated(store, gate)
+        futs = [_put(b, i) for i in range(6)]
+        await _committed(b, 6)
+        seqs = [u.seq for u in b._unacked]
+        assert seqs == sorted(seqs) and len(set(seqs)) == 6
+        assert not any(f.done() for f in futs)  # committed, not confirmed: no answer
+        order: list[int] = []
+
+        def answered(i: int) -> Callable[[asyncio.Future[list[Result]]], None]:
+            return lambda _f: order.append(i)
+
+        for i, f in enumerate(futs):
+            f.add_done_callback(answered(i))
+        _report(gate, seqs[3])
+        # Answered inside the report's own callback, no loop turn in between, and only
+        # the batches up to the reported seq.
+        assert [f.done() for f in futs] == [True] * 4 + [False] * 2
+        _report(gate, seqs[-1])
+        assert all(f.done() for f in futs)
+        await asyncio.sleep(0)
+        assert order == list(range(6))  # commit order
+        assert [(await f)[0].seq for f in futs] == seqs
+        await b.close()
+
+    asyncio.run(run())
+
+
+def test_an_unconfirmed_batch_gets_not_in_sync_and_later_ones_still_go_through(
+    store: Store,
+) -> None:
+    async def run() -> None:
+        gate = _gate(timeout_s=0.3)
+        b = _gated(store, gate)
+        futs = [_put(b, i) for i in range(3)]
+        async with asyncio.timeout(30):
+            for f in futs:  # each at its own deadline, no report ever
+                with pytest.raises(NotInSyncError, match="not confirmed by 1 standby"):
+                    await f
+        assert gate.not_in_sync == 3
+        later = _put(b, 3)
+        await _committed(b, 1)
+        _report(gate, store.last_seq())
+        assert later.done() and later.result()[0].seq == store.last_seq()
+        await b.close()
+
+    asyncio.run(run())
+
+
+def test_a_confirmed_batch_past_the_lease_gets_not_leader(store: Store) -> None:
+    async def run() -> None:
+        gate = _gate()
+        b = _gated(store, gate)
+        fut = _put(b, 0)
+        await _committed(b, 1)
+        gate.clock.deadline = time.monotonic() - 1.0  # the lease was not renewed in time
+        _report(gate, store.last_seq())
+        with pytest.raises(NotLeaderError, match="not acknowledged"):
+            await fut
+        await b.close()
+
+    asyncio.run(run())
+
+
+def test_close_waits_until_every_committed_batch_is_answered(store: Store) -> None:
+    async def run() -> None:
+        gate = _gate()
+        b = _gated(store, gate)
+        futs = [_put(b, i) for i in range(3)]
+        await _committed(b, 3)
+        closing = asyncio.ensure_future(b.close())
+        await asyncio.sleep(0.2)
+        assert not closing.done()  # it would have left writers waiting forever
+        _report(gate, store.last_seq())
+        async with asyncio.timeout(30):
+            await closing
+        assert all(f.done() and not f.exception() for f in futs)
+
+    asyncio.run(run())
+
+
+def test_every_acknowledged_write_is_on_the_standby_when_the_leader_dies(
+    etcd: Etcd, procs: Procs, tmp_path: Path
+) -> None:
+    cluster = Cluster(procs, tmp_path, etcd.url, n=2, ttl_s=5)
+    cluster.start()
+    leader = cluster.wait_leader()
+    standby = next(n for n in cluster.nodes if n is not leader)
+    # Pinned to the leader: many batches in flight, several confirmed by one report.
+    with Writers(cluster, 16, pins=[leader]) as writers:
+        deadline = time.monotonic() + 60
+        while len(writers.acked) < 400 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        cluster.kill(leader)  # mid-stream: answers were going out as reports came in
+    acked = list(writers.acked)
+    assert len(acked) >= 400, writers.errors
+    cluster.stop(standby)
+    assert lost_writes(standby.data_dir, acked) == []
