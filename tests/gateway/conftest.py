@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 import pytest
 
-from store.store import Store
+from tests.support.logged import entries_since
 from tests.support.procs import Procs, free_port, run_mercury, wait_http
 
 _names = itertools.count()
@@ -127,18 +127,5 @@ def root_factory(tmp_path: Path, procs: Procs) -> Iterator[Any]:
 
 
 def logged_since(root: Root, seq: int) -> list[tuple[int, bytes]]:
-    """(op, key) of every log entry the root committed after `seq`, read from its store.
-    The root also logs documents of its own at any time (usage series at a minute's
-    turn, the read ledger), so a test counts the entries it caused, not seq deltas."""
-    from store import codec, replica_apply
-
-    out: list[tuple[int, bytes]] = []
-    with Store.open(str(root.data_dir), readonly=True) as store:
-        nxt = seq + 1
-        while nxt <= store.last_seq():
-            recs = store.read_log(nxt, max_records=1000)
-            for rec in recs:
-                entries, _ = codec.unpack_entries(replica_apply.payload(rec), bytes(32))
-                out += [(e.op, bytes(e.key)) for e in entries if e.seq > seq]
-            nxt = recs[-1].last_seq + 1
-    return out
+    """(op, key) of every log entry the root committed after `seq` (`entries_since`)."""
+    return entries_since(root.data_dir, seq)
