@@ -1,0 +1,195 @@
+"""A replica's HTTPS reads on the readiness-driven TLS transport (`reads/tlsconn.py`), with
+real processes, sockets and a CA made per test run: keep-alive and pipelined point gets,
+a multi-megabyte value to a client that reads it late, clients that stall in the handshake
+or speak plaintext or garbage dropped (and counted) while others are served, and SIGHUP
+rotating the certificate of new connections while an open one keeps reading."""
+
+from __future__ import annotations
+
+import http.client
+import io
+import os
+import signal
+import socket
+import ssl
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from core.tlsconf import TlsContexts, TlsFiles
+from store.ops import SET, Op
+from tests.replicator.harness import RootNode, wait_for
+from tests.security.test_tls import (
+    Pki,
+    _der,
+    https,
+    peer_cert,
+    pki,  # noqa: F401 - the fixture
+    start_tls_replica,
+    wait_https,
+)
+from tests.support.procs import Procs
+
+BIG = bytes(range(256)) * (12 << 10)  # 3 MiB
+
+
+class Replica:
+    def __init__(self, proc: subprocess.Popen[bytes], port: int, files: TlsFiles) -> None:
+        self.proc, self.port, self.files = proc, port, files
+        self.ctx = ssl.create_default_context(cafile=files.ca)
+        self.ctx.check_hostname = False
+
+    def connect(self) -> ssl.SSLSocket:
+        raw = socket.create_connection(("127.0.0.1", self.port), 5)
+        raw.settimeout(10)
+        return self.ctx.wrap_socket(raw, server_hostname="127.0.0.1")
+
+
+@pytest.fixture
+def replica(tmp_path: Path, procs: Procs, pki: Pki) -> Iterator[Replica]:  # noqa: F811
+    root = RootNode(str(tmp_path / "root"), tls=TlsContexts(pki.issue("root")))
+    try:
+        root.write(100)
+        root.store.apply([Op(SET, b"big", BIG, owner="t")])
+        files = pki.issue("replica")
+        p, port, _ = start_tls_replica(procs, tmp_path / "r", root.port, files, "r", repl=False)
+        wait_https(f"https://127.0.0.1:{port}/healthz", files, p)
+        seq = root.store.last_seq()
+        with https(files) as c:
+            wait_for(
+                lambda: c.get(f"https://127.0.0.1:{port}/v1/status").json()["seq"] >= seq,
+                60,
+                "the replica caught up",
+            )
+        yield Replica(p, port, files)
+    finally:
+        root.close()
+
+
+def read_response(f: io.BufferedReader) -> tuple[int, bytes]:
+    """One HTTP/1.1 response (content-length framed) from a buffered reader."""
+    status = int(f.readline().split()[1])
+    length = 0
+    while (line := f.readline()) not in (b"\r\n", b""):
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"content-length":
+            length = int(value)
+    body = f.read(length)
+    return status, body
+
+
+def get(key: str) -> bytes:
+    return f"GET /v1/kv/{key} HTTP/1.1\r\nHost: r\r\n\r\n".encode()
+
+
+def test_https_point_gets_keep_alive_pipelined_and_large(replica: Replica) -> None:
+    # Keep-alive: one connection, many requests (the fast path and the parser alike).
+    conn = http.client.HTTPSConnection("127.0.0.1", replica.port, context=replica.ctx, timeout=10)
+    try:
+        conn.connect()
+        first = conn.sock
+        for i in range(200):
+            key = f"k{i % 100:08d}"
+            conn.request("GET", f"/v1/kv/{key}")
+            resp = conn.getresponse()
+            assert resp.status == 200
+            assert resp.read() == f"v{i % 100}-0".encode()
+        conn.request("GET", "/v1/kv/nope")
+        missing = conn.getresponse()
+        assert missing.status == 404
+        missing.read()
+        assert conn.sock is first
+    finally:
+        conn.close()
+    # Pipelined: three requests in one write, three answers in order.
+    with replica.connect() as s:
+        s.sendall(get("k00000001") + get("k00000002") + get("k00000003"))
+        f = s.makefile("rb")
+        assert [read_response(f) for _ in range(3)] == [
+            (200, b"v1-0"),
+            (200, b"v2-0"),
+            (200, b"v3-0"),
+        ]
+    # A 3 MiB value to a client that reads nothing for a second: the socket takes part of
+    # it, the transport keeps the rest and sends it as the client reads.
+    with replica.connect() as s:
+        s.sendall(get("big"))
+        time.sleep(1.0)
+        f = s.makefile("rb")
+        assert read_response(f) == (200, BIG)
+        s.sendall(get("k00000004"))  # and the connection goes on
+        assert read_response(f) == (200, b"v4-0")
+
+
+def _counted(text: str, reason: str) -> float:
+    for line in text.splitlines():
+        if line.startswith(f'mercury_tls_handshake_failed_total{{reason="{reason}"}}'):
+            return float(line.split()[-1])
+    return 0.0
+
+
+def test_stalled_plaintext_and_garbage_clients_are_dropped_while_others_are_served(
+    replica: Replica,
+) -> None:
+    addr = ("127.0.0.1", replica.port)
+    silent = socket.create_connection(addr, 5)
+    partial = socket.create_connection(addr, 5)
+    partial.sendall(b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03")  # a ClientHello's start
+    plain = socket.create_connection(addr, 5)
+    plain.sendall(b"GET /v1/kv/k00000001 HTTP/1.1\r\nHost: r\r\n\r\n")
+    garbage = socket.create_connection(addr, 5)
+    garbage.sendall(os.urandom(4096))
+    t0 = time.monotonic()
+    with https(replica.files) as c:
+        for _ in range(20):  # served meanwhile
+            got = c.get(f"https://127.0.0.1:{replica.port}/v1/kv/k00000009")
+            assert got.status_code == 200 and got.content == b"v9-0"
+    # Plaintext and garbage are dropped at once; the two stalled ones by the handshake
+    # timeout (10 s). None of them ever gets a byte of HTTP.
+    for s in (plain, garbage, silent, partial):
+        s.settimeout(30)
+        try:
+            rest = s.recv(4096)
+        except ConnectionResetError:
+            rest = b""
+        assert b"HTTP/" not in rest
+        s.close()
+    assert time.monotonic() - t0 < 40
+    with https(replica.files) as c:
+        metrics = c.get(f"https://127.0.0.1:{replica.port}/metrics").text
+        assert _counted(metrics, "timeout") == 2
+        assert _counted(metrics, "plaintext") >= 1
+        assert c.get(f"https://127.0.0.1:{replica.port}/healthz").status_code == 200
+    # Plain HTTP on the HTTPS port gets no HTTP answer.
+    with pytest.raises(httpx.HTTPError):
+        httpx.get(f"http://127.0.0.1:{replica.port}/healthz", timeout=3)
+    assert replica.proc.poll() is None
+
+
+def test_sighup_rotates_the_https_certificate_for_new_connections(
+    replica: Replica,
+    pki: Pki,  # noqa: F811
+) -> None:
+    files = replica.files
+    before = peer_cert(replica.port, files.ca)
+    assert before == _der(files.cert)
+    with replica.connect() as old:
+        old.sendall(get("k00000005"))
+        f = old.makefile("rb")
+        assert read_response(f) == (200, b"v5-0")
+        new = pki.issue("replica-next")
+        os.replace(new.cert, files.cert)
+        os.replace(new.key, files.key)
+        os.kill(replica.proc.pid, signal.SIGHUP)
+        wait_for(lambda: peer_cert(replica.port, files.ca) != before, 20, "new certificate")
+        assert peer_cert(replica.port, files.ca) == _der(files.cert)
+        # The connection opened before keeps reading with its session.
+        old.sendall(get("k00000006"))
+        assert read_response(f) == (200, b"v6-0")
+    with https(files) as c:
+        assert c.get(f"https://127.0.0.1:{replica.port}/v1/kv/k00000007").content == b"v7-0"
+    assert replica.proc.poll() is None
