@@ -197,7 +197,17 @@ class TlsTransport(asyncio.Transport):
         if self._closing or not data:
             return
         if not self._out:
-            data = self._send_now(memoryview(data))
+            if len(data) <= SEND_BYTES:  # a reply: one call, written whole or not at all
+                try:
+                    self._sock.send(data)
+                    return
+                except (ssl.SSLWantWriteError, ssl.SSLWantReadError):
+                    pass  # kept below, offered again unchanged when writable
+                except (OSError, ssl.SSLError) as err:
+                    self._fatal(err)
+                    return
+            else:
+                data = self._send_now(memoryview(data))
             if not data:
                 return
             self._out.append(bytes(data))
