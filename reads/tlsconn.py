@@ -66,6 +66,8 @@ RECVS_PER_TURN = 16
 SEND_BYTES = 256 << 10
 #: Default write buffer marks (asyncio's defaults).
 HIGH_WATER = 64 << 10
+#: Pause of the accepts after an accept failed for want of descriptors (as asyncio's).
+ACCEPT_RETRY_S = 1.0
 #: Connections accepted per readiness of the listening socket before others get the loop.
 ACCEPTS_PER_TURN = 64
 #: The peer went away: a plain end of the connection, not an error worth a traceback.
@@ -430,12 +432,14 @@ class _Handshake:
     def _timeout(self) -> None:
         self._fail("timeout", None)
 
-    def _fail(self, reason: str, err: BaseException | None) -> None:
+    def _fail(self, reason: str | None, err: BaseException | None) -> None:
+        """Close the connection; `reason` None: the server is closing (not counted)."""
         self._unwait()
         self.timer.cancel()
         self.server.handshaking.discard(self)
-        HANDSHAKE_FAILED.labels(reason).inc()
-        log.debug("TLS handshake dropped (%s): %r", reason, err)
+        if reason is not None:
+            HANDSHAKE_FAILED.labels(reason).inc()
+            log.debug("TLS handshake dropped (%s): %r", reason, err)
         with contextlib.suppress(OSError):
             self.sock.close()
 
@@ -480,9 +484,13 @@ class TlsServer:
             except (BlockingIOError, InterruptedError):
                 return
             except OSError as err:
-                # EMFILE and the like: keep listening; the next readiness retries.
-                if err.errno not in (errno.ECONNABORTED, errno.EPROTO):
-                    log.warning("TLS listener: accept failed: %s", err)
+                if err.errno in (errno.ECONNABORTED, errno.EPROTO):
+                    continue  # that client left before its accept
+                # Out of descriptors and the like: the pending connection keeps the socket
+                # readable, so stop watching it for a while instead of spinning on it.
+                log.warning("TLS listener: accept failed, retrying in %gs: %s", ACCEPT_RETRY_S, err)
+                self.loop.remove_reader(self.sock.fileno())
+                self.loop.call_later(ACCEPT_RETRY_S, self._watch)
                 return
             try:
                 raw.setblocking(False)
@@ -496,6 +504,10 @@ class TlsServer:
             self.handshaking.add(h)
             h.step()
 
+    def _watch(self) -> None:
+        if not self.closed:
+            self.loop.add_reader(self.sock.fileno(), self._accept)
+
     def close(self) -> None:
         """Stop accepting (open connections stay until their protocols close them)."""
         if self.closed:
@@ -503,7 +515,7 @@ class TlsServer:
         self.closed = True
         self.loop.remove_reader(self.sock.fileno())
         for h in list(self.handshaking):
-            h._fail("closed", None)
+            h._fail(None, None)
         if not self._done.done():
             self._done.set_result(None)
 
