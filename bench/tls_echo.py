@@ -2,10 +2,13 @@
 
 One pinned client (CPU 0, a blocking socket, TLS through Python's `ssl`) sends a 40-byte
 request and reads a 140-byte reply, `--requests` times, from a server pinned to CPU 1:
-uvloop's transport (what Mercury's read servers run on) and a blocking `ssl` socket, each
-in plaintext and over TLS 1.3 with a per-run CA (`trustme`), interleaved over `--rounds`.
-P50 of the round trip per server and mode, and the TLS/plaintext ratios: the floor that
-`bench/tls.py`'s point-read ratio sits on.
+uvloop's transport with its memory-BIO TLS layer (what the root's HTTPS and the
+replication links run on), `reads/tlsconn.py`'s readiness-driven TLS transport on uvloop
+(a replica's HTTPS; its plaintext row is uvloop's plain transport again) and a blocking
+`ssl` socket (the floor: OpenSSL's own per-call cost), each in plaintext and over TLS 1.3
+with a per-run CA (`trustme`), interleaved over `--rounds`. P50 of the round trip per
+server and mode, and the TLS/plaintext ratios: what `bench/tls.py`'s point-read ratio
+sits on.
 
 Usage: .venv/bin/python bench/tls_echo.py [--requests N] [--rounds N]
 """
