@@ -1,8 +1,9 @@
 """A replica's HTTPS reads on the readiness-driven TLS transport (`reads/tlsconn.py`), with
 real processes, sockets and a CA made per test run: keep-alive and pipelined point gets,
-a multi-megabyte value to a client that reads it late, clients that stall in the handshake
-or speak plaintext or garbage dropped (and counted) while others are served, and SIGHUP
-rotating the certificate of new connections while an open one keeps reading."""
+a request body of many TLS records, a multi-megabyte value to a client that reads it late,
+clients that stall in the handshake or speak plaintext or garbage dropped (and counted)
+while others are served, and SIGHUP rotating the certificate of new connections while an
+open one keeps reading."""
 
 from __future__ import annotations
 
@@ -105,6 +106,14 @@ def test_https_point_gets_keep_alive_pipelined_and_large(replica: Replica) -> No
         assert conn.sock is first
     finally:
         conn.close()
+    # A request body of many TLS records (a large get_bulk): read on until it is whole.
+    keys = [f"k{i % 100:08d}" for i in range(5000)] + [f"absent-{i:06d}" for i in range(3000)]
+    with https(replica.files) as c:
+        got = c.post(f"https://127.0.0.1:{replica.port}/v1/get_bulk", json={"keys": keys})
+        assert got.status_code == 200
+        values = got.json()["values"]
+        assert values["k00000042"] == "v42-0" and values["absent-000007"] is None
+        assert len(values) == 100 + 3000
     # Pipelined: three requests in one write, three answers in order.
     with replica.connect() as s:
         s.sendall(get("k00000001") + get("k00000002") + get("k00000003"))
