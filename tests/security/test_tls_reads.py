@@ -114,6 +114,15 @@ def test_https_point_gets_keep_alive_pipelined_and_large(replica: Replica) -> No
         values = got.json()["values"]
         assert values["k00000042"] == "v42-0" and values["absent-000007"] is None
         assert len(values) == 100 + 3000
+        # A streamed reply (NDJSON range, chunked, written as the ASGI app produces it).
+        with c.stream(
+            "GET",
+            f"https://127.0.0.1:{replica.port}/v1/range?prefix=k",
+            headers={"Accept": "application/x-ndjson"},
+        ) as r:
+            assert r.status_code == 200
+            lines = [ln for ln in r.iter_lines() if ln]
+        assert len(lines) == 100 and '"k00000099"' in lines[-1]
     # Pipelined: three requests in one write, three answers in order.
     with replica.connect() as s:
         s.sendall(get("k00000001") + get("k00000002") + get("k00000003"))
