@@ -10,7 +10,9 @@ Real etcd, real `mercury root --ha-etcd` candidates, real sockets; one JSON obje
 - ``ack``: single-key PUTs on a fixed schedule of `--rate`/s (latency from the scheduled
   send time) against a leader with one synchronous standby and against a leader whose
   standby is not waited for (`--sync-standbys 0`), both clusters running at once and the
-  phases interleaved (goal: P99 at most +10 ms).
+  phases interleaved (goal: P99 at most +10 ms). Each phase also gives, from the leader's
+  /metrics, P50/P99 (histogram bucket bounds) of request-received-to-answer, of the commit
+  and of commit-to-answer (the wait for the standby's confirmation): where the time goes.
 - ``bulk``: pairs/s through ``POST /v1/batch`` (1,000 pairs per request, `--bulk-conns`
   connections, default 16) against the same two clusters, interleaved (goal: at least
   0.8x). On one machine the asynchronous standby shares the CPUs and defers its applies
@@ -36,6 +38,9 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
 
 from bench.gateway_write import closed_loop, open_loop, req
 from tests.ha.cluster import Cluster, Writers, lost_writes
@@ -84,6 +89,50 @@ def failover(base: Path, procs: Procs, etcd: Etcd, rounds: int, ttl: int) -> dic
         "goal_s": ttl + 2,
         "acknowledged_writes": len(writers.acked),
         "acknowledged_writes_lost": lost,
+    }
+
+
+#: Histograms each leader exports that split a write's latency (seconds): request received
+#: to answer, the commit (LMDB + fsync), and commit to answer (the standbys' confirmation)
+SPLIT = {
+    "server_ack": "mercury_write_ack_seconds",
+    "commit": "mercury_batch_commit_seconds",
+    "gate_wait": "mercury_batch_ack_wait_seconds",
+}
+
+
+def histograms(url: str) -> dict[str, dict[float, float]]:
+    """Cumulative bucket counts (upper bound -> count) of each `SPLIT` histogram, summed
+    over labels, from the leader's /metrics."""
+    text = httpx.get(url + "/metrics", timeout=10).text
+    out: dict[str, dict[float, float]] = {k: {} for k in SPLIT}
+    names = {v + "_bucket": k for k, v in SPLIT.items()}
+    for fam in text_string_to_metric_families(text):
+        for sample in fam.samples:
+            k = names.get(sample.name)
+            if k is not None:
+                le = float(sample.labels["le"])
+                out[k][le] = out[k].get(le, 0.0) + sample.value
+    return out
+
+
+def bucket_pctl(before: dict[float, float], after: dict[float, float], p: float) -> float | None:
+    """The bucket bound (ms) holding the `p` quantile of what was observed in between."""
+    bounds = sorted(after)
+    counts = [after[b] - before.get(b, 0.0) for b in bounds]
+    if not counts or counts[-1] <= 0:
+        return None
+    for b, c in zip(bounds, counts, strict=True):
+        if c >= p * counts[-1]:
+            return round(b * 1000, 2)
+    return None
+
+
+def split(before: dict[str, dict[float, float]], after: dict[str, dict[float, float]]) -> Any:
+    """P50/P99 (bucket bounds, ms) of each `SPLIT` histogram over one phase."""
+    return {
+        k: [bucket_pctl(before[k], after[k], 0.5), bucket_pctl(before[k], after[k], 0.99)]
+        for k in SPLIT
     }
 
 
@@ -138,7 +187,9 @@ def ack_and_bulk(
                     return req("PUT", f"/v1/kv/k/{tag}/{i}", value, tokens[k])
 
                 secs = seconds if rep >= 0 else min(seconds, 2.0)
+                before = histograms(leaders[k])
                 r = asyncio.run(open_loop(leaders[k], rate, secs, put, ack_conns))
+                r["server_p50_p99_ms"] = split(before, histograms(leaders[k]))
                 if rep >= 0:
                     runs[k].append(r)
                     loads.append(round(os.getloadavg()[0], 2))
@@ -158,6 +209,7 @@ def ack_and_bulk(
                 for a, b in zip(runs["sync1"], runs["sync0"], strict=True)
             ],
             "goal_delta_ms": 10,
+            "server_p50_p99_ms": {k: [r["server_p50_p99_ms"] for r in v] for k, v in runs.items()},
         }
     if "bulk" in only:
         bruns: dict[str, list[float]] = {k: [] for k in clusters}

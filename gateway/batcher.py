@@ -470,6 +470,7 @@ class Batcher:
             if verdict is False:
                 break
             q.popleft()
+            metrics.BATCH_ACK_WAIT.observe(now - head.at)
             if verdict is True:
                 _answer(head.requests, head.results)
             else:  # committed, not acknowledged: the gate's error says so

@@ -59,6 +59,15 @@ WRITE_ACK = Histogram(
     ("producer",),
     buckets=_LAT,
 )
+BATCH_ACK_WAIT = Histogram(
+    "mercury_batch_ack_wait_seconds",
+    "From a batch's commit to its writers' answers, with an acknowledgement gate (HA: the "
+    "standbys' confirmation); not observed without one",
+    buckets=(
+        *(0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.05),
+        *(0.1, 0.25, 0.5, 1.0, 2.5, 5.0),
+    ),
+)
 QUOTA_DELAY = Histogram(
     "mercury_quota_delay_seconds",
     "Time a request was held by its quota",
