@@ -155,7 +155,12 @@ class TlsTransport(asyncio.Transport):
             if not data:
                 self._eof()
                 return
-            self._protocol.data_received(data)
+            try:
+                self._protocol.data_received(data)
+            except Exception:  # a protocol bug costs this connection, never the listener
+                log.exception("TLS connection: data_received failed; closing")
+                self.abort()
+                return
             # A short record with nothing left inside OpenSSL: most likely the whole
             # request. Asking again would cost a failed read and an exception (as much as
             # the read); if more is in the socket, the fd is still readable and this runs
@@ -406,10 +411,19 @@ class _Handshake:
             "cipher": self.sock.cipher(),
             "compression": None,
         }
-        protocol = self.server.protocol_factory()
-        t = TlsTransport(loop, self.sock, protocol, extra, self.server.transports.discard)
+        try:
+            protocol = self.server.protocol_factory()
+            t = TlsTransport(loop, self.sock, protocol, extra, self.server.transports.discard)
+        except Exception:
+            log.exception("TLS listener: no protocol for a connection; closing it")
+            self.sock.close()
+            return
         self.server.transports.add(t)
-        t.start()
+        try:
+            t.start()
+        except Exception:
+            log.exception("TLS connection: connection_made failed; closing")
+            t.abort()
 
     def _wait(self, what: str) -> None:
         if self.waiting == what:

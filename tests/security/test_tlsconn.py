@@ -281,3 +281,22 @@ def test_abort_and_peer_reset_end_the_connection(
 
 async def _abort(conn: Conn) -> None:
     conn.transport.abort()
+
+
+def test_a_protocol_that_raises_costs_its_connection_only(
+    server_ctx: ssl.SSLContext, client_ctx: ssl.SSLContext
+) -> None:
+    def picky(conn: Conn, data: bytes) -> None:
+        if data.startswith(b"boom"):
+            raise RuntimeError("a protocol bug")
+        conn.transport.write(data)
+
+    with serving(server_ctx, picky) as srv:
+        with connect(srv.port, client_ctx) as bad:
+            bad.sendall(b"boom")
+            with contextlib.suppress(ConnectionResetError, ssl.SSLError):
+                assert bad.recv(10) == b""
+        with connect(srv.port, client_ctx) as good:
+            good.sendall(b"fine")
+            assert recv_exact(good, 4) == b"fine"
+        assert srv.conns[0].lost and srv.conns[0].transport.is_closing()
