@@ -2,14 +2,15 @@
 real processes, sockets and a CA made per test run: keep-alive and pipelined point gets,
 a request body of many TLS records, a multi-megabyte value to a client that reads it late,
 clients that stall in the handshake or speak plaintext or garbage dropped (and counted)
-while others are served, and SIGHUP rotating the certificate of new connections while an
-open one keeps reading."""
+while others are served, SIGHUP rotating the certificate of new connections while an
+open one keeps reading, and the same on every reader process of `--read-workers`."""
 
 from __future__ import annotations
 
 import http.client
 import io
 import os
+import re
 import signal
 import socket
 import ssl
@@ -23,6 +24,7 @@ import pytest
 
 from core.tlsconf import TlsContexts, TlsFiles
 from store.ops import SET, Op
+from tests.reads.test_read_workers import _readers
 from tests.replicator.harness import RootNode, wait_for
 from tests.security.test_tls import (
     Pki,
@@ -31,9 +33,10 @@ from tests.security.test_tls import (
     peer_cert,
     pki,  # noqa: F401 - the fixture
     start_tls_replica,
+    tls_flags,
     wait_https,
 )
-from tests.support.procs import Procs
+from tests.support.procs import Procs, free_port
 
 BIG = bytes(range(256)) * (12 << 10)  # 3 MiB
 
@@ -211,3 +214,64 @@ def test_sighup_rotates_the_https_certificate_for_new_connections(
     with https(files) as c:
         assert c.get(f"https://127.0.0.1:{replica.port}/v1/kv/k00000007").content == b"v7-0"
     assert replica.proc.poll() is None
+
+
+def test_every_reader_serves_https_and_takes_the_rotation(
+    tmp_path: Path,
+    procs: Procs,
+    pki: Pki,  # noqa: F811
+) -> None:
+    """`--read-workers 2`: the reader processes share the port, each on its own TLS
+    listener; after SIGHUP to the replica, every new connection, whichever reader takes
+    it, gets the new certificate."""
+    root = RootNode(str(tmp_path / "root"), tls=TlsContexts(pki.issue("root")))
+    try:
+        root.write(10)
+        files = pki.issue("replica")
+        port = free_port()
+        p = procs.start_mercury(
+            "replica", str(tmp_path / "r"), "--listen", f"127.0.0.1:{port}",
+            "--source", f"127.0.0.1:{root.port}", "--read-workers", "2", *tls_flags(files),
+            name="r",
+        )  # fmt: skip
+        wait_https(f"https://127.0.0.1:{port}/healthz", files, p)
+        with https(files) as c:
+            wait_for(
+                lambda: c.get(f"https://127.0.0.1:{port}/v1/kv/k00000009").status_code == 200,
+                60,
+                "the replica serves",
+            )
+        wait_for(lambda: len(_readers(p.pid)) == 1, 60, "reader 1 started")
+        ctx = ssl.create_default_context(cafile=files.ca)
+        url = f"https://127.0.0.1:{port}"
+
+        def per_worker() -> dict[str, float]:
+            text = httpx.get(f"{url}/metrics", verify=ctx, timeout=10).text
+            pat = r'mercury_read_seconds_count\{op="http_get",worker="(\d+)"\} ([0-9.e+]+)'
+            return {w: float(v) for w, v in re.findall(pat, text)}
+
+        def both_serve(since: dict[str, float]) -> bool:
+            for _ in range(10):  # new connections: the kernel spreads them over the readers
+                got = httpx.get(f"{url}/v1/kv/k00000003", verify=ctx, timeout=10)
+                assert got.content == b"v3-0"
+            counts = per_worker()
+            return all(counts.get(w, 0) > since.get(w, 0) for w in ("0", "1"))
+
+        wait_for(lambda: both_serve({}), 60, "both readers served HTTPS")
+        served = per_worker()
+        before = _der(files.cert)
+        new = pki.issue("replica-next")
+        os.replace(new.cert, files.cert)
+        os.replace(new.key, files.key)
+        os.kill(p.pid, signal.SIGHUP)
+        after = _der(files.cert)
+        assert after != before
+
+        def rotated() -> bool:
+            return all(peer_cert(port, files.ca) == after for _ in range(20))
+
+        wait_for(rotated, 30, "every reader presents the new certificate")
+        wait_for(lambda: both_serve(served), 60, "both readers serve after the rotation")
+        assert p.poll() is None
+    finally:
+        root.close()
