@@ -21,7 +21,10 @@ Each run measures:
    the key is there: P50/P99 milliseconds from the PUT's acknowledgement;
 6. point reads: K GETs of one key on the replica over one keep-alive connection
    (`http.client`, a light client, so the server's share shows): P50/P99 microseconds,
-   and the replica's CPU microseconds per read.
+   and the replica's CPU microseconds per read. Over TLS, the same reads also go to a
+   second replica whose HTTPS runs on the event loop's own (memory-BIO) TLS layer instead
+   of `reads/tlsconn.py` (`MERCURY_HTTPS_LOOP_TLS=1`), in alternating order by round:
+   the `*_loop_tls` figures, the A/B of the transport.
 
 Ratios are TLS over plaintext of the same round (for latencies: TLS / plaintext, lower is
 better), with their spread across rounds. Bounded: N entries, R rounds, W writes, K reads.
@@ -63,6 +66,8 @@ from store.ops import SET, Op
 from store.store import Store
 from tests.support.procs import Procs, free_port, run_mercury
 
+#: The key every point read asks for (and a replica's readiness check).
+READ_PATH = "/v1/kv/k000000001"
 MODES = ("plaintext", "mutual_tls")
 
 
@@ -162,6 +167,7 @@ class Tree:
         self.url = f"{self.scheme}://127.0.0.1:{self.http}"
         self._wait(f"{self.url}/healthz", self.root)
         self.replica: Any = None
+        self.loop_replica: Any = None
 
     def _tls(self, node: str) -> list[str]:
         if not self.tls:
@@ -286,38 +292,68 @@ class Tree:
                 out.append((time.perf_counter() - t0) * 1e3)
         return out
 
-    def point_reads(self, reads: int) -> tuple[list[float], float]:
+    def start_loop_tls_replica(self) -> tuple[Any, int]:
+        """A second replica of the root whose HTTPS runs on the event loop's own TLS layer
+        (`MERCURY_HTTPS_LOOP_TLS=1`) instead of `reads/tlsconn.py`, once it serves: the
+        A/B of the point reads. Stopped with the tree."""
+        rdir = self.d / f"replica-{self.mode}-loop"
+        shutil.rmtree(rdir, ignore_errors=True)
+        port = free_port()
+        os.environ["MERCURY_HTTPS_LOOP_TLS"] = "1"
+        try:
+            self.loop_replica = self.procs.start_mercury(
+                "replica", str(rdir), "--source", f"127.0.0.1:{self.repl}",
+                "--listen", f"127.0.0.1:{port}", *self._tls("replica"),
+                name=f"replica-{self.mode}-loop",
+            )  # fmt: skip
+        finally:
+            del os.environ["MERCURY_HTTPS_LOOP_TLS"]
+        self._wait(f"{self.scheme}://127.0.0.1:{port}{READ_PATH}", self.loop_replica, 600)
+        # Caught up, so that no applying runs beside its reads.
+        head = self.head()
+        deadline = time.monotonic() + 600
+        with httpx.Client(verify=self.verify, timeout=5) as c:
+            while int(c.get(f"{self.scheme}://127.0.0.1:{port}/v1/status").json()["seq"]) < head:
+                if time.monotonic() > deadline:
+                    raise TimeoutError("the loop-TLS replica did not catch up")
+                time.sleep(0.05)
+        return self.loop_replica, port
+
+    def point_reads(
+        self, reads: int, other: tuple[Any, int] | None = None
+    ) -> tuple[list[float], float]:
         """Microseconds of `reads` GETs over one keep-alive connection (`http.client`: a
         light client, so the server's share of each read shows), and the replica's CPU
-        microseconds per read."""
+        microseconds per read; `other`: (process, port) of another replica to read from."""
+        proc, port = other if other is not None else (self.replica, self.rhttp)
         out = []
         conn: http.client.HTTPConnection
         if isinstance(self.verify, ssl.SSLContext):
-            conn = http.client.HTTPSConnection("127.0.0.1", self.rhttp, context=self.verify)
+            conn = http.client.HTTPSConnection("127.0.0.1", port, context=self.verify)
         else:
-            conn = http.client.HTTPConnection("127.0.0.1", self.rhttp)
+            conn = http.client.HTTPConnection("127.0.0.1", port)
         try:
-            c0 = _cpu(self.replica.pid)
+            c0 = _cpu(proc.pid)
             for _ in range(reads):
                 t0 = time.perf_counter()
-                conn.request("GET", "/v1/kv/k000000001")
+                conn.request("GET", READ_PATH)
                 resp = conn.getresponse()
                 resp.read()
                 out.append((time.perf_counter() - t0) * 1e6)
                 assert resp.status == 200
-            cpu_us = (_cpu(self.replica.pid) - c0) / reads * 1e6
+            cpu_us = (_cpu(proc.pid) - c0) / reads * 1e6
         finally:
             conn.close()
         return out, cpu_us
 
     def stop(self) -> None:
-        for p in (self.replica, self.root):
+        for p in (self.loop_replica, self.replica, self.root):
             if p is not None:
                 self.procs.terminate(p, timeout=60)
 
 
 def one_run(
-    tree: Tree, d: Path, head: int, db_id: bytes, args: argparse.Namespace
+    tree: Tree, d: Path, head: int, db_id: bytes, args: argparse.Namespace, rnd: int
 ) -> dict[str, float]:
     ctx = None
     if tree.tls:
@@ -340,10 +376,17 @@ def one_run(
     prop = tree.propagation(args.writes)
     out["propagation_p50_ms"] = _pct(prop, 0.5)
     out["propagation_p99_ms"] = _pct(prop, 0.99)
-    reads, cpu_us = tree.point_reads(args.reads)
-    out["read_p50_us"] = _pct(reads, 0.5)
-    out["read_p99_us"] = _pct(reads, 0.99)
-    out["read_replica_cpu_us"] = cpu_us
+    loop = tree.start_loop_tls_replica() if tree.tls else None
+    passes: dict[str, tuple[list[float], float]] = {}
+    # Over TLS, the same reads on the loop's TLS layer, in alternating order by round.
+    order = ["", "_loop_tls"] if rnd % 2 == 0 else ["_loop_tls", ""]
+    for suffix in order:
+        if suffix == "" or loop is not None:
+            passes[suffix] = tree.point_reads(args.reads, loop if suffix else None)
+    for suffix, (reads, cpu_us) in passes.items():
+        out[f"read_p50_us{suffix}"] = _pct(reads, 0.5)
+        out[f"read_p99_us{suffix}"] = _pct(reads, 0.99)
+        out[f"read_replica_cpu_us{suffix}"] = cpu_us
     return out
 
 
@@ -387,7 +430,7 @@ def main() -> None:
                 for mode in MODES if rnd % 2 == 0 else MODES[::-1]:
                     tree = Tree(procs, d, mode, root_dir)
                     try:
-                        runs[mode].append(one_run(tree, d, tree.head(), db_id, args))
+                        runs[mode].append(one_run(tree, d, tree.head(), db_id, args, rnd))
                     finally:
                         tree.stop()
                     print(f"round {rnd + 1} {mode}: {json.dumps(runs[mode][-1])}", file=sys.stderr)
@@ -406,6 +449,16 @@ def main() -> None:
             for p, t in zip(runs["plaintext"], runs["mutual_tls"], strict=True)
         ]
         ratios[key] = {
+            "median": round(statistics.median(per), 2),
+            "min": round(min(per), 2),
+            "max": round(max(per), 2),
+        }
+    # The point reads over TLS on the loop's own TLS layer (the A/B of reads/tlsconn.py),
+    # over the same round's plaintext reads.
+    for key in ("read_p50_us", "read_p99_us", "read_replica_cpu_us"):
+        pairs = zip(runs["plaintext"], runs["mutual_tls"], strict=True)
+        per = [t[f"{key}_loop_tls"] / p[key] for p, t in pairs]
+        ratios[f"{key}_loop_tls"] = {
             "median": round(statistics.median(per), 2),
             "min": round(min(per), 2),
             "max": round(max(per), 2),

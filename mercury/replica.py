@@ -155,7 +155,8 @@ class _Server(uvicorn.Server):
         """HTTPS on `reads/tlsconn.py`'s transport (TLS on the socket, driven by readiness)
         instead of the loop's memory-BIO TLS layer: half its cost per keep-alive request."""
         ctx = self.config.ssl
-        if ctx is None or not sockets:
+        if ctx is None or not sockets or os.environ.get("MERCURY_HTTPS_LOOP_TLS") == "1":
+            # (the environment variable: the loop's own TLS layer, for bench/tls.py's A/B)
             return await super().startup(sockets)
         from reads.tlsconn import HANDSHAKE_TIMEOUT_S, TlsServer
 
