@@ -339,10 +339,16 @@ async def closed_loop(
 
 
 async def open_loop(
-    url: str, rate: float, seconds: float, make: Callable[[int], bytes], conns: int
+    url: str,
+    rate: float,
+    seconds: float,
+    make: Callable[[int], bytes],
+    conns: int,
+    keep: list[float] | None = None,
 ) -> dict[str, Any]:
     """Requests sent on a fixed schedule (`rate`/s) over a pool of connections; latency is
-    measured from the scheduled send time (no coordinated omission)."""
+    measured from the scheduled send time (no coordinated omission). `keep` gets every
+    latency (seconds), for percentiles pooled over several calls."""
     port = int(url.rsplit(":", 1)[1])
     pool: asyncio.Queue[Conn] = asyncio.Queue()
     for _ in range(conns):
@@ -369,6 +375,8 @@ async def open_loop(
     await asyncio.gather(*tasks)
     while not pool.empty():
         pool.get_nowait().transport.close()
+    if keep is not None:
+        keep.extend(lat)
     return {"requests": total, "rate": rate, "statuses": statuses, **pct(lat)}
 
 
