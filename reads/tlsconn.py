@@ -3,18 +3,20 @@
 uvloop's (and asyncio's) TLS layer puts OpenSSL on two memory buffers between the socket
 and the protocol: every received chunk is copied into one, decrypted out of it into
 another object, every reply is encrypted into a buffer and copied out to the socket, and
-each step runs through the layer's own state machine. For a small keep-alive request
-that layer, not the encryption, is most of what TLS costs (`bench/tls_echo.py`).
+each step runs through the layer's own state machine. For a small keep-alive echo that
+layer costs more than the encryption (`bench/tls_echo.py`); on a replica's point reads
+this transport saves less (`bench/tls.py`'s `*_loop_tls` A/B, `docs/security.md`).
 
 Here the accepted socket is wrapped by `SSLContext.wrap_socket` (non-blocking, OpenSSL
 reads and writes the fd itself) and driven by the event loop's readiness callbacks:
 
 - handshake: `do_handshake` until it no longer wants to read or write, within
   `handshake_timeout` (a client stalling mid-handshake, or never starting, is dropped);
-- reads: on readability, `recv` until OpenSSL wants more bytes from the socket. TLS
-  decrypts whole records, so the plaintext of a record can sit inside OpenSSL while the
-  fd shows nothing to read: while reading is paused those bytes wait there, and resuming
-  reads them at once rather than waiting for the fd;
+- reads: on readability, `recv` a record at a time; after a short record with nothing
+  pending inside OpenSSL, wait for readiness again rather than pay a failed read (OpenSSL
+  reads no further ahead than the record it decrypts, so unread bytes keep the fd
+  readable). Plaintext already inside OpenSSL never makes the fd readable: resuming
+  paused reading reads at once rather than waiting for the fd;
 - writes: `send` right away; what the socket does not take is kept (in order) and sent
   when the fd is writable. OpenSSL must be called again with the very bytes of a write
   it could not finish, so the kept head is retried unchanged. The protocol's
