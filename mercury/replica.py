@@ -158,7 +158,7 @@ class _Server(uvicorn.Server):
         if ctx is None or not sockets or os.environ.get("MERCURY_HTTPS_LOOP_TLS") == "1":
             # (the environment variable: the loop's own TLS layer, for bench/tls.py's A/B)
             return await super().startup(sockets)
-        from reads.tlsconn import HANDSHAKE_TIMEOUT_S, TlsServer
+        from reads.tlsconn import HANDSHAKE_TIMEOUT_S, MAX_HANDSHAKES, TlsServer
 
         await self.lifespan.startup()  # (lifespan="off": nothing, kept for uvicorn's order)
         config, loop = self.config, asyncio.get_running_loop()
@@ -168,7 +168,13 @@ class _Server(uvicorn.Server):
                 config=config, server_state=self.server_state, app_state=self.lifespan.state
             )
 
-        servers = [TlsServer(loop, create_protocol, s, ctx, HANDSHAKE_TIMEOUT_S) for s in sockets]
+        # As many handshakes in progress as the listener takes connections (`--http-max-
+        # connections`): a flood of peers that never finish theirs evicts its own oldest.
+        limits = getattr(config.http_protocol_class, "limits", None)
+        cap = limits.max_connections if limits is not None else MAX_HANDSHAKES
+        servers = [
+            TlsServer(loop, create_protocol, s, ctx, HANDSHAKE_TIMEOUT_S, cap) for s in sockets
+        ]
         self.servers = servers  # type: ignore[assignment]
         self.started = True
 

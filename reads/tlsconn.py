@@ -51,7 +51,8 @@ log = logging.getLogger(__name__)
 HANDSHAKE_FAILED = Counter(
     "mercury_tls_handshake_failed_total",
     "TLS connections of a read listener dropped before their handshake completed, by reason "
-    "(timeout; plaintext: the peer did not speak TLS; failed: any other TLS error; reset)",
+    "(timeout; plaintext: the peer did not speak TLS; failed: any other TLS error; reset; "
+    "evicted: the oldest handshake, for a new connection past the cap)",
     ("reason",),
 )
 
@@ -70,6 +71,9 @@ SEND_BYTES = 256 << 10
 HIGH_WATER = 64 << 10
 #: Pause of the accepts after an accept failed for want of descriptors (as asyncio's).
 ACCEPT_RETRY_S = 1.0
+#: Handshakes in progress at most per listening socket; a new connection past it evicts
+#: the oldest (`TlsServer`).
+MAX_HANDSHAKES = 1000
 #: Connections accepted per readiness of the listening socket before others get the loop.
 ACCEPTS_PER_TURN = 64
 #: The peer went away: a plain end of the connection, not an error worth a traceback.
@@ -394,7 +398,7 @@ class _Handshake:
             return
         self._unwait()
         self.timer.cancel()
-        self.server.handshaking.discard(self)
+        self.server.handshaking.pop(self, None)
         if self.server.closed:
             self.sock.close()
             return
@@ -452,7 +456,7 @@ class _Handshake:
         """Close the connection; `reason` None: the server is closing (not counted)."""
         self._unwait()
         self.timer.cancel()
-        self.server.handshaking.discard(self)
+        self.server.handshaking.pop(self, None)
         if reason is not None:
             HANDSHAKE_FAILED.labels(reason).inc()
             log.debug("TLS handshake dropped (%s): %r", reason, err)
@@ -473,13 +477,16 @@ class TlsServer:
         sock: socket.socket,
         context: ssl.SSLContext,
         handshake_timeout: float,
+        max_handshakes: int = MAX_HANDSHAKES,
     ) -> None:
         self.loop = loop
         self.protocol_factory = protocol_factory
         self.sock = sock
         self.context = context
         self.handshake_timeout = handshake_timeout
-        self.handshaking: set[_Handshake] = set()
+        #: connections in their handshake, oldest first (a dict keeps insertion order)
+        self.handshaking: dict[_Handshake, None] = {}
+        self.max_handshakes = max_handshakes
         self.transports: set[TlsTransport] = set()
         self.closed = False
         self._done: asyncio.Future[None] = loop.create_future()
@@ -516,8 +523,13 @@ class TlsServer:
                 log.debug("TLS listener: wrap failed: %r", err)
                 raw.close()
                 continue
+            if len(self.handshaking) >= self.max_handshakes:
+                # Full of peers that connected and did not finish (a handshake flood holds
+                # a descriptor and OpenSSL's state each): the one waiting longest goes, so
+                # a flood cannot lock newcomers out for the whole handshake timeout.
+                next(iter(self.handshaking))._fail("evicted", None)
             h = _Handshake(self, tls)
-            self.handshaking.add(h)
+            self.handshaking[h] = None
             h.step()
 
     def _watch(self) -> None:

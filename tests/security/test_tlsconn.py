@@ -60,7 +60,13 @@ def echo(conn: Conn, data: bytes) -> None:
 class Server:
     """A `TlsServer` on a uvloop loop in a thread."""
 
-    def __init__(self, ctx: ssl.SSLContext, handler: Handler, handshake_timeout: float = 5.0):
+    def __init__(
+        self,
+        ctx: ssl.SSLContext,
+        handler: Handler,
+        handshake_timeout: float = 5.0,
+        max_handshakes: int = 1000,
+    ):
         self.ctx = ctx
         self.handler = handler
         self.conns: list[Conn] = []
@@ -74,7 +80,12 @@ class Server:
 
         async def start() -> TlsServer:
             return TlsServer(
-                asyncio.get_running_loop(), lambda: Conn(self), self.sock, ctx, handshake_timeout
+                asyncio.get_running_loop(),
+                lambda: Conn(self),
+                self.sock,
+                ctx,
+                handshake_timeout,
+                max_handshakes,
             )
 
         self.tls: TlsServer = self.call(start())
@@ -239,6 +250,45 @@ def test_stalled_and_plaintext_clients_are_dropped_while_others_are_served(
         assert len(srv.conns) == 2  # only the real clients reached a protocol
     assert HANDSHAKE_FAILED.labels("timeout")._value.get() - before["timeout"] == 2
     assert HANDSHAKE_FAILED.labels("plaintext")._value.get() - before["plaintext"] >= 1
+
+
+def test_a_flood_of_unfinished_handshakes_evicts_its_oldest_and_newcomers_are_served(
+    server_ctx: ssl.SSLContext, client_ctx: ssl.SSLContext
+) -> None:
+    before = HANDSHAKE_FAILED.labels("evicted")._value.get()
+    # A timeout far beyond the test: only the cap can free the flood's descriptors.
+    with serving(server_ctx, echo, handshake_timeout=300, max_handshakes=3) as srv:
+        flood = [_stall(srv.port) for _ in range(3)]
+        # A real client's connection evicts the oldest unfinished one, and is served.
+        with connect(srv.port, client_ctx) as c:
+            c.sendall(b"first")
+            assert recv_exact(c, 5) == b"first"
+        _closed_by_server(flood[0])
+        flood.append(_stall(srv.port))  # the flood fills the cap again
+        with connect(srv.port, client_ctx) as c:
+            c.sendall(b"again")
+            assert recv_exact(c, 5) == b"again"
+        _closed_by_server(flood[1])
+        assert srv.call(_count(srv.tls)) <= 3
+        for s in flood:
+            s.close()
+    assert HANDSHAKE_FAILED.labels("evicted")._value.get() - before == 2
+
+
+async def _count(tls: TlsServer) -> int:
+    return len(tls.handshaking)
+
+
+def _stall(port: int) -> socket.socket:
+    s = socket.create_connection(("127.0.0.1", port), 5)
+    s.sendall(b"\x16\x03\x01")  # a ClientHello's first bytes, then nothing
+    return s
+
+
+def _closed_by_server(s: socket.socket) -> None:
+    s.settimeout(5)
+    with contextlib.suppress(ConnectionResetError):
+        assert s.recv(100) == b""
 
 
 def test_a_context_reloaded_in_place_serves_new_connections(
