@@ -205,7 +205,11 @@ def test_delete_with_purge_removes_its_keys_through_the_log(root: Root) -> None:
     t = threading.Thread(target=writer)
     t.start()
     try:
-        time.sleep(0.3)
+        # Purge once the writer is really writing (a write answered 200), not after a
+        # fixed pause: on a loaded machine its first answer may take longer than any pause.
+        deadline = time.monotonic() + 30
+        while 200 not in statuses and t.is_alive() and time.monotonic() < deadline:
+            time.sleep(0.01)
         r = a.delete(f"/v1/admin/producers/{name}", params={"purge": "true"})
     finally:
         stop.set()
