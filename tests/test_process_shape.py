@@ -120,7 +120,7 @@ def test_root_replica_and_worker_log_json_and_share_the_healthz_shape(
     assert set(root_health) == set(rep_health) == {"status", "role", "seq"}
     assert root_health["status"] == rep_health["status"] == "ok"
     assert (root_health["role"], rep_health["role"]) == ("root", "replica")
-    assert rep_health["seq"] == root_health["seq"] >= 1
+    assert rep_health["seq"] >= root_health["seq"] >= 1  # (the root may log documents since)
 
     assert procs.terminate(replica) == 0
     assert procs.terminate(root) in (0, -15)  # uvicorn re-raises SIGTERM after shutdown
