@@ -50,7 +50,12 @@ def test_sigkill_mid_batch_loses_no_acked_write(root_factory: Any, procs: Procs)
     threads = [threading.Thread(target=writer, args=(w,)) for w in range(8)]
     for t in threads:
         t.start()
-    time.sleep(1.5)
+    # Kill mid-stream once the writers have many answers (a fixed pause may pass before
+    # they have any on a loaded machine), then a little later so writes are in flight.
+    deadline = time.monotonic() + 60
+    while len(acked) <= 50 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.2)
     procs.kill(root.proc)
     stop.set()
     for t in threads:
