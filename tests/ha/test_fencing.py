@@ -32,7 +32,12 @@ def test_leader_cut_from_etcd_stops_acknowledging_within_its_lease(
         n0 = cluster.nodes[0]
         assert cluster.wait_leader() is n0
         with Writers(cluster, 9, pins=cluster.nodes) as writers:
-            time.sleep(1.5)
+            # Cut once the leader acknowledges (a fixed pause may pass before its first
+            # answer on a loaded machine), with writes in flight.
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline and not any(a[3] == n0.name for a in writers.acked):
+                time.sleep(0.05)
+            time.sleep(0.5)
             t_cut = time.monotonic()
             proxy.cut()
             new = cluster.wait_leader(not_=n0)
