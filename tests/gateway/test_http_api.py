@@ -12,6 +12,7 @@ import httpx
 import msgpack
 
 from tests.gateway.conftest import Root, logged_since
+from tests.support.logged import seqs_since
 
 PROBLEM = "application/problem+json"
 
@@ -54,17 +55,7 @@ def test_put_get_delete_answer_with_seq(shared_root: Root) -> None:
 
 def _seq_of(root: Root, after: int, key: bytes) -> int:
     """The seq of the only entry for `key` the root logged after `after`."""
-    from store import codec, replica_apply
-    from store.store import Store
-
-    with Store.open(str(root.data_dir), readonly=True) as store:
-        recs = store.read_log(after + 1, max_records=1000)
-    found = [
-        e.seq
-        for rec in recs
-        for e in codec.unpack_entries(replica_apply.payload(rec), bytes(32))[0]
-        if e.seq > after and bytes(e.key) == key
-    ]
+    found = [seq for seq, _, k in seqs_since(root.data_dir, after) if k == key]
     assert len(found) == 1, found
     return found[0]
 

@@ -11,15 +11,20 @@ def entries_since(data_dir: str | Path, seq: int) -> list[tuple[int, bytes]]:
     """(op, key) of every log entry committed in `data_dir` after `seq`, read from its store.
     A root also logs documents of its own at any time (usage series at a minute's turn, the
     read ledger), so a test counts the entries it caused, not seq deltas."""
+    return [(op, key) for _, op, key in seqs_since(data_dir, seq)]
+
+
+def seqs_since(data_dir: str | Path, seq: int) -> list[tuple[int, int, bytes]]:
+    """(seq, op, key) of every log entry committed in `data_dir` after `seq`."""
     from store import codec, replica_apply
 
-    out: list[tuple[int, bytes]] = []
+    out: list[tuple[int, int, bytes]] = []
     with Store.open(str(data_dir), readonly=True) as store:
         nxt = seq + 1
         while nxt <= store.last_seq():
             recs = store.read_log(nxt, max_records=1000)
             for rec in recs:
                 entries, _ = codec.unpack_entries(replica_apply.payload(rec), bytes(32))
-                out += [(e.op, bytes(e.key)) for e in entries if e.seq > seq]
+                out += [(e.seq, e.op, bytes(e.key)) for e in entries if e.seq > seq]
             nxt = recs[-1].last_seq + 1
     return out
