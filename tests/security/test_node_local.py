@@ -14,17 +14,9 @@ from replicator import frames
 from store import layout
 from store.store import Store
 from tests.support.procs import Procs, free_port, run_mercury, wait_http
+from tests.support.sockets import recv_exact
 
 NODE_MARKER = b"node-marker-7b1e0c"
-
-
-def _recv_exact(s: socket.socket, n: int) -> bytes:
-    buf = bytearray()
-    while len(buf) < n:
-        chunk = s.recv(min(1 << 20, n - len(buf)))
-        assert chunk, f"closed after {len(buf)} of {n} bytes"
-        buf += chunk
-    return bytes(buf)
 
 
 def fetch_raw_snapshot(port: int) -> bytes:
@@ -37,12 +29,12 @@ def fetch_raw_snapshot(port: int) -> bytes:
         s.settimeout(30)
         s.sendall(frames.encode_hello(hello))
         while True:
-            head = _recv_exact(s, frames.HEADER_SIZE)
+            head = recv_exact(s, frames.HEADER_SIZE)
             h = frames.decode_header(head)
-            body = _recv_exact(s, h.length)
+            body = recv_exact(s, h.length)
             if h.type == frames.SNAPSHOT:
                 offer = frames.decode_snapshot(body)
-                return _recv_exact(s, offer.size - offer.offset)
+                return recv_exact(s, offer.size - offer.offset)
             assert h.type in (frames.WELCOME, frames.WAIT), h.type
 
 

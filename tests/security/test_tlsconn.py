@@ -22,6 +22,7 @@ import trustme
 import uvloop
 
 from reads.tlsconn import HANDSHAKE_FAILED, TlsServer
+from tests.support.sockets import recv_exact
 
 Handler = collections.abc.Callable[["Conn", bytes], None]
 
@@ -139,15 +140,6 @@ def connect(port: int, ctx: ssl.SSLContext) -> ssl.SSLSocket:
     raw = socket.create_connection(("127.0.0.1", port), 5)
     raw.settimeout(10)
     return ctx.wrap_socket(raw, server_hostname="127.0.0.1")
-
-
-def recv_exact(s: socket.socket, n: int) -> bytes:
-    out = bytearray()
-    while len(out) < n:
-        chunk = s.recv(min(1 << 20, n - len(out)))
-        assert chunk, f"closed after {len(out)} of {n} bytes"
-        out += chunk
-    return bytes(out)
 
 
 def test_echo_keep_alive_many_round_trips(
