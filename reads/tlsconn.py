@@ -59,8 +59,9 @@ HANDSHAKE_FAILED = Counter(
 #: Longest wait for a connection's handshake to complete, from its accept.
 HANDSHAKE_TIMEOUT_S = 10.0
 #: Bytes asked of OpenSSL per `recv`: one record's plaintext at most (it never returns
-#: more than one record's). Not more: `recv` allocates what it is asked for, and 256 KiB
-#: (a plain socket's read size) cost 20 us a call in allocation alone.
+#: more than one record's). Not more: `recv` allocates a buffer of the size asked for on
+#: every call, so asking for a plain socket's 256 KiB costs an allocation that a small
+#: keep-alive request pays in full.
 RECV_BYTES = 16 << 10
 #: `recv` calls per readiness callback before the other connections get the loop; what is
 #: left in OpenSSL is read on the next loop turn.
