@@ -253,6 +253,11 @@ class TlsTransport(asyncio.Transport):
             self._loop.add_writer(self._fd, self._write_ready)
             self._writing = True
 
+    def _remove_writer(self) -> None:
+        if self._writing:
+            self._loop.remove_writer(self._fd)
+            self._writing = False
+
     def _write_ready(self) -> None:
         while self._out:
             head = self._out[0]
@@ -273,8 +278,7 @@ class TlsTransport(asyncio.Transport):
                 self._out[0] = memoryview(head)[n:]
         self._check_low()
         if not self._out:
-            self._loop.remove_writer(self._fd)
-            self._writing = False
+            self._remove_writer()
             if self._closing:
                 self._finish_close()
 
@@ -351,9 +355,7 @@ class TlsTransport(asyncio.Transport):
             return
         self._closed = True
         self._remove_reader()
-        if self._writing:
-            self._loop.remove_writer(self._fd)
-            self._writing = False
+        self._remove_writer()
         self._out.clear()
         self._out_bytes = 0
         with contextlib.suppress(OSError):
