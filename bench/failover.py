@@ -49,7 +49,7 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from bench.gateway_write import closed_loop, open_loop, pct, req
-from tests.ha.cluster import Cluster, Writers, lost_writes
+from tests.ha.cluster import Cluster, Writers, log_records, lost_writes
 from tests.ha.etcdproc import Etcd
 from tests.support.procs import Procs
 
@@ -81,10 +81,15 @@ def failover(base: Path, procs: Procs, etcd: Etcd, rounds: int, ttl: int) -> dic
             print(f"round {r + 1}: {times[-1]:.2f} s", file=sys.stderr)
     if failure is not None:
         return {"rounds_done": len(times), "failover_s": times, "failure": failure}
-    cluster.wait_converged()
+    head = cluster.wait_converged()
     for node in cluster.nodes:
         cluster.stop(node)
     lost = sum(len(lost_writes(n.data_dir, writers.acked)) for n in cluster.nodes)
+    # One history: every node's retained log, record for record (seq, entries, hash head),
+    # over the seqs all of them still hold.
+    logs = [{s: (n, h) for s, n, h in log_records(node.data_dir)} for node in cluster.nodes]
+    common = set.intersection(*(set(x) for x in logs))
+    differ = sum(1 for s in common if len({x[s] for x in logs}) > 1)
     return {
         "rounds": rounds,
         "lease_ttl_s": ttl,
@@ -95,6 +100,9 @@ def failover(base: Path, procs: Procs, etcd: Etcd, rounds: int, ttl: int) -> dic
         "goal_s": ttl + 2,
         "acknowledged_writes": len(writers.acked),
         "acknowledged_writes_lost": lost,
+        "converged_seq_hash_head": [head[0], head[1]],
+        "log_records_compared": len(common),
+        "log_records_differing": differ,
     }
 
 
