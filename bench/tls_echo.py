@@ -4,11 +4,14 @@ One pinned client (CPU 0, a blocking socket, TLS through Python's `ssl`) sends a
 request and reads a 140-byte reply, `--requests` times, from a server pinned to CPU 1:
 uvloop's transport with its memory-BIO TLS layer (what the root's HTTPS and the
 replication links run on), `reads/tlsconn.py`'s readiness-driven TLS transport on uvloop
-(a replica's HTTPS; its plaintext row is uvloop's plain transport again) and a blocking
-`ssl` socket (the floor: OpenSSL's own per-call cost), each in plaintext and over TLS 1.3
-with a per-run CA (`trustme`), interleaved over `--rounds`. P50 of the round trip per
-server and mode, and the TLS/plaintext ratios: what `bench/tls.py`'s point-read ratio
-sits on.
+(a replica's HTTPS; its plaintext row is uvloop's plain transport again), a blocking `ssl`
+socket (Python's floor) and a blocking C server on the same OpenSSL
+(`bench/tls_echo_server.c`, compiled here with `cc -O2 -lssl -lcrypto`; skipped, and said
+so, when it does not build): OpenSSL's own cost with no Python in the server. Each in
+plaintext and over TLS 1.3 with a per-run CA (`trustme`), interleaved over `--rounds`.
+P50 of the round trip and the server's CPU per request (`/proc`, user + system) per
+server and mode, and the TLS/plaintext ratios of both: what `bench/tls.py`'s point-read
+ratio sits on.
 
 Usage: .venv/bin/python bench/tls_echo.py [--requests N] [--rounds N]
 """
@@ -23,7 +26,11 @@ import os
 import socket
 import ssl
 import statistics
+import subprocess
+import sys
+import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 import trustme
@@ -77,6 +84,54 @@ def _server(kind: str, tls: bool, pem: tuple[bytes, bytes], q: Any) -> None:
     loop.run_forever()
 
 
+KINDS = ("uvloop", "tlsconn", "blocking", "c")
+C_SERVER = Path(__file__).resolve().parent / "tls_echo_server.c"
+
+
+def _build_c(tmp: Path) -> str | None:
+    """Compile the C echo server into `tmp`; None (with the reason on stderr) when it does
+    not build (no compiler or no OpenSSL headers)."""
+    out = tmp / "tls_echo_server"
+    r = subprocess.run(
+        ["cc", "-O2", "-o", str(out), str(C_SERVER), "-lssl", "-lcrypto"],
+        capture_output=True,
+        text=True,
+    )
+    if r.returncode != 0:
+        print(f"C server skipped: {r.stderr.strip()[:300]}", file=sys.stderr)
+        return None
+    return str(out)
+
+
+def _start_c(binary: str, tls: bool, pem_path: str) -> tuple[subprocess.Popen[str], int]:
+    """The C server on a free port, pinned to CPU 1, once it listens."""
+    for _ in range(20):
+        probe = socket.socket()
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+        probe.close()
+        args = [binary, str(port), str(len(RESP)), *([pem_path] if tls else [])]
+        p = subprocess.Popen(
+            args,
+            stdout=subprocess.PIPE,
+            text=True,
+            preexec_fn=lambda: os.sched_setaffinity(0, {1 % (os.cpu_count() or 1)}),
+        )
+        assert p.stdout is not None
+        if p.stdout.readline().strip() == "ready":
+            return p, port
+        p.kill()
+        p.wait()
+    raise RuntimeError("the C echo server did not start")
+
+
+def _cpu_s(pid: int) -> float:
+    """User + system CPU seconds of process `pid`."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def _p50(port: int, cctx: ssl.SSLContext | None, n: int) -> float:
     s = socket.create_connection(("127.0.0.1", port))
     s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -106,23 +161,61 @@ def main() -> None:
     ca.configure_trust(cctx)
     os.sched_setaffinity(0, {0})
     out: dict[str, list[float]] = {}
-    for _ in range(a.rounds):
-        for kind in ("uvloop", "tlsconn", "blocking"):
-            for tls in (False, True):
-                q: Any = mp.Queue()
-                p = mp.Process(target=_server, args=(kind, tls, pem, q))
-                p.start()
-                port = q.get(timeout=30)
-                p50 = _p50(port, cctx if tls else None, a.requests)
-                p.kill()
-                p.join()
-                out.setdefault(f"{kind}_{'tls' if tls else 'plain'}_p50_us", []).append(p50)
+    cpu: dict[str, list[float]] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        binary = _build_c(Path(tmp))
+        pem_path = str(Path(tmp) / "server.pem")
+        Path(pem_path).write_bytes(pem[0] + pem[1])
+        kinds = [k for k in KINDS if k != "c" or binary is not None]
+        for _ in range(a.rounds):
+            for kind in kinds:
+                for tls in (False, True):
+                    mode = f"{kind}_{'tls' if tls else 'plain'}"
+                    if kind == "c":
+                        assert binary is not None
+                        proc, port = _start_c(binary, tls, pem_path)
+                        pid = proc.pid
+                    else:
+                        q: Any = mp.Queue()
+                        mproc = mp.Process(target=_server, args=(kind, tls, pem, q))
+                        mproc.start()
+                        port = q.get(timeout=30)
+                        pid = mproc.pid or 0
+                    c0 = _cpu_s(pid)
+                    p50 = _p50(port, cctx if tls else None, a.requests)
+                    c1 = _cpu_s(pid)
+                    if kind == "c":
+                        proc.wait(timeout=30)  # it exits when the client closes
+                    else:
+                        mproc.kill()
+                        mproc.join()
+                    out.setdefault(f"{mode}_p50_us", []).append(p50)
+                    cpu.setdefault(f"{mode}_server_cpu_us", []).append((c1 - c0) / a.requests * 1e6)
     med = {k: round(statistics.median(v), 1) for k, v in out.items()}
-    ratios = {
-        k: round(med[f"{k}_tls_p50_us"] / med[f"{k}_plain_p50_us"], 2)
-        for k in ("uvloop", "tlsconn", "blocking")
+    cpu_med = {k: round(statistics.median(v), 1) for k, v in cpu.items()}
+    ratios = {k: round(med[f"{k}_tls_p50_us"] / med[f"{k}_plain_p50_us"], 2) for k in kinds}
+    cpu_ratios = {
+        k: round(cpu_med[f"{k}_tls_server_cpu_us"] / cpu_med[f"{k}_plain_server_cpu_us"], 2)
+        for k in kinds
+        if cpu_med[f"{k}_plain_server_cpu_us"] > 0
     }
-    print(json.dumps({"p50_us": med, "rounds": out, "tls_over_plain": ratios}, indent=1))
+    cpu_added = {
+        k: round(cpu_med[f"{k}_tls_server_cpu_us"] - cpu_med[f"{k}_plain_server_cpu_us"], 1)
+        for k in kinds
+    }
+    print(
+        json.dumps(
+            {
+                "p50_us": med,
+                "server_cpu_us_per_request": cpu_med,
+                "rounds": {**out, **{k: [round(x, 1) for x in v] for k, v in cpu.items()}},
+                "tls_over_plain": ratios,
+                "server_cpu_tls_over_plain": cpu_ratios,
+                "server_cpu_us_added_by_tls": cpu_added,
+            },
+            indent=1,
+        )
+    )
 
 
 if __name__ == "__main__":
