@@ -14,6 +14,9 @@ makes a CA and the nodes' certificates (`mercury certs`, under ``var/certs``, th
 in ``var/ca``), serves HTTPS, replicates over mutual TLS, asks every read for a token
 (``--read-auth``), and creates the demo consumer and its read token. Without it, the
 printed examples end with the commands of that secure setup.
+
+``--ha`` (``MERCURY_HA=1 make run``) runs two root candidates on a local etcd instead of
+the one root (`mercury/devrun_ha.py`).
 """
 
 from __future__ import annotations
@@ -58,6 +61,13 @@ def parse_args(argv: Sequence[str] | None, env: Mapping[str, str]) -> argparse.N
         action="store_true",
         default=env.get("MERCURY_SECURE", "") not in ("", "0"),
         help="TLS, mutual-TLS replication and read tokens (env MERCURY_SECURE=1)",
+    )
+    p.add_argument(
+        "--ha",
+        action="store_true",
+        default=env.get("MERCURY_HA", "") not in ("", "0"),
+        help="two root candidates elected through a local etcd (env MERCURY_HA=1; "
+        "mercury/devrun_ha.py)",
     )
     return p.parse_args(argv)
 
@@ -197,6 +207,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv, os.environ)
     ports = Ports(**{f.name: getattr(args, f.name) for f in fields(Ports)})
     var = args.var
+    if args.ha:
+        if args.secure:
+            print(
+                "--ha runs plain HTTP on loopback; `docker compose --profile ha up` runs "
+                "candidates with TLS (docs/ha.md)",
+                file=sys.stderr,
+            )
+            return 2
+        from mercury import devrun_ha  # it imports this module's helpers
+
+        os.chdir(REPO)
+        return devrun_ha.run(ports, var)
     ROOT, REPLICA = local(ports, var, secure=args.secure)
     os.chdir(REPO)
     Path(var).mkdir(parents=True, exist_ok=True)

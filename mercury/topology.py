@@ -54,6 +54,11 @@ class Ports:
     replica_repl: int = 7071
     replica_kt: int = 1979
     replica_memcached: int = 11211
+    #: The HA variant only: the second root candidate and the local etcd member.
+    root_b: int = 8082
+    root_b_repl: int = 7072
+    etcd: int = 2379
+    etcd_peer: int = 2380
 
 
 def secure_flags(node: str, certs: str) -> tuple[tuple[str, str | None], ...]:
@@ -99,6 +104,42 @@ def local(ports: Ports = Ports(), var: str = "var", *, secure: bool = False) -> 
         replace(root, flags=root.flags + secure_flags(root.name, certs)),
         replace(replica, flags=replica.flags + secure_flags(replica.name, certs)),
     )
+
+
+#: The election name of the HA variant's candidates.
+HA_GROUP = "local-root"
+
+
+def local_ha(ports: Ports = Ports(), var: str = "var") -> tuple[Node, Node, Node]:
+    """The HA variant (``MERCURY_HA=1 make run``): two root candidates, `root-a` (whose
+    store `make run` initialises) and `root-b` (empty: it bootstraps from the leader),
+    elected through the etcd member on `ports.etcd`, each with its gateway and replication
+    listener, and the replica listing both as sources (it streams from whichever leads)
+    with every read listener."""
+    lo = "127.0.0.1"
+    replica = local(ports, var)[1]
+    etcd = f"http://{lo}:{ports.etcd}"
+
+    def candidate(name: str, http: int, repl: int) -> Node:
+        return Node(
+            name,
+            "root",
+            f"{var}/{name}",
+            (
+                ("--listen", f"{lo}:{http}"),
+                ("--repl-listen", f"{lo}:{repl}"),
+                ("--ha-etcd", etcd),
+                ("--ha-group", HA_GROUP),
+                ("--advertise-url", f"http://{lo}:{http}"),
+                ("--advertise-repl", f"{lo}:{repl}"),
+            ),
+        )
+
+    a = candidate("root-a", ports.root, ports.root_repl)
+    b = candidate("root-b", ports.root_b, ports.root_b_repl)
+    others = tuple(fv for fv in replica.flags if fv[0] != "--source")
+    sources = (("--source", f"{lo}:{ports.root_repl}"), ("--source", f"{lo}:{ports.root_b_repl}"))
+    return a, b, replace(replica, flags=sources + others)
 
 
 ROOT, REPLICA = LOCAL = local()

