@@ -53,13 +53,19 @@ def _status(node: Node) -> dict[str, object]:
 
 
 def _wait_leader(candidates: list[Node]) -> Node:
+    """The leader, once one leads with a standby in sync (a write before that would wait
+    for one and could be answered 503 `not-in-sync`)."""
     deadline = time.monotonic() + START_TIMEOUT_S
     while time.monotonic() < deadline:
         for node in candidates:
-            if _status(node).get("role") == "leader":
+            st = _status(node)
+            in_sync = st.get("standbys_in_sync")
+            if st.get("role") == "leader" and isinstance(in_sync, int) and in_sync >= 1:
                 return node
         time.sleep(0.2)
-    raise SystemExit(f"no candidate was elected within {START_TIMEOUT_S:.0f}s; see their logs")
+    raise SystemExit(
+        f"no candidate led with a standby in sync within {START_TIMEOUT_S:.0f}s; see their logs"
+    )
 
 
 class _Supervisor:
