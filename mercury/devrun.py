@@ -29,7 +29,7 @@ import ssl
 import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import fields
 from pathlib import Path
 from types import FrameType
@@ -70,6 +70,20 @@ def parse_args(argv: Sequence[str] | None, env: Mapping[str, str]) -> argparse.N
         "mercury/devrun_ha.py)",
     )
     return p.parse_args(argv)
+
+
+def stop_requested() -> Callable[[], bool]:
+    """Take SIGTERM and SIGINT (Ctrl-C) as a request to stop; the returned function says
+    whether one came (the run then stops its processes by PID)."""
+    asked = False
+
+    def stop(_sig: int, _frame: FrameType | None) -> None:
+        nonlocal asked
+        asked = True
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    return lambda: asked
 
 
 def _mercury(*args: str) -> list[str]:
@@ -230,14 +244,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         subprocess.run(_mercury(*certs, "--node", ROOT.name, "--node", REPLICA.name), check=True)
         verify = ssl.create_default_context(cafile=f"{var}/certs/ca.crt")
     procs: list[subprocess.Popen[bytes]] = []
-    stopping = False
-
-    def stop(_sig: int, _frame: FrameType | None) -> None:
-        nonlocal stopping
-        stopping = True
-
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
+    stopping = stop_requested()
     try:
         for node in (ROOT, REPLICA):
             log = open(f"{var}/{node.name}.log", "ab")  # noqa: SIM115 - handed to the child
@@ -253,10 +260,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             reader = _reader_token(gw, admin, verify)
             _write_secret(f"{var}/reader.token", reader)
         print(_examples(token, ROOT, REPLICA, var, reader), flush=True)
-        while not stopping and all(p.poll() is None for p in procs):
+        while not stopping() and all(p.poll() is None for p in procs):
             time.sleep(0.5)
         for p in procs:
-            if p.poll() is not None and not stopping:
+            if p.poll() is not None and not stopping():
                 print(f"a process exited with {p.returncode}; see its log", file=sys.stderr)
     finally:
         for p in reversed(procs):

@@ -23,11 +23,10 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from types import FrameType
 
 import httpx
 
-from mercury.devrun import _demo_token, _mercury, _wait_http, _write_secret
+from mercury.devrun import _demo_token, _mercury, _wait_http, _write_secret, stop_requested
 from mercury.etcdbin import etcd_binary
 from mercury.topology import DEMO_KEYSPACE, DEMO_PRODUCER, Node, Ports, local_ha
 
@@ -176,14 +175,7 @@ def run(ports: Ports, var: str) -> int:
         "--log-level", "warn",
     ]  # fmt: skip
     candidates = {node.name: node for node in (a, b)}
-    stopping = False
-
-    def stop(_sig: int, _frame: FrameType | None) -> None:
-        nonlocal stopping
-        stopping = True
-
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
+    stopping = stop_requested()
     sup = _Supervisor(var)
     try:
         etcd = sup.start("etcd", etcd_argv)
@@ -197,9 +189,9 @@ def run(ports: Ports, var: str) -> int:
         rep = sup.start(replica.name, _mercury(*replica.argv()))
         _wait_http(f"http://{replica.flag('--listen')}/healthz", rep, True, START_TIMEOUT_S)
         print(_examples(token, a, b, replica, leader, var), flush=True)
-        while not stopping:
-            problem = sup.check(candidates, lambda: stopping)
-            if problem is not None and not stopping:
+        while not stopping():
+            problem = sup.check(candidates, stopping)
+            if problem is not None and not stopping():
                 print(problem, file=sys.stderr)
                 return 1
             time.sleep(0.5)
