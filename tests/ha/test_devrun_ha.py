@@ -17,8 +17,9 @@ from dataclasses import fields
 from pathlib import Path
 
 import httpx
+import pytest
 
-from mercury.devrun import parse_args
+from mercury.devrun import main, parse_args
 from mercury.topology import Ports
 from tests.support.procs import Procs, free_port
 
@@ -59,6 +60,14 @@ def _until(what: str, check: Callable[[], bool], timeout: float = DEADLINE_S) ->
 def test_ha_flag_and_environment() -> None:
     assert not parse_args([], {}).ha
     assert parse_args([], {"MERCURY_HA": "1"}).ha and parse_args(["--ha"], {}).ha
+
+
+def test_ha_with_secure_is_refused_before_anything_starts(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["--ha", "--secure", "--var", str(tmp_path / "var")]) == 2
+    assert "docker compose --profile ha" in capsys.readouterr().err
+    assert not (tmp_path / "var").exists()
 
 
 def test_ha_make_run_fails_over_and_stops(tmp_path: Path, procs: Procs) -> None:
