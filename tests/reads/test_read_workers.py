@@ -20,7 +20,7 @@ from store.store import Store
 from tests.gateway.conftest import make_root
 from tests.replicator.harness import wait_for
 from tests.replicator.nodes import start_replica
-from tests.support.procs import Procs, free_port, wait_http, wait_port
+from tests.support.procs import Procs, alive, free_port, wait_http, wait_port
 
 
 def _children(pid: int) -> list[int]:
@@ -42,15 +42,6 @@ def _readers(pid: int) -> list[int]:
         if b"MERCURY_READ_WORKER=" in env:
             out.append(c)
     return out
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    stat = Path(f"/proc/{pid}/stat").read_text()
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
 def _mc_get(port: int, key: bytes) -> bytes:
@@ -113,7 +104,7 @@ def test_two_readers_serve_and_a_killed_one_is_restarted(tmp_path: Path, procs: 
     readers = _readers(p.pid)
     p.send_signal(signal.SIGTERM)
     p.wait(30)
-    wait_for(lambda: not any(_alive(r) for r in readers), 15, "readers stopped")
+    wait_for(lambda: not any(alive(r) for r in readers), 15, "readers stopped")
     assert not os.listdir(os.path.join(d, "readers"))  # no reader left its metrics file
 
 
@@ -153,4 +144,4 @@ def test_replica_with_two_readers(tmp_path: Path, procs: Procs) -> None:
 
     replica.proc.send_signal(signal.SIGTERM)
     replica.proc.wait(30)
-    wait_for(lambda: not any(_alive(x) for x in readers), 15, "readers stopped")
+    wait_for(lambda: not any(alive(x) for x in readers), 15, "readers stopped")

@@ -14,15 +14,7 @@ from store.check import check
 from store.store import Store
 from tests.replicator.harness import contents, items, root_node, status, wait_for, wait_seq
 from tests.replicator.nodes import restart, start_replica
-from tests.support.procs import Procs
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
+from tests.support.procs import Procs, alive
 
 
 def assert_same(root_store: Store, *dirs: Path) -> None:
@@ -64,7 +56,7 @@ def test_root_tier1_tier2_converge_after_20000_writes(tmp_path: Path, procs: Pro
         assert procs.terminate(t2.proc) == 0  # clean SIGTERM shutdown
         assert procs.terminate(t1.proc) == 0
         for w in workers:  # the worker children are gone too
-            assert w is not None and not _alive(w.pid)
+            assert w is not None and not alive(w.pid)
         assert_same(root.store, t1.data_dir, t2.data_dir)
 
 
@@ -85,11 +77,13 @@ def test_replica_resumes_after_sigkill_mid_stream_without_replay_or_gap(
         # Kill the whole replica mid-stream, then start it again.
         root.write(3000, start=6500, batch=20)
         worker = read_status(str(r.data_dir))
-        assert worker is not None and _alive(worker.pid)
+        assert worker is not None and alive(worker.pid)
         procs.kill(r.proc)
         # The worker dies with its parent (the kernel kills it): nothing is applied after
-        # the kill, so the store's seq below is where the restart must resume.
-        wait_for(lambda: not _alive(worker.pid), 2, "the worker killed with its parent")
+        # the kill, so the store's seq below is where the restart must resume. (Its zombie
+        # counts as dead: an orphan waits for PID 1 to reap it, up to ~2 s on some machines.
+        # 5 s leaves room for an fsync in progress, which SIGKILL waits for.)
+        wait_for(lambda: not alive(worker.pid), 5, "the worker killed with its parent")
         time.sleep(0.3)
         root.write(2000, start=9500, batch=20)
         applied_before = Store.open(str(r.data_dir), readonly=True)

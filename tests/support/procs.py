@@ -36,6 +36,18 @@ def _worker_index() -> int:
     return int(w[2:]) if w[2:].isdigit() else 0
 
 
+def alive(pid: int) -> bool:
+    """Whether process `pid` still runs. A process that exited but is not reaped yet (a
+    zombie) does not: it holds no lock, descriptor or memory any more. An orphan's zombie
+    waits for PID 1 to reap it, which on some machines takes seconds."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return False
+    return state not in ("Z", "X")
+
+
 def free_port() -> int:
     """A TCP port on 127.0.0.1, free now and handed out by no other call of this test run."""
     lo = _PORT_BASE + (_worker_index() % 8) * _PORT_SLICE
