@@ -57,6 +57,7 @@ from starlette.responses import Response
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from bench.procstat import cpu_seconds  # noqa: E402
 from tests.support.procs import free_port, mercury_cmd, wait_http  # noqa: E402
 
 #: Extra `mercury root` flags of every root this run starts (``--switch-interval-ms``).
@@ -511,12 +512,6 @@ def server_p99_ms(before: dict[float, float], after: dict[float, float]) -> floa
         if n >= 0.99 * total:
             return round(le * 1000, 1)
     return None
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU time of process `pid` so far."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def write_bytes(pid: int) -> int:

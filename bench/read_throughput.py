@@ -53,6 +53,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from bench import procstat  # noqa: E402
 from store.ops import SET, Op  # noqa: E402
 from store.store import Store  # noqa: E402
 from tests.support.procs import free_port, wait_port  # noqa: E402
@@ -100,14 +101,12 @@ def stop(p: subprocess.Popen[bytes]) -> None:
 
 def cpu_seconds(pid: int) -> float:
     """User+system CPU seconds of `pid` and its descendants alive now (/proc)."""
-    tick = os.sysconf("SC_CLK_TCK")
     total = 0.0
     todo = [pid]
     while todo:
         p = todo.pop()
         try:
-            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
-            total += (int(fields[11]) + int(fields[12])) / tick
+            total += procstat.cpu_seconds(p)
             for task in os.listdir(f"/proc/{p}/task"):
                 kids = Path(f"/proc/{p}/task/{task}/children").read_text().split()
                 todo += [int(x) for x in kids]

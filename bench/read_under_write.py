@@ -53,6 +53,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from bench.gateway_write import Conn  # noqa: E402  (one keep-alive HTTP/1.1 client for every bench)
+from bench.procstat import cpu_seconds  # noqa: E402
 from tests.support.procs import free_port, mercury_cmd, wait_http, wait_port  # noqa: E402
 
 HOT = [f"hot/{i:02d}" for i in range(20)]
@@ -193,10 +194,9 @@ def pct(samples_ns: list[int]) -> dict[str, float]:
 def cpu_s(pid: int) -> float:
     """User + system CPU seconds of process `pid` so far (0 when it is gone)."""
     try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return cpu_seconds(pid)
     except OSError:
         return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def children(pid: int) -> list[int]:

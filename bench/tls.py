@@ -59,6 +59,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import httpx
 
+from bench.procstat import cpu_seconds
 from core.tlsconf import TlsFiles, client_context
 from mercury import certs
 from replicator import frames
@@ -134,13 +135,6 @@ def wire_snapshot(port: int, ctx: ssl.SSLContext | None) -> float:
                 raise ConnectionError("closed early")
             left -= k
     return offer.size / (time.perf_counter() - t0) / 1e6
-
-
-def _cpu(pid: int) -> float:
-    """CPU seconds (user + system) of process `pid` so far."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _pct(xs: list[float], q: float) -> float:
@@ -333,7 +327,7 @@ class Tree:
         else:
             conn = http.client.HTTPConnection("127.0.0.1", port)
         try:
-            c0 = _cpu(proc.pid)
+            c0 = cpu_seconds(proc.pid)
             for _ in range(reads):
                 t0 = time.perf_counter()
                 conn.request("GET", READ_PATH)
@@ -341,7 +335,7 @@ class Tree:
                 resp.read()
                 out.append((time.perf_counter() - t0) * 1e6)
                 assert resp.status == 200
-            cpu_us = (_cpu(proc.pid) - c0) / reads * 1e6
+            cpu_us = (cpu_seconds(proc.pid) - c0) / reads * 1e6
         finally:
             conn.close()
         return out, cpu_us
@@ -362,13 +356,13 @@ def one_run(
             TlsFiles(str(c / "client.crt"), str(c / "client.key"), str(c / "ca.crt"))
         )
     out: dict[str, float] = {}
-    c0 = _cpu(tree.root.pid)
+    c0 = cpu_seconds(tree.root.pid)
     out["wire_stream_entries_per_s"] = wire_stream(tree.repl, db_id, head, ctx)
-    out["wire_stream_root_cpu_s"] = _cpu(tree.root.pid) - c0
+    out["wire_stream_root_cpu_s"] = cpu_seconds(tree.root.pid) - c0
     wire_snapshot(tree.repl, ctx)  # makes the snapshot
-    c0 = _cpu(tree.root.pid)
+    c0 = cpu_seconds(tree.root.pid)
     out["wire_snapshot_MB_per_s"] = wire_snapshot(tree.repl, ctx)
-    out["wire_snapshot_root_cpu_s"] = _cpu(tree.root.pid) - c0
+    out["wire_snapshot_root_cpu_s"] = cpu_seconds(tree.root.pid) - c0
     out["bootstrap_seconds"] = tree.bootstrap()
     cu = tree.catch_up(args.catch_up, args.value_bytes)
     out["catch_up_entries_per_s"] = cu["entries_per_s"]

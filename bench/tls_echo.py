@@ -35,6 +35,10 @@ from typing import Any
 
 import trustme
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.procstat import cpu_seconds
+
 REQ = b"GET /v1/kv/cfg/a HTTP/1.1\r\nHost: x\r\n\r\n"
 RESP = b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\n" + b"x" * 100
 
@@ -104,32 +108,21 @@ def _build_c(tmp: Path) -> str | None:
 
 
 def _start_c(binary: str, tls: bool, pem_path: str) -> tuple[subprocess.Popen[str], int]:
-    """The C server on a free port, pinned to CPU 1, once it listens."""
-    for _ in range(20):
-        probe = socket.socket()
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-        probe.close()
-        args = [binary, str(port), str(len(RESP)), *([pem_path] if tls else [])]
-        p = subprocess.Popen(
-            args,
-            stdout=subprocess.PIPE,
-            text=True,
-            preexec_fn=lambda: os.sched_setaffinity(0, {1 % (os.cpu_count() or 1)}),
-        )
-        assert p.stdout is not None
-        if p.stdout.readline().strip() == "ready":
-            return p, port
+    """The C server pinned to CPU 1, on a port the kernel picks, once it listens."""
+    args = [binary, "0", str(len(RESP)), *([pem_path] if tls else [])]
+    p = subprocess.Popen(
+        args,
+        stdout=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: os.sched_setaffinity(0, {1 % (os.cpu_count() or 1)}),
+    )
+    assert p.stdout is not None
+    word, _, port = p.stdout.readline().partition(" ")
+    if word != "ready":
         p.kill()
         p.wait()
-    raise RuntimeError("the C echo server did not start")
-
-
-def _cpu_s(pid: int) -> float:
-    """User + system CPU seconds of process `pid`."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        raise RuntimeError("the C echo server did not start")
+    return p, int(port)
 
 
 def _p50(port: int, cctx: ssl.SSLContext | None, n: int) -> float:
@@ -181,9 +174,9 @@ def main() -> None:
                         mproc.start()
                         port = q.get(timeout=30)
                         pid = mproc.pid or 0
-                    c0 = _cpu_s(pid)
+                    c0 = cpu_seconds(pid)
                     p50 = _p50(port, cctx if tls else None, a.requests)
-                    c1 = _cpu_s(pid)
+                    c1 = cpu_seconds(pid)
                     if kind == "c":
                         proc.wait(timeout=30)  # it exits when the client closes
                     else:

@@ -3,7 +3,8 @@
  * keep-alive request/reply with no Python in the server shows on its own.
  *
  * Usage: tls_echo_server PORT REPLY_BYTES [PEM]
- *   Listens on 127.0.0.1:PORT and prints "ready" once listening. Serves one connection:
+ *   Listens on 127.0.0.1:PORT (0: a port the kernel picks) and prints "ready PORT" once
+ *   listening. Serves one connection:
  *   every read (one TLS record, or what one read(2) returns) is answered with REPLY_BYTES
  *   bytes. With PEM (certificate chain and key in one file) it speaks TLS. At the end of
  *   the connection it prints "requests=N" and exits; the bench reads its CPU time from /proc.
@@ -26,7 +27,7 @@ int main(int argc, char **argv) {
     }
     int port = atoi(argv[1]);
     size_t reply_len = (size_t)atoi(argv[2]);
-    if (port <= 0 || port > 65535 || reply_len == 0 || reply_len > 16384) {
+    if (port < 0 || port > 65535 || reply_len == 0 || reply_len > 16384) {
         fprintf(stderr, "bad port or reply size\n");
         return 2;
     }
@@ -52,7 +53,12 @@ int main(int argc, char **argv) {
         perror("bind/listen");
         return 1;
     }
-    printf("ready\n");
+    socklen_t alen = sizeof addr;
+    if (getsockname(ls, (struct sockaddr *)&addr, &alen) != 0) {
+        perror("getsockname");
+        return 1;
+    }
+    printf("ready %d\n", ntohs(addr.sin_port));
     fflush(stdout);
     int c = accept(ls, NULL, NULL);
     if (c < 0) {
