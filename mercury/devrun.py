@@ -86,11 +86,25 @@ def stop_requested() -> Callable[[], bool]:
     return lambda: asked
 
 
-def _mercury(*args: str) -> list[str]:
+def stop_all(procs: Sequence[subprocess.Popen[bytes]]) -> None:
+    """Stop `procs` by PID, the last started first: SIGTERM, then SIGKILL to any still
+    running 20 s later."""
+    for p in reversed(procs):
+        if p.poll() is None:
+            os.kill(p.pid, signal.SIGTERM)
+    for p in reversed(procs):
+        try:
+            p.wait(20)
+        except subprocess.TimeoutExpired:
+            os.kill(p.pid, signal.SIGKILL)
+            p.wait(5)
+
+
+def mercury_argv(*args: str) -> list[str]:
     return [sys.executable, "-m", "mercury", *args]
 
 
-def _wait_http(
+def wait_http(
     url: str, proc: subprocess.Popen[bytes], verify: ssl.SSLContext | bool, timeout: float = 60.0
 ) -> None:
     deadline = time.monotonic() + timeout
@@ -104,7 +118,7 @@ def _wait_http(
     raise SystemExit(f"{url} did not come up within {timeout:.0f}s; see its log")
 
 
-def _demo_token(base: str, admin_token: str, verify: ssl.SSLContext | bool = True) -> str:
+def demo_token(base: str, admin_token: str, verify: ssl.SSLContext | bool = True) -> str:
     """Create (or update) the demo producer and issue a token for it."""
     h = {"Authorization": f"Bearer {admin_token}"}
     r = httpx.put(
@@ -139,7 +153,7 @@ def _reader_token(base: str, admin_token: str, verify: ssl.SSLContext | bool) ->
     return str(r.json()["token"])
 
 
-def _write_secret(path: str, text: str) -> None:
+def write_secret(path: str, text: str) -> None:
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:
         f.write(text + "\n")
@@ -237,28 +251,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     os.chdir(REPO)
     Path(var).mkdir(parents=True, exist_ok=True)
     if not Path(ROOT.data_dir, "data.mdb").exists():
-        subprocess.run(_mercury("init", ROOT.data_dir), check=True)
+        subprocess.run(mercury_argv("init", ROOT.data_dir), check=True)
     verify: ssl.SSLContext | bool = True
     if args.secure:
         certs = ["certs", f"{var}/certs", "--ca-key-dir", f"{var}/ca"]
-        subprocess.run(_mercury(*certs, "--node", ROOT.name, "--node", REPLICA.name), check=True)
+        nodes = ["--node", ROOT.name, "--node", REPLICA.name]
+        subprocess.run(mercury_argv(*certs, *nodes), check=True)
         verify = ssl.create_default_context(cafile=f"{var}/certs/ca.crt")
     procs: list[subprocess.Popen[bytes]] = []
     stopping = stop_requested()
     try:
         for node in (ROOT, REPLICA):
             log = open(f"{var}/{node.name}.log", "ab")  # noqa: SIM115 - handed to the child
-            procs.append(subprocess.Popen(_mercury(*node.argv()), stdout=log, stderr=log))
+            procs.append(subprocess.Popen(mercury_argv(*node.argv()), stdout=log, stderr=log))
             log.close()
-            _wait_http(f"{node.scheme}://{node.flag('--listen')}/healthz", procs[-1], verify)
+            wait_http(f"{node.scheme}://{node.flag('--listen')}/healthz", procs[-1], verify)
         admin = Path(ROOT.data_dir, "admin.token").read_text().strip()
         gw = f"{ROOT.scheme}://{ROOT.flag('--listen')}"
-        token = _demo_token(gw, admin, verify)
-        _write_secret(f"{var}/demo.token", token)
+        token = demo_token(gw, admin, verify)
+        write_secret(f"{var}/demo.token", token)
         reader = None
         if args.secure:
             reader = _reader_token(gw, admin, verify)
-            _write_secret(f"{var}/reader.token", reader)
+            write_secret(f"{var}/reader.token", reader)
         print(_examples(token, ROOT, REPLICA, var, reader), flush=True)
         while not stopping() and all(p.poll() is None for p in procs):
             time.sleep(0.5)
@@ -266,15 +281,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             if p.poll() is not None and not stopping():
                 print(f"a process exited with {p.returncode}; see its log", file=sys.stderr)
     finally:
-        for p in reversed(procs):
-            if p.poll() is None:
-                os.kill(p.pid, signal.SIGTERM)
-        for p in procs:
-            try:
-                p.wait(20)
-            except subprocess.TimeoutExpired:
-                os.kill(p.pid, signal.SIGKILL)
-                p.wait(5)
+        stop_all(procs)
     return 0
 
 

@@ -16,8 +16,6 @@ Ctrl-C or SIGTERM stops every process by PID.
 from __future__ import annotations
 
 import contextlib
-import os
-import signal
 import subprocess
 import sys
 import time
@@ -26,7 +24,14 @@ from pathlib import Path
 
 import httpx
 
-from mercury.devrun import _demo_token, _mercury, _wait_http, _write_secret, stop_requested
+from mercury.devrun import (
+    demo_token,
+    mercury_argv,
+    stop_all,
+    stop_requested,
+    wait_http,
+    write_secret,
+)
 from mercury.etcdbin import etcd_binary
 from mercury.topology import DEMO_KEYSPACE, DEMO_PRODUCER, Node, Ports, local_ha
 
@@ -82,7 +87,7 @@ class _Supervisor:
         proc = subprocess.Popen(argv, stdout=log, stderr=log)
         log.close()
         self.procs[name] = proc
-        _write_secret(f"{self.var}/{name}.pid", str(proc.pid))
+        write_secret(f"{self.var}/{name}.pid", str(proc.pid))
         return proc
 
     def check(self, candidates: dict[str, Node], stopping: Callable[[], bool]) -> str | None:
@@ -110,20 +115,11 @@ class _Supervisor:
             if stopping():
                 return None
             print(f"{name} exited ({proc.returncode}); starting it again", flush=True)
-            self.start(name, _mercury(*candidates[name].argv()))
+            self.start(name, mercury_argv(*candidates[name].argv()))
         return None
 
     def stop(self) -> None:
-        procs = list(self.procs.values())
-        for p in reversed(procs):
-            if p.poll() is None:
-                os.kill(p.pid, signal.SIGTERM)
-        for p in reversed(procs):
-            try:
-                p.wait(20)
-            except subprocess.TimeoutExpired:
-                os.kill(p.pid, signal.SIGKILL)
-                p.wait(5)
+        stop_all(list(self.procs.values()))
 
 
 def _examples(token: str, a: Node, b: Node, replica: Node, leader: Node, var: str) -> str:
@@ -160,7 +156,7 @@ def run(ports: Ports, var: str) -> int:
     a, b, replica = local_ha(ports, var)
     Path(var).mkdir(parents=True, exist_ok=True)
     if not Path(a.data_dir, "data.mdb").exists():
-        subprocess.run(_mercury("init", a.data_dir), check=True)
+        subprocess.run(mercury_argv("init", a.data_dir), check=True)
     etcd_url = f"http://127.0.0.1:{ports.etcd}"
     peer = f"http://127.0.0.1:{ports.etcd_peer}"
     etcd_argv = [
@@ -179,15 +175,15 @@ def run(ports: Ports, var: str) -> int:
     sup = _Supervisor(var)
     try:
         etcd = sup.start("etcd", etcd_argv)
-        _wait_http(f"{etcd_url}/health", etcd, True, START_TIMEOUT_S)
+        wait_http(f"{etcd_url}/health", etcd, True, START_TIMEOUT_S)
         for node in (a, b):
-            sup.start(node.name, _mercury(*node.argv()))
+            sup.start(node.name, mercury_argv(*node.argv()))
         leader = _wait_leader([a, b])
         admin = Path(a.data_dir, "admin.token").read_text().strip()
-        token = _demo_token(f"http://{leader.flag('--listen')}", admin)
-        _write_secret(f"{var}/demo.token", token)
-        rep = sup.start(replica.name, _mercury(*replica.argv()))
-        _wait_http(f"http://{replica.flag('--listen')}/healthz", rep, True, START_TIMEOUT_S)
+        token = demo_token(f"http://{leader.flag('--listen')}", admin)
+        write_secret(f"{var}/demo.token", token)
+        rep = sup.start(replica.name, mercury_argv(*replica.argv()))
+        wait_http(f"http://{replica.flag('--listen')}/healthz", rep, True, START_TIMEOUT_S)
         print(_examples(token, a, b, replica, leader, var), flush=True)
         while not stopping():
             problem = sup.check(candidates, stopping)
