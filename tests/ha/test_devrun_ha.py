@@ -6,13 +6,10 @@ stops every process."""
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
 import signal
 import sys
-import time
-from collections.abc import Callable
 from dataclasses import fields
 from pathlib import Path
 
@@ -21,6 +18,7 @@ import pytest
 
 from mercury.devrun import main, parse_args
 from mercury.topology import Ports
+from tests.replicator.harness import wait_for
 from tests.support.procs import Procs, free_port
 
 DEADLINE_S = 120.0
@@ -47,16 +45,6 @@ def _put(port: int, token: str, key: str, value: bytes) -> int:
         return 0
 
 
-def _until(what: str, check: Callable[[], bool], timeout: float = DEADLINE_S) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        with contextlib.suppress(httpx.HTTPError):
-            if check():
-                return
-        time.sleep(0.2)
-    raise AssertionError(f"timed out: {what}")
-
-
 def test_ha_flag_and_environment() -> None:
     assert not parse_args([], {}).ha
     assert parse_args([], {"MERCURY_HA": "1"}).ha and parse_args(["--ha"], {}).ha
@@ -78,7 +66,7 @@ def test_ha_make_run_fails_over_and_stops(tmp_path: Path, procs: Procs) -> None:
         argv += [f"--{name.replace('_', '-')}-port", str(port)]
     run = procs.start(argv, name="devrun")
     log = next(procs.log_dir.glob("devrun-*.log"))
-    _until("make run's examples", lambda: "Mercury is running" in log.read_text())
+    wait_for(lambda: "Mercury is running" in log.read_text(), DEADLINE_S, "make run's examples")
     text = log.read_text()
     m = re.search(r"^(root-[ab]) leads now", text, re.M)
     assert m, text
@@ -91,18 +79,28 @@ def test_ha_make_run_fails_over_and_stops(tmp_path: Path, procs: Procs) -> None:
     # Through the standby: 307 to the leader, acknowledged there, served by the replica.
     assert _put(cport[standby], token, "demo/hello", b"one") == 200
     replica = f"http://127.0.0.1:{ports['replica']}/v1/kv/demo/hello"
-    _until("the replica serves the write", lambda: httpx.get(replica, timeout=2).content == b"one")
+    wait_for(
+        lambda: httpx.get(replica, timeout=2).content == b"one",
+        DEADLINE_S,
+        "the write on the replica",
+    )
 
     os.kill(int((var / f"{leader}.pid").read_text()), signal.SIGKILL)
-    _until(f"{standby} leads", lambda: _status(cport[standby]).get("role") == "leader")
-    _until(
-        "a write acknowledged again",
-        lambda: _put(cport[standby], token, "demo/hello", b"two") == 200,
+    wait_for(
+        lambda: _status(cport[standby]).get("role") == "leader", DEADLINE_S, f"{standby} leads"
     )
-    _until(f"{leader} back as a standby", lambda: _status(cport[leader]).get("role") == "standby")
-    _until(
-        "the replica follows the new leader",
+    wait_for(
+        lambda: _put(cport[standby], token, "demo/hello", b"two") == 200,
+        DEADLINE_S,
+        "a write acknowledged again",
+    )
+    wait_for(
+        lambda: _status(cport[leader]).get("role") == "standby", DEADLINE_S, f"{leader} rejoined"
+    )
+    wait_for(
         lambda: httpx.get(replica, timeout=2).content == b"two",
+        DEADLINE_S,
+        "the replica follows the new leader",
     )
 
     assert procs.terminate(run, timeout=60) == 0
