@@ -17,9 +17,10 @@ install: $(STAMP)
 
 EXT_STAMP := build/.ext-built
 
-# The store codec links zlib (CRC-32) and libsodium (BLAKE2b). Their headers are installed
-# when missing and we are root (CI, containers); otherwise the rule says what to install.
-C_DEPS := libsodium-dev zlib1g-dev
+# The store codec links libdeflate (CRC-32), zlib (CRC-32 combination) and libsodium
+# (BLAKE2b). Their headers are installed when missing and we are root (CI, containers);
+# otherwise the rule says what to install.
+C_DEPS := libdeflate-dev libsodium-dev zlib1g-dev
 
 $(EXT_STAMP): store/_codec.pyx gateway/_jsonops.pyx reads/_fastget.pyx reads/_fastconn.pyx setup.py $(STAMP)
 	@dpkg -s $(C_DEPS) >/dev/null 2>&1 \

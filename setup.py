@@ -1,8 +1,9 @@
 """Build the Cython hot paths (store/_codec.pyx, gateway/_jsonops.pyx,
 gateway/_usagecount.pyx, reads/_fastget.pyx, reads/_fastconn.pyx);
-everything else is pure Python. The store codec links zlib (CRC-32) and libsodium
-(BLAKE2b), the read fast path zlib: Debian packages zlib1g-dev and libsodium-dev (`make
-build` installs them when missing and run as root)."""
+everything else is pure Python. The store codec links libdeflate (CRC-32), zlib (CRC-32
+combination) and libsodium (BLAKE2b), the read fast path libdeflate: Debian packages
+libdeflate-dev, zlib1g-dev and libsodium-dev (`make build` installs them when missing and
+run as root)."""
 
 from Cython.Build import cythonize
 from setuptools import Extension, setup
@@ -13,11 +14,11 @@ setup(
             Extension(
                 "store._codec",
                 ["store/_codec.pyx"],
-                libraries=["sodium", "z"],
+                libraries=["sodium", "z", "deflate"],
             ),
             Extension("gateway._jsonops", ["gateway/_jsonops.pyx"]),
             Extension("gateway._usagecount", ["gateway/_usagecount.pyx"]),
-            Extension("reads._fastget", ["reads/_fastget.pyx"], libraries=["z"]),
+            Extension("reads._fastget", ["reads/_fastget.pyx"], libraries=["deflate"]),
             Extension("reads._fastconn", ["reads/_fastconn.pyx"]),
         ],
         compiler_directives={"language_level": "3", "boundscheck": False, "wraparound": False},

@@ -13,9 +13,9 @@ from posix.time cimport CLOCK_MONOTONIC, clock_gettime, timespec
 
 from reads.fastobserve import FLUSH_EVERY
 
-# CRC-32 from zlib (the function Python's zlib.crc32 wraps), as store/_codec.pyx does.
-cdef extern from "zlib.h":
-    unsigned long crc32_z(unsigned long crc, const unsigned char* buf, size_t len) nogil
+# CRC-32 from libdeflate (the same CRC as Python's zlib.crc32), as store/_codec.pyx does.
+cdef extern from "libdeflate.h":
+    uint32_t libdeflate_crc32(uint32_t crc, const void* buffer, size_t len) nogil
 
 # store/format.py's record layout (tag, flags, seq u64, vlen u32, crc u32, owner length).
 cdef enum:
@@ -48,11 +48,10 @@ cdef inline Py_ssize_t _inline(bytes key, bytes rec, uint64_t* seq) noexcept:
     cdef Py_ssize_t off = RECORD_FIXED + p[18]
     if n != off + vlen:
         return -1
-    cdef unsigned long crc = crc32_z(0, <const unsigned char*>PyBytes_AS_STRING(key),
-                                     PyBytes_GET_SIZE(key))
-    crc = crc32_z(crc, p, 14)
-    crc = crc32_z(crc, p + 18, n - 18)
-    if <uint32_t>crc != _u32(p + 14):
+    cdef uint32_t crc = libdeflate_crc32(0, PyBytes_AS_STRING(key), PyBytes_GET_SIZE(key))
+    crc = libdeflate_crc32(crc, p, 14)
+    crc = libdeflate_crc32(crc, p + 18, n - 18)
+    if crc != _u32(p + 14):
         return -1
     seq[0] = _u64(p + 2)
     return off

@@ -10,11 +10,15 @@ from libc.string cimport memcmp, memcpy
 from store.format import Entry, RecordHeader
 
 # Checksums and hashes come from maintained C libraries, called without the GIL where a
-# caller releases it: CRC-32 from zlib (the same function Python's zlib.crc32 wraps),
-# BLAKE2b from libsodium (crypto_generichash is unkeyed BLAKE2b with a chosen digest size,
-# the same function as hashlib.blake2b(digest_size=32)).
+# caller releases it: CRC-32 from libdeflate (the same CRC as Python's zlib.crc32, computed
+# with carry-less multiplication: about 3x zlib's speed on large buffers, and the replica
+# checks every byte it receives), its combination from zlib; BLAKE2b from libsodium
+# (crypto_generichash is unkeyed BLAKE2b with a chosen digest size, the same function as
+# hashlib.blake2b(digest_size=32)).
+cdef extern from "libdeflate.h":
+    uint32_t libdeflate_crc32(uint32_t crc, const void* buffer, size_t len) nogil
+
 cdef extern from "zlib.h":
-    unsigned long crc32_z(unsigned long crc, const unsigned char* buf, size_t len) nogil
     unsigned long zlib_crc32_combine "crc32_combine" (unsigned long crc1, unsigned long crc2,
                                                       long len2) nogil
 
@@ -85,7 +89,7 @@ def stored_bytes(Py_ssize_t key_len, Py_ssize_t value_len, Py_ssize_t owner_len)
 
 cdef inline uint32_t _crc_update(uint32_t crc, const uint8_t* p, Py_ssize_t n) noexcept nogil:
     # CRC-32 (zlib polynomial); `crc` is the running value as zlib returns it.
-    return <uint32_t>crc32_z(crc, p, <size_t>n)
+    return libdeflate_crc32(crc, p, <size_t>n)
 
 
 cdef inline void _blake2b_2(const uint8_t* a, size_t an, const uint8_t* b, size_t bn,
