@@ -11,8 +11,9 @@ from store.format import Entry, RecordHeader
 
 # Checksums and hashes come from maintained C libraries, called without the GIL where a
 # caller releases it: CRC-32 from libdeflate (the same CRC as Python's zlib.crc32, computed
-# with carry-less multiplication: about 3x zlib's speed on large buffers, and the replica
-# checks every byte it receives), its combination from zlib; BLAKE2b from libsodium
+# with carry-less multiplication where the CPU has it, several times faster than zlib's
+# table-driven loop on large buffers; a replica checks every byte it receives), its
+# combination from zlib; BLAKE2b from libsodium
 # (crypto_generichash is unkeyed BLAKE2b with a chosen digest size, the same function as
 # hashlib.blake2b(digest_size=32)).
 cdef extern from "libdeflate.h":
