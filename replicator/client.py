@@ -344,7 +344,12 @@ class ReplicaClient:
         handshake's stream reader (no stream buffer copies)."""
         frames_in = self._frames = wire.take_over(reader, writer, READ_LIMIT)
         applier = _ApplyThread(
-            self.store, asyncio.get_running_loop(), self._applied, self._heartbeat, frames_in
+            self.store,
+            asyncio.get_running_loop(),
+            self._applied,
+            self._heartbeat,
+            frames_in,
+            self._counted,
         )
         failure: BaseException | None = None
         try:
@@ -402,6 +407,16 @@ class ReplicaClient:
         self._applied_us = rec.time_us
         st = self.board.status
         self.board.update(applied_seq=rec.last_seq, known_us=max(st.known_us, rec.time_us))
+
+    def _counted(self, group: list[LogRecord], commits: int, seconds: float) -> None:
+        """Count an applied group for the applier's metrics (`replicator/metrics.py`)."""
+        st = self.board.status
+        self.board.update(
+            applied_records=st.applied_records + len(group),
+            applied_bytes=st.applied_bytes + sum(len(r.header) + len(r.payload) for r in group),
+            apply_commits=st.apply_commits + commits,
+            apply_seconds=st.apply_seconds + seconds,
+        )
 
     def _heartbeat(self, hb: frames.Heartbeat) -> None:
         st = self.board.status
@@ -508,10 +523,12 @@ class _ApplyThread:
         on_applied: Callable[[LogRecord], None],
         on_heartbeat: Callable[[frames.Heartbeat], None],
         reader: wire.FrameReader,
+        on_group: Callable[[list[LogRecord], int, float], None],
     ) -> None:
         self._store = store
         self._loop = loop
         self._on_applied = on_applied
+        self._on_group = on_group
         self._on_heartbeat = on_heartbeat
         self._reader = reader
         self._q: queue.SimpleQueue[LogRecord | frames.Heartbeat | None] = queue.SimpleQueue()
@@ -579,8 +596,9 @@ class _ApplyThread:
                         break
                     group.append(nxt)
                     size += len(nxt.payload)
-                self._apply(group)
-                call(self._report_applied, group)  # one loop wake-up per group
+                t0 = time.perf_counter()
+                commits = self._apply(group)
+                call(self._report_applied, group, commits, time.perf_counter() - t0)
                 if not taken:
                     item = self._q.get()
         except Exception as err:
@@ -589,9 +607,10 @@ class _ApplyThread:
         finally:
             call(self._finished)
 
-    def _apply(self, group: list[LogRecord]) -> None:
+    def _apply(self, group: list[LogRecord]) -> int:
         """Apply `group` in one transaction; on an error, one by one, so that the records
-        before the bad one are kept and the error names the bad one. The store checks each
+        before the bad one are kept and the error names the bad one (returns how many
+        transactions it took). The store checks each
         record's entries in the pass that hashes them (`InvalidRecordError` for one no store
         accepts, the valid prefix applied first): a second pass here cost a CRC, a snappy
         decompression and a Python parse per record."""
@@ -600,11 +619,12 @@ class _ApplyThread:
             if len(group) > 1:
                 try:
                     self._store.apply_log_records(group, crc_checked=checked)
-                    return
+                    return 1
                 except MercuryError:
                     pass
             for rec in group:
                 self._apply_one(rec)
+            return len(group)
         finally:
             self._checked.difference_update([rec.first_seq for rec in group])
 
@@ -631,9 +651,10 @@ class _ApplyThread:
         self._space.release()
         cb(item)
 
-    def _report_applied(self, group: list[LogRecord]) -> None:
+    def _report_applied(self, group: list[LogRecord], commits: int, seconds: float) -> None:
         for rec in group:
             self._report(self._on_applied, rec)
+        self._on_group(group, commits, seconds)
 
     def _failed(self) -> None:
         self._reader.feed_eof()  # the reader's next read ends the session

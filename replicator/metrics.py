@@ -65,3 +65,52 @@ class _Refused(Collector):
 
 REFUSED = _Refused()
 REGISTRY.register(REFUSED)
+
+
+class _Applier(Collector):
+    """What a replica's applier did and what it cost, from the worker's published status
+    (`replicator/status.py`): counters since the worker started (a restarted worker starts
+    them again, which Prometheus reads as a counter reset). CPU per MB applied is
+    ``rate(..._cpu_seconds_total) / rate(..._applied_bytes_total) * 1e6``; records per
+    transaction ``rate(..._applied_records_total) / rate(..._apply_commits_total)``."""
+
+    FAMILIES = (
+        ("applied_records", "mercury_replication_applied_records", "Log records applied"),
+        (
+            "applied_bytes",
+            "mercury_replication_applied_bytes",
+            "Bytes of log records applied, as replicated (header and compressed payload)",
+        ),
+        (
+            "apply_commits",
+            "mercury_replication_apply_commits",
+            "Write transactions (each one commit, fsync on) that applied records",
+        ),
+        (
+            "apply_seconds",
+            "mercury_replication_apply_seconds",
+            "Seconds the applier spent inside those transactions",
+        ),
+        (
+            "cpu_seconds",
+            "mercury_replication_worker_cpu_seconds",
+            "CPU seconds (user + system) the replication worker process has used",
+        ),
+    )
+
+    def __init__(self) -> None:
+        #: The worker's published facts as a mapping, or None before it published any
+        #: (set by the process wiring; nothing is exported until then).
+        self.source: Callable[[], dict[str, float] | None] = lambda: None
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        """One counter per fact, when the worker has published."""
+        facts = self.source()
+        if facts is None:
+            return
+        for field, name, doc in self.FAMILIES:
+            yield CounterMetricFamily(name, doc, value=float(facts.get(field, 0)))
+
+
+APPLIER = _Applier()
+REGISTRY.register(APPLIER)

@@ -44,6 +44,15 @@ class ReplicaStatus:
     errors: dict[str, int] = field(default_factory=dict)
     #: Connections this node's replication source refused, by reason (its metric).
     refused: dict[str, int] = field(default_factory=dict)
+    #: What this worker has applied since it started (counters for the parent's metrics):
+    #: log records, their bytes as replicated (header and compressed payload), the write
+    #: transactions they took and the seconds spent inside those transactions.
+    applied_records: int = 0
+    applied_bytes: int = 0
+    apply_commits: int = 0
+    apply_seconds: float = 0.0
+    #: CPU seconds (user + system, every thread) this worker has used, as of `updated_us`.
+    cpu_seconds: float = 0.0
     updated_us: int = 0
 
     def lag(self, now_us: int | None = None) -> float | None:
@@ -88,6 +97,7 @@ class StatusBoard:
     def flush(self) -> None:
         """Write the status now (atomically)."""
         self.status.updated_us = time.time_ns() // 1000
+        self.status.cpu_seconds = time.process_time()
         os.makedirs(self.data_dir, exist_ok=True)
         path = status_path(self.data_dir)
         tmp = f"{path}.{os.getpid()}.tmp"

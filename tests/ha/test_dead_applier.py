@@ -34,7 +34,7 @@ def test_put_fails_once_the_apply_thread_died(tmp_path: Path) -> None:
             applied: list[int] = []
             applier = _ApplyThread(
                 rep, loop, lambda r: applied.append(r.last_seq), lambda _h: None,
-                wire.FrameReader(1 << 20),
+                wire.FrameReader(1 << 20), lambda _g, _c, _s: None,
             )  # fmt: skip
             # The second record first: a gap the store refuses, so the thread dies on its
             # first apply; the reader goes on queueing what it had buffered.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import time
 from pathlib import Path
@@ -11,6 +12,7 @@ import httpx
 
 from replicator.status import read_status
 from store.check import check
+from store.ops import LogRecord
 from store.store import Store
 from tests.replicator.harness import contents, items, root_node, status, wait_for, wait_seq
 from tests.replicator.nodes import restart, start_replica
@@ -32,6 +34,38 @@ def assert_same(root_store: Store, *dirs: Path) -> None:
         assert contents(str(d)) == want_items, f"{d}: contents differ from the root"
 
 
+def root_log(store: Store) -> list[LogRecord]:
+    """Every record of `store`'s log, in order."""
+    out: list[LogRecord] = []
+    while True:
+        recs = store.read_log(out[-1].last_seq + 1 if out else 1)
+        if not recs:
+            return out
+        out += recs
+        if out[-1].last_seq >= store.last_seq():
+            return out
+
+
+def applier_metrics(port: int) -> dict[str, float]:
+    """The replica's `mercury_replication_*_total` applier counters, by short name."""
+    text = httpx.get(f"http://127.0.0.1:{port}/metrics").text
+    found = re.findall(
+        r"^mercury_replication_(applied_records|applied_bytes|apply_commits|apply_seconds"
+        r"|worker_cpu_seconds)_total (\S+)$",
+        text,
+        re.M,
+    )
+    return {k: float(v) for k, v in found}
+
+
+def applied_tail(port: int) -> tuple[float, float] | None:
+    """(records, bytes) the replica's applier counted, once it published both."""
+    got = applier_metrics(port)
+    if "applied_records" not in got or "applied_bytes" not in got:
+        return None
+    return got["applied_records"], got["applied_bytes"]
+
+
 def test_root_tier1_tier2_converge_after_20000_writes(tmp_path: Path, procs: Procs) -> None:
     with root_node(str(tmp_path / "root")) as root:
         root.write(2000)
@@ -50,6 +84,18 @@ def test_root_tier1_tier2_converge_after_20000_writes(tmp_path: Path, procs: Pro
         metrics = httpx.get(f"http://127.0.0.1:{t2.http}/metrics").text
         assert f"mercury_replication_applied_seq {float(seq)}" in metrics
         assert "mercury_replication_lag_seconds 0.0" in metrics
+        # The applier's counters: the records tier 2 streamed after its bootstrap, i.e. a
+        # tail of the root's log, counted and sized byte for byte as replicated, in at most
+        # as many transactions, with the time and CPU they took.
+        log = root_log(root.store)
+        tails = {
+            (float(len(log) - i), float(sum(len(r.header) + len(r.payload) for r in log[i:])))
+            for i in range(len(log))
+        }
+        wait_for(lambda: applied_tail(t2.http) in tails, 10, "the applier's counters at tier 2")
+        got = applier_metrics(t2.http)
+        assert 1 <= got["apply_commits"] <= got["applied_records"]
+        assert got["apply_seconds"] > 0 and got["worker_cpu_seconds"] > 0
         value = httpx.get(f"http://127.0.0.1:{t2.http}/v1/kv/k00019999")
         assert value.status_code == 200 and value.content.startswith(b"v19999")
         workers = [read_status(str(d)) for d in (t1.data_dir, t2.data_dir)]
