@@ -609,11 +609,11 @@ class _ApplyThread:
 
     def _apply(self, group: list[LogRecord]) -> int:
         """Apply `group` in one transaction; on an error, one by one, so that the records
-        before the bad one are kept and the error names the bad one (returns how many
-        transactions it took). The store checks each
-        record's entries in the pass that hashes them (`InvalidRecordError` for one no store
-        accepts, the valid prefix applied first): a second pass here cost a CRC, a snappy
-        decompression and a Python parse per record."""
+        before the bad one are kept and the error names the bad one. Returns how many
+        transactions it took. The store checks each record's entries in the pass that
+        hashes them (`InvalidRecordError` for one no store accepts, the valid prefix
+        applied first): a second pass here cost a CRC, a snappy decompression and a Python
+        parse per record."""
         checked = all([rec.first_seq in self._checked for rec in group])
         try:
             if len(group) > 1:

@@ -84,7 +84,8 @@ class _Applier(Collector):
         (
             "apply_commits",
             "mercury_replication_apply_commits",
-            "Write transactions (each one commit, fsync on) that applied records",
+            "Write transactions (one commit each, with its fsync unless --no-sync) that "
+            "applied records",
         ),
         (
             "apply_seconds",
