@@ -78,7 +78,9 @@ def child(a: argparse.Namespace) -> None:
         group here, so the child waits on it instead of polling the store (a poll every few
         ms would add its own CPU to a live run's figure, which follows a slow root)."""
 
-        reached = asyncio.Event()
+        def __init__(self, data_dir: str) -> None:
+            super().__init__(data_dir)
+            self.reached = asyncio.Event()
 
         def update(self, **changes: Any) -> None:
             super().update(**changes)
