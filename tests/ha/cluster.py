@@ -21,6 +21,7 @@ from typing import Any
 import httpx
 
 from store.store import Store
+from tests.support.logged import records
 from tests.support.procs import Procs, free_port, run_mercury
 
 DEADLINE_S = 60.0
@@ -322,14 +323,8 @@ def log_records(data_dir: Path) -> Iterator[tuple[int, int, bytes]]:
     store = Store.open(str(data_dir), readonly=True)
     try:
         first, _ = store.log_bounds()
-        seq = max(first, 1)
-        while True:
-            recs = store.read_log(seq, max_records=1000)
-            if not recs:
-                return
-            for r in recs:
-                yield r.first_seq, r.num_entries, r.hash_head
-            seq = recs[-1].last_seq + 1
+        for r in records(store, max(first, 1)):
+            yield r.first_seq, r.num_entries, r.hash_head
     finally:
         store.close()
 

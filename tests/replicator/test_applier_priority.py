@@ -8,12 +8,11 @@ from pathlib import Path
 from replicator.status import read_status
 from tests.replicator.harness import root_node, wait_for, wait_seq
 from tests.replicator.nodes import start_replica
-from tests.support.procs import Procs
+from tests.support.procs import Procs, stat_fields
 
 
 def _nice(pid: int) -> int:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return int(fields[16])  # field 19 of /proc/PID/stat, counted after the command name
+    return int(stat_fields(pid)[16])  # field 19 of /proc/PID/stat
 
 
 def test_applier_worker_is_reniced_below_the_read_server(tmp_path: Path, procs: Procs) -> None:

@@ -12,10 +12,10 @@ import httpx
 
 from replicator.status import read_status
 from store.check import check
-from store.ops import LogRecord
 from store.store import Store
 from tests.replicator.harness import contents, items, root_node, status, wait_for, wait_seq
 from tests.replicator.nodes import restart, start_replica
+from tests.support.logged import records
 from tests.support.procs import Procs, alive
 
 
@@ -32,18 +32,6 @@ def assert_same(root_store: Store, *dirs: Path) -> None:
         finally:
             s.close()
         assert contents(str(d)) == want_items, f"{d}: contents differ from the root"
-
-
-def root_log(store: Store) -> list[LogRecord]:
-    """Every record of `store`'s log, in order."""
-    out: list[LogRecord] = []
-    while True:
-        recs = store.read_log(out[-1].last_seq + 1 if out else 1)
-        if not recs:
-            return out
-        out += recs
-        if out[-1].last_seq >= store.last_seq():
-            return out
 
 
 def applier_metrics(port: int) -> dict[str, float]:
@@ -87,7 +75,7 @@ def test_root_tier1_tier2_converge_after_20000_writes(tmp_path: Path, procs: Pro
         # The applier's counters: the records tier 2 streamed after its bootstrap, i.e. a
         # tail of the root's log, counted and sized byte for byte as replicated, in at most
         # as many transactions, with the time and CPU they took.
-        log = root_log(root.store)
+        log = list(records(root.store, 1))
         tails = {
             (float(len(log) - i), float(sum(len(r.header) + len(r.payload) for r in log[i:])))
             for i in range(len(log))

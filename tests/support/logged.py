@@ -2,9 +2,23 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
+from store.ops import LogRecord
 from store.store import Store
+
+
+def records(store: Store, from_seq: int) -> Iterator[LogRecord]:
+    """Every log record of `store` from the one holding `from_seq` to its last, in order
+    (`Store.read_log`'s LogRetentionError when `from_seq` is no longer retained)."""
+    nxt = from_seq
+    while nxt <= store.last_seq():
+        recs = store.read_log(nxt, max_records=1000)
+        if not recs:
+            return
+        yield from recs
+        nxt = recs[-1].last_seq + 1
 
 
 def entries_since(data_dir: str | Path, seq: int) -> list[tuple[int, bytes]]:
@@ -20,11 +34,7 @@ def seqs_since(data_dir: str | Path, seq: int) -> list[tuple[int, int, bytes]]:
 
     out: list[tuple[int, int, bytes]] = []
     with Store.open(str(data_dir), readonly=True) as store:
-        nxt = seq + 1
-        while nxt <= store.last_seq():
-            recs = store.read_log(nxt, max_records=1000)
-            for rec in recs:
-                entries, _ = codec.unpack_entries(replica_apply.payload(rec), bytes(32))
-                out += [(e.seq, e.op, bytes(e.key)) for e in entries if e.seq > seq]
-            nxt = recs[-1].last_seq + 1
+        for rec in records(store, seq + 1):
+            entries, _ = codec.unpack_entries(replica_apply.payload(rec), bytes(32))
+            out += [(e.seq, e.op, bytes(e.key)) for e in entries if e.seq > seq]
     return out

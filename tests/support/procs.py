@@ -36,14 +36,20 @@ def _worker_index() -> int:
     return int(w[2:]) if w[2:].isdigit() else 0
 
 
+def stat_fields(pid: int) -> list[str]:
+    """The fields of `/proc/<pid>/stat` after the command name (field 3, the state, is
+    index 0); OSError when the process is gone."""
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()
+
+
 def alive(pid: int) -> bool:
     """Whether process `pid` still runs. A process that exited but is not reaped yet (a
     zombie) does not: it holds no lock, descriptor or memory any more. An orphan's zombie
     waits for PID 1 to reap it, which on some machines takes seconds."""
     try:
-        with open(f"/proc/{pid}/stat") as f:
-            state = f.read().rsplit(")", 1)[1].split()[0]
-    except (FileNotFoundError, ProcessLookupError, IndexError):
+        state = stat_fields(pid)[0]
+    except (OSError, IndexError):
         return False
     return state not in ("Z", "X")
 
