@@ -207,7 +207,7 @@ async def _read_side(
     REPLICATION_LAG.set_function(lag)
     DIVERGED.set_function(lambda: diverged(cfg.data_dir))
     REFUSED.external = lambda: _worker_refused(cfg.data_dir)
-    APPLIER.source = lambda: _worker_applier(cfg.data_dir)
+    APPLIER.source = lambda: read_status(cfg.data_dir)
     APPLIED_SEQ.set_function(lambda: float(store.last_seq()))
     app = create_read_app(store, role="replica", status=lambda: replica_status(cfg.data_dir))
     if n > 1:
@@ -398,14 +398,6 @@ def _worker_refused(data_dir: str) -> dict[str, int]:
     """What the worker's replication source refused (from its status document)."""
     st = read_status(data_dir)
     return dict(st.refused) if st is not None else {}
-
-
-def _worker_applier(data_dir: str) -> dict[str, float] | None:
-    """The worker's applier counters (from its status document; None before it has one)."""
-    st = read_status(data_dir)
-    if st is None:
-        return None
-    return {f: float(getattr(st, f)) for f, _name, _doc in APPLIER.FAMILIES}
 
 
 def _hp(addr: tuple[str, int] | None) -> str | None:

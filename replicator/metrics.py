@@ -9,6 +9,8 @@ from prometheus_client import REGISTRY, Counter, Gauge
 from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
 
+from replicator.status import ReplicaStatus
+
 REPLICATION_LAG = Gauge(
     "mercury_replication_lag_seconds",
     "Seconds this node is behind the root (from the root's heartbeats; 0 on the root)",
@@ -100,17 +102,17 @@ class _Applier(Collector):
     )
 
     def __init__(self) -> None:
-        #: The worker's published facts as a mapping, or None before it published any
-        #: (set by the process wiring; nothing is exported until then).
-        self.source: Callable[[], dict[str, float] | None] = lambda: None
+        #: The worker's published status, or None before it published one (set by the
+        #: process wiring; nothing is exported until then).
+        self.source: Callable[[], ReplicaStatus | None] = lambda: None
 
     def collect(self) -> Iterator[CounterMetricFamily]:
         """One counter per fact, when the worker has published."""
-        facts = self.source()
-        if facts is None:
+        st = self.source()
+        if st is None:
             return
         for field, name, doc in self.FAMILIES:
-            yield CounterMetricFamily(name, doc, value=float(facts.get(field, 0)))
+            yield CounterMetricFamily(name, doc, value=float(getattr(st, field)))
 
 
 APPLIER = _Applier()

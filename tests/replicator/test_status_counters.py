@@ -9,7 +9,7 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry, generate_latest
 
 from replicator.metrics import _Applier
-from replicator.status import StatusBoard, read_status, status_path
+from replicator.status import ReplicaStatus, StatusBoard, read_status, status_path
 
 
 def test_flush_publishes_the_counters_and_the_workers_cpu(tmp_path: Path) -> None:
@@ -39,13 +39,9 @@ def test_the_collector_exports_counters_only_once_the_worker_published() -> None
     registry = CollectorRegistry()
     registry.register(applier)
     assert b"mercury_replication" not in generate_latest(registry)
-    applier.source = lambda: {
-        "applied_records": 5.0,
-        "applied_bytes": 1000.0,
-        "apply_commits": 2.0,
-        "apply_seconds": 0.5,
-        "cpu_seconds": 1.5,
-    }
+    applier.source = lambda: ReplicaStatus(
+        applied_records=5, applied_bytes=1000, apply_commits=2, apply_seconds=0.5, cpu_seconds=1.5
+    )
     text = generate_latest(registry).decode()
     for line in (
         "mercury_replication_applied_records_total 5.0",
