@@ -114,33 +114,45 @@ def test_held_producer_does_not_block_another(shared_root: Root) -> None:
     a_name, a_tok = shared_root.producer(quota={"ops_per_s": 2, "burst": 1, "max_delay_ms": 3000})
     b_name, b_tok = shared_root.producer()
     a_done: list[int] = []
+    # The 8 requests must reach the gateway together: one arriving 0.5 s after the first
+    # needs 0.5 s less hold, and the 8th would then fit under 3 s. So each flood thread has
+    # its connection open beforehand and they all send at once (on a loaded machine,
+    # creating clients and connecting inside the threads spread them by more than that).
+    a_clients = [httpx.Client(base_url=shared_root.url, timeout=30) for _ in range(8)]
+    for c in a_clients:
+        assert c.get("/healthz").status_code == 200
+    go = threading.Barrier(8)
 
     def flood(i: int) -> None:
-        with httpx.Client(base_url=shared_root.url, timeout=30) as c:
-            r = c.put(
-                f"/v1/kv/{a_name}/f{i}", content=b"x", headers={"Authorization": f"Bearer {a_tok}"}
-            )
-            a_done.append(r.status_code)
+        go.wait(timeout=30)
+        r = a_clients[i].put(
+            f"/v1/kv/{a_name}/f{i}", content=b"x", headers={"Authorization": f"Bearer {a_tok}"}
+        )
+        a_done.append(r.status_code)
 
-    b = shared_root.client(b_tok)
-    assert b.put(f"/v1/kv/{b_name}/warm", content=b"v").status_code == 200  # connection open
-    with ThreadPoolExecutor(8) as ex:
-        for i in range(8):
-            ex.submit(flood, i)
-        time.sleep(0.2)  # A's requests are now held
-        latencies, statuses = [], []
-        for i in range(5):
-            t = time.monotonic()
-            statuses.append(b.put(f"/v1/kv/{b_name}/k{i}", content=b"v").status_code)
-            latencies.append(time.monotonic() - t)
-        a_done_when_b_finished = len(a_done)
-    assert statuses == [200] * 5
-    # One window + one fsync'd commit is tens of ms; 1 s is generous for a loaded 2-core
-    # machine and still far below A's holds (a B queued behind A would wait up to 3 s).
-    assert max(latencies) < 1.0, latencies
-    # A's requests held for 2, 2.5 and 3 s were still held when B was done.
-    assert a_done_when_b_finished <= 5, (a_done_when_b_finished, latencies)
-    assert sorted(a_done) == [200] * 7 + [429]
+    try:
+        b = shared_root.client(b_tok)
+        assert b.put(f"/v1/kv/{b_name}/warm", content=b"v").status_code == 200  # connection open
+        with ThreadPoolExecutor(8) as ex:
+            for i in range(8):
+                ex.submit(flood, i)
+            time.sleep(0.2)  # A's requests are now held
+            latencies, statuses = [], []
+            for i in range(5):
+                t = time.monotonic()
+                statuses.append(b.put(f"/v1/kv/{b_name}/k{i}", content=b"v").status_code)
+                latencies.append(time.monotonic() - t)
+            a_done_when_b_finished = len(a_done)
+        assert statuses == [200] * 5
+        # One window + one fsync'd commit is tens of ms; 1 s is generous for a loaded 2-core
+        # machine and still far below A's holds (a B queued behind A would wait up to 3 s).
+        assert max(latencies) < 1.0, latencies
+        # A's requests held for 2, 2.5 and 3 s were still held when B was done.
+        assert a_done_when_b_finished <= 5, (a_done_when_b_finished, latencies)
+        assert sorted(a_done) == [200] * 7 + [429]
+    finally:
+        for c in a_clients:
+            c.close()
 
 
 def test_sigterm_commits_and_acknowledges_the_open_batch(root_factory: Any, procs: Procs) -> None:
