@@ -305,6 +305,10 @@ class UsageSeries:
         self._dirty: set[str] = set()
         self._deleted: set[str] = set()
         self._last_retention = 0.0
+        #: Documents dropped from the cache so far: a query reads the stored documents
+        #: before the cache, and one evicted in between (written meanwhile) would be in
+        #: neither version it saw, so it reads again when this moved (`query`).
+        self.evictions = 0
 
     def keyspaces_of(self, producer: str) -> Sequence[str]:
         """`producer`'s keyspaces now."""
@@ -450,7 +454,14 @@ class UsageSeries:
                     state = self._state(producer, snap)
                     hdoc.snap[(minute - block) // 60] = state
                     self._snaps[(producer, minute)] = state
-                self._unrolled[(producer, minute)] = bucket
+                # Added to, not replaced: a batch's counts arrive on the event loop after
+                # its commit, so a minute the next batch's commit already closed can open
+                # and close again with them.
+                unrolled = self._unrolled.setdefault((producer, minute), {})
+                for ks, cols in bucket.items():
+                    cur = unrolled.setdefault(ks, [0] * len(COLS))
+                    for j, v in enumerate(cols):
+                        cur[j] += v
                 self._dirty.add(hname)
             self._roll(cur_minute // BLOCK * BLOCK, all_)
             if now - self._last_retention >= 3600:
@@ -491,6 +502,7 @@ class UsageSeries:
         for n in [n for n, d in self._docs.items() if d.t not in (block, day)]:
             if n not in self._dirty:
                 del self._docs[n]
+                self.evictions += 1
 
     def _expired(self, now: float, producers: Iterable[str]) -> list[str]:
         """Names of documents past retention: per producer, the oldest few (names sort
@@ -516,11 +528,12 @@ class UsageSeries:
 
     def view(
         self, producer: str, prefix: str, start: str, end: str, *, rollup: bool
-    ) -> tuple[dict[str, bytes], dict[int, dict[str, list[int]]], dict[int, State]]:
-        """In one consistent look: the in-memory documents under `prefix` with suffix in
-        [start, end] (encoded), the minutes of `producer` in no such document yet (minute
-        start -> keyspace -> columns: the open ones, and with `rollup` those not yet
-        rolled into the day documents) and their (keys, bytes) snapshots."""
+    ) -> tuple[int, dict[str, bytes], dict[int, dict[str, list[int]]], dict[int, State]]:
+        """In one consistent look: `evictions` so far, the in-memory documents under
+        `prefix` with suffix in [start, end] (encoded), the minutes of `producer` in no
+        such document yet (minute start -> keyspace -> columns: the open ones, and with
+        `rollup` those not yet rolled into the day documents) and their (keys, bytes)
+        snapshots."""
         with self._lock:
             docs = {
                 n: d.encode()
@@ -539,7 +552,7 @@ class UsageSeries:
             snaps = {m: v for (p, m), v in self._presnap.items() if p == producer}
             if rollup:
                 snaps.update((m, v) for (p, m), v in self._snaps.items() if p == producer)
-            return docs, minutes, snaps
+            return self.evictions, docs, minutes, snaps
 
 
 @dataclass(frozen=True)
@@ -569,6 +582,11 @@ def parse_range(since: str | None, until: str | None, step: str | None, now: flo
     """The query's range: default the last 24 h; step defaults to the finest that gives at
     most MAX_POINTS points. ValueError for a bad value or too many points."""
     t1 = parse_time(until, now) if until else int(now)
+    if t1 >= int(now):
+        # A range ending now holds the present second: `until` is exclusive, so without
+        # this the step just opened (and what was written in its first second) would be
+        # left out of the answer until the clock passed that second.
+        t1 = max(t1, int(now) + 1)
     t0 = parse_time(since, now) if since else t1 - 86400
     if t0 >= t1:
         raise ValueError("since must be before until")
@@ -634,8 +652,17 @@ def query(
     lo, hi = suffix(first_t // width * width), suffix(rng.until)
     prefix = f"usage/{kind}/{producer}/"
     limit = (rng.until - first_t) // width + 2
-    found = stored_docs(series, prefix, lo, hi, limit)
-    cached, minutes, minute_snaps = series.view(producer, prefix, lo, hi, rollup=not minute_docs)
+    while True:
+        # Stored first, then memory: a minute leaves memory only into a cached document,
+        # and a cached one leaves only once written, so the two reads miss nothing
+        # unless a document was evicted in between (then read both again).
+        seen = series.evictions
+        found = stored_docs(series, prefix, lo, hi, limit)
+        evicted, cached, minutes, minute_snaps = series.view(
+            producer, prefix, lo, hi, rollup=not minute_docs
+        )
+        if evicted == seen:
+            break
     found.update(cached)  # the in-memory versions are the newer ones
     for _name, body in sorted(found.items()):
         d = SlotDoc.decode(body, 0)

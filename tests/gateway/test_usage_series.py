@@ -85,7 +85,10 @@ def test_parse_time_and_range() -> None:
     with pytest.raises(ValueError, match="timezone"):
         us.parse_time("2026-11-18T01:00:00", now)
     rng = us.parse_range("-1h", None, "1m", now)
-    assert (rng.since, rng.until, rng.step) == (now - 3600, now, 60)
+    # a range ending now holds the present second (`until` is exclusive)
+    assert (rng.since, rng.until, rng.step) == (now - 3600, now + 1, 60)
+    assert us.parse_range("-2h", "-1h", "1m", now).until == now - 3600
+    assert us.parse_range("-1h", "now", "1m", now + 0.5).until == now + 1
     assert us.parse_range("-30d", None, None, now).step == 3600  # finest with <= 5000 points
     with pytest.raises(ValueError, match="at most"):
         us.parse_range("-30d", None, "1m", now)
@@ -586,4 +589,84 @@ def test_a_range_ending_now_holds_the_state_now_across_a_minute_turn(tmp_path: P
     pts = us.query(s, "p", None, rng, (u.keys, u.bytes), None, now)
     assert (pts[-1]["keys"], pts[-1]["bytes"]) == (u.keys, u.bytes) == (2, u.bytes)
     assert u.bytes > 0
+    store.close()
+
+
+def test_the_minute_just_begun_is_in_a_range_ending_now(tmp_path: Path) -> None:
+    """Writes in the first second of a minute are in the answer at once: the range ending
+    now holds the present second, so its last point is that minute (CI saw 16 of 20
+    writes when the query came within that second)."""
+    store = Store.create(str(tmp_path / "s"), sync=False)
+    turn = T0 + 10 * 3600 + 600  # a minute that also begins a block
+    clock = Clock(turn - 0.5)
+    s = _series(store, clock, {"p": ("p/",)})
+    _commit(store, s, clock.t, [_set("p/1", b"v", "p")], "p")
+    clock.t = turn + 0.2
+    _commit(store, s, clock.t, [_set("p/2", b"v", "p"), _set("p/3", b"v", "p")], "p")
+    for step in ("1m", "1h", "1d"):
+        pts = us.query(s, "p", None, us.parse_range("-1h", None, step, clock.t), None)
+        assert sum(p["writes"] or 0 for p in pts) == 3, step
+        last = pts[-1]["t"]
+        assert last is not None and last <= turn < last + us.STEPS[step]
+    store.close()
+
+
+def test_counts_that_arrive_after_their_minute_closed_still_count_in_every_step(
+    tmp_path: Path,
+) -> None:
+    """A batch's counts reach the series on the event loop after its commit; the next
+    batch's commit may close their minute first. The minute then closes twice, and the
+    hour and day totals keep both parts."""
+    store = Store.create(str(tmp_path / "s"), sync=False)
+    m = T0 + 10 * 3600 + 120
+    clock = Clock(m + 10)
+    s = _series(store, clock, {"p": ("p/",)})
+    _commit(store, s, m + 10, [_set("p/1", b"v", "p")], "p")
+    # the next batch commits at m+60 before the first one's counts were added...
+    changes = s.due(m + 60.1, lambda: {}, starting=["p"])
+    store.apply([_set("p/2", b"v", "p")], doc_changes=changes or None)
+    s.written(changes)
+    # ...which are stamped with their own (earlier) time, in the minute just closed
+    s.add_results("p", [_set("p/9", b"v", "p")], [Result(Status.WRITTEN, 1)], m + 59.9)
+    s.add_results("p", [_set("p/2", b"v", "p")], [Result(Status.WRITTEN, 1)], m + 60.1)
+    clock.t = m + 130
+    _commit(store, s, clock.t, [_set("p/3", b"v", "p")], "p")
+    for step in ("1m", "1h", "1d"):
+        pts = us.query(s, "p", None, us.parse_range("-1h", None, step, clock.t), None)
+        assert sum(p["writes"] or 0 for p in pts) == 4, step
+    # and once the block is over, the day document holds all four
+    clock.t = m + 900
+    _commit(store, s, clock.t, [_set("p/4", b"v", "p")], "p")
+    pts = us.query(s, "p", None, us.parse_range("-1h", None, "1h", clock.t), None)
+    assert sum(p["writes"] or 0 for p in pts) == 5
+    store.close()
+
+
+def test_a_query_is_whole_when_a_document_leaves_the_cache_while_it_reads(
+    tmp_path: Path,
+) -> None:
+    """The query reads the stored documents, then memory. A document folded, written and
+    evicted by the commit thread in between is in neither version it read; the query
+    sees the eviction and reads again."""
+    store = Store.create(str(tmp_path / "s"), sync=False)
+    turn = T0 + 10 * 3600 + 600  # a block turns: the block before leaves the cache
+    clock = Clock(turn - 30)
+    s = _series(store, clock, {"p": ("p/",)})
+    _commit(store, s, clock.t, [_set("p/1", b"v", "p"), _set("p/2", b"v", "p")], "p")
+    real_list = s._list
+    raced: list[int] = []
+
+    def list_then_commit(prefix: str, after: str, limit: int) -> list[tuple[str, bytes]]:
+        got = real_list(prefix, after, limit)
+        if not raced:  # two batches commit meanwhile: the first folds, the next evicts
+            raced.append(1)
+            _commit(store, s, turn + 1, [_set("p/3", b"v", "p")], "p")
+            _commit(store, s, turn + 2, [_set("p/4", b"v", "p")], "p")
+        return got
+
+    s._list = list_then_commit
+    clock.t = turn + 3
+    pts = us.query(s, "p", None, us.parse_range("-1h", None, "1m", clock.t), None)
+    assert raced and s.evictions > 0
+    assert sum(p["writes"] or 0 for p in pts) == 4
     store.close()
