@@ -46,6 +46,7 @@ from ha.role import (
     progress_prefix,
 )
 from mercury.ha_front import Front
+from mercury.ha_metrics import standby_metrics
 from mercury.ha_standby import Standby
 from mercury.tls import files_from_args
 from replicator.terms import store_term
@@ -86,7 +87,8 @@ class Candidate:
         #: mutual TLS to the leader's replication source, HTTPS on the front (None: off)
         self.tls = TlsContexts(files) if files is not None else None
         front_ssl = server_context(files, require_client_cert=False) if files else None
-        self.front = Front(*self.listen, self._status, front_ssl)
+        metrics = standby_metrics(self.data_dir, self._standby_store)
+        self.front = Front(*self.listen, self._status, front_ssl, metrics)
         self.front_up = False
         self.stopping = asyncio.Event()
         self._cooldown_until = 0.0
@@ -95,6 +97,10 @@ class Candidate:
         self._etcd_down_logged = False
 
     # --- status ----------------------------------------------------------------------
+
+    def _standby_store(self) -> Store | None:
+        sb = self.standby
+        return sb.store if sb is not None else None
 
     def _status(self) -> tuple[str, int | None, str | None, dict[str, object]]:
         v = self.view

@@ -1,8 +1,10 @@
 """The HTTP face of a candidate that does not lead: status, and writers sent to the leader.
 
 While a candidate is a standby (or an election runs) its gateway address answers
-`GET /v1/status` and `GET /healthz` with its role, term and the leader's URL, and every
-other request with **307** to the same path on the leader's URL (a 307 keeps the method
+`GET /v1/status` and `GET /healthz` with its role, term and the leader's URL, `GET /metrics`
+with this node's own metrics (a redirect would have a scraper record the leader's figures
+as this node's: a standby behind would look caught up), and every other request with
+**307** to the same path on the leader's URL (a 307 keeps the method
 and body: a PUT is replayed as a PUT), or **503** problem+json with ``leader_url: null``
 while no leader is known. A tiny bounded HTTP/1.1 server: one request per connection,
 request head at most `MAX_HEAD` bytes within `HEAD_TIMEOUT_S`, bodies never read.
@@ -31,17 +33,26 @@ MAX_DRAINED_BODY = 1 << 20
 
 #: -> (role, term, leader_url or None, extra status fields)
 StatusFn = Callable[[], tuple[str, int | None, str | None, dict[str, Any]]]
+#: -> (content type, body) of the Prometheus exposition
+MetricsFn = Callable[[], tuple[str, bytes]]
 
 
 class Front:
     """Serves the non-leader face on `host:port`."""
 
     def __init__(
-        self, host: str, port: int, status: StatusFn, ssl_context: ssl.SSLContext | None = None
+        self,
+        host: str,
+        port: int,
+        status: StatusFn,
+        ssl_context: ssl.SSLContext | None = None,
+        metrics: MetricsFn | None = None,
     ) -> None:
         self.host = host
         self.port = port
         self.status = status
+        #: this node's metrics (None: `/metrics` is redirected like any other path)
+        self.metrics = metrics
         #: HTTPS like the leader's gateway on the same address (None: plain HTTP)
         self.ssl_context = ssl_context
         self._server: asyncio.Server | None = None
@@ -116,6 +127,9 @@ class Front:
         if method == "GET" and path in ("/v1/status", "/healthz"):
             body = {"role": role, "term": term, "leader_url": leader_url, **extra}
             return _response(200, "OK", "application/json", json.dumps(body).encode())
+        if method == "GET" and path == "/metrics" and self.metrics is not None:
+            ctype, text = self.metrics()
+            return _response(200, "OK", ctype, text)
         if leader_url is None:
             doc = problem_document(
                 503,

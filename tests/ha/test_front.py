@@ -1,5 +1,6 @@
-"""The non-leader HTTP face of a candidate, over a real socket: status, 307 with the body
-drained first (no reset before the answer), 503 with leader_url null during an election."""
+"""The non-leader HTTP face of a candidate, over a real socket: status, its own metrics, 307
+with the body drained first (no reset before the answer), 503 with leader_url null during
+an election."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ def test_standby_redirects_and_electing_refuses() -> None:
         return state["role"], 7, state["url"], {"seq": 42}
 
     async def scenario() -> None:
-        front = Front("127.0.0.1", port, status)
+        front = Front("127.0.0.1", port, status, metrics=lambda: ("text/plain", b"node_metric 1\n"))
         await front.start()
         try:
             async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as c:
@@ -31,6 +32,10 @@ def test_standby_redirects_and_electing_refuses() -> None:
                     "leader_url": "http://leader:8080",
                     "seq": 42,
                 }
+                # this node's own metrics, not the leader's (a scraper follows redirects)
+                r = await c.get("/metrics")
+                assert (r.status_code, r.text) == (200, "node_metric 1\n")
+                assert r.headers["content-type"] == "text/plain"
                 r = await c.put("/v1/kv/a/b?async=true", content=b"x" * 100_000)
                 assert r.status_code == 307
                 assert r.headers["location"] == "http://leader:8080/v1/kv/a/b?async=true"

@@ -8,6 +8,7 @@ writes are acknowledged again.
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import httpx
@@ -30,6 +31,20 @@ def test_writes_need_a_standby_in_sync(etcd: Etcd, procs: Procs, tmp_path: Path)
     assert put("a").status_code == 200
     st = leader.status()
     assert st is not None and st["role"] == "leader" and st["standbys_in_sync"] == 2
+    # a standby's /metrics are its own: what it applied, not a redirect to the leader's
+    deadline = time.monotonic() + 10
+    while True:
+        r = httpx.get(f"{standbys[0].url}/metrics", timeout=5)
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
+        got = _samples(r.text)
+        if got.get("mercury_replication_applied_records_total", 0) >= 1:
+            break
+        assert time.monotonic() < deadline, r.text
+        time.sleep(0.2)
+    assert got["mercury_replication_applied_seq"] >= 1
+    assert got["mercury_replication_apply_commits_total"] >= 1
+    assert got["mercury_replication_lag_seconds"] >= 0  # a number: it streams
+    assert got["mercury_replication_diverged"] == 0
     cluster.kill(standbys[0])
     assert put("b").status_code == 200  # the other standby confirms
     cluster.kill(standbys[1])
@@ -47,3 +62,13 @@ def test_writes_need_a_standby_in_sync(etcd: Etcd, procs: Procs, tmp_path: Path)
     assert put("c").json()["status"] == "duplicate"
     seq, _ = cluster.wait_converged()
     assert seq >= r.json()["seq"]
+
+
+def _samples(text: str) -> dict[str, float]:
+    """Unlabelled samples of a Prometheus exposition (name -> value)."""
+    out = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#") and "{" not in line:
+            name, _, value = line.partition(" ")
+            out[name] = float(value)
+    return out
