@@ -3,9 +3,9 @@
 A real root store (fsync) served by a real `ReplicationSource` (in this process, on a
 thread) streams its whole log to a child process running a real `ReplicaClient` into an
 empty store of the same database (fsync on): the replica's worker, with nothing else in
-it. The child counts its own CPU (`resource.getrusage`, user + system, all its threads)
-from its first connection until its store holds the root's last seq; startup and imports
-are not counted. Workloads:
+it, on the worker's event loop (uvloop). The child counts its own CPU
+(`resource.getrusage`, user + system, all its threads) from its first connection until
+its store holds the root's last seq; startup and imports are not counted. Workloads:
 
 - ``40k-x2``: fresh 40 KiB random values, two per record (what a 10 ms batch window
   gathers from a handful of writers);
@@ -111,6 +111,12 @@ def child(a: argparse.Namespace) -> None:
         await asyncio.gather(task, return_exceptions=True)
         return wall, cpu
 
+    try:  # the event loop the replication worker runs (replicator/worker.py)
+        import uvloop
+
+        uvloop.install()
+    except ImportError:
+        pass
     wall, cpu = asyncio.run(run())
     store.close()
     print(json.dumps({"wall_s": wall, "cpu_s": cpu, "codec": codec.IMPLEMENTATION}))
