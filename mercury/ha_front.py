@@ -4,9 +4,9 @@ While a candidate is a standby (or an election runs) its gateway address answers
 `GET /v1/status` and `GET /healthz` with its role, term and the leader's URL, `GET /metrics`
 with this node's own metrics (a redirect would have a scraper record the leader's figures
 as this node's: a standby behind would look caught up), and every other request with
-**307** to the same path on the leader's URL (a 307 keeps the method
-and body: a PUT is replayed as a PUT), or **503** problem+json with ``leader_url: null``
-while no leader is known. A tiny bounded HTTP/1.1 server: one request per connection,
+**307** to the same path on the leader's URL (a 307 keeps the method and body: a PUT is
+replayed as a PUT), or **503** problem+json with ``leader_url: null`` while no leader is
+known. A tiny bounded HTTP/1.1 server: one request per connection,
 request head at most `MAX_HEAD` bytes within `HEAD_TIMEOUT_S`, bodies never read.
 When the candidate wins, this listener closes and the root's gateway takes the address.
 """
