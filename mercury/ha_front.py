@@ -6,9 +6,9 @@ with this node's own metrics (a redirect would have a scraper record the leader'
 as this node's: a standby behind would look caught up), and every other request with
 **307** to the same path on the leader's URL (a 307 keeps the method and body: a PUT is
 replayed as a PUT), or **503** problem+json with ``leader_url: null`` while no leader is
-known. A tiny bounded HTTP/1.1 server: one request per connection,
-request head at most `MAX_HEAD` bytes within `HEAD_TIMEOUT_S`, bodies never read.
-When the candidate wins, this listener closes and the root's gateway takes the address.
+known. A tiny bounded HTTP/1.1 server: one request per connection, request head at most
+`MAX_HEAD` bytes within `HEAD_TIMEOUT_S`, bodies never read. When the candidate wins, this
+listener closes and the root's gateway takes the address.
 """
 
 from __future__ import annotations
