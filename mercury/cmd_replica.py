@@ -74,6 +74,14 @@ def register(sub: Any) -> None:
         "win the CPU on a busy machine (default 5; 0 = same priority)",
     )
     p.add_argument(
+        "--applier-cpus",
+        default=None,
+        metavar="LIST",
+        help="pin the replication worker to these CPUs (as taskset -c writes them: 3, "
+        "2-3) and the read server to the others, so reads never share a core with the "
+        "applier (default: unpinned)",
+    )
+    p.add_argument(
         "--failback-s",
         type=float,
         default=30.0,

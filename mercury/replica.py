@@ -290,6 +290,10 @@ async def _serve(config: ReplicaConfig, n: int = 1) -> int:
     # A waking read preempts the applier; the worker and readers started below inherit
     # this and the worker gives it up (replicator/sched.py).
     sched.favour_reads()
+    if config.reader_cpus:
+        # Before any reader or worker starts: they inherit it (the worker then moves to
+        # its own CPUs, `--applier-cpus`).
+        sched.pin(os.getpid(), config.reader_cpus)
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -14,12 +14,14 @@ import os
 from dataclasses import asdict, dataclass
 
 from core.addr import parse_hostport
+from core.errors import ConfigError
 from core.tlsconf import TlsFiles
 from gateway.settings import Settings
 from mercury.retention_flags import policy_from_args
 from mercury.tls import files_from_args
 from reads.tcp import listener_limits
 from reads.wiring import ListenerSettings
+from replicator import sched
 from replicator.wiring import SourceSettings
 from replicator.worker import WorkerConfig
 from store.retention import RetentionPolicy
@@ -109,6 +111,8 @@ class ReplicaConfig:
     read_auth: bool = False
     #: `--allow-unauthenticated-reads`: KT and memcached may listen beyond loopback.
     allow_unauthenticated_reads: bool = False
+    #: With `--applier-cpus`: the CPUs the read server keeps (the worker has the others).
+    reader_cpus: frozenset[int] | None = None
 
     @property
     def data_dir(self) -> str:
@@ -119,6 +123,7 @@ class ReplicaConfig:
     def from_args(cls, args: argparse.Namespace) -> ReplicaConfig:
         """The replica's settings from `mercury replica`'s arguments."""
         tls = files_from_args(args)
+        applier_cpus, reader_cpus = _cpus(getattr(args, "applier_cpus", None))
         return cls(
             listen=parse_hostport(args.listen, "--listen"),
             listeners=listener_settings(args, memcached=True),
@@ -133,9 +138,25 @@ class ReplicaConfig:
                 retention=asdict(policy_from_args(args)),
                 nice=int(args.applier_nice),
                 tls=asdict(tls) if tls is not None else None,
+                cpus=sorted(applier_cpus) if applier_cpus else None,
             ),
             log_level=args.log_level,
             tls=tls,
             read_auth=bool(args.read_auth),
             allow_unauthenticated_reads=bool(args.allow_unauthenticated_reads),
+            reader_cpus=reader_cpus,
         )
+
+
+def _cpus(value: str | None) -> tuple[frozenset[int] | None, frozenset[int] | None]:
+    """`--applier-cpus`: (the worker's CPUs, the read server's), checked against the CPUs
+    this process may use; (None, None) without the flag."""
+    if not value:
+        return None, None
+    try:
+        applier = sched.parse_cpus(value)
+        return applier, sched.split_cpus(frozenset(os.sched_getaffinity(0)), applier)
+    except ValueError as err:
+        raise ConfigError(
+            f"--applier-cpus: {err}", hint="e.g. --applier-cpus 3 on a machine with CPUs 0-3"
+        ) from None

@@ -14,6 +14,12 @@ default slices) — that wait *is* the read tail under writes. Two hints, both b
 
 Older kernels ignore or refuse the request: every function returns False then and the
 caller carries on (the system works without the hint, only with a longer read tail).
+
+On a machine with cores to spare, the hints give way to a guarantee: `--applier-cpus`
+pins the applier to its own CPUs and the read server to the rest (`split_cpus`, `pin`),
+so a read never waits behind the applier, not even behind its system calls (a commit's
+`writev` of dirty pages runs in the kernel, where a kernel without full preemption does
+not preempt it).
 """
 
 from __future__ import annotations
@@ -134,3 +140,48 @@ def background_applier() -> bool:
 def reset(tid: int) -> bool:
     """Thread `tid` back to SCHED_NORMAL and the default slice (benchmarks compare)."""
     return _set(tid, SCHED_NORMAL, 0)
+
+
+def parse_cpus(text: str) -> frozenset[int]:
+    """A CPU list as `taskset -c` and `/proc/*/status` write it (``3``, ``2-3``, ``0,4-7``)
+    -> its CPU numbers. ValueError for anything else."""
+    cpus: set[int] = set()
+    for part in text.split(","):
+        lo, sep, hi = part.strip().partition("-")
+        if not lo.isdigit() or (sep and not hi.isdigit()):
+            raise ValueError(f"CPU list {text!r}: {part.strip()!r} is not N or N-M")
+        first, last = int(lo), int(hi) if sep else int(lo)
+        if last < first:
+            raise ValueError(f"CPU list {text!r}: range {part.strip()!r} runs backwards")
+        cpus.update(range(first, last + 1))
+    return frozenset(cpus)
+
+
+def split_cpus(allowed: frozenset[int], applier: frozenset[int]) -> frozenset[int]:
+    """The read server's CPUs when the applier takes `applier` out of `allowed` (this
+    process's). ValueError when the applier names a CPU the process may not use, or
+    leaves the read server none."""
+    outside = applier - allowed
+    if outside:
+        raise ValueError(
+            f"CPUs {sorted(outside)} are not among this process's ({_cpu_text(allowed)})"
+        )
+    readers = allowed - applier
+    if not readers:
+        raise ValueError(
+            f"the applier would take every CPU this process may use ({_cpu_text(allowed)}), "
+            "leaving the read server none"
+        )
+    return readers
+
+
+def _cpu_text(cpus: frozenset[int]) -> str:
+    return ",".join(str(c) for c in sorted(cpus))
+
+
+def pin(pid: int, cpus: frozenset[int]) -> None:
+    """Every current thread of process `pid` onto `cpus` (threads started later inherit
+    the mask of the thread that starts them, processes of the one that forks them)."""
+    for tid in threads(pid) or [pid]:
+        with contextlib.suppress(ProcessLookupError):  # a thread that just ended
+            os.sched_setaffinity(tid, cpus)

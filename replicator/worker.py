@@ -80,6 +80,9 @@ class WorkerConfig:
     tls: dict[str, str] | None = None
     #: The parent's pid: the worker dies with it (`core.lifeline`). None when run alone.
     parent_pid: int | None = None
+    #: CPUs the worker runs on (`--applier-cpus`; the read server has the others), None:
+    #: wherever the kernel puts it.
+    cpus: list[int] | None = None
 
     def to_json(self) -> str:
         """Serialised for the worker's command line."""
@@ -298,6 +301,8 @@ def main(argv: list[str]) -> int:
         lifeline.bind_to_parent(cfg.parent_pid)
     if cfg.nice > 0:
         os.nice(cfg.nice)
+    if cfg.cpus:
+        sched.pin(os.getpid(), frozenset(cfg.cpus))
     # Reads preempt this process when they wake (the read server asked for short slices,
     # which we inherited and give up here): replicator/sched.py.
     sched.background_applier()

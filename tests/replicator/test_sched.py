@@ -64,3 +64,20 @@ def test_unknown_threads_are_refused_without_raising() -> None:
     assert sched.get_attr(2**22 + 12345) is None
     assert sched.request_slice(2**22 + 12345, 200_000) is False
     assert sched.set_batch(2**22 + 12345) is False
+
+
+def test_cpu_lists_parse_as_taskset_writes_them() -> None:
+    assert sched.parse_cpus("3") == {3}
+    assert sched.parse_cpus("0,2-4, 7") == {0, 2, 3, 4, 7}
+    for bad in ("", "a", "1-", "-1", "3-1", "1,,2", "1.5"):
+        with pytest.raises(ValueError, match="CPU list"):
+            sched.parse_cpus(bad)
+
+
+def test_the_applier_leaves_the_read_server_cpus_of_its_own() -> None:
+    allowed = frozenset({0, 1, 2, 3})
+    assert sched.split_cpus(allowed, frozenset({3})) == {0, 1, 2}
+    with pytest.raises(ValueError, match="not among"):
+        sched.split_cpus(allowed, frozenset({4}))
+    with pytest.raises(ValueError, match="leaving the read server none"):
+        sched.split_cpus(allowed, allowed)
