@@ -142,19 +142,30 @@ def reset(tid: int) -> bool:
     return _set(tid, SCHED_NORMAL, 0)
 
 
+#: One more than the highest CPU number Linux builds for (NR_CPUS at most 8192): a list
+#: beyond it is a typo, and a range to it stays small.
+MAX_CPUS = 8192
+
+
 def parse_cpus(text: str) -> frozenset[int]:
     """A CPU list as `taskset -c` and `/proc/*/status` write it (``3``, ``2-3``, ``0,4-7``)
     -> its CPU numbers. ValueError for anything else."""
     cpus: set[int] = set()
     for part in text.split(","):
         lo, sep, hi = part.strip().partition("-")
-        if not lo.isdigit() or (sep and not hi.isdigit()):
+        if not _number(lo) or (sep and not _number(hi)):
             raise ValueError(f"CPU list {text!r}: {part.strip()!r} is not N or N-M")
         first, last = int(lo), int(hi) if sep else int(lo)
         if last < first:
             raise ValueError(f"CPU list {text!r}: range {part.strip()!r} runs backwards")
+        if last >= MAX_CPUS:
+            raise ValueError(f"CPU list {text!r}: CPU {last} is past the largest, {MAX_CPUS - 1}")
         cpus.update(range(first, last + 1))
     return frozenset(cpus)
+
+
+def _number(s: str) -> bool:
+    return s.isascii() and s.isdigit() and len(s) <= 5
 
 
 def split_cpus(allowed: frozenset[int], applier: frozenset[int]) -> frozenset[int]:

@@ -10,6 +10,8 @@ import subprocess
 import sys
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from replicator import sched
 from tests.support.procs import REPO
@@ -69,7 +71,7 @@ def test_unknown_threads_are_refused_without_raising() -> None:
 def test_cpu_lists_parse_as_taskset_writes_them() -> None:
     assert sched.parse_cpus("3") == {3}
     assert sched.parse_cpus("0,2-4, 7") == {0, 2, 3, 4, 7}
-    for bad in ("", "a", "1-", "-1", "3-1", "1,,2", "1.5"):
+    for bad in ("", "a", "1-", "-1", "3-1", "1,,2", "1.5", "\u00b3", "0-99999999999", "8192"):
         with pytest.raises(ValueError, match="CPU list"):
             sched.parse_cpus(bad)
 
@@ -81,3 +83,18 @@ def test_the_applier_leaves_the_read_server_cpus_of_its_own() -> None:
         sched.split_cpus(allowed, frozenset({4}))
     with pytest.raises(ValueError, match="leaving the read server none"):
         sched.split_cpus(allowed, allowed)
+
+
+@given(st.text(max_size=40))
+def test_any_cpu_list_parses_or_is_refused_cleanly(text: str) -> None:
+    try:
+        cpus = sched.parse_cpus(text)
+    except ValueError as err:
+        assert "CPU list" in str(err)
+    else:
+        assert cpus and all(0 <= c < sched.MAX_CPUS for c in cpus)
+
+
+@given(st.frozensets(st.integers(0, sched.MAX_CPUS - 1), min_size=1, max_size=20))
+def test_a_cpu_list_written_out_parses_back(cpus: frozenset[int]) -> None:
+    assert sched.parse_cpus(",".join(map(str, sorted(cpus)))) == cpus
