@@ -19,7 +19,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 
 from mercury.ha_front import MetricsFn
 from replicator.metrics import APPLIED_SEQ, APPLIER, DIVERGED, REPLICATION_LAG
-from replicator.status import diverged, read_status
+from replicator.status import diverged, lag_gauge, read_status
 from store.store import Store
 
 
@@ -28,11 +28,7 @@ def standby_metrics(data_dir: str, standby_store: Callable[[], Store | None]) ->
     open store, None while no standby runs) and return the front's `/metrics` renderer."""
 
     def lag() -> float:
-        if standby_store() is None:
-            return math.nan
-        st = read_status(data_dir)
-        value = st.lag() if st is not None else None
-        return math.nan if value is None else value
+        return math.nan if standby_store() is None else lag_gauge(data_dir)
 
     def applied() -> float:
         store = standby_store()

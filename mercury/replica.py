@@ -18,7 +18,6 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
-import math
 import os
 import signal
 import socket
@@ -41,7 +40,7 @@ from replicator.metrics import (
     REPLICATION_LAG,
     WORKER_RESTARTS,
 )
-from replicator.status import diverged, read_status
+from replicator.status import diverged, lag_gauge, read_status
 from replicator.worker import EXIT_REBOOTSTRAP, WorkerConfig
 from store import layout
 from store.lock import WriterLock
@@ -199,12 +198,7 @@ async def _read_side(
 
     cfg = config.worker
 
-    def lag() -> float:
-        st = read_status(cfg.data_dir)
-        value = st.lag() if st is not None else None
-        return math.nan if value is None else value
-
-    REPLICATION_LAG.set_function(lag)
+    REPLICATION_LAG.set_function(lambda: lag_gauge(cfg.data_dir))
     DIVERGED.set_function(lambda: diverged(cfg.data_dir))
     REFUSED.external = lambda: _worker_refused(cfg.data_dir)
     APPLIER.source = lambda: read_status(cfg.data_dir)

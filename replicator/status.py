@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import math
 import os
 import time
 from dataclasses import asdict, dataclass, field
@@ -127,6 +128,14 @@ class StatusBoard:
                 await self._task
         with contextlib.suppress(OSError):
             self.flush()
+
+
+def lag_gauge(data_dir: str) -> float:
+    """Seconds the replica in `data_dir` is behind the root, NaN before any contact (for
+    the `mercury_replication_lag_seconds` gauge)."""
+    st = read_status(data_dir)
+    value = st.lag() if st is not None else None
+    return math.nan if value is None else value
 
 
 def diverged(data_dir: str) -> float:
