@@ -45,7 +45,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from itertools import compress
 from operator import itemgetter
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 import orjson
 
@@ -69,6 +69,16 @@ COLS = ("writes", "bytes_written", "deletes", "duplicates", "held", "refused_429
 _W, _BW, _D, _DUP, _HELD, _R429, _R413 = range(len(COLS))
 #: Quota outcomes (`gateway.admission.OUTCOMES`) -> column.
 QUOTA_COL = {"held": _HELD, "refused": _R429, "too_large": _R413}
+
+_K = TypeVar("_K")
+
+
+def add_cols(rows: dict[_K, list[int]], key: _K, cols: Sequence[int]) -> None:
+    """Add `cols` into the columns of `rows[key]` (zeros when there is none yet)."""
+    cur = rows.setdefault(key, [0] * len(COLS))
+    for j, v in enumerate(cols):
+        cur[j] += v
+
 
 MINUTE_KEEP_S = 31 * 86400
 HOUR_KEEP_S = 366 * 86400
@@ -162,9 +172,7 @@ class SlotDoc:
         return orjson.dumps(out)
 
     def add(self, ks: str, slot: int, cols: Sequence[int]) -> None:
-        cur = self.rows.setdefault(ks, {}).setdefault(slot, [0] * len(COLS))
-        for j, v in enumerate(cols):
-            cur[j] += v
+        add_cols(self.rows.setdefault(ks, {}), slot, cols)
 
     def sums(self) -> dict[str, list[int]]:
         """Per keyspace, the columns summed over every slot."""
@@ -358,12 +366,7 @@ class UsageSeries:
         with self._lock:
             b = self._bucket(producer, now)
             for ks, cols in counts.items():
-                cur = b.get(ks)
-                if cur is None:
-                    b[ks] = cols
-                else:
-                    for j, v in enumerate(cols):
-                        cur[j] += v
+                add_cols(b, ks, cols)
 
     def add_requests(
         self, requests: Sequence[Counted], results: Sequence[Sequence[Result]], now: float
@@ -459,9 +462,7 @@ class UsageSeries:
                 # and close again with them.
                 unrolled = self._unrolled.setdefault((producer, minute), {})
                 for ks, cols in bucket.items():
-                    cur = unrolled.setdefault(ks, [0] * len(COLS))
-                    for j, v in enumerate(cols):
-                        cur[j] += v
+                    add_cols(unrolled, ks, cols)
                 self._dirty.add(hname)
             self._roll(cur_minute // BLOCK * BLOCK, all_)
             if now - self._last_retention >= 3600:
@@ -546,9 +547,7 @@ class UsageSeries:
                 for (p, m), b in src.items():
                     if p == producer:
                         for ks, c in b.items():
-                            cur = minutes.setdefault(m, {}).setdefault(ks, [0] * len(COLS))
-                            for j, v in enumerate(c):
-                                cur[j] += v
+                            add_cols(minutes.setdefault(m, {}), ks, c)
             snaps = {m: v for (p, m), v in self._presnap.items() if p == producer}
             if rollup:
                 snaps.update((m, v) for (p, m), v in self._snaps.items() if p == producer)
@@ -582,11 +581,11 @@ def parse_range(since: str | None, until: str | None, step: str | None, now: flo
     """The query's range: default the last 24 h; step defaults to the finest that gives at
     most MAX_POINTS points. ValueError for a bad value or too many points."""
     t1 = parse_time(until, now) if until else int(now)
-    if t1 >= int(now):
+    if t1 == int(now):
         # A range ending now holds the present second: `until` is exclusive, so without
         # this the step just opened (and what was written in its first second) would be
         # left out of the answer until the clock passed that second.
-        t1 = max(t1, int(now) + 1)
+        t1 += 1
     t0 = parse_time(since, now) if since else t1 - 86400
     if t0 >= t1:
         raise ValueError("since must be before until")
@@ -644,9 +643,7 @@ def query(
     def take(t_slot: int, ks: str, c: Sequence[int]) -> None:
         if keyspace is not None and ks != keyspace:
             return
-        cur = cols.setdefault(t_slot, [0] * len(COLS))
-        for j, v in enumerate(c):
-            cur[j] += v
+        add_cols(cols, t_slot, c)
 
     first_t = rng.since - width  # one document earlier: the snapshot to carry forward
     lo, hi = suffix(first_t // width * width), suffix(rng.until)
