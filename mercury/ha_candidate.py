@@ -105,7 +105,8 @@ class Candidate:
     def _status(self) -> tuple[str, int | None, str | None, dict[str, object]]:
         v = self.view
         sb = self.standby
-        seq, head = sb.store.head() if sb is not None and sb.store is not None else (None, None)
+        store = self._standby_store()
+        seq, head = store.head() if store is not None else (None, None)
         extra: dict[str, object] = {
             "node": self.node,
             "seq": seq,
