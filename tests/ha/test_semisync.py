@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import httpx
+from prometheus_client.parser import text_string_to_metric_families
 
 from tests.ha.cluster import Cluster
 from tests.ha.etcdproc import Etcd
@@ -65,10 +66,11 @@ def test_writes_need_a_standby_in_sync(etcd: Etcd, procs: Procs, tmp_path: Path)
 
 
 def _samples(text: str) -> dict[str, float]:
-    """Unlabelled samples of a Prometheus exposition (name -> value)."""
-    out = {}
-    for line in text.splitlines():
-        if line and not line.startswith("#") and "{" not in line:
-            name, _, value = line.partition(" ")
-            out[name] = float(value)
-    return out
+    """Unlabelled samples of a Prometheus exposition (name -> value), read by
+    prometheus_client's own parser."""
+    return {
+        s.name: s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if not s.labels
+    }
