@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.support.procs import REPO
 
 
 def compose_config(*args: str) -> dict[str, Any]:
