@@ -27,7 +27,7 @@ import signal
 import sys
 import time
 
-from core import lifeline
+from core import eventloop, lifeline
 from core.addr import parse_hostport
 from core.errors import MercuryError
 from core.tlsconf import TlsContexts, server_context
@@ -402,10 +402,5 @@ class Candidate:
 
 def run_candidate(args: argparse.Namespace) -> int:
     """Run a root candidate until SIGTERM/SIGINT."""
-    try:
-        import uvloop
-
-        uvloop.install()
-    except ImportError:
-        pass
+    eventloop.install()
     return asyncio.run(Candidate(args).run())

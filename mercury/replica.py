@@ -28,6 +28,7 @@ from typing import Any
 
 import uvicorn
 
+from core import eventloop
 from mercury import logsetup, tls
 from mercury.settings import ReplicaConfig
 from reads import workermetrics, workers
@@ -426,21 +427,13 @@ def run_replica(args: argparse.Namespace) -> int:
     index = workers.worker_index()
     if index > 0:
         # A reader started by reader 0's pool: no writer lock, no replication worker.
-        with contextlib.suppress(ImportError):
-            import uvloop
-
-            uvloop.install()
+        eventloop.install()
         return asyncio.run(_serve_reader(config, index, n))
     # One writer per store: the parent takes the lock (a second replica on this directory
     # exits here, naming the holder) and its worker inherits it.
     writer_lock = WriterLock.acquire(config.data_dir)
     config.worker.lock_fd = writer_lock.fd
-    try:
-        import uvloop
-
-        uvloop.install()
-    except ImportError:
-        pass
+    eventloop.install()
     try:
         return asyncio.run(_serve(config, n))
     finally:

@@ -19,6 +19,7 @@ from typing import Any
 
 import uvicorn
 
+from core import eventloop
 from core.addr import parse_hostport
 from reads import workermetrics, workers
 from reads.auth import AclTokenIndex, ReadAuth
@@ -177,12 +178,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point."""
     args = parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)  # what other readers run
-    try:
-        import uvloop
-
-        uvloop.install()
-    except ImportError:  # uvloop is optional: plain asyncio works, slower
-        pass
+    eventloop.install()
     asyncio.run(serve(args))
     return 0
 

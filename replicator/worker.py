@@ -27,7 +27,7 @@ from collections.abc import Coroutine
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from core import lifeline
+from core import eventloop, lifeline
 from core.errors import (
     BootstrapNeededError,
     CorruptionError,
@@ -306,12 +306,7 @@ def main(argv: list[str]) -> int:
     # Reads preempt this process when they wake (the read server asked for short slices,
     # which we inherited and give up here): replicator/sched.py.
     sched.background_applier()
-    try:
-        import uvloop
-
-        uvloop.install()  # faster socket I/O; the source falls back from sendfile on it
-    except ImportError:
-        pass
+    eventloop.install()  # uvloop: the source falls back from sendfile on it
     return asyncio.run(_main(cfg))
 
 
