@@ -18,6 +18,7 @@ import pytest
 from reads import kt_protocol as kt
 from store.ops import SET, Op
 from store.store import Store
+from tests.support import metrics
 from tests.support.procs import Procs, free_port, wait_http, wait_port
 
 
@@ -27,12 +28,9 @@ class Ports:
     kt: int
     mc: int
 
-    def metric(self, line_prefix: str) -> float:
+    def metric(self, name: str, **labels: str) -> float:
         text = httpx.get(f"http://127.0.0.1:{self.http}/metrics", timeout=5).text
-        for ln in text.splitlines():
-            if ln.startswith(line_prefix + " "):
-                return float(ln.rsplit(" ", 1)[1])
-        return 0.0
+        return metrics.value(text, name, **labels)
 
 
 StartReads = Callable[..., Ports]
@@ -175,10 +173,10 @@ def test_idle_connections_are_closed_others_keep_being_served(start_reads: Start
             assert _closed_within(idle_kt, 10.0)
             assert _mc_version(busy).startswith(b"VERSION")
     assert (
-        ports.metric('mercury_listener_refused_total{listener="memcached",reason="idle_timeout"}')
+        ports.metric("mercury_listener_refused_total", listener="memcached", reason="idle_timeout")
         >= 1
     )
-    assert ports.metric('mercury_listener_refused_total{listener="kt",reason="idle_timeout"}') >= 1
+    assert ports.metric("mercury_listener_refused_total", listener="kt", reason="idle_timeout") >= 1
 
 
 def test_over_the_cap_is_refused_while_existing_clients_keep_working(
@@ -194,10 +192,10 @@ def test_over_the_cap_is_refused_while_existing_clients_keep_working(
             assert _closed_within(extra, 5.0)
         for s in held:
             assert _mc_version(s).startswith(b"VERSION")
-        assert ports.metric('mercury_listener_connections{listener="memcached"}') == 3
+        assert ports.metric("mercury_listener_connections", listener="memcached") == 3
         assert (
             ports.metric(
-                'mercury_listener_refused_total{listener="memcached",reason="max_connections"}'
+                "mercury_listener_refused_total", listener="memcached", reason="max_connections"
             )
             == 1
         )
@@ -207,7 +205,7 @@ def test_over_the_cap_is_refused_while_existing_clients_keep_working(
     # Closing frees the places.
     deadline = time.monotonic() + 5
     while (
-        ports.metric('mercury_listener_connections{listener="memcached"}')
+        ports.metric("mercury_listener_connections", listener="memcached")
         and time.monotonic() < deadline
     ):
         time.sleep(0.05)
@@ -248,9 +246,7 @@ def test_parked_partial_requests_are_dropped_after_their_timeouts(
         ("memcached", "header_timeout", 1),
         ("kt", "header_timeout", 1),
     ):
-        got = ports.metric(
-            f'mercury_listener_refused_total{{listener="{listener}",reason="{reason}"}}'
-        )
+        got = ports.metric("mercury_listener_refused_total", listener=listener, reason=reason)
         assert got == n, (listener, reason, got)
 
 
@@ -268,13 +264,13 @@ def test_a_client_that_reads_no_replies_is_closed_after_the_write_timeout(
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
             if ports.metric(
-                'mercury_listener_refused_total{listener="memcached",reason="write_timeout"}'
+                "mercury_listener_refused_total", listener="memcached", reason="write_timeout"
             ):
                 break
             time.sleep(0.2)
         assert (
             ports.metric(
-                'mercury_listener_refused_total{listener="memcached",reason="write_timeout"}'
+                "mercury_listener_refused_total", listener="memcached", reason="write_timeout"
             )
             == 1
         )

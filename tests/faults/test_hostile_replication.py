@@ -22,6 +22,7 @@ from store import format as fmt
 from store.ops import SET, Op
 from tests.replicator.harness import root_node, status, wait_for
 from tests.replicator.nodes import start_replica
+from tests.support import metrics
 from tests.support.procs import Procs, free_port, run_mercury, wait_http
 
 
@@ -151,9 +152,9 @@ def test_bootstrap_client_that_never_reads_loses_its_slot(
     assert took < 60  # generous: bounded by the stall timeout, not by the hostile client
 
 
-def _metric(http: int, name: str) -> str:
+def _metric(http: int, name: str) -> float | None:
     text = httpx.get(f"http://127.0.0.1:{http}/metrics", timeout=5).text
-    return next((ln for ln in text.splitlines() if ln.startswith(name + " ")), "")
+    return metrics.unlabelled(text).get(name)
 
 
 @pytest.mark.parametrize("batch", [10, 7], ids=["continues-at-next-seq", "repeats-a-seq"])
@@ -179,7 +180,7 @@ def test_replica_of_a_root_restored_from_an_older_copy_stops_as_diverged(
         assert "diverged history" in err and "rm -r DATA_DIR" in err, err
         if batch == 10:  # the record at 101 does not chain from the replica's head
             assert replica_head in err, err
-        assert _metric(r.http, "mercury_replication_diverged") == "mercury_replication_diverged 1.0"
+        assert _metric(r.http, "mercury_replication_diverged") == 1.0
         # Terminal: no more retries, and reads keep being served.
         errors = st["replication_errors"]
         time.sleep(2.0)
@@ -215,7 +216,7 @@ def test_replica_ahead_of_a_restored_root_is_diverged_before_the_root_catches_up
         err = status(r.http)["replication_error"]
         assert "the root lost history" in err and replica_head in err, err
         assert "rm -r DATA_DIR" in err, err
-        assert _metric(r.http, "mercury_replication_diverged") == "mercury_replication_diverged 1.0"
+        assert _metric(r.http, "mercury_replication_diverged") == 1.0
         assert status(r.http)["seq"] == 100
 
 

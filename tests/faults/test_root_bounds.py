@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import re
 import socket
 import time
 from collections.abc import Iterator
@@ -21,13 +20,12 @@ import pytest
 from core.errors import RequestTimeoutError
 from gateway.http import read_body
 from tests.gateway.conftest import Root, make_root
+from tests.support import metrics
 from tests.support.procs import Procs
 
 
-def _metric(root: Root, name: str, labels: str = "") -> float:
-    text = root.client().get("/metrics").text
-    m = re.search(rf"^{re.escape(name)}{re.escape(labels)} ([0-9.e+]+)$", text, re.M)
-    return float(m.group(1)) if m else 0.0
+def _metric(root: Root, name: str, **labels: str) -> float:
+    return metrics.value(root.client().get("/metrics").text, name, **labels)
 
 
 def _closed_by_peer(s: socket.socket, within_s: float) -> bool:
@@ -74,7 +72,7 @@ def test_idle_sockets_neither_lock_out_a_producer_nor_stay_open(bounded_root: Ro
         r = c.put(f"/v1/kv/{name}/still-writes", content=b"v")
         assert r.status_code == 200, r.text
         assert c.get(f"/v1/kv/{name}/still-writes").content == b"v"
-        assert _metric(root, "mercury_http_connections_closed_total", '{reason="evicted"}') >= 100
+        assert _metric(root, "mercury_http_connections_closed_total", reason="evicted") >= 100
         assert _metric(root, "mercury_http_connections") <= 101
         # The survivors are closed after the idle timeout (2 s), well before 15 s.
         deadline = time.monotonic() + 15
@@ -111,7 +109,7 @@ def test_a_trickled_request_head_is_closed_at_the_deadline(bounded_root: Root) -
         s.close()
     assert closed
     assert time.monotonic() - t0 < 12  # the 2 s deadline, with room for a loaded machine
-    assert _metric(bounded_root, "mercury_http_connections_closed_total", '{reason="idle"}') >= 1
+    assert _metric(bounded_root, "mercury_http_connections_closed_total", reason="idle") >= 1
 
 
 def test_an_oversized_request_head_is_refused_431(bounded_root: Root) -> None:

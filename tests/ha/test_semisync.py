@@ -12,10 +12,10 @@ import time
 from pathlib import Path
 
 import httpx
-from prometheus_client.parser import text_string_to_metric_families
 
 from tests.ha.cluster import Cluster
 from tests.ha.etcdproc import Etcd
+from tests.support import metrics
 from tests.support.procs import Procs
 
 
@@ -37,7 +37,7 @@ def test_writes_need_a_standby_in_sync(etcd: Etcd, procs: Procs, tmp_path: Path)
     while True:
         r = httpx.get(f"{standbys[0].url}/metrics", timeout=5)
         assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
-        got = _samples(r.text)
+        got = metrics.unlabelled(r.text)
         if got.get("mercury_replication_applied_records_total", 0) >= 1:
             break
         assert time.monotonic() < deadline, r.text
@@ -63,14 +63,3 @@ def test_writes_need_a_standby_in_sync(etcd: Etcd, procs: Procs, tmp_path: Path)
     assert put("c").json()["status"] == "duplicate"
     seq, _ = cluster.wait_converged()
     assert seq >= r.json()["seq"]
-
-
-def _samples(text: str) -> dict[str, float]:
-    """Unlabelled samples of a Prometheus exposition (name -> value), read by
-    prometheus_client's own parser."""
-    return {
-        s.name: s.value
-        for family in text_string_to_metric_families(text)
-        for s in family.samples
-        if not s.labels
-    }

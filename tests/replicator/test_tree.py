@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import re
 import signal
 import time
 from pathlib import Path
@@ -15,6 +14,7 @@ from store.check import check
 from store.store import Store
 from tests.replicator.harness import contents, items, root_node, status, wait_for, wait_seq
 from tests.replicator.nodes import restart, start_replica
+from tests.support import metrics
 from tests.support.logged import records
 from tests.support.procs import Procs, alive
 
@@ -36,14 +36,10 @@ def assert_same(root_store: Store, *dirs: Path) -> None:
 
 def applier_metrics(port: int) -> dict[str, float]:
     """The replica's `mercury_replication_*_total` applier counters, by short name."""
-    text = httpx.get(f"http://127.0.0.1:{port}/metrics").text
-    found = re.findall(
-        r"^mercury_replication_(applied_records|applied_bytes|apply_commits|apply_seconds"
-        r"|worker_cpu_seconds)_total (\S+)$",
-        text,
-        re.M,
-    )
-    return {k: float(v) for k, v in found}
+    got = metrics.unlabelled(httpx.get(f"http://127.0.0.1:{port}/metrics").text)
+    short = ("applied_records", "applied_bytes", "apply_commits", "apply_seconds")
+    names = {f"mercury_replication_{k}_total": k for k in (*short, "worker_cpu_seconds")}
+    return {k: got[name] for name, k in names.items() if name in got}
 
 
 def applied_tail(port: int) -> tuple[float, float] | None:

@@ -23,6 +23,7 @@ import trustme
 from core.tlsconf import TlsContexts, TlsFiles
 from replicator import frames
 from tests.replicator.harness import RootNode, contents, items, wait_for
+from tests.support import metrics
 from tests.support.procs import Procs, free_port, run_mercury
 
 
@@ -127,10 +128,7 @@ def _der(pem_file: str) -> bytes:
 
 
 def _metric(text: str, reason: str) -> float:
-    for line in text.splitlines():
-        if line.startswith(f'mercury_repl_refused_total{{reason="{reason}"}}'):
-            return float(line.split()[-1])
-    return 0.0
+    return metrics.value(text, "mercury_repl_refused_total", reason=reason)
 
 
 def start_root(
