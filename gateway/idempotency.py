@@ -17,6 +17,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from concurrent.futures import Executor
+from typing import Any
 
 import orjson
 
@@ -64,6 +65,10 @@ async def fingerprint_async(
     return await asyncio.to_thread(fingerprint, method, raw_path, query, headers, body)
 
 
+#: Called by a write whose answer leaves before its commit, with the commit's future.
+Hold = Callable[["asyncio.Future[Any]"], None]
+
+
 def conflict(idem: str) -> Answer:
     """422: the Idempotency-Key was first used with a different request."""
     body = problem_document(
@@ -95,10 +100,15 @@ class Idempotency:
         self._inflight: dict[bytes, tuple[str, asyncio.Future[Answer]]] = {}
 
     async def once(
-        self, key: bytes, idem: str, fp: str, write: Callable[[], Awaitable[Answer]]
+        self, key: bytes, idem: str, fp: str, write: Callable[[Hold], Awaitable[Answer]]
     ) -> Answer:
-        """`write()`'s answer, or the first answer of the request with this `key` when
-        its fingerprint is `fp` (422 when the key was first used with another request)."""
+        """`write(hold)`'s answer, or the first answer of the request with this `key` when
+        its fingerprint is `fp` (422 when the key was first used with another request).
+
+        The request stays in flight until `write` returns, or — when `write` calls
+        ``hold(done)`` (an async write answered 202 before its commit) — until `done`
+        completes: its answer is stored only by the commit, so a retry that found it
+        neither in flight nor stored would be applied a second time."""
         waiting = self._inflight.get(key)
         if waiting is not None:
             if waiting[0] != fp:
@@ -113,10 +123,19 @@ class Idempotency:
                 return conflict(idem)
             return Answer(doc["status"], doc["body"], dict(REPLAYED))
         fut: asyncio.Future[Answer] = asyncio.get_running_loop().create_future()
-        self._inflight[key] = (fp, fut)
+        entry = (fp, fut)
+        self._inflight[key] = entry
+        held = False
+
+        def hold(done: asyncio.Future[Any]) -> None:
+            nonlocal held
+            held = True
+            done.add_done_callback(lambda _f: self._release(key, entry))
+
         try:
-            ans = await write()
+            ans = await write(hold)
         except BaseException as err:
+            held = False  # nothing was queued that could still commit
             fut.set_exception(err)
             fut.exception()  # marks it retrieved; waiters re-raise it themselves
             raise
@@ -124,6 +143,11 @@ class Idempotency:
             fut.set_result(ans)
             return ans
         finally:
+            if not held:
+                self._release(key, entry)
+
+    def _release(self, key: bytes, entry: tuple[str, asyncio.Future[Answer]]) -> None:
+        if self._inflight.get(key) is entry:
             del self._inflight[key]
 
 

@@ -25,7 +25,7 @@ from gateway.answers import Answer, batch_answer, kv_answer
 from gateway.auth import ADMIN, Auth, load_admin_hash
 from gateway.batcher import Batcher
 from gateway.guards import check_guards
-from gateway.idempotency import MAX_IDEMPOTENCY_KEY, REPLAYED, Idempotency
+from gateway.idempotency import MAX_IDEMPOTENCY_KEY, REPLAYED, Hold, Idempotency
 from gateway.settings import Settings
 from gateway.storage_quota import StorageQuota
 from store.ops import Op, Result
@@ -165,10 +165,13 @@ class Gateway:
         """
         t0 = t0 if t0 is not None else time.perf_counter()
         if idem is None:
-            return await self._write(p, ops, nbytes, answer, None, fp, is_async, t0)
+            return await self._write(p, ops, nbytes, answer, None, fp, is_async, t0, None)
         key = idempotency.store_key(p.name, idem)
         return await self.idempotency.once(
-            key, idem, fp, lambda: self._write(p, ops, nbytes, answer, key, fp, is_async, t0)
+            key,
+            idem,
+            fp,
+            lambda hold: self._write(p, ops, nbytes, answer, key, fp, is_async, t0, hold),
         )
 
     async def _write(
@@ -181,6 +184,7 @@ class Gateway:
         fp: str,
         is_async: bool,
         t0: float,
+        hold: Hold | None,
     ) -> Answer:
         self.auth.check_keys(p, ops)
         deletes = check_guards(p, ops, self.batcher.open_deletes)
@@ -211,6 +215,8 @@ class Gateway:
             fut.add_done_callback(lambda _f: self.storage.reserve(p.name, -growth))
         if is_async:
             fut.add_done_callback(_retrieve)
+            if hold is not None:  # a retry before the commit replays this 202
+                hold(fut)
             return Answer(202, {"status": "accepted", "ops": len(ops)}, headers)
         results = await fut
         metrics.WRITE_ACK.labels(p.name).observe(time.perf_counter() - t0)

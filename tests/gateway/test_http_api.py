@@ -353,3 +353,27 @@ def test_413_batch_body_refused_from_its_content_length(shared_root: Root) -> No
         while b"\r\n\r\n" not in data:
             data += s.recv(4096)
     assert data.startswith(b"HTTP/1.1 413"), data[:200]
+
+
+def test_async_retry_before_the_commit_is_not_applied_again(root_factory: Any) -> None:
+    """An async write is answered 202 before its commit, when its answer is not stored
+    yet: a retry with its Idempotency-Key must replay that 202, not write again — here
+    the second write would silently undo a later one."""
+    root = root_factory(window_ms=1500)
+    name, tok = root.producer()
+    c = root.client(tok)
+    first = {"Idempotency-Key": "x"}
+    async_ = {"async": "true"}
+    r1 = c.put(f"/v1/kv/{name}/k", content=b"v1", params=async_, headers=first)
+    r2 = c.put(f"/v1/kv/{name}/k", content=b"v2", params=async_)
+    retry = c.put(f"/v1/kv/{name}/k", content=b"v1", params=async_, headers=first)
+    assert r1.status_code == r2.status_code == retry.status_code == 202
+    assert "idempotent-replayed" not in r1.headers
+    assert retry.headers["idempotent-replayed"] == "true"
+    assert retry.json() == r1.json()
+    assert _eventually(lambda: c.get(f"/v1/kv/{name}/k").content == b"v2")
+    # After the commit the retry gets the stored answer: what the store did with it.
+    after = c.put(f"/v1/kv/{name}/k", content=b"v1", params=async_, headers=first)
+    assert after.headers["idempotent-replayed"] == "true"
+    assert after.status_code == 200 and after.json()["status"] == "superseded", after.json()
+    assert c.get(f"/v1/kv/{name}/k").content == b"v2"

@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 
 from gateway.answers import Answer
-from gateway.idempotency import Idempotency, fingerprint, store_key
+from gateway.idempotency import Hold, Idempotency, fingerprint, store_key
 from mercury.client import Client
 from store.store import Store
 from tests.gateway.conftest import Root
@@ -115,7 +115,7 @@ def test_idempotency_answers_expire_after_the_ttl(tmp_path: Path) -> None:
         )
         calls: list[int] = []
 
-        async def write() -> Answer:
+        async def write(_hold: Hold) -> Answer:
             calls.append(1)
             return Answer(200, {"n": 2}, {})
 
@@ -411,3 +411,36 @@ def test_prefix_delete_stays_inside_the_producers_keyspaces(shared_root: Root) -
     body = c.delete("/v1/kv", params={"prefix": f"{name}/"}).json()
     assert body["deleted"] == 1 and body["more"] is False and body["seq"] > 0
     assert c.get(f"/v1/kv/{name}/a").status_code == 404
+
+
+def test_a_held_request_stays_in_flight_until_its_commit(tmp_path: Path) -> None:
+    """`once` with a write that holds (an async 202): a retry replays the 202 until the
+    held future completes — also when it fails (the refusal is not a stored answer, so
+    the key is then free again)."""
+    store = Store.create(str(tmp_path / "s"), sync=False, map_size=1 << 24)
+    try:
+        idem = Idempotency(store, ttl_s=60)
+        key = store_key("p", "k")
+        fp = fingerprint("PUT", b"/v1/kv/p/a", b"", {}, b"1")
+        calls: list[int] = []
+
+        async def scenario() -> None:
+            commit: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+            async def write(hold: Hold) -> Answer:
+                calls.append(1)
+                hold(commit)
+                return Answer(202, {"status": "accepted"}, {})
+
+            first = await idem.once(key, "k", fp, write)
+            retry = await idem.once(key, "k", fp, write)
+            assert first.status == retry.status == 202 and calls == [1]
+            assert retry.headers["Idempotent-Replayed"] == "true"
+            commit.set_exception(RuntimeError("commit failed"))
+            await asyncio.sleep(0)  # done-callbacks run on the next loop turn
+            again = await idem.once(key, "k", fp, write)
+            assert again.status == 202 and calls == [1, 1]
+
+        asyncio.run(scenario())
+    finally:
+        store.close()

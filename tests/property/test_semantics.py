@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 from gateway.answers import Answer
 from gateway.batcher import Batcher, _spread, coalesce, key_order, unsort
-from gateway.idempotency import Idempotency, fingerprint, store_key
+from gateway.idempotency import Hold, Idempotency, fingerprint, store_key
 from gateway.quota import Bucket, ProducerBuckets, retry_seconds
 from store.ops import DELETE, SET, Op, Result, Status
 from store.store import Store
@@ -48,7 +48,7 @@ async def _run_waves(store: Store, waves: list[list[str]]) -> dict[str, list[Ans
         def answer(results: list[Result]) -> Answer:
             return Answer(200, {"seq": results[0].seq, "status": results[0].status.value}, {})
 
-        async def write() -> Answer:
+        async def write(_hold: Hold) -> Answer:
             fut = batcher.submit(
                 [Op(SET, key, value, "p")],
                 len(key) + len(value),
