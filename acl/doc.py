@@ -21,12 +21,13 @@ overlaps); the server now commits the whole document at once.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from typing import Any
 
 import yaml
 
-from acl.model import Acl, Consumer, Producer, consumer_from_config, producer_from_config
+from acl.model import Acl, Consumer, Producer, consumer_from_config, given, producer_from_config
 from core.errors import AclDocError, BadRequestError
 
 
@@ -64,7 +65,7 @@ def parse(text: str) -> dict[str, dict[str, Any]]:
         doc = {}
     if not isinstance(doc, dict) or set(doc) - {"producers"}:
         raise AclDocError('ACL document must be a mapping with one key, "producers"')
-    producers = doc.get("producers") or {}
+    producers = given(doc, "producers", {})
     if not isinstance(producers, dict):
         raise AclDocError('"producers" must map producer names to their configuration')
     out = {}
@@ -173,8 +174,8 @@ def check_document(doc: Any) -> tuple[dict[str, Producer], dict[str, Consumer], 
     unknown = set(doc) - {"producers", "consumers", "version"}
     if unknown:
         errors.append(f"unknown members {sorted(unknown)}")
-    raw_p = doc.get("producers") or {}
-    raw_c = doc.get("consumers") or {}
+    raw_p = given(doc, "producers", {})
+    raw_c = given(doc, "consumers", {})
     if not isinstance(raw_p, dict):
         errors.append('"producers" must map producer names to their configuration')
         raw_p = {}
@@ -186,13 +187,17 @@ def check_document(doc: Any) -> tuple[dict[str, Producer], dict[str, Consumer], 
             errors.append(f"producer {name!r}: configuration must be an object")
             continue
         bad = set(cfg) - _PRODUCER_FIELDS
-        if bad:
+        if bad:  # refused, and its known fields still checked: every problem in one answer
             errors.append(f"producer {name!r}: unknown fields {sorted(bad)}")
-            continue
         try:
-            producers[name] = producer_from_config(name, cfg)
+            producers[name] = producer_from_config(
+                name, {k: v for k, v in cfg.items() if k in _PRODUCER_FIELDS}
+            )
         except BadRequestError as err:
             errors.append(f"producer {name!r}: {err.message}")
+            # Its keyspaces alone, when they are valid, still show its overlaps.
+            with contextlib.suppress(BadRequestError):
+                producers[name] = producer_from_config(name, {"keyspaces": cfg.get("keyspaces")})
     names = sorted(producers)
     for i, a in enumerate(names):  # each overlapping pair once, as "a overlaps b"
         others = Acl({n: producers[n] for n in names[i + 1 :]})
@@ -237,7 +242,7 @@ def parse_document(text: str) -> dict[str, Any]:
         raise AclDocError('ACL document must be a mapping of "producers" and "consumers"')
     out: dict[str, Any] = {}
     for kind in ("producers", "consumers"):
-        part = doc.get(kind) or {}
+        part = given(doc, kind, {})
         if not isinstance(part, dict):
             raise AclDocError(f'"{kind}" must map names to their configuration')
         out[kind] = {str(k): v for k, v in part.items()}

@@ -383,9 +383,18 @@ def validate_consumer(c: Consumer) -> None:
             raise BadRequestError(f"keyspace {ks!r} must be 1 to 500 bytes")
 
 
+def given(d: dict[str, Any], name: str, default: Any) -> Any:
+    """Field `name` of a configuration, `default` when it is absent or null. Only then:
+    a wrong-typed but falsy value (``[]`` for a mapping, ``false``, ``0``, ``""``) is the
+    caller's mistake to refuse, never read as "none" (a ``"producers": []`` once read as
+    "no producers" would remove them all)."""
+    v = d.get(name)
+    return default if v is None else v
+
+
 def consumer_from_config(name: str, d: dict[str, Any]) -> Consumer:
     """Build a consumer from an admin body / document entry; BadRequestError on bad shape."""
-    keyspaces = d.get("keyspaces") or []
+    keyspaces = given(d, "keyspaces", [])
     if not isinstance(keyspaces, list) or not all(isinstance(k, str) for k in keyspaces):
         raise BadRequestError(
             f"invalid consumer {name!r}: keyspaces must be a list of strings", consumer=name
@@ -398,20 +407,24 @@ def consumer_from_config(name: str, d: dict[str, Any]) -> Consumer:
 def producer_from_config(name: str, d: dict[str, Any]) -> Producer:
     """Build a producer from an admin body / YAML entry; raise BadRequestError on bad shape."""
     try:
-        q = d.get("quota") or {}
+        q = given(d, "quota", {})
         if not isinstance(q, dict):
             raise TypeError("quota must be an object")
         unknown = set(q) - set(Quota.__slots__)
         if unknown:
             raise TypeError(f"unknown quota fields {sorted(unknown)}")
         quota = Quota(**{k: v for k, v in q.items() if v is not None})
-        if not isinstance(quota.shadow, bool) or not isinstance(quota.max_delay_ms, int):
-            raise TypeError("quota shadow must be a boolean and max_delay_ms an integer")
-        for fname in ("ops_per_s", "burst", "bytes_per_s", "bytes_burst", "max_bytes_stored"):
+        if not isinstance(quota.shadow, bool):
+            raise TypeError("quota shadow must be a boolean")
+        for fname in ("max_delay_ms", "max_bytes_stored"):  # milliseconds, bytes
+            v = getattr(quota, fname)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int)):
+                raise TypeError(f"quota {fname} must be an integer")
+        for fname in ("ops_per_s", "burst", "bytes_per_s", "bytes_burst"):
             v = getattr(quota, fname)
             if v is not None and (isinstance(v, bool) or not isinstance(v, int | float)):
                 raise TypeError(f"quota {fname} must be a number")
-        guards_raw = d.get("guards") or {}
+        guards_raw = given(d, "guards", {})
         if not isinstance(guards_raw, dict):
             raise TypeError("guards must be an object keyed by keyspace")
         guards = {}
@@ -428,8 +441,8 @@ def producer_from_config(name: str, d: dict[str, Any]) -> Producer:
             ):
                 raise TypeError(f"guard of {ks!r} has fields of the wrong type")
             guards[str(ks)] = guard
-        keyspaces = d.get("keyspaces") or []
-        shared = d.get("shared") or []
+        keyspaces = given(d, "keyspaces", [])
+        shared = given(d, "shared", [])
         if not isinstance(keyspaces, list) or not all(isinstance(k, str) for k in keyspaces):
             raise TypeError("keyspaces must be a list of strings")
         if not isinstance(shared, list) or not all(isinstance(k, str) for k in shared):

@@ -76,6 +76,22 @@ def test_invalid_put_lists_every_problem_and_changes_nothing(root: Root) -> None
     assert after == before and etag2 == etag
 
 
+def test_a_falsy_producers_member_is_refused_not_read_as_none(root: Root) -> None:
+    a = root.admin()
+    name, _ = root.producer(["f/"])
+    before, etag = _acl(root)
+    for falsy in ([], False, 0, ""):
+        r = a.put(ACL, json={"producers": falsy}, headers={"If-Match": etag})
+        assert r.status_code == 422, (falsy, r.text)
+    for field in ("quota", "guards"):
+        r = a.put(f"/v1/admin/producers/{name}", json={"keyspaces": ["f/"], field: []})
+        assert r.status_code == 400, (field, r.text)
+    r = a.put(f"/v1/admin/producers/{name}", json={"keyspaces": False})
+    assert r.status_code == 400, r.text
+    after, etag2 = _acl(root)
+    assert after == before and etag2 == etag
+
+
 def test_put_acl_commits_atomically_keeps_tokens_and_dry_run_changes_nothing(root: Root) -> None:
     a = root.admin()
     name, tok = root.producer(["mv/"])

@@ -138,3 +138,41 @@ def test_document_round_trip_and_diff(doc: dict[str, Any], other: dict[str, Any]
     if not errors3:
         shown3 = Acl().with_document(ps3, cs3).document()
         assert (document_diff(shown, shown3) == []) == (shown == shown3)
+
+
+@pytest.mark.parametrize("falsy", [[], False, 0, "", ()], ids=repr)
+def test_a_wrong_typed_falsy_member_is_a_problem_never_none(falsy: Any) -> None:
+    """Only an absent or null member means "none": ``"producers": []`` once read as an
+    empty document, and its PUT removed every producer (200, not 422)."""
+    for doc in ({"producers": falsy}, {"consumers": falsy}):
+        _, _, errors = check_document(doc)
+        assert errors, doc
+    for field in ("keyspaces", "shared", "quota", "guards"):
+        if isinstance(falsy, list | tuple) and field in ("keyspaces", "shared"):
+            continue  # an empty list of keyspaces is the right type: none
+        _, _, errors = check_document({"producers": {"p": {"keyspaces": ["p/"], field: falsy}}})
+        assert errors, (field, falsy)
+    assert check_document({"producers": None, "consumers": None})[2] == []
+
+
+def test_a_producer_with_an_unknown_field_still_has_its_other_problems_listed() -> None:
+    doc = {
+        "producers": {
+            "a": {"keyspaces": ["k/"]},
+            "b": {"keyspaces": ["k/sub/"], "quota": {"ops_per_s": -1}, "colour": "red"},
+        }
+    }
+    _, _, errors = check_document(doc)
+    assert any("unknown fields" in e for e in errors), errors
+    assert any("ops_per_s" in e for e in errors), errors
+    assert any("overlaps" in e for e in errors), errors
+
+
+@pytest.mark.parametrize(
+    "quota",
+    [{"max_delay_ms": True}, {"max_bytes_stored": 1.5}, {"max_delay_ms": 2.5}, {"shadow": 1}],
+    ids=repr,
+)
+def test_quota_fields_of_the_wrong_type_are_refused(quota: dict[str, Any]) -> None:
+    _, _, errors = check_document({"producers": {"p": {"keyspaces": ["p/"], "quota": quota}}})
+    assert errors, quota
