@@ -32,29 +32,40 @@ class Admission:
         #: Counts throttled ops for the usage counters (stored with the next batch).
         self._note_throttled = note_throttled
         self._buckets: dict[str, ProducerBuckets] = {}
+        #: The last bucket of a producer whose quota was removed, by kind (``ops``,
+        #: ``bytes``): putting the quota back resumes that balance, not a full bucket.
+        self._retired: dict[tuple[str, str], Bucket] = {}
         #: Ops per producer and outcome (`OUTCOMES`) since this process started.
         self.counts: dict[str, dict[str, int]] = {}
         self.rebuild(acl)
 
     def rebuild(self, acl: Acl) -> None:
-        """Buckets for `acl`'s quotas, keeping each current balance (a change never refills)."""
+        """Buckets for `acl`'s quotas, each keeping its current balance as of now
+        (`Bucket.carried`): a change — of this producer or of any other — never refills a
+        bucket, and never forgets what the time since its last use refilled."""
         now = time.monotonic()
         buckets = {}
+        retired: dict[tuple[str, str], Bucket] = {}
         for name, p in acl.producers.items():
             q = p.quota
             old = self._buckets.get(name)
-            ops = Bucket.full(q.ops_per_s, q.burst or q.ops_per_s, now) if q.ops_per_s else None
-            nb = (
-                Bucket.full(q.bytes_per_s, q.bytes_burst or q.bytes_per_s, now)
-                if q.bytes_per_s
-                else None
-            )
-            if old is not None and old.ops is not None and ops is not None:
-                ops.tokens = min(ops.burst, old.ops.tokens)
-            if old is not None and old.bytes is not None and nb is not None:
-                nb.tokens = min(nb.burst, old.bytes.tokens)
-            buckets[name] = ProducerBuckets(ops, nb)
+            new: dict[str, Bucket | None] = {}
+            for kind, rate, burst in (
+                ("ops", q.ops_per_s, q.burst),
+                ("bytes", q.bytes_per_s, q.bytes_burst),
+            ):
+                before = getattr(old, kind) if old is not None else None
+                if before is None:
+                    before = self._retired.get((name, kind))
+                if rate:
+                    new[kind] = Bucket.carried(before, rate, burst or rate, now)
+                else:
+                    new[kind] = None
+                    if before is not None:
+                        retired[(name, kind)] = before
+            buckets[name] = ProducerBuckets(new["ops"], new["bytes"])
         self._buckets = buckets
+        self._retired = retired  # a producer no longer in the ACL is forgotten
 
     def rate_headers(self, p: Producer, waits: tuple[float, float] | None = None) -> dict[str, str]:
         """RateLimit-Policy / RateLimit headers (IETF draft syntax) of `p`'s quota.

@@ -39,6 +39,17 @@ class Bucket:
         """A bucket that starts full at time `now`."""
         return cls(rate, burst, burst, now)
 
+    @classmethod
+    def carried(cls, old: Bucket | None, rate: float, burst: float, now: float) -> Bucket:
+        """A bucket of `rate` and `burst` that takes over `old`'s balance as of `now` (its
+        refill up to `now` included, capped at the new `burst`): a quota change neither
+        refills the bucket nor takes back what the time since `old`'s last use earned.
+        Full when there is no `old`."""
+        if old is None:
+            return cls.full(rate, burst, now)
+        old._refill(now)
+        return cls(rate, burst, min(burst, old.tokens), now)
+
     def _refill(self, now: float) -> None:
         if now > self.last:
             self.tokens = min(self.burst, self.tokens + (now - self.last) * self.rate)

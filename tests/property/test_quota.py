@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import time
+
 from hypothesis import given
 from hypothesis import strategies as st
 
+from acl.model import Acl, Producer, Quota
+from gateway.admission import Admission
 from gateway.quota import Bucket, ProducerBuckets
 
 requests = st.lists(st.tuples(st.floats(0, 0.5), st.integers(1, 20)), min_size=1, max_size=200)
@@ -125,3 +129,50 @@ def test_successive_held_requests_queue_behind_each_other() -> None:
     pb = ProducerBuckets(None, Bucket.full(1000, 100, 0.0))
     delays = [pb.take(0.0, 1, 100, 1.0).delay for _ in range(3)]
     assert [round(d, 9) for d in delays] == [0.0, 0.1, 0.2]
+
+
+@given(
+    st.floats(0.5, 1000),
+    st.floats(1, 100),
+    st.floats(0.5, 1000),
+    st.floats(1, 100),
+    st.floats(0, 100),
+    st.floats(0, 10),
+)
+def test_a_carried_bucket_keeps_the_balance_as_of_now(
+    rate: float, burst: float, rate2: float, burst2: float, spent: float, idle: float
+) -> None:
+    """A quota change takes over the old balance refilled up to the change: never more
+    (no free refill), never less (the idle time's refill is not lost)."""
+    old = Bucket.full(rate, burst, 0.0)
+    old.take(0.0, spent, max_delay=1e9)
+    new = Bucket.carried(old, rate2, burst2, idle)
+    want = min(burst2, min(burst, burst - spent + idle * rate))
+    assert abs(new.tokens - want) <= 1e-6 * (1 + abs(want))
+    assert new.last == idle and new.rate == rate2 and new.burst == burst2
+
+
+def _admitted_now(adm: Admission, p: Producer, n: int) -> int:
+    """How many of `n` one-op requests the ops bucket admits without a hold, now."""
+    b = adm._buckets[p.name].ops
+    assert b is not None
+    return sum(1 for _ in range(n) if b.take(time.monotonic(), 1, 0.0) == 0.0)
+
+
+def test_an_acl_change_neither_refills_nor_forgets_the_idle_refill() -> None:
+    """`Admission.rebuild` (every admin change): an unrelated change once reset every
+    bucket to its balance at its last use, so a producer idle long enough to be full
+    got 429s (and Retry-Afters that did not come true) right after it; and a quota
+    removed and put back came back full."""
+    p = Producer(name="p", keyspaces=("p/",), quota=Quota(ops_per_s=2, burst=4))
+    other = Producer(name="o", keyspaces=("o/",))
+    acl = Acl({"p": p})
+    adm = Admission(acl, lambda _n, _k: None)
+    assert _admitted_now(adm, p, 4) == 4  # empty now
+    time.sleep(2.2)  # refills 4.4 (capped at 4) while idle
+    adm.rebuild(acl.put(other))
+    assert _admitted_now(adm, p, 5) == 4
+    # Removed and put back at once: the empty bucket comes back, not a full one.
+    adm.rebuild(Acl({"p": Producer(name="p", keyspaces=("p/",))}))
+    adm.rebuild(Acl({"p": p}))
+    assert _admitted_now(adm, p, 4) == 0
