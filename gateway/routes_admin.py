@@ -291,9 +291,10 @@ async def delete_producer(name: str, request: Request) -> Response:
     usage) unless `?purge=true`: then every key it owns in its keyspaces is deleted through
     the log first, in transactions no larger than its delete guards allow, one per batch
     window, and the producer is removed only when all are gone. Its tokens are revoked
-    before the purge starts (so it cannot write behind the purge's cursor) and the writes
-    it had in flight are let commit first: a failed purge leaves the producer, tokenless,
-    for a retry."""
+    before the purge starts (so it cannot write behind the purge's cursor: a request
+    authenticated before, still reading its body or held by its quota, is refused at its
+    submit) and the writes it had submitted are let commit first: a failed purge leaves the
+    producer, tokenless, for a retry."""
     gw = _admin(request)
     purge = request.query_params.get("purge", "false").lower() in ("1", "true", "yes")
     async with _lock(gw):
@@ -303,11 +304,9 @@ async def delete_producer(name: str, request: Request) -> Response:
             if p.tokens:
                 gone = [f"- token {tid}" for tid in sorted(p.tokens)]
                 await _commit(gw, gw.acl.without_tokens(name), "revoke_token", name, gone)
-            # requests admitted before the revocation: held by their quota at most
-            # max_delay_ms, then committed within a batch window
-            await asyncio.sleep(
-                p.quota.max_delay_ms / 1000 + 2 * gw.settings.batch_window_ms / 1000
-            )
+            # Requests submitted before the revocation commit first; any other request of
+            # this producer (a slow body, a quota hold) is refused at its submit.
+            await gw.settled(name)
             purged = await _purge(gw, name)
         old = gw.acl
         new = old.remove(name)

@@ -66,6 +66,8 @@ class Gateway:
         self.storage = StorageQuota(store)
         self.idempotency = Idempotency(store, settings.idempotency_ttl_s)
         self._gc_task: asyncio.Task[None] | None = None
+        #: Each producer's submitted writes not yet committed (or refused): `settled`.
+        self._pending: dict[str, set[asyncio.Future[list[Result]]]] = {}
 
     def _keyspaces(self, producer: str) -> tuple[str, ...]:
         p = self.acl.producers.get(producer)
@@ -195,6 +197,10 @@ class Gateway:
         try:
             headers = await self.admission.admit(p, len(ops), nbytes)
             await self.batcher.wait_room(len(ops), nbytes, p.name)  # held while full
+            # Authenticated when its headers arrived, maybe long ago (a slow body, a quota
+            # hold): a producer whose tokens were all revoked since writes nothing more —
+            # a purge relies on it (`settled`). No await from here to the submit.
+            self.auth.check_can_write(p.name)
 
             def stored_answer(results: list[Result]) -> bytes:
                 a = answer(results)
@@ -213,6 +219,9 @@ class Gateway:
             raise
         if growth:
             fut.add_done_callback(lambda _f: self.storage.reserve(p.name, -growth))
+        pending = self._pending.setdefault(p.name, set())
+        pending.add(fut)
+        fut.add_done_callback(pending.discard)
         if is_async:
             fut.add_done_callback(_retrieve)
             if hold is not None:  # a retry before the commit replays this 202
@@ -224,6 +233,16 @@ class Gateway:
         if headers:
             a.headers.update(headers)
         return a
+
+    async def settled(self, producer: str) -> None:
+        """Return once every write of `producer` submitted so far has committed or failed.
+        After its tokens are all revoked no new one is submitted (`Auth.check_can_write`),
+        so a purge that waits for this has every write of the producer behind it."""
+        pending = self._pending.get(producer)
+        if pending:
+            await asyncio.wait(list(pending))
+        if not self._pending.get(producer, True):
+            self._pending.pop(producer, None)
 
 
 def _retrieve(fut: asyncio.Future[Any]) -> None:

@@ -4,6 +4,7 @@ a real root process over HTTP."""
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import threading
 import time
@@ -80,7 +81,8 @@ def test_a_falsy_producers_member_is_refused_not_read_as_none(root: Root) -> Non
     a = root.admin()
     name, _ = root.producer(["f/"])
     before, etag = _acl(root)
-    for falsy in ([], False, 0, ""):
+    falsies: list[Any] = [[], False, 0, ""]
+    for falsy in falsies:
         r = a.put(ACL, json={"producers": falsy}, headers={"If-Match": etag})
         assert r.status_code == 422, (falsy, r.text)
     for field in ("quota", "guards"):
@@ -246,6 +248,62 @@ def test_delete_with_purge_removes_its_keys_through_the_log(root: Root) -> None:
         assert deletes and max(deletes) <= 7 and sum(deletes) == 30 + late, deletes
     root.start()
     assert name not in _acl(root)[0]["producers"]
+
+
+def test_a_write_whose_body_outlasts_the_revocation_is_refused_not_left_behind_a_purge(
+    root_factory: Any,
+) -> None:
+    """A PUT authenticated from its headers before the purge revoked the producer's tokens,
+    its body arriving once the purge's cursor had passed its key: it was applied, and its
+    key outlived the producer. It must be refused at its submit (401)."""
+    root = root_factory(window_ms=200)
+    a = root.admin()
+    name, tok = root.producer(guards={})
+    ks = f"{name}/"
+    guard = {ks: {"max_deletes_per_batch": 1}}  # one delete per batch window
+    assert a.put(
+        f"/v1/admin/producers/{name}", json={"keyspaces": [ks], "guards": guard}
+    ).is_success
+    c = root.client(tok)
+    for i in range(5):
+        assert c.put(f"/v1/kv/{name}/m{i}", content=b"v").status_code == 200
+    host, port = root.url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), 10) as slow:
+        head = (
+            f"PUT /v1/kv/{name}/a-late HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {tok}\r\n"
+            "Content-Length: 4\r\n\r\nab"
+        )
+        slow.sendall(head.encode())
+        time.sleep(0.3)  # the headers are read and authenticated
+        purge: list[httpx.Response] = []
+
+        def run_purge() -> None:
+            with httpx.Client(base_url=root.url, timeout=60) as admin:
+                auth = {"Authorization": f"Bearer {root.admin_token}"}
+                params = {"purge": "true"}
+                purge.append(
+                    admin.delete(f"/v1/admin/producers/{name}", params=params, headers=auth)
+                )
+
+        t = threading.Thread(target=run_purge)
+        t.start()
+        # Once the purge's first delete (m0) committed, its cursor is past "a-late".
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            with Store.open(str(root.data_dir), readonly=True) as st, st.reader() as rd:
+                if rd.get(f"{name}/m0".encode()) is None:
+                    break
+            time.sleep(0.01)
+        slow.sendall(b"cd")
+        slow.settimeout(30)
+        reply = slow.recv(65536)
+        t.join(60)
+    assert reply.startswith(b"HTTP/1.1 401"), reply[:300]
+    assert purge and purge[0].status_code == 200 and purge[0].json()["purged"] == 5, purge
+    root.procs.terminate(root.proc)
+    with Store.open(str(root.data_dir), readonly=True) as st, st.reader() as rd:
+        assert list(rd.scan(prefix=ks.encode(), keys_only=True)) == []
+    root.start()
 
 
 def test_a_replica_gets_the_acl_document_by_bootstrap_and_by_the_log(root: Root) -> None:
