@@ -335,10 +335,12 @@ async def _purge(gw: Gateway, name: str) -> int:
             if not ops:
                 break
             # Conditional deletes: a key rewritten since the scan is not this purge's.
-            result = await asyncio.get_running_loop().run_in_executor(
-                gw.batcher.executor, gw.store.apply, ops
-            )
-            total += sum(r.status == Status.DELETED for r in result.results)
+            # Through the batcher, as any write: counted in the usage series, refreshed
+            # in the usage counters, and (HA) acknowledged only once the standbys hold it.
+            nbytes = sum(len(op.key) for op in ops)
+            await gw.batcher.wait_room(len(ops), nbytes, name)
+            results = await gw.batcher.submit(ops, nbytes, name)
+            total += sum(r.status == Status.DELETED for r in results)
             start = ops[-1].key + b"\x00"
             if len(ops) < chunk:
                 break

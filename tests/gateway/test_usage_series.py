@@ -670,3 +670,19 @@ def test_a_query_is_whole_when_a_document_leaves_the_cache_while_it_reads(
     assert raced and s.evictions > 0
     assert sum(p["writes"] or 0 for p in pts) == 4
     store.close()
+
+
+def test_a_purge_is_counted_in_the_series(shared_root: Root) -> None:
+    """The purge's deletes reach the series like any write's (they were applied beside
+    the batcher, and the series never saw them: 0 deletes, the keys still counted)."""
+    name, token = shared_root.producer()
+    c = shared_root.client(token)
+    for i in range(5):
+        assert c.put(f"/v1/kv/{name}/k{i}", content=b"x" * 10).status_code == 200
+    a = shared_root.admin()
+    r = a.delete(f"/v1/admin/producers/{name}", params={"purge": "true"})
+    assert r.status_code == 200 and r.json()["purged"] == 5, r.text
+    body = a.get("/v1/usage/series", params={"producer": name, "since": "-1h"}).json()
+    assert sum(p["writes"] for p in body["points"]) == 5
+    assert sum(p["deletes"] for p in body["points"]) == 5
+    assert body["points"][-1]["keys"] == 0 and body["points"][-1]["bytes"] == 0
