@@ -99,6 +99,14 @@ class Admission:
         row[outcome] += n_ops
         metrics.QUOTA_OPS.labels(producer, outcome).inc(n_ops)
 
+    def largest(self, p: Producer) -> tuple[int | None, int | None]:
+        """(ops, bytes) of the largest request `p`'s quota can ever admit; None where it
+        sets no bound (no quota, or a shadow one, which never refuses)."""
+        b = self._buckets.get(p.name)
+        if b is None or p.quota.shadow:
+            return None, None
+        return b.largest(p.quota.max_delay_ms / 1000.0)
+
     async def admit(self, p: Producer, n_ops: int, n_bytes: int) -> dict[str, str]:
         """Hold the request until `p`'s quota admits it; 429 beyond max_delay_ms.
 

@@ -16,6 +16,7 @@ from acl.model import Producer
 from core.errors import BadRequestError
 from gateway import bodies, idempotency
 from gateway.answers import Answer, batch_answer, kv_answer
+from gateway.guards import check_guards
 from gateway.http import BodyReader
 from gateway.writes import Gateway
 from store.ops import DELETE, SET, Op, Result
@@ -209,13 +210,28 @@ async def delete_prefix(
     prefix = prefix_of(query, gw.settings.max_key)
     # Every key under P must be the producer's to delete: P lies inside one keyspace.
     gw.check_keys(p, [Op(DELETE, prefix)])
-    limit = prefix_limit(
-        p, prefix, gw.settings.max_batch_ops, lambda ks: gw.batcher.open_deletes(p.name, ks)
-    )
+    # A request its rate quota can never admit would be a 413 for ever: a client cannot
+    # split a prefix delete, so the request's share is sized to what the quota admits.
+    max_ops, max_bytes = gw.admission.largest(p)
+    cap = gw.settings.max_batch_ops if max_ops is None else min(gw.settings.max_batch_ops, max_ops)
+    limit = prefix_limit(p, prefix, cap, lambda ks: gw.batcher.open_deletes(p.name, ks))
     with gw.store.reader() as r:
         keys = [k for k, _ in r.scan(prefix=prefix, limit=limit + 1, keys_only=True)]
+    first = keys[:1]  # the scan reads one key even when the limit is 0
+    if first and prefix_limit(p, prefix, cap, lambda _ks: 0) == 0:
+        # A guard of 0 deletes per batch: no batch window will ever let one through, so
+        # refused like a single-key delete (400), not "0 deleted, more" for ever.
+        check_guards(p, [Op(DELETE, first[0])], gw.batcher.open_deletes)
     more = len(keys) > limit
     keys = keys[:limit]
+    if max_bytes is not None:  # a request's bytes are its keys' (key + empty value)
+        n, total = 0, 0
+        while n < len(keys) and total + len(keys[n]) <= max_bytes:
+            total += len(keys[n])
+            n += 1
+        n = max(n, 1)  # one key over the whole quota: the admission's 413 names the bound
+        more = more or n < len(keys)
+        keys = keys[:n]
     if not keys:
         body = batch_answer([]).body
         body["more"] = more  # true only when the open batch spent the delete guard

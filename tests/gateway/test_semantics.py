@@ -397,6 +397,50 @@ def test_prefix_delete_is_bounded_by_the_mass_delete_guard(shared_root: Root) ->
     assert c.get(f"/v1/kv/{ks}keep").status_code == 200
 
 
+def test_a_prefix_delete_that_can_never_delete_is_refused_not_more_for_ever(
+    shared_root: Root,
+) -> None:
+    """A guard of 0 deletes per batch answered {"deleted": 0, "more": true} for ever (the
+    docs say: retry after the batch window); it is a 400, like a single-key delete."""
+    name, tok = shared_root.producer(guards={})
+    ks = f"{name}/"
+    r = shared_root.admin().put(
+        f"/v1/admin/producers/{name}",
+        json={"keyspaces": [ks], "guards": {ks: {"max_deletes_per_batch": 0}}},
+    )
+    assert r.status_code in (200, 201), r.text
+    c = shared_root.client(tok)
+    assert c.put(f"/v1/kv/{ks}a", content=b"v").status_code == 200
+    _problem(c.delete(f"/v1/kv/{ks}a"), 400)
+    assert "at most 0 deletes" in _problem(c.delete("/v1/kv", params={"prefix": ks}), 400)["detail"]
+    # nothing under the prefix: nothing to refuse
+    assert c.delete("/v1/kv", params={"prefix": f"{ks}none/"}).json()["more"] is False
+
+
+def test_a_prefix_delete_is_sized_to_what_the_rate_quota_admits(shared_root: Root) -> None:
+    """A producer whose quota admits at most 9 ops per request (burst 4 + 10/s x 0.5 s)
+    got a permanent 413 ("split it") for a prefix of 20 keys, which a client cannot split:
+    each request now deletes what the quota admits, and `more` says to go on."""
+    quota = {"ops_per_s": 10, "burst": 4, "max_delay_ms": 500}
+    name, tok = shared_root.producer(quota=quota)
+    c = shared_root.client(tok)
+    for b in range(5):
+        ops = [{"op": "set", "key": f"{name}/{b}{i}", "value": "v"} for i in range(4)]
+        r = c.post("/v1/batch", json={"ops": ops})
+        assert r.status_code == 200, r.text
+    deleted = []
+    for _ in range(10):
+        r = c.delete("/v1/kv", params={"prefix": f"{name}/"})
+        assert r.status_code in (200, 429), r.text  # 429: held past max_delay; retry
+        if r.status_code == 429:
+            time.sleep(float(r.headers["retry-after"]))
+            continue
+        deleted.append(r.json()["deleted"])
+        if not r.json()["more"]:
+            break
+    assert sum(deleted) == 20 and max(deleted) <= 9, deleted
+
+
 def test_prefix_delete_stays_inside_the_producers_keyspaces(shared_root: Root) -> None:
     name, tok = shared_root.producer()
     c = shared_root.client(tok)
