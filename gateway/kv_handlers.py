@@ -25,8 +25,19 @@ KV_PREFIX = b"/v1/kv/"
 
 
 def key_of(raw_path: bytes, max_key: int) -> bytes:
-    """The key of a ``/v1/kv/{key}`` raw path (percent-decoded bytes)."""
-    return bodies.key_from_path(raw_path.split(b"?", 1)[0][len(KV_PREFIX) :], max_key)
+    """The key of a ``/v1/kv/{key}`` raw path (percent-decoded bytes).
+
+    Routing matched the *decoded* path; the key is cut from the raw one. A route spelt
+    with escapes (``/v1/k%76/a``, ``/v1/kv%2Fa``) would put the wrong bytes in the key —
+    a 403 naming a key never sent, or a write to another key than meant — so it is
+    refused."""
+    path = raw_path.split(b"?", 1)[0]
+    if not path.startswith(KV_PREFIX):
+        raise BadRequestError(
+            "the path must begin with /v1/kv/ spelt without percent-escapes",
+            hint="percent-encode the key only",
+        )
+    return bodies.key_from_path(path[len(KV_PREFIX) :], max_key)
 
 
 def query_flag(query: bytes, name: str) -> bool:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import socket
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -377,3 +378,28 @@ def test_async_retry_before_the_commit_is_not_applied_again(root_factory: Any) -
     assert after.headers["idempotent-replayed"] == "true"
     assert after.status_code == 200 and after.json()["status"] == "superseded", after.json()
     assert c.get(f"/v1/kv/{name}/k").content == b"v2"
+
+
+def test_a_route_spelt_with_escapes_is_refused_not_keyed_wrong(shared_root: Root) -> None:
+    """The route is matched on the decoded path and the key cut from the raw one:
+    ``/v1/k%76/P/a`` was keyed ``6/P/a`` (a 403 naming a key never sent; a 200 for another
+    key than meant had the producer owned ``6/``)."""
+    name, tok = shared_root.producer()
+    host, port = shared_root.url.removeprefix("http://").split(":")
+    for path in (f"/v1/k%76/{name}/a", f"/v1/kv%2F{name}/a", f"/v1%2Fkv/{name}/a"):
+        for method in ("PUT", "GET", "DELETE"):
+            with socket.create_connection((host, int(port)), 10) as s:
+                s.settimeout(10)
+                body = b"v" if method == "PUT" else b""
+                head = (
+                    f"{method} {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {tok}\r\n"
+                    f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+                )
+                s.sendall(head.encode() + body)
+                reply = b""
+                while chunk := s.recv(65536):
+                    reply += chunk
+            status = int(reply.split(b" ", 2)[1])
+            assert status in (400, 404), (method, path, reply[:300])
+            assert b"6/" not in reply and b"2F" not in reply, reply[:300]
+    assert shared_root.client(tok).get(f"/v1/kv/{name}/a").status_code == 404
