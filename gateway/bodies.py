@@ -378,6 +378,8 @@ def _slow_op(op: Any, i: int, owner: str, max_key: int, max_value: int) -> Op:
             )
         return Op(SET, key, value, owner, _condition(op, i))
     if kind == "delete":
+        if "value" in op or "value_b64" in op:  # a set misspelt as a delete: never guess
+            raise BadRequestError(f"op {i}: a delete carries no value")
         return Op(DELETE, key, b"", owner, _condition(op, i))
     raise BadRequestError(f'op {i}: "op" must be "set" or "delete", got {kind!r}')
 
@@ -389,6 +391,9 @@ MAX_IF_SEQ = (1 << 63) - 1
 def _condition(op: dict[str, Any], i: int) -> int | None:
     """expect_seq of op `i` from its ``if_seq`` (the key's current version must be N, 0
     meaning absent) or ``if_absent: true`` (same as ``if_seq: 0``); None when neither."""
+    for name in ("if_seq", "if_absent"):
+        if name in op and op[name] is None:  # null is no condition: never run unconditional
+            raise BadRequestError(f'op {i}: "{name}" is null; leave it out for no condition')
     if_seq = op.get("if_seq")
     if_absent = op.get("if_absent")
     if if_absent is not None and if_absent is not True and if_absent is not False:

@@ -226,9 +226,11 @@ async def get_audit(request: Request) -> Response:
     gw = _admin(request)
     since = audit.parse_since(request.query_params.get("since"))
     try:
-        limit = min(1000, max(1, int(request.query_params.get("limit", "1000"))))
+        limit = int(request.query_params.get("limit", "1000"))
     except ValueError as err:
-        raise BadRequestError("limit must be an integer") from err
+        raise BadRequestError("limit must be an integer from 1 to 1000") from err
+    if not 1 <= limit <= 1000:  # refused, not clamped: the caller asked for something else
+        raise BadRequestError(f"limit must be an integer from 1 to 1000, got {limit}")
     after = audit.name(since.time_us, "") if since.time_us else ""
     out: list[dict[str, Any]] = []
     while len(out) < limit:

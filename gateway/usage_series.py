@@ -571,7 +571,13 @@ def parse_time(s: str, now: float) -> int:
     body = s[1:] if s.startswith("-") else s
     if body[:-1].isdigit() and body[-1:] in units:
         return int(now) - int(body[:-1]) * units[body[-1]]
-    dt = datetime.fromisoformat(s.replace("Z", "+00:00"))
+    try:
+        dt = datetime.fromisoformat(s.replace("Z", "+00:00"))
+    except ValueError:
+        raise ValueError(
+            f"time {s!r} is neither RFC 3339 (2026-11-23T10:00:00Z) nor relative "
+            "(-24h, -30m, -7d, now)"
+        ) from None
     if dt.tzinfo is None:
         raise ValueError(f"time {s!r} has no timezone (use Z or +hh:mm)")
     return int(dt.timestamp())

@@ -170,6 +170,14 @@ def test_tokens_have_labels_expiry_last_use_and_revocation_is_immediate(root: Ro
     assert c.put(f"/v1/kv/{name}/k", content=b"w").status_code == 401
 
 
+def test_audit_limit_out_of_range_is_refused_not_clamped(shared_root: Root) -> None:
+    a = shared_root.admin()
+    for bad in ("-1", "0", "1001", "5000", "x"):
+        r = a.get("/v1/admin/audit", params={"limit": bad})
+        assert r.status_code == 400 and "1 to 1000" in r.json()["detail"], (bad, r.text)
+    assert a.get("/v1/admin/audit", params={"limit": "1000"}).status_code == 200
+
+
 def test_every_admin_change_is_audited(root: Root) -> None:
     a = root.admin()
     mark = a.get(ACL).json()["version"]

@@ -303,8 +303,13 @@ def test_if_match_on_a_batch_is_refused_not_ignored(shared_root: Root) -> None:
         {"if_seq": "3"},
         {"if_absent": 1},
         {"if_absent": True, "if_seq": 4},
+        {"if_seq": None},  # null is not "no condition": it was run unconditionally
+        {"if_absent": None},
     ):
         _problem(c.post("/v1/batch", json={"ops": [{**ops[0], **cond}]}), 400)
+    # a delete with a value is a set misspelt: refused, not run as a delete
+    gone = {"op": "delete", "key": f"{name}/a", "value": "1"}
+    assert "no value" in _problem(c.post("/v1/batch", json={"ops": [gone]}), 400)["detail"]
     assert c.get(f"/v1/kv/{name}/a").status_code == 404
 
 

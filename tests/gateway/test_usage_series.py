@@ -84,6 +84,9 @@ def test_parse_time_and_range() -> None:
     assert us.parse_time("2026-11-18T01:00:00Z", now) == T0 + 3600
     with pytest.raises(ValueError, match="timezone"):
         us.parse_time("2026-11-18T01:00:00", now)
+    for bad in ("garbage", "+1h", "1w", ""):  # refused naming both accepted forms
+        with pytest.raises(ValueError, match="neither RFC 3339"):
+            us.parse_time(bad, now)
     rng = us.parse_range("-1h", None, "1m", now)
     # a range ending now holds the present second (`until` is exclusive)
     assert (rng.since, rng.until, rng.step) == (now - 3600, now + 1, 60)
