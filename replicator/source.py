@@ -387,6 +387,12 @@ class ReplicationSource:
             )
         except (ConnectionError, OSError) as err:
             log.info("replica %s disconnected: %s", peer, err)
+        except RuntimeError as err:
+            # uvloop refuses a write to a transport the peer has closed with RuntimeError
+            # ("the handler is closed"), not a ConnectionError: the same routine ending.
+            if not writer.transport.is_closing():
+                raise
+            log.info("replica %s disconnected: %s", peer, err)
         except MercuryError as err:  # e.g. a corrupt log record: this stream cannot go on
             log.error("stream to replica %s stopped: %s", peer, err)
         except asyncio.CancelledError:

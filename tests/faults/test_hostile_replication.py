@@ -8,6 +8,7 @@ import logging
 import os
 import shutil
 import socket
+import struct
 import threading
 import time
 import uuid
@@ -101,6 +102,30 @@ def test_replication_listener_refuses_connections_over_its_cap(tmp_path: Path) -
         finally:
             for s in held:
                 s.close()
+
+
+def test_a_stream_client_that_hangs_up_is_a_disconnect_not_an_error(
+    tmp_path: Path, procs: Procs
+) -> None:
+    """On uvloop a write to a transport the peer closed raises RuntimeError, not a
+    ConnectionError: each routine hang-up of a caught-up stream logged an ERROR traceback
+    ("Unhandled exception in client_connected_cb")."""
+    _pid, gw, repl = _start_root(procs, tmp_path / "root")
+    db_id = uuid.UUID(httpx.get(f"http://127.0.0.1:{gw}/v1/status").json()["db_id"]).bytes
+    for _ in range(3):
+        with socket.create_connection(("127.0.0.1", repl), 5) as s:
+            hello = frames.Hello(1, 1, 0x01, os.urandom(16), db_id, 0, 0, 0, frames.ZERO_SHA)
+            s.sendall(frames.encode_hello(hello))
+            s.settimeout(5)
+            assert s.recv(200)  # the welcome
+            time.sleep(0.3)
+            # A reset: the source's transport closes on its read side, before its writer
+            # next writes (the hang-up of a replica killed mid-stream).
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        time.sleep(1.5)  # the source's next heartbeat meets the closed transport
+    logs = procs.logs()
+    assert "disconnected" in logs, logs[-3000:]
+    assert "client_connected_cb" not in logs and "Traceback" not in logs, logs[-3000:]
 
 
 def test_a_connection_without_a_whole_hello_is_closed_after_the_handshake_timeout(
