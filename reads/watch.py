@@ -47,6 +47,8 @@ HEARTBEAT_S = 5.0
 #: Longest wait for a commit notification before the hub looks at the log anyway (a lost
 #: ping) and checks whether the server is stopping.
 POLL_S = 0.5
+#: The largest seq a log can hold (u64): a `from_seq` beyond it could never be reached.
+MAX_SEQ = (1 << 64) - 1
 #: Log records and bytes read per slice (the hub's and each catching-up watcher's).
 SLICE_RECORDS = 256
 SLICE_BYTES = 4 << 20
@@ -357,8 +359,15 @@ class WatchHub:
         w = Watcher(prefix)
         w.task = asyncio.current_task()
         try:
-            # A replica behind the asked seq: wait until it has applied up to there.
+            # A replica behind the asked seq: wait until it has applied up to there, with
+            # heartbeats meanwhile (a silent stream reads as a dead link to its client).
+            # Their seq is start - 1: every change of what was asked (>= start) up to
+            # there was sent, vacuously, and a resume asks for `start` again.
+            quiet_since = time.monotonic()
             while self.next_seq < start and not self.closing():
+                if time.monotonic() - quiet_since >= self.heartbeat_s:
+                    yield heartbeat_line(start - 1)
+                    quiet_since = time.monotonic()
                 await asyncio.sleep(POLL_S)
             pos = start
             while pos < self.next_seq:
@@ -419,8 +428,8 @@ async def watch(request: Request) -> Response:
         from_seq = int(raw) if raw not in (None, b"") else None
     except ValueError as err:
         raise InvalidReadError("from_seq must be an integer") from err
-    if from_seq is not None and from_seq < 0:
-        raise InvalidReadError("from_seq must be 0 or more")
+    if from_seq is not None and not 0 <= from_seq <= MAX_SEQ:
+        raise InvalidReadError(f"from_seq must be 0 to {MAX_SEQ} (seqs are 64-bit)")
     if hub.closing():
         return problem(503, "stopping", "this node is stopping", title="Node stopping")
     try:

@@ -257,6 +257,23 @@ def test_bad_parameters_are_400(cluster: Cluster) -> None:
     assert r.status_code == 400 and r.headers["content-type"].startswith("application/problem")
     r = httpx.get(cluster.read_url + "/v1/watch?prefix=w/&from_seq=-1", timeout=10)
     assert r.status_code == 400
+    # a seq no 64-bit log can reach: refused, not a stream that waits for ever
+    r = httpx.get(cluster.read_url + f"/v1/watch?prefix=w/&from_seq={1 << 64}", timeout=10)
+    assert r.status_code == 400 and "64-bit" in r.json()["detail"], r.text
+
+
+def test_a_from_seq_ahead_of_the_node_gets_heartbeats_while_it_waits(cluster: Cluster) -> None:
+    """The stream waits for the node to reach `from_seq`; it said nothing meanwhile, and a
+    client treats a silent stream as a dead link (reconnecting in a loop). Its heartbeats
+    carry from_seq - 1: a resume asks for the same seq again."""
+    ahead = int(httpx.get(cluster.read_url + "/v1/status", timeout=10).json()["seq"]) + 10**9
+    s = Stream(cluster.read_url, "w/", from_seq=ahead)
+    try:
+        assert s.status == 200
+        lines = s.read_until(lambda ls: len(ls) >= 2, timeout=20)  # two 5 s heartbeats
+        assert lines[:2] == [{"heartbeat": True, "seq": ahead - 1}] * 2, lines
+    finally:
+        s.close()
 
 
 def test_a_stalled_watcher_is_cut_off_without_hurting_another(
