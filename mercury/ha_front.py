@@ -30,6 +30,11 @@ HEAD_TIMEOUT_S = 5.0
 MAX_CONNECTIONS = 256
 #: Bodies up to this size are read and dropped before answering (see `_handle`).
 MAX_DRAINED_BODY = 1 << 20
+#: After answering, what is left of a larger body (a value may be 25 MiB) is read and
+#: dropped, up to this much and `LINGER_S`, before closing: closing a socket with unread
+#: bytes sends a reset, which can destroy the answer before the client has read it.
+MAX_LINGER_BYTES = 32 << 20
+LINGER_S = 5.0
 
 #: -> (role, term, leader_url or None, extra status fields)
 StatusFn = Callable[[], tuple[str, int | None, str | None, dict[str, Any]]]
@@ -92,25 +97,36 @@ class Front:
             self._conns.add(task)
         try:
             if len(self._conns) > MAX_CONNECTIONS:
+                await self._refuse(writer, reader, 503, "too many connections", retry=True)
                 return
-            async with asyncio.timeout(HEAD_TIMEOUT_S):
-                head = await reader.readuntil(b"\r\n\r\n")
+            try:
+                async with asyncio.timeout(HEAD_TIMEOUT_S):
+                    head = await reader.readuntil(b"\r\n\r\n")
+            except (asyncio.LimitOverrunError, ValueError):
+                head = b"x" * (MAX_HEAD + 1)  # past the stream's own limit: too large too
             if len(head) > MAX_HEAD:
+                await self._refuse(writer, reader, 431, f"request head over {MAX_HEAD} bytes")
                 return
             line = head.split(b"\r\n", 1)[0].decode("latin-1")
             parts = line.split(" ")
-            if len(parts) != 3:
+            # Origin-form targets only: "@evil.example/x" after the leader's URL would
+            # name another host in the Location (an open redirect).
+            if len(parts) != 3 or not parts[1].startswith("/"):
+                await self._refuse(writer, reader, 400, "malformed request line")
                 return
             method, target = parts[0], parts[1]
             # Read (and drop) a small body first: closing with unread bytes sends a reset
             # that can reach the client before our answer does.
             length = _content_length(head)
-            if 0 < length <= MAX_DRAINED_BODY:
+            drained = 0 < length <= MAX_DRAINED_BODY
+            if drained:
                 async with asyncio.timeout(HEAD_TIMEOUT_S):
                     await reader.readexactly(length)
             writer.write(self.answer(method, target))
             async with asyncio.timeout(HEAD_TIMEOUT_S):
                 await writer.drain()
+            if length != 0 and not drained:  # a large or chunked body: linger, then close
+                await _linger(reader, writer)
         except (TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, OSError):
             pass
         finally:
@@ -119,6 +135,29 @@ class Front:
             writer.close()
             with contextlib.suppress(Exception):
                 await writer.wait_closed()
+
+    async def _refuse(
+        self,
+        writer: asyncio.StreamWriter,
+        reader: asyncio.StreamReader,
+        status: int,
+        detail: str,
+        *,
+        retry: bool = False,
+    ) -> None:
+        """Answer a request this front will not serve with a problem+json and close (after
+        lingering: the request's unread bytes must not reset the answer away)."""
+        reason = {400: "Bad Request", 431: "Request Header Fields Too Large"}.get(
+            status, "Service Unavailable"
+        )
+        doc = problem_document(status, detail)
+        headers = [("Retry-After", "1")] if retry else []
+        writer.write(
+            _response(status, reason, "application/problem+json", json.dumps(doc).encode(), headers)
+        )
+        async with asyncio.timeout(HEAD_TIMEOUT_S):
+            await writer.drain()
+        await _linger(reader, writer)
 
     def answer(self, method: str, target: str) -> bytes:
         """The whole HTTP response to `method target`."""
@@ -171,9 +210,28 @@ def _response(
     return "\r\n".join(lines).encode("latin-1") + body
 
 
+async def _linger(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """Read and drop what the client still sends, up to `MAX_LINGER_BYTES` and `LINGER_S`
+    (or its EOF), so that closing does not reset the answer just written. Our side is shut
+    first: a client reading to the end (``Connection: close``) then closes at once."""
+    left = MAX_LINGER_BYTES
+    with contextlib.suppress(TimeoutError, OSError, RuntimeError):
+        if writer.can_write_eof():
+            writer.write_eof()
+        async with asyncio.timeout(LINGER_S):
+            while left > 0:
+                data = await reader.read(min(left, 1 << 16))
+                if not data:
+                    return
+                left -= len(data)
+
+
 def _content_length(head: bytes) -> int:
+    """The body's declared length: 0 without one, -1 when unknown (chunked) or malformed."""
     for line in head.split(b"\r\n")[1:]:
         name, _, value = line.partition(b":")
+        if name.strip().lower() == b"transfer-encoding":
+            return -1
         if name.strip().lower() == b"content-length":
             try:
                 return int(value.strip())

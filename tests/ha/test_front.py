@@ -5,10 +5,16 @@ an election."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import socket
+import threading
+import time
 from typing import Any
 
 import httpx
+import pytest
 
+from mercury import ha_front
 from mercury.ha_front import Front
 from tests.support.procs import free_port
 
@@ -50,3 +56,78 @@ def test_standby_redirects_and_electing_refuses() -> None:
             await front.stop()
 
     asyncio.run(scenario())
+
+
+def _exchange(port: int, data: bytes, *, then: bytes = b"") -> bytes:
+    """Send `data` (then `then`, after a pause) on a raw socket; the whole reply."""
+    with socket.create_connection(("127.0.0.1", port), 10) as s:
+        s.settimeout(15)
+        s.sendall(data)
+        if then:
+            time.sleep(0.2)
+            with contextlib.suppress(OSError):  # the answer may already be on its way
+                s.sendall(then)
+        reply = b""
+        with contextlib.suppress(ConnectionResetError):
+            while chunk := s.recv(65536):
+                reply += chunk
+    return reply
+
+
+def test_refusals_are_answered_and_large_bodies_do_not_reset_the_307(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Each refusal was a silent close or a reset: a malformed line, a head over the
+    limit, a body over 1 MiB (its 307 lost to the reset); and a target that is not a
+    path made the Location name another host (an open redirect)."""
+    port = free_port()
+    monkeypatch.setattr(ha_front, "MAX_CONNECTIONS", 2)
+
+    def status() -> tuple[str, int | None, str | None, dict[str, object]]:
+        return "standby", 7, "http://127.0.0.1:1", {}
+
+    done = threading.Event()
+    started = threading.Event()
+
+    def serve() -> None:
+        async def main() -> None:
+            front = Front("127.0.0.1", port, status)
+            await front.start()
+            started.set()
+            while not done.is_set():
+                await asyncio.sleep(0.05)
+            await front.stop()
+
+        asyncio.run(main())
+
+    t = threading.Thread(target=serve)
+    t.start()
+    try:
+        assert started.wait(10)
+        # a value of 3 MiB: the 307 arrives whole, not a reset
+        body = b"x" * (3 << 20)
+        head = f"PUT /v1/kv/a/b HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n\r\n"
+        reply = _exchange(port, head.encode() + body[:65536], then=body[65536:])
+        assert reply.startswith(b"HTTP/1.1 307"), reply[:200]
+        assert b"Location: http://127.0.0.1:1/v1/kv/a/b\r\n" in reply
+        # a target that is not a path: 400, and no Location at all
+        reply = _exchange(port, b"GET @evil.example/x HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert reply.startswith(b"HTTP/1.1 400") and b"Location" not in reply, reply[:300]
+        reply = _exchange(port, b"GARBAGE\r\n\r\n")
+        assert reply.startswith(b"HTTP/1.1 400"), reply[:200]
+        # over the connection cap: a 503 to retry, not a bare close
+        held = [socket.create_connection(("127.0.0.1", port), 10) for _ in range(2)]
+        try:
+            time.sleep(0.3)
+            reply = _exchange(port, b"GET /v1/status HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert reply.startswith(b"HTTP/1.1 503") and b"Retry-After: 1" in reply, reply[:300]
+        finally:
+            for h in held:
+                h.close()
+        for size in (20 << 10, 100 << 10):  # past the limit; past the stream's buffer too
+            big = b"GET /x HTTP/1.1\r\nX-Pad: " + b"p" * size + b"\r\n\r\n"
+            reply = _exchange(port, big)
+            assert reply.startswith(b"HTTP/1.1 431"), (size, reply[:200])
+    finally:
+        done.set()
+        t.join(30)
