@@ -19,11 +19,12 @@ from collections.abc import Callable, Generator
 
 from core.errors import CRCError, ReadProtocolError
 from reads import kt_protocol as kt
-from reads import readstats
+from reads import readstats, replystream
 from reads.metrics import READ_ERRORS, READ_SECONDS
 from reads.ranges import make_spec, read_page
 from reads.tcp import ListenerLimits, Run, TcpService, drain
 from store.format import MAX_KEY
+from store.reader import Reader
 from store.store import Store
 
 #: `match_prefix` without `max` answers at most this many keys (KT has no bound; a node
@@ -35,6 +36,42 @@ MATCH_CHUNK = 10_000
 MAX_BULK_BYTES = 256 << 20
 #: Keys of a binary get_bulk read per slice (one read transaction, then other clients).
 BULK_SLICE = 4096
+
+#: A KT client over the connection cap (KT itself just closes: this says why).
+BUSY = (
+    b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain\r\n"
+    b"Content-Length: 26\r\nConnection: close\r\n\r\ntoo many open connections\n"
+)
+
+BulkHit = tuple[int, bytes, bytes]  # dbidx, key, value
+
+
+def _bulk_fetch(r: Reader, dbkey: tuple[int, bytes]) -> BulkHit | None:
+    dbidx, key = dbkey
+    if dbidx != 0:
+        return None  # KT skips unknown databases silently
+    v = r.get(key) if 1 <= len(key) <= MAX_KEY else None
+    return None if v is None else (dbidx, key, v.value)
+
+
+def _bulk_records(hits: list[BulkHit]) -> bytes:
+    pack = kt.GET_REPLY_REC.pack
+    parts: list[bytes] = []
+    for dbidx, key, value in hits:
+        parts += (pack(dbidx, len(key), len(value), kt.XT_NONE), key, value)
+    return b"".join(parts)
+
+
+#: A binary get_bulk's reply, a piece at a time when big (`reads.replystream`).
+BULK_SPEC: replystream.Spec[tuple[int, bytes], BulkHit] = replystream.Spec(
+    fetch=_bulk_fetch,
+    size=lambda hit: len(hit[2]),
+    encode=_bulk_records,
+    head=kt.get_bulk_reply_head,
+    tail=b"",
+    max_bytes=MAX_BULK_BYTES,
+    slice_keys=BULK_SLICE,
+)
 
 NO_RECORD = b"DB: 7: no record: no record"
 NO_PERMISSION = b"DB: 4: no permission: permission denied (read-only Mercury node)"
@@ -99,38 +136,30 @@ class KtHandler:
             self.cnt_misc += 1
             return b"" if req.no_reply else kt.BINARY_ERROR
         t0 = time.perf_counter()
-        parts: list[bytes] = []
-        nhits = 0
-        size = 0
         keys = req.keys
-        pack = kt.GET_REPLY_REC.pack
-        for start in range(0, len(keys), BULK_SLICE):
-            if start:
-                yield b""  # other connections run before the next slice
-            try:
-                with self.store.reader() as r:
-                    for dbidx, key in keys[start : start + BULK_SLICE]:
-                        if dbidx != 0:
-                            continue  # KT skips unknown databases silently
-                        v = r.get(key) if 1 <= len(key) <= MAX_KEY else None
-                        if v is None:
-                            continue
-                        readstats.note_read(key)
-                        value = v.value
-                        parts += (pack(dbidx, len(key), len(value), kt.XT_NONE), key, value)
-                        nhits += 1
-                        size += len(value)
-                        if size > MAX_BULK_BYTES:
-                            READ_ERRORS.labels("kt_get_bulk", "too_large").inc()
-                            return kt.BINARY_ERROR
-            except CRCError:
-                READ_ERRORS.labels("kt_get_bulk", "crc").inc()
-                return kt.BINARY_ERROR
+        got = yield from replystream.collect(self.store, keys, BULK_SPEC)
+        if isinstance(got, replystream.TooLarge):
+            READ_ERRORS.labels("kt_get_bulk", "too_large").inc()
+            return kt.BINARY_ERROR
+        if isinstance(got, replystream.Corrupt):
+            READ_ERRORS.labels("kt_get_bulk", "crc").inc()
+            return kt.BINARY_ERROR
+        hit_keys = (
+            [h[1] for h in got.hits]
+            if isinstance(got, replystream.Small)
+            else [keys[i][1] for i in got.hit_at]
+        )
+        for k in hit_keys:
+            readstats.note_read(k)
         self.cnt_get += len(keys)
-        self.cnt_get_misses += len(keys) - nhits
-        reply = kt.get_bulk_reply_head(nhits) + b"".join(parts)
+        self.cnt_get_misses += len(keys) - len(hit_keys)
         READ_SECONDS.labels("kt_get_bulk").observe(time.perf_counter() - t0)
-        return reply
+        if isinstance(got, replystream.Small):
+            return kt.get_bulk_reply_head(len(got.hits)) + _bulk_records(got.hits)
+        # Too big to hold: yielded in pieces as the client takes them (the reply is then
+        # all in the yields; `drain_value` joins them for callers without a connection).
+        yield from replystream.stream(self.store, keys, got, BULK_SPEC)
+        return b""
 
     # --- HTTP ------------------------------------------------------------------------
 
@@ -436,12 +465,15 @@ class KtSession:
 
 
 def drain_value(gen: Generator[bytes, None, bytes]) -> bytes:
-    """Run a sliced computation to its end; its return value."""
+    """Run a sliced computation to its end: what it yielded (pieces of a big reply; b""
+    between slices) and then returned."""
+    out: list[bytes] = []
     while True:
         try:
-            next(gen)
+            out.append(next(gen))
         except StopIteration as stop:
-            return bytes(stop.value)
+            out.append(bytes(stop.value))
+            return b"".join(out)
 
 
 def kt_service(
@@ -461,6 +493,6 @@ def kt_service(
         connections=lambda: holder[0].connections,
         db_aliases=db_aliases,
     )
-    svc = TcpService("kt", host, port, handler.session, limits=limits)
+    svc = TcpService("kt", host, port, handler.session, limits=limits, busy_reply=BUSY)
     holder.append(svc)
     return svc

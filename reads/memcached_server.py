@@ -8,20 +8,28 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 
-from core.errors import CRCError, ReadProtocolError
-from reads import fastget, readstats
+from core.errors import ReadProtocolError
+from reads import fastget, readstats, replystream
 from reads import memcached_protocol as mc
 from reads.metrics import READ_ERRORS, READ_SECONDS
 from reads.tcp import ListenerLimits, Run, TcpService, drain
 from store.format import MAX_KEY
+from store.reader import Reader
 from store.store import Store
 
 VERSION = "1.6.0-mercury"
 _OBSERVE_GET = fastget.SourcedObserve(READ_SECONDS, "memcached_get")
 #: Bytes of values one `get` may answer; beyond it the command fails.
 MAX_REPLY_BYTES = 256 << 20
+
+Hit = tuple[bytes, bytes, int]  # key, value, seq
+
+
+def _fetch(r: Reader, key: bytes) -> Hit | None:
+    v = r.get(key)
+    return None if v is None else (key, v.value, v.seq)
 
 
 class MemcachedHandler:
@@ -54,6 +62,22 @@ class MemcachedHandler:
             MAX_KEY,
             mc.MAX_LINE,
         )
+        #: How a `get` (False) / `gets` (True) reply is read and encoded, a piece at a time
+        #: when it is big (`reads.replystream`); one read transaction for the first pass.
+        self._specs = {cas: self._spec(cas) for cas in (False, True)}
+
+    def _spec(self, with_cas: bool) -> replystream.Spec[bytes, Hit]:
+        flags = self.flags_in_value
+        cut = len(mc.END)
+        return replystream.Spec(
+            fetch=_fetch,
+            size=lambda hit: len(hit[1]),
+            encode=lambda hits: mc.encode_values(hits, with_cas, flags)[:-cut],
+            head=lambda _n: b"",
+            tail=mc.END,
+            max_bytes=MAX_REPLY_BYTES,
+            slice_keys=1 << 30,
+        )
 
     def step(self, buf: bytearray) -> tuple[bytes, bool]:
         """Answer every complete command in `buf` at once (tests and tools)."""
@@ -78,7 +102,7 @@ class MemcachedHandler:
                 READ_ERRORS.labels("memcached", "protocol").inc()
                 yield cmd.reply
             elif cmd.name in (b"get", b"gets"):
-                yield self._get(cmd.keys, cmd.name == b"gets")
+                yield from self._get_pieces(cmd.keys, cmd.name == b"gets")
             elif cmd.name == b"quit":
                 return True
             elif cmd.name == b"version":
@@ -109,7 +133,7 @@ class MemcachedHandler:
         keys, with_cas = got
         if not keys or (len(data) > MAX_KEY and any(len(k) > MAX_KEY for k in keys)):
             return None  # run's parser answers ERROR / CLIENT_ERROR
-        return self._get(keys, with_cas)
+        return self._get_small(keys, with_cas)  # None when too big: run streams it
 
     @staticmethod
     def phase(buf: bytearray) -> str:
@@ -117,30 +141,66 @@ class MemcachedHandler:
         data block; see `reads.tcp.Session`)."""
         return "body" if b"\n" in buf else "header"
 
-    def _get(self, keys: list[bytes], with_cas: bool) -> bytes:
+    def _collect(
+        self, keys: list[bytes], with_cas: bool, give_up_big: bool
+    ) -> replystream.Collected[Hit]:
+        gen = replystream.collect(self.store, keys, self._specs[with_cas], give_up_big=give_up_big)
+        while True:  # one slice (one read transaction): nothing is yielded
+            try:
+                next(gen)
+            except StopIteration as stop:
+                return stop.value  # type: ignore[no-any-return]
+
+    def _get_small(self, keys: list[bytes], with_cas: bool) -> bytes | None:
+        """The whole reply to a get of `keys`; None when it is too big to hold at once
+        (`_get_pieces` answers it then)."""
         t0 = time.perf_counter()
-        hits: list[tuple[bytes, bytes, int]] = []
-        size = 0
-        try:
-            with self.store.reader() as r:
-                for k in keys:
-                    v = r.get(k)
-                    if v is not None:
-                        readstats.note_read(k)
-                        hits.append((k, v.value, v.seq))
-                        size += len(v.value)
-                        if size > MAX_REPLY_BYTES:
-                            READ_ERRORS.labels("memcached_get", "too_large").inc()
-                            return b"SERVER_ERROR reply too large; ask for fewer keys\r\n"
-        except CRCError as err:
+        got = self._collect(keys, with_cas, give_up_big=True)
+        if isinstance(got, replystream.Big):
+            return None
+        return self._whole(keys, got, with_cas, t0)
+
+    def _get(self, keys: list[bytes], with_cas: bool) -> bytes:
+        """The whole reply to a get of `keys`, however big (for callers that cannot take
+        pieces: `gat`; a connection's `run` takes `_get_pieces`)."""
+        return b"".join(self._get_pieces(keys, with_cas))
+
+    def _get_pieces(self, keys: list[bytes], with_cas: bool) -> Generator[bytes, None, None]:
+        """The reply to a get of `keys`, in pieces when big (see `reads.replystream`: the
+        connection asks for the next piece only as the client takes the last)."""
+        t0 = time.perf_counter()
+        got = self._collect(keys, with_cas, give_up_big=False)
+        if not isinstance(got, replystream.Big):
+            yield self._whole(keys, got, with_cas, t0)
+            return
+        self._count(keys, [keys[i] for i in got.hit_at])
+        _OBSERVE_GET(time.perf_counter() - t0)
+        yield from replystream.stream(self.store, keys, got, self._specs[with_cas])
+
+    def _whole(
+        self,
+        keys: list[bytes],
+        got: replystream.Small[Hit] | replystream.TooLarge | replystream.Corrupt,
+        with_cas: bool,
+        t0: float,
+    ) -> bytes:
+        if isinstance(got, replystream.TooLarge):
+            READ_ERRORS.labels("memcached_get", "too_large").inc()
+            return b"SERVER_ERROR reply too large; ask for fewer keys\r\n"
+        if isinstance(got, replystream.Corrupt):
             READ_ERRORS.labels("memcached_get", "crc").inc()
-            return b"SERVER_ERROR " + err.message.encode("ascii", "replace") + b"\r\n"
-        self.cmd_get += len(keys)
-        self.get_hits += len(hits)
-        self.get_misses += len(keys) - len(hits)
-        reply = mc.encode_values(hits, with_cas, self.flags_in_value)
+            return b"SERVER_ERROR " + got.err.message.encode("ascii", "replace") + b"\r\n"
+        self._count(keys, [hit[0] for hit in got.hits])
+        reply = mc.encode_values(got.hits, with_cas, self.flags_in_value)
         _OBSERVE_GET(time.perf_counter() - t0)
         return reply
+
+    def _count(self, keys: list[bytes], hit_keys: list[bytes]) -> None:
+        for k in hit_keys:
+            readstats.note_read(k)
+        self.cmd_get += len(keys)
+        self.get_hits += len(hit_keys)
+        self.get_misses += len(keys) - len(hit_keys)
 
     def _stats(self) -> bytes:
         now = time.time()

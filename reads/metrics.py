@@ -33,12 +33,27 @@ READ_ERRORS = Counter(
 LISTENER_CONNECTIONS = Gauge(
     "mercury_listener_connections", "Connections open on a TCP read listener", ["listener"]
 )
-#: Connections refused (over the cap) or closed by a limit, by reason: `max_connections`,
-#: `idle_timeout`, `header_timeout`, `body_timeout`, `write_timeout`.
+#: Connections refused (over the cap), evicted or closed by a limit, by reason:
+#: `max_connections` (at the cap, none idle), `evicted` (idle, closed at the cap for a
+#: newcomer), `idle_timeout`, `header_timeout`, `body_timeout`, `write_timeout`.
 LISTENER_REFUSED = Counter(
     "mercury_listener_refused_total",
     "Connections a TCP read listener refused or closed on a limit, by reason",
     ["listener", "reason"],
+)
+
+#: Reply bytes the connections of a TCP read listener hold for writing (not yet taken by
+#: their clients), summed and the largest one's, sampled once a second. Each connection
+#: stops producing replies above its transport's high-water mark (`reads.tcp`).
+LISTENER_QUEUED = Gauge(
+    "mercury_listener_write_queued_bytes",
+    "Reply bytes a TCP read listener's connections hold for writing (sampled each second)",
+    ["listener"],
+)
+LISTENER_QUEUED_MAX = Gauge(
+    "mercury_listener_write_queued_max_bytes",
+    "Reply bytes the fullest connection of a TCP read listener holds for writing",
+    ["listener"],
 )
 
 #: Watch streams (`GET /v1/watch`) open now on this process.

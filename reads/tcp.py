@@ -11,16 +11,24 @@ per loop turn and schedules the rest with `call_soon`, so one connection's huge 
 (a binary get_bulk of a million keys) never holds the event loop: every other connection
 is served between its slices. Replies are written in request order, so pipelining works.
 While a request is being worked on, the connection stops reading once its buffer is large.
-Backpressure: when the transport's write buffer is full, work and reading pause until it
-drains.
+Back-pressure: a connection's transport buffers at most `WRITE_HIGH_WATER` bytes of
+replies the client has not taken; above it (asyncio's `pause_writing`) the run is not
+stepped and nothing is read until the buffer drains (`resume_writing`). A reply is
+produced only as it is taken: a run yields a big reply in pieces (`reads/replystream.py`),
+so what a connection holds is bounded by the high-water mark, one turn's bytes and one
+piece (a piece is at most one value plus a little), whatever its request asks for.
 
-Limits (`ListenerLimits`, one per listener): a connection cap (over it, new connections get
-the protocol's busy reply, if any, and are closed), a header timeout (a request's head must
+Limits (`ListenerLimits`, one per listener): a connection cap (at it, a newcomer evicts the
+connection idle the longest — no request in progress, nothing left to write — and only when
+none is idle is the newcomer refused with the protocol's busy reply, if any), a header
+timeout (a request's head must
 arrive within it from its first byte), a body timeout (the whole request within it), an
 idle timeout (no request for that long), and a write timeout (a client that reads none of
-its replies for that long). One sweep per second checks every connection; metrics
-`mercury_listener_connections{listener}` and `mercury_listener_refused_total{listener,
-reason}` count what was refused or closed and why.
+its replies for that long). One sweep per second checks every connection and
+samples the bytes queued for writing; metrics `mercury_listener_connections{listener}`,
+`mercury_listener_refused_total{listener, reason}` (what was refused, evicted or closed and
+why) and `mercury_listener_write_queued_bytes{listener}` /
+`mercury_listener_write_queued_max_bytes{listener}`.
 """
 
 from __future__ import annotations
@@ -36,7 +44,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from reads import fastconn
-from reads.metrics import LISTENER_CONNECTIONS, LISTENER_REFUSED, READ_ERRORS
+from reads.metrics import (
+    LISTENER_CONNECTIONS,
+    LISTENER_QUEUED,
+    LISTENER_QUEUED_MAX,
+    LISTENER_REFUSED,
+    READ_ERRORS,
+)
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +59,10 @@ log = logging.getLogger(__name__)
 STEPS_PER_TURN = 16
 #: Reply bytes a connection hands its transport per turn (then backpressure can act).
 TURN_BYTES = 256 << 10
+#: Reply bytes a transport buffers before the connection stops producing more (asyncio
+#: calls `pause_writing` above it, `resume_writing` once it is down to `WRITE_LOW_WATER`).
+WRITE_HIGH_WATER = 256 << 10
+WRITE_LOW_WATER = 64 << 10
 #: While a request is being worked on, stop reading once this much is buffered.
 MAX_BUFFER_WHILE_BUSY = 1 << 20
 #: How often every connection's timeouts are checked.
@@ -53,6 +71,16 @@ SWEEP_SECONDS = 1.0
 #: A session's run: yields reply bytes (b"" = a slice of work done, nothing to send yet),
 #: returns True when the connection must close after what was written.
 Run = Generator[bytes, None, bool]
+
+
+class Abort(Exception):
+    """Raised by a session's run to drop its connection at once — not a bug (no traceback):
+    part of a reply went out and the rest cannot be sent (`reads.replystream.Cut`).
+    `reason` labels `mercury_read_errors_total`."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
 class Wait(bytes):
@@ -170,18 +198,46 @@ class _Conn(_ConnBase, asyncio.Protocol):
         t: asyncio.Transport = transport  # type: ignore[assignment]
         svc = self.service
         if len(svc.conns) >= svc.limits.max_connections:
-            svc.refuse("max_connections")
-            if svc.busy_reply:
-                t.write(svc.busy_reply)
-            t.close()
-            return
+            victim = svc.longest_idle()
+            if victim is None:  # every place is in use: refuse the newcomer
+                svc.refuse("max_connections")
+                if svc.busy_reply:
+                    t.write(svc.busy_reply)
+                t.close()
+                return
+            svc.refuse("evicted")  # an idle socket must never lock a working client out
+            victim.evict()
         self.transport = t
+        t.set_write_buffer_limits(high=WRITE_HIGH_WATER, low=WRITE_LOW_WATER)
         svc.conns.add(self)
         LISTENER_CONNECTIONS.labels(svc.name).inc()
         sock = transport.get_extra_info("socket")
         if sock is not None:
             with contextlib.suppress(OSError):
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def idle(self) -> bool:
+        """No request in progress (none being answered, none partly received) and nothing
+        left to write: closing it now loses the client nothing."""
+        t = self.transport
+        return (
+            t is not None
+            and not t.is_closing()
+            and self.work is None
+            and self.waiting is None
+            and not self.buf
+            and self.write_paused_at is None
+            and t.get_write_buffer_size() == 0
+        )
+
+    def evict(self) -> None:
+        """Close this idle connection to make room (it leaves the count at once)."""
+        svc = self.service
+        if self in svc.conns:
+            svc.conns.discard(self)
+            LISTENER_CONNECTIONS.labels(svc.name).dec()
+        if self.transport is not None:
+            self.transport.close()
 
     def fast_failed(self) -> None:
         # As in _drive: a bug costs one connection, never the listener.
@@ -207,6 +263,8 @@ class _Conn(_ConnBase, asyncio.Protocol):
         self.scheduled = False
         if self.waiting is not None:
             return  # the run waits for a future; _wait_done resumes it
+        if self.write_paused_at is not None:
+            return  # the client has not taken what it has: resume_writing resumes the run
         t = self.transport
         work = self.work
         if t is None or t.is_closing() or work is None:
@@ -230,6 +288,12 @@ class _Conn(_ConnBase, asyncio.Protocol):
         except StopIteration as stop:
             self.work = None
             close = bool(stop.value)
+        except Abort as stop:
+            log.warning("%s listener: dropping a connection: %s", self.service.name, stop)
+            READ_ERRORS.labels(self.service.name, stop.reason).inc()
+            self.work = None
+            t.abort()  # a cut reply must not pass for a whole one: no graceful end
+            return
         except Exception:
             # A bug must cost one connection, never the listener or the process.
             log.exception("%s listener: request failed; closing the connection", self.service.name)
@@ -365,14 +429,29 @@ class TcpService:
             self.port = self._server.sockets[0].getsockname()[1]
         self._sweeper = loop.call_later(SWEEP_SECONDS, self._sweep)
 
+    def longest_idle(self) -> _Conn | None:
+        """The idle connection (`_Conn.idle`) with the oldest activity, or None."""
+        best: _Conn | None = None
+        for c in self.conns:
+            if c.idle() and (best is None or c.active_at < best.active_at):
+                best = c
+        return best
+
     def _sweep(self) -> None:
         now = time.monotonic()
+        queued = biggest = 0
         for c in list(self.conns):
             reason = c.expired(now)
             if reason is not None and c.transport is not None:
                 self.refuse(reason)
                 log.info("%s listener: closing a connection (%s)", self.name, reason)
                 c.transport.abort()  # unsent replies to a slow reader are dropped too
+            elif c.transport is not None:
+                n = c.transport.get_write_buffer_size()
+                queued += n
+                biggest = max(biggest, n)
+        LISTENER_QUEUED.labels(self.name).set(queued)
+        LISTENER_QUEUED_MAX.labels(self.name).set(biggest)
         self._sweeper = asyncio.get_running_loop().call_later(SWEEP_SECONDS, self._sweep)
 
     async def stop(self) -> None:

@@ -187,10 +187,14 @@ def test_over_the_cap_is_refused_while_existing_clients_keep_working(
     try:
         for s in held:
             assert _mc_version(s).startswith(b"VERSION")
+            s.sendall(b"get k")  # a request in progress: busy, so not evicted at the cap
+        time.sleep(0.2)
         with socket.create_connection(("127.0.0.1", ports.mc), 5) as extra:
             assert _recv_until(extra, b"\r\n", 5.0) == b"SERVER_ERROR Too many open connections\r\n"
             assert _closed_within(extra, 5.0)
         for s in held:
+            s.sendall(b"\r\n")
+            assert _recv_until(s, b"END\r\n", 5.0) == b"END\r\n"
             assert _mc_version(s).startswith(b"VERSION")
         assert ports.metric("mercury_listener_connections", listener="memcached") == 3
         assert (
@@ -198,6 +202,9 @@ def test_over_the_cap_is_refused_while_existing_clients_keep_working(
                 "mercury_listener_refused_total", listener="memcached", reason="max_connections"
             )
             == 1
+        )
+        assert not ports.metric(
+            "mercury_listener_refused_total", listener="memcached", reason="evicted"
         )
     finally:
         for s in held:
@@ -211,6 +218,74 @@ def test_over_the_cap_is_refused_while_existing_clients_keep_working(
         time.sleep(0.05)
     with socket.create_connection(("127.0.0.1", ports.mc), 5) as again:
         assert _mc_version(again).startswith(b"VERSION")
+
+
+def test_kt_over_the_cap_with_every_connection_busy_answers_503(start_reads: StartReads) -> None:
+    ports = start_reads("--listener-max-connections", "2")
+    held = [socket.create_connection(("127.0.0.1", ports.kt), 5) for _ in range(2)]
+    try:
+        for s in held:
+            s.sendall(b"GET /rpc/void HTTP/1.1\r\nHost: x")  # a request head in progress
+        time.sleep(0.2)
+        with socket.create_connection(("127.0.0.1", ports.kt), 5) as extra:
+            got = _recv_until(extra, b"\n", 5.0)
+            assert got.startswith(b"HTTP/1.1 503 "), got
+            assert _closed_within(extra, 5.0)
+        for s in held:  # the busy ones finish their requests
+            s.sendall(b"\r\n\r\n")
+            assert _recv_until(s, b"\r\n\r\n", 5.0).startswith(b"HTTP/1.1 200 ")
+        assert (
+            ports.metric("mercury_listener_refused_total", listener="kt", reason="max_connections")
+            == 1
+        )
+    finally:
+        for s in held:
+            s.close()
+
+
+@pytest.mark.parametrize("listener", ["memcached", "kt"])
+def test_at_the_cap_the_longest_idle_connection_makes_room(
+    start_reads: StartReads, listener: str
+) -> None:
+    """One client holding every place with idle sockets must not lock the others out: a
+    newcomer evicts the connection idle the longest; busy ones are never touched."""
+    ports = start_reads("--listener-max-connections", "3")
+    port = ports.mc if listener == "memcached" else ports.kt
+
+    def ask(s: socket.socket) -> bytes:
+        if listener == "memcached":
+            return _mc_version(s)
+        s.sendall(b"GET /rpc/void HTTP/1.1\r\nHost: x\r\n\r\n")
+        return _recv_until(s, b"\r\n\r\n", 5.0)
+
+    ok = b"VERSION" if listener == "memcached" else b"HTTP/1.1 200 "
+    oldest = socket.create_connection(("127.0.0.1", port), 5)
+    time.sleep(0.1)
+    idle = socket.create_connection(("127.0.0.1", port), 5)
+    busy = socket.create_connection(("127.0.0.1", port), 5)
+    busy.sendall(b"get k" if listener == "memcached" else b"GET /rpc/void HTTP/1.1\r\n")
+    socks = [oldest, idle, busy]
+    try:
+        assert ask(idle).startswith(ok)  # answered: idle again, but more recently active
+        time.sleep(0.2)
+        for n in range(2):  # two newcomers: the two idle ones go, oldest first
+            new = socket.create_connection(("127.0.0.1", port), 5)
+            socks.append(new)
+            assert ask(new).startswith(ok)
+            assert _closed_within([oldest, idle][n], 5.0)
+        # The busy one was kept and finishes its request.
+        busy.sendall(b"\r\n" if listener == "memcached" else b"Host: x\r\n\r\n")
+        assert _recv_until(busy, b"\r\n", 5.0).startswith(b"END" if listener == "memcached" else ok)
+        assert (
+            ports.metric("mercury_listener_refused_total", listener=listener, reason="evicted") == 2
+        )
+        assert not ports.metric(
+            "mercury_listener_refused_total", listener=listener, reason="max_connections"
+        )
+        assert ports.metric("mercury_listener_connections", listener=listener) == 3
+    finally:
+        for s in socks:
+            s.close()
 
 
 def test_parked_partial_requests_are_dropped_after_their_timeouts(
@@ -276,3 +351,121 @@ def test_a_client_that_reads_no_replies_is_closed_after_the_write_timeout(
         )
         with socket.create_connection(("127.0.0.1", ports.mc), 5) as good:
             assert _mc_version(good).startswith(b"VERSION")
+
+
+BIG = 200_000
+
+
+def _mc_amplifier(names: int) -> bytes:
+    return b"get " + b" ".join([b"big"] * names) + b"\r\n"
+
+
+def _kt_amplifier(names: int) -> bytes:
+    parts = [struct.pack(">BII", kt.MAGIC_GET_BULK, 0, names)]
+    parts += [struct.pack(">HI", 0, 3) + b"big"] * names
+    return b"".join(parts)
+
+
+@pytest.mark.parametrize(
+    ("listener", "make"), [("memcached", _mc_amplifier), ("kt", _kt_amplifier)], ids=["mc", "kt"]
+)
+def test_an_amplifying_request_never_read_holds_a_bounded_reply(
+    store: Store, start_reads: StartReads, listener: str, make: Callable[[int], bytes]
+) -> None:
+    """A request of a few KB naming one 200 KB value 1,250 times asks for a ~250 MB reply;
+    a client that reads none of it must not make the server hold it: the reply is made
+    only as it is taken, and the connection still goes after the write timeout."""
+    store.apply([Op(SET, b"big", b"b" * BIG, "t")])
+    ports = start_reads("--listener-write-timeout-s", "4")
+    request = make(1250)
+    assert len(request) < 20_000
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    s.connect(("127.0.0.1", ports.mc if listener == "memcached" else ports.kt))
+    with s:
+        s.sendall(request)
+        biggest = 0.0
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline:
+            biggest = max(
+                biggest,
+                ports.metric("mercury_listener_write_queued_max_bytes", listener=listener),
+            )
+            if ports.metric(
+                "mercury_listener_refused_total", listener=listener, reason="write_timeout"
+            ):
+                break
+            with socket.create_connection(("127.0.0.1", ports.mc), 5) as good:
+                assert _mc_version(good).startswith(b"VERSION")
+            time.sleep(0.3)
+        # The stalled reply was queued (the measure sees it) but only a bounded part:
+        # the transport's high-water mark, a turn's bytes and a piece (here one value).
+        assert 0 < biggest < 4 << 20, biggest
+        assert (
+            ports.metric(
+                "mercury_listener_refused_total", listener=listener, reason="write_timeout"
+            )
+            == 1
+        )
+
+
+def _mc_values(reply: bytes) -> list[tuple[bytes, bytes]]:
+    out: list[tuple[bytes, bytes]] = []
+    at = 0
+    while not reply.startswith(b"END\r\n", at):
+        eol = reply.index(b"\r\n", at)
+        word, key, _flags, n = reply[at:eol].split(b" ")
+        assert word == b"VALUE"
+        start = eol + 2
+        out.append((key, reply[start : start + int(n)]))
+        assert reply[start + int(n) : start + int(n) + 2] == b"\r\n"
+        at = start + int(n) + 2
+    assert at + 5 == len(reply), "bytes after END"
+    return out
+
+
+def _recv_exactly(sock: socket.socket, n: int) -> bytes:
+    got = bytearray()
+    while len(got) < n:
+        chunk = sock.recv(min(n - len(got), 1 << 20))
+        assert chunk, "closed early"
+        got += chunk
+    return bytes(got)
+
+
+def _kt_values(sock: socket.socket) -> list[tuple[bytes, bytes]]:
+    magic, hits = struct.unpack(">BI", _recv_exactly(sock, 5))
+    assert magic == kt.MAGIC_GET_BULK
+    out: list[tuple[bytes, bytes]] = []
+    for _ in range(hits):
+        _db, ksiz, vsiz, _xt = kt.GET_REPLY_REC.unpack(_recv_exactly(sock, kt.GET_REPLY_REC.size))
+        out.append((_recv_exactly(sock, ksiz), _recv_exactly(sock, vsiz)))
+    return out
+
+
+@pytest.mark.parametrize("listener", ["memcached", "kt"])
+def test_a_big_multi_get_that_is_read_returns_every_value(
+    store: Store, start_reads: StartReads, listener: str
+) -> None:
+    """A reply made in pieces (far over the size answered whole) is still every value, in
+    order, each byte right; the connection then serves the next request."""
+    values = {b"v%03d" % i: bytes([65 + i % 26]) * (BIG + i) for i in range(60)}
+    store.apply([Op(SET, k, v, "t") for k, v in values.items()])
+    ports = start_reads()
+    names = [k for k in values for _ in range(2)] + [b"missing"] + list(values)
+    want = [(k, values[k]) for k in names if k in values]
+    with socket.create_connection(
+        ("127.0.0.1", ports.mc if listener == "memcached" else ports.kt), 10
+    ) as s:
+        s.settimeout(30)
+        for _ in range(2):  # twice: the connection works on after a streamed reply
+            if listener == "memcached":
+                s.sendall(b"get " + b" ".join(names) + b"\r\n")
+                got = _mc_values(_recv_until(s, b"END\r\n", 30.0))
+            else:
+                parts = [struct.pack(">BII", kt.MAGIC_GET_BULK, 0, len(names))]
+                parts += [struct.pack(">HI", 0, len(k)) + k for k in names]
+                s.sendall(b"".join(parts))
+                got = _kt_values(s)
+            assert [k for k, _ in got] == [k for k, _ in want]
+            assert got == want
