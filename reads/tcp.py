@@ -133,7 +133,8 @@ def add_listener_flags(p: argparse.ArgumentParser) -> None:
         type=int,
         default=d.max_connections,
         metavar="N",
-        help=f"connections each KT/memcached listener serves at once; more are refused "
+        help=f"connections each KT/memcached listener serves at once; at the cap a newcomer "
+        f"evicts the longest-idle one, or is refused when none is idle "
         f"(default {d.max_connections})",
     )
     for name, what in (
