@@ -84,17 +84,6 @@ class Auth:
             )
         return self.acl.producers[name]
 
-    def check_can_write(self, name: str) -> None:
-        """AuthError unless producer `name` is still in the ACL with a token: a request
-        authenticated before all its producer's tokens were revoked must not write after."""
-        p = self.acl.producers.get(name)
-        if p is None or not p.tokens:
-            raise AuthError(
-                "unknown or revoked token: the producer's tokens were revoked while this "
-                "request was in flight",
-                hint="ask the admin for a new token",
-            )
-
     def check_keys(self, p: Producer, ops: list[Op]) -> None:
         """Every op's key must lie in `p`'s keyspaces (all checked before any applies)."""
         prefixes = self._prefixes.get(p.name, ())

@@ -9,6 +9,7 @@ and committed before the next one reads it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import secrets
 import weakref
 from typing import Any
@@ -302,20 +303,21 @@ async def delete_producer(name: str, request: Request) -> Response:
     async with _lock(gw):
         p = gw.acl.get(name)
         purged = 0
-        if purge:
-            if p.tokens:
-                gone = [f"- token {tid}" for tid in sorted(p.tokens)]
-                await _commit(gw, gw.acl.without_tokens(name), "revoke_token", name, gone)
-            # Requests submitted before the revocation commit first; any other request of
-            # this producer (a slow body, a quota hold) is refused at its submit.
-            await gw.settled(name)
-            purged = await _purge(gw, name)
-        old = gw.acl
-        new = old.remove(name)
-        diff = document_diff(old.document(), new.document())
-        if purged:
-            diff.append(f"purged {purged} key(s)")
-        await _commit(gw, new, "delete_producer", name, diff)
+        with gw.fence(name) if purge else contextlib.nullcontext():
+            if purge:
+                if p.tokens:
+                    gone = [f"- token {tid}" for tid in sorted(p.tokens)]
+                    await _commit(gw, gw.acl.without_tokens(name), "revoke_token", name, gone)
+                # Requests submitted before the fence commit first; any other request of
+                # this producer (a slow body, a quota hold) is refused at its submit.
+                await gw.settled(name)
+                purged = await _purge(gw, name)
+            old = gw.acl
+            new = old.remove(name)
+            diff = document_diff(old.document(), new.document())
+            if purged:
+                diff.append(f"purged {purged} key(s)")
+            await _commit(gw, new, "delete_producer", name, diff)
     return json_response({"removed": name, "purged": purged})
 
 

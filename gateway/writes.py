@@ -13,12 +13,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import orjson
 
 from acl.model import Acl, Producer
+from core.errors import AuthError
 from gateway import aclstore, idempotency, metrics, usage_metrics, usage_series
 from gateway.admission import Admission
 from gateway.answers import Answer, batch_answer, kv_answer
@@ -68,6 +69,8 @@ class Gateway:
         self._gc_task: asyncio.Task[None] | None = None
         #: Each producer's submitted writes not yet committed (or refused): `settled`.
         self._pending: dict[str, set[asyncio.Future[list[Result]]]] = {}
+        #: Producers being purged: their writes are refused at submit (`fence`).
+        self._fenced: set[str] = set()
 
     def _keyspaces(self, producer: str) -> tuple[str, ...]:
         p = self.acl.producers.get(producer)
@@ -198,9 +201,14 @@ class Gateway:
             headers = await self.admission.admit(p, len(ops), nbytes)
             await self.batcher.wait_room(len(ops), nbytes, p.name)  # held while full
             # Authenticated when its headers arrived, maybe long ago (a slow body, a quota
-            # hold): a producer whose tokens were all revoked since writes nothing more —
-            # a purge relies on it (`settled`). No await from here to the submit.
-            self.auth.check_can_write(p.name)
+            # hold): a producer being purged writes nothing more, whatever it came through
+            # (a token, or the KT/memcached write listeners, which hold none) — the purge
+            # relies on it (`settled`). No await from here to the submit.
+            if p.name in self._fenced:
+                raise AuthError(
+                    f"producer {p.name!r} is being removed: its writes are refused",
+                    producer=p.name,
+                )
 
             def stored_answer(results: list[Result]) -> bytes:
                 a = answer(results)
@@ -234,10 +242,20 @@ class Gateway:
             a.headers.update(headers)
         return a
 
+    @contextlib.contextmanager
+    def fence(self, producer: str) -> Iterator[None]:
+        """While held, every write of `producer` not yet submitted is refused (401) when it
+        reaches its submit — one authenticated before (a slow body, a quota hold) too."""
+        self._fenced.add(producer)
+        try:
+            yield
+        finally:
+            self._fenced.discard(producer)
+
     async def settled(self, producer: str) -> None:
         """Return once every write of `producer` submitted so far has committed or failed.
-        After its tokens are all revoked no new one is submitted (`Auth.check_can_write`),
-        so a purge that waits for this has every write of the producer behind it."""
+        Under `fence` no new one is submitted, so a purge that waits for this has every
+        write of the producer behind it."""
         pending = self._pending.get(producer)
         if pending:
             await asyncio.wait(list(pending))
