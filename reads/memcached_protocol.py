@@ -4,8 +4,12 @@ Served: `get`/`gets` with any number of keys (`gets` adds the value's seq as its
 unique), `version`, `stats`, `verbosity`, `quit`. Storage and other write commands are
 parsed in full (their data block is consumed, so the connection stays in sync) and
 answered with a `SERVER_ERROR` (nothing with `noreply`). Unknown commands get `ERROR`.
-Malformed lines get `CLIENT_ERROR ...`; a line over MAX_LINE or the binary protocol gets a
-`CLIENT_ERROR` and the connection closes (it cannot be resynchronised).
+Malformed lines get `CLIENT_ERROR ...`. A storage line is malformed or not, its data block
+is consumed before the answer whenever its length can be read: a data block is the
+client's bytes, never commands. Where the stream cannot be resynchronised — a storage line
+whose block length cannot be read, a block not followed by CRLF where its length says, a
+line over MAX_LINE, a block over MAX_DATA, the binary protocol — the answer is a
+`CLIENT_ERROR` and the connection closes (what follows is never run as commands).
 """
 
 from __future__ import annotations
@@ -80,31 +84,52 @@ def parse_command(buf: bytes | bytearray) -> tuple[Command, int] | None:
             return Command(verb, reply=client_error("bad command line format")), pos
         return Command(verb, keys=args), pos
     if verb in STORAGE:
-        want = 6 if verb == b"cas" else 5
-        if len(args) not in (want - 1, want):
-            return Command(verb, reply=client_error("bad command line format")), pos
-        try:
-            nbytes = int(args[3])
-            int(args[1])
-            int(args[2])
-        except ValueError:
-            return Command(verb, reply=client_error("bad command line format")), pos
-        if nbytes < 0:
-            return Command(verb, reply=client_error("bad command line format")), pos
-        if nbytes > MAX_DATA:
-            raise ReadProtocolError("object too large", close=True)
-        end = pos + nbytes + 2
-        if len(buf) < end:
-            return None
-        noreply = len(args) == want and args[-1] == b"noreply"
-        if buf[end - 2 : end] != b"\r\n":
-            return Command(verb, reply=client_error("bad data chunk")), end
-        return Command(verb, args=args, noreply=noreply, data=bytes(buf[pos : end - 2])), end
+        return _storage(verb, args, buf, pos)
     if verb in OTHER_WRITES:
         return Command(verb, args=args, noreply=bool(args) and args[-1] == b"noreply"), pos
     if verb in (b"version", b"stats", b"quit", b"verbosity"):
         return Command(verb, args=args), pos
     return Command(verb, reply=ERROR), pos
+
+
+def block_length(args: list[bytes]) -> int | None:
+    """The data block length a storage line declares (its arguments are `<key> <flags>
+    <exptime> <bytes> ...`), or None when it cannot be read: too few arguments, or a
+    `<bytes>` that is not a decimal number. A number too long to be a length reads as
+    MAX_DATA + 1 (too large)."""
+    if len(args) < 4 or not args[3].isdigit():
+        return None
+    raw = args[3].lstrip(b"0") or b"0"
+    return int(raw) if len(raw) <= 10 else MAX_DATA + 1
+
+
+def _storage(
+    verb: bytes, args: list[bytes], buf: bytes | bytearray, pos: int
+) -> tuple[Command, int] | None:
+    """A storage line (`buf[:pos]`) and its data block. The block is consumed first, even
+    for a line that is malformed otherwise: its bytes must never be run as commands."""
+    nbytes = block_length(args)
+    if nbytes is None:
+        # where this command's data ends is unknown: nothing after it can be trusted
+        raise ReadProtocolError("bad command line format", close=True)
+    if nbytes > MAX_DATA:
+        raise ReadProtocolError("object too large", close=True)
+    end = pos + nbytes + 2
+    if len(buf) < end:
+        return None
+    if buf[end - 2 : end] != b"\r\n":
+        # the client's idea of the block's length is not ours: out of sync for good
+        raise ReadProtocolError("bad data chunk", close=True)
+    want = 6 if verb == b"cas" else 5
+    if len(args) not in (want - 1, want) or not (args[1].isdigit() and _signed(args[2])):
+        return Command(verb, reply=client_error("bad command line format")), end
+    noreply = len(args) == want and args[-1] == b"noreply"
+    return Command(verb, args=args, noreply=noreply, data=bytes(buf[pos : end - 2])), end
+
+
+def _signed(raw: bytes) -> bool:
+    """A decimal integer, optionally negative (a memcached exptime)."""
+    return raw[1:].isdigit() if raw[:1] == b"-" else raw.isdigit()
 
 
 def get_line(data: bytes, max_line: int = MAX_LINE) -> tuple[list[bytes], bool] | None:

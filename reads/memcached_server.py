@@ -108,7 +108,9 @@ class MemcachedHandler:
             elif cmd.name == b"version":
                 yield b"VERSION " + VERSION.encode() + b"\r\n"
             elif cmd.name == b"stats":
-                yield self._stats()
+                # memcached answers ERROR to a `stats` subcommand it does not serve; ours
+                # has none (no slabs, items, settings or conns to list)
+                yield mc.ERROR if cmd.args else self._stats()
             elif cmd.name == b"verbosity":
                 yield b"OK\r\n"
             else:

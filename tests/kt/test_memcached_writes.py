@@ -30,6 +30,7 @@ from store.store import Store
 from tests.gateway.conftest import Root, make_root
 from tests.kt.test_kt_writes import StoreWriter
 from tests.support.procs import Procs, free_port, run_mercury
+from tests.support.sockets import converse
 
 # --- pure --------------------------------------------------------------------------------
 
@@ -262,6 +263,67 @@ def test_pymemcache_writes_are_durable_gateway_writes(mc_root: tuple[Root, int, 
             c.set("w/big", b"x" * (26 << 20))
     finally:
         c.close()
+
+
+VERSION = b"version\r\n"
+VERSION_REPLY = b"VERSION 1.6.0-mercury\r\n"
+BAD_LINE = b"CLIENT_ERROR bad command line format\r\n"
+
+
+def test_a_malformed_storage_lines_data_block_is_never_run(
+    mc_root: tuple[Root, int, str],
+) -> None:
+    """The red-team repro: a storage line refused before its data block was read had the
+    block run as commands (here a `delete` of another key, and a `set` of a new one)."""
+    root, port, token = mc_root
+    assert converse(port, b"set w/victim 0 0 4\r\nkeep\r\n" + VERSION, VERSION_REPLY) == (
+        b"STORED\r\n" + VERSION_REPLY
+    )
+    victim = b"VALUE w/victim 0 4\r\nkeep\r\nEND\r\n"
+    block = b"delete w/victim"  # flags not a number: the line is refused, the block eaten
+    got = converse(
+        port,
+        b"set w/other x 0 %d\r\n%s\r\nget w/victim\r\n" % (len(block), block) + VERSION,
+        VERSION_REPLY,
+    )
+    assert got == BAD_LINE + victim + VERSION_REPLY
+    block = b"set w/injected 0 0 3"  # a cas without its unique: refused, the block eaten
+    got = converse(
+        port,
+        b"cas w/other 0 0 %d\r\n%s\r\nabc\r\nget w/injected\r\n" % (len(block), block) + VERSION,
+        VERSION_REPLY,
+    )
+    assert got == BAD_LINE + b"ERROR\r\n" + b"END\r\n" + VERSION_REPLY  # `abc` is no command
+    assert stored(root, token, "w/injected") is None
+    assert stored(root, token, "w/other") is None
+    assert stored(root, token, "w/victim") == b"keep" + bytes(4)
+
+
+@pytest.mark.parametrize(
+    ("line", "reply"),
+    [
+        (b"set w/other 0 0 zz\r\n", BAD_LINE),  # no block length to skip
+        (b"set w/other 0 0\r\n", BAD_LINE),
+        (b"cas w/other 0 0 -1 5\r\n", BAD_LINE),
+        (b"set w/other 0 0 2\r\nabc\r\n", b"CLIENT_ERROR bad data chunk\r\n"),
+        (b"set w/other 0 0 %d\r\n" % ((32 << 20) + 1), b"CLIENT_ERROR object too large\r\n"),
+    ],
+    ids=["length-not-a-number", "no-length", "negative-length", "bad-data-chunk", "too-large"],
+)
+def test_out_of_sync_storage_lines_close_the_connection(
+    mc_root: tuple[Root, int, str], line: bytes, reply: bytes
+) -> None:
+    """Where the stream cannot be resynchronised, the answer is the error and the
+    connection closes: what follows is never run as commands."""
+    root, port, token = mc_root
+    assert converse(port, b"set w/victim2 0 0 4\r\nkeep\r\n" + VERSION, VERSION_REPLY) == (
+        b"STORED\r\n" + VERSION_REPLY
+    )
+    assert converse(port, line + b"delete w/victim2\r\nset w/injected2 0 0 1\r\nx\r\n") == reply
+    assert converse(port, b"get w/victim2 w/injected2\r\n", b"END\r\n") == (
+        b"VALUE w/victim2 0 4\r\nkeep\r\nEND\r\n"
+    )
+    assert stored(root, token, "w/injected2") is None
 
 
 def test_without_a_producer_the_root_listener_is_read_only(tmp_path: Path) -> None:

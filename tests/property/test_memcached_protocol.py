@@ -63,3 +63,59 @@ def test_handler_survives_any_bytes_and_keeps_serving(
             break
     buf = bytearray(b"get k1\r\n")
     assert h.step(buf) == (b"VALUE k1 0 2\r\nv1\r\nEND\r\n", False)
+
+
+# A storage line's arguments as a client may send them, well-formed or not.
+_arg = st.one_of(
+    st.sampled_from([b"0", b"1", b"x", b"-1", b"noreply", b"4294967296"]),
+    st.binary(min_size=1, max_size=6).filter(lambda a: not any(c <= 32 for c in a)),
+)
+
+
+@given(
+    st.sampled_from(sorted(mc.STORAGE)),
+    st.lists(_arg, min_size=2, max_size=2),
+    st.binary(max_size=40),
+    st.lists(_arg, max_size=3),
+    st.binary(max_size=20),
+)
+def test_a_storage_lines_data_block_is_consumed_whatever_else_is_wrong(
+    verb: bytes, flags_exptime: list[bytes], block: bytes, extra: list[bytes], tail: bytes
+) -> None:
+    """Whenever a storage line's block length can be read, the block is consumed with the
+    line — answered or refused, its bytes are never parsed as commands."""
+    line = b" ".join([verb, b"k", *flags_exptime, b"%d" % len(block), *extra]) + b"\r\n"
+    got = mc.parse_command(line + block + b"\r\n" + tail)
+    assert got is not None
+    cmd, n = got
+    assert n == len(line) + len(block) + 2
+    if cmd.reply is None:
+        assert cmd.data == block
+    else:
+        assert cmd.reply == mc.client_error("bad command line format")
+    whole = line + block + b"\r\n"
+    for cut in range(len(whole)):  # incomplete: wait for the rest, consume nothing
+        assert mc.parse_command(whole[:cut]) is None
+
+
+@given(
+    st.sampled_from(sorted(mc.STORAGE)),
+    st.sampled_from([b"", b"x", b"-1", b"1x", b"+1", b"0x10"]),
+    st.binary(max_size=30),
+)
+def test_a_storage_line_without_a_readable_length_closes(
+    verb: bytes, length: bytes, tail: bytes
+) -> None:
+    line = verb + b" k 0 0 " + length + b"\r\n"
+    with pytest.raises(ReadProtocolError) as err:
+        mc.parse_command(line + tail)
+    assert err.value.close
+
+
+@given(st.binary(min_size=1, max_size=20), st.binary(min_size=2, max_size=2))
+def test_a_block_not_ended_where_its_length_says_closes(block: bytes, end: bytes) -> None:
+    if end == b"\r\n":
+        end = b"\rX"
+    with pytest.raises(ReadProtocolError) as err:
+        mc.parse_command(b"set k x 0 %d\r\n" % len(block) + block + end + b"delete k\r\n")
+    assert err.value.close and err.value.message == "bad data chunk"

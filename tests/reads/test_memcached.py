@@ -10,6 +10,7 @@ from pymemcache.exceptions import MemcacheServerError
 
 from store.store import Store
 from tests.reads.conftest import StartReads, put
+from tests.support.sockets import converse
 
 
 @pytest.fixture
@@ -54,11 +55,14 @@ def test_pymemcache_get_many_gets_version_stats(store: Store, mc_port: int) -> N
 
 
 def test_malformed_and_oversized_input_keeps_connection_or_process_healthy(mc_port: int) -> None:
-    got = _raw(mc_port, b"bogus\r\n\r\nget\r\nset k 0 0 zz\r\nget k1\r\nquit\r\nget k1\r\n")
+    got = _raw(mc_port, b"bogus\r\n\r\nget\r\nset k x 0 2\r\nzz\r\nget k1\r\nquit\r\nget k1\r\n")
     assert got == (
         b"ERROR\r\nERROR\r\nERROR\r\nCLIENT_ERROR bad command line format\r\n"
         b"VALUE k1 0 2\r\nv1\r\nEND\r\n"
     )
+    # a storage line whose block length cannot be read: nothing after it can be trusted
+    got = _raw(mc_port, b"set k 0 0 zz\r\nget k1\r\n")
+    assert got == b"CLIENT_ERROR bad command line format\r\n"
     # a refused storage command's data block is consumed, even if it looks like a command
     got = _raw(mc_port, b"set k 0 0 8\r\nget k1\r\n\r\nget k1\r\n")
     assert got.startswith(b"SERVER_ERROR") and got.endswith(b"VALUE k1 0 2\r\nv1\r\nEND\r\n")
@@ -68,3 +72,54 @@ def test_malformed_and_oversized_input_keeps_connection_or_process_healthy(mc_po
         b"CLIENT_ERROR bad command line format\r\n"
     )
     assert _raw(mc_port, b"get k1\r\n") == b"VALUE k1 0 2\r\nv1\r\nEND\r\n"
+
+
+VERSION = b"version\r\n"
+VERSION_REPLY = b"VERSION 1.6.0-mercury\r\n"
+BAD_LINE = b"CLIENT_ERROR bad command line format\r\n"
+K1 = b"VALUE k1 0 2\r\nv1\r\nEND\r\n"
+
+
+def test_a_malformed_storage_lines_data_block_is_never_run(mc_port: int) -> None:
+    """The red-team repro, byte for byte: the data block of a refused storage line was run
+    as commands. A read listener refuses writes, so here the block is a `get` whose
+    answer must not appear, and the repro's own blocks must not be answered."""
+    got = converse(mc_port, b"set k x 0 6\r\nget k1\r\nget k1\r\n" + VERSION, VERSION_REPLY)
+    assert got == BAD_LINE + K1 + VERSION_REPLY
+    got = converse(
+        mc_port, b"set demo/other x 0 18\r\ndelete demo/victim\r\n" + VERSION, VERSION_REPLY
+    )
+    assert got == BAD_LINE + VERSION_REPLY
+    got = converse(
+        mc_port,
+        b"cas demo/other 0 0 23\r\nset demo/injected 0 0 3\r\nabc\r\n" + VERSION,
+        VERSION_REPLY,
+    )
+    assert got == BAD_LINE + b"ERROR\r\n" + VERSION_REPLY  # `abc` is no command
+
+
+@pytest.mark.parametrize(
+    ("line", "reply"),
+    [
+        (b"set k 0 0 zz\r\n", BAD_LINE),
+        (b"set k 0 0\r\n", BAD_LINE),
+        (b"set k 0 0 -1\r\n", BAD_LINE),
+        (b"set k 0 0 2\r\nabc\r\n", b"CLIENT_ERROR bad data chunk\r\n"),
+    ],
+    ids=["length-not-a-number", "no-length", "negative-length", "bad-data-chunk"],
+)
+def test_out_of_sync_storage_lines_close_the_connection(
+    mc_port: int, line: bytes, reply: bytes
+) -> None:
+    assert converse(mc_port, line + b"get k1\r\n" + VERSION) == reply
+    assert converse(mc_port, b"get k1\r\n", b"END\r\n") == K1  # others still served
+
+
+def test_stats_subcommands_are_not_served(mc_port: int) -> None:
+    """memcached answers ERROR to a `stats` subcommand it does not serve; Mercury serves
+    none (no slabs, items, settings), so it says so rather than answer the general stats."""
+    for sub in (b"items", b"slabs", b"settings", b"conns", b"nonsense"):
+        assert converse(mc_port, b"stats " + sub + b"\r\n" + VERSION, VERSION_REPLY) == (
+            b"ERROR\r\n" + VERSION_REPLY
+        )
+    assert converse(mc_port, b"stats\r\n", b"END\r\n").startswith(b"STAT pid ")
