@@ -1,7 +1,10 @@
 """The memcached text protocol listener (`--memcached-listen`) over the store.
 
-`MemcachedHandler.step` answers the complete commands in a connection's buffer (one short
-read transaction per `get`); `memcached_service()` wraps it in a `TcpService`.
+`MemcachedHandler.run` answers the complete commands in a connection's buffer in slices
+(`reads.tcp`'s run generator): a `get` of many keys reads `BULK_SLICE` keys per read
+transaction and yields the loop between slices, as KT's get_bulk does, so one client's
+huge multi-get never holds the others; a big reply is made a piece at a time as the client
+takes it (`reads.replystream`). `memcached_service()` wraps it in a `TcpService`.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from collections.abc import Callable, Generator
 from core.errors import ReadProtocolError
 from reads import fastget, readstats, replystream
 from reads import memcached_protocol as mc
+from reads.kt_server import BULK_SLICE
 from reads.metrics import READ_ERRORS, READ_SECONDS
 from reads.tcp import ListenerLimits, Run, TcpService, drain
 from store.format import MAX_KEY
@@ -76,7 +80,7 @@ class MemcachedHandler:
             head=lambda _n: b"",
             tail=mc.END,
             max_bytes=MAX_REPLY_BYTES,
-            slice_keys=1 << 30,
+            slice_keys=BULK_SLICE,
         )
 
     def step(self, buf: bytearray) -> tuple[bytes, bool]:
@@ -84,8 +88,8 @@ class MemcachedHandler:
         return drain(self.run(buf))
 
     def run(self, buf: bytearray) -> Run:
-        """Answer the complete commands at the front of `buf`, one per step, deleting them
-        (see `reads.tcp.Session`; a command line is at most 64 KiB, so one step is small)."""
+        """Answer the complete commands at the front of `buf`, deleting them (see
+        `reads.tcp.Session`): one step per command, a `get` of many keys in several."""
         while buf:
             try:
                 got = mc.parse_command(buf)
@@ -126,15 +130,18 @@ class MemcachedHandler:
 
     def _fast_more(self, data: bytes) -> bytes | None:
         """What `fast` (`fastget.McGet`) hands back: the reply to `data` when it is one
-        `get`/`gets` line of several keys, or of one key whose record is chunked or fails
-        its CRC (`_get` reassembles it or reports the failure); None for anything else,
-        which `run` then parses in full (`reads.tcp.Fast`)."""
+        `get`/`gets` line of several keys (at most one slice of them), or of one key whose
+        record is chunked or fails its CRC (`_get_small` reassembles it or reports the
+        failure); None for anything else, which `run` then parses in full and answers in
+        slices and pieces (`reads.tcp.Fast`)."""
         got = mc.get_line(data)
         if got is None:
             return None
         keys, with_cas = got
-        if not keys or (len(data) > MAX_KEY and any(len(k) > MAX_KEY for k in keys)):
-            return None  # run's parser answers ERROR / CLIENT_ERROR
+        if not keys or len(keys) > BULK_SLICE:
+            return None  # run's parser answers ERROR, or the run answers in slices
+        if len(data) > MAX_KEY and any(len(k) > MAX_KEY for k in keys):
+            return None  # run's parser answers CLIENT_ERROR
         return self._get_small(keys, with_cas)  # None when too big: run streams it
 
     @staticmethod
@@ -147,7 +154,7 @@ class MemcachedHandler:
         self, keys: list[bytes], with_cas: bool, give_up_big: bool
     ) -> replystream.Collected[Hit]:
         gen = replystream.collect(self.store, keys, self._specs[with_cas], give_up_big=give_up_big)
-        while True:  # one slice (one read transaction): nothing is yielded
+        while True:  # at most one slice here (the fast path): nothing is yielded
             try:
                 next(gen)
             except StopIteration as stop:
@@ -162,16 +169,23 @@ class MemcachedHandler:
             return None
         return self._whole(keys, got, with_cas, t0)
 
-    def _get(self, keys: list[bytes], with_cas: bool) -> bytes:
-        """The whole reply to a get of `keys`, however big (for callers that cannot take
-        pieces: `gat`; a connection's `run` takes `_get_pieces`)."""
-        return b"".join(self._get_pieces(keys, with_cas))
+    def _get_slices(self, keys: list[bytes], with_cas: bool) -> Generator[bytes, None, bytes]:
+        """The whole reply to a get of `keys`, however big, for callers that answer whole
+        (`gat`): yields b"" between slices (other connections run), returns the reply."""
+        parts: list[bytes] = []
+        for piece in self._get_pieces(keys, with_cas):
+            if piece:
+                parts.append(piece)
+            else:
+                yield b""
+        return b"".join(parts)
 
     def _get_pieces(self, keys: list[bytes], with_cas: bool) -> Generator[bytes, None, None]:
-        """The reply to a get of `keys`, in pieces when big (see `reads.replystream`: the
+        """The reply to a get of `keys`: b"" between the slices of its first pass (other
+        connections run), then the reply, in pieces when big (see `reads.replystream`: the
         connection asks for the next piece only as the client takes the last)."""
         t0 = time.perf_counter()
-        got = self._collect(keys, with_cas, give_up_big=False)
+        got = yield from replystream.collect(self.store, keys, self._specs[with_cas])
         if not isinstance(got, replystream.Big):
             yield self._whole(keys, got, with_cas, t0)
             return

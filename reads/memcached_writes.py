@@ -321,7 +321,7 @@ class MemcachedWriteHandler(MemcachedHandler):
                     return mc.ERROR
                 if args[0] != b"0":
                     return NO_EXPIRY
-                return self._get(args[1:], name == b"gats")
+                return (yield from self._get_slices(args[1:], name == b"gats"))
             if name == b"flush_all":
                 if args not in ([], [b"0"]):
                     return NO_EXPIRY  # a delayed flush is an expiry time
