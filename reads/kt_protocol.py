@@ -31,7 +31,7 @@ MAX_HEADERS = 100
 MAX_BODY = 16 << 20
 #: Records in one binary request.
 MAX_RECORDS = 1 << 20
-#: Chunks in one chunked HTTP body (bounds the work of re-scanning an incomplete one).
+#: Chunks in one chunked HTTP body (bounds the positions kept while one is received).
 MAX_CHUNKS = 4096
 
 # --- binary protocol ------------------------------------------------------------------
@@ -303,126 +303,193 @@ class HttpRequest:
 _BODY_METHODS = {"POST", "PUT"}
 _KNOWN_METHODS = {"GET", "HEAD", "POST", "PUT", "DELETE"}
 
+# Where an `HttpParser` is in a request.
+_HEAD = 0  # request line and headers
+_LENGTH = 1  # a Content-Length body
+_SIZE = 2  # a chunk size line
+_DATA = 3  # a chunk's data
+_DATA_END = 4  # the line end after a chunk's data
+_TRAILER = 5  # trailer lines after the last chunk
+#: What the line a state waits for is called in errors ("... too long").
+_LINE_NAMES = {
+    _HEAD: "request line or header",
+    _SIZE: "chunk size line",
+    _DATA_END: "line after chunk data",
+    _TRAILER: "trailer",
+}
 
-def parse_http(buf: bytes | bytearray) -> tuple[HttpRequest, int] | None:
-    """Parse one HTTP/1.x request at the start of `buf` (None: incomplete).
 
-    Raises ReadProtocolError with status 400 (bad request line, header, chunked body), 413
-    (body over MAX_BODY) or None (a version other than HTTP/1.0 or 1.1: close silently).
+class HttpParser:
+    """Parses one HTTP/1.x request at the front of a buffer incrementally: where it stopped
+    (offset, head lines, chunk positions) is kept across calls, so a request arriving in
+    many TCP segments — a chunked body of thousands of chunks dribbled a byte at a time —
+    costs work in proportion to its bytes in all, not a re-scan from byte 0 per segment.
+
+    `feed(buf)` returns (request, bytes consumed) when the request is complete (the parser
+    is then ready for the next one), else None: it needs more bytes. `buf` must keep the
+    bytes it held at the previous call (the request starts at offset 0). Raises
+    ReadProtocolError with status 400 (bad request line, header, chunked body), 413 (body
+    over MAX_BODY) or None (a version other than HTTP/1.0 or 1.1: close silently); the
+    caller then resets the parser.
     """
-    pos = 0
-    lines: list[bytes] = []
-    while True:
-        nl = buf.find(b"\n", pos)
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget the request in progress (after it completed or failed)."""
+        self.state = _HEAD
+        self.pos = 0  # offset of the next unparsed byte
+        self.scanned = 0  # no line end in buf[pos:scanned] (where a line search resumes)
+        self.lines: list[bytes] = []  # request line and header lines so far
+        self.blanks = 0  # empty lines before the request line
+        self.count = 0  # trailer lines so far
+        self.head: tuple[str, bytes, str, dict[str, str]] | None = None
+        self.length = 0  # Content-Length, or the size of the chunk being received
+        self.total = 0  # chunk sizes so far
+        self.spans: list[tuple[int, int]] = []  # (offset, size) of each chunk's data
+
+    @property
+    def head_done(self) -> bool:
+        """True once the request's head is parsed (its body is being received)."""
+        return self.state != _HEAD
+
+    def feed(self, buf: bytes | bytearray) -> tuple[HttpRequest, int] | None:
+        if self.state == _HEAD and not self._head(buf):
+            return None
+        if self.state == _LENGTH:
+            start = self.pos
+            end = start + self.length
+            if len(buf) < end:
+                return None
+            self.pos = end
+            return self._done(bytes(buf[start:end]))
+        if not self._chunked(buf):
+            return None
+        return self._done(b"".join(bytes(buf[a : a + n]) for a, n in self.spans))
+
+    def _line(self, buf: bytes | bytearray, what: str) -> bytes | None:
+        """The next line (without its `\\n`) or None when it is not all here; only bytes
+        not searched before are searched. A line over MAX_LINE is a 400."""
+        pos = self.pos
+        nl = buf.find(b"\n", max(self.scanned, pos), pos + MAX_LINE + 1)
         if nl < 0:
             if len(buf) - pos > MAX_LINE:
-                raise ReadProtocolError("request line or header too long", status=400, close=True)
+                raise ReadProtocolError(f"{what} too long", status=400, close=True)
+            self.scanned = len(buf)
             return None
-        if nl - pos > MAX_LINE:
-            raise ReadProtocolError("request line or header too long", status=400, close=True)
-        line = bytes(buf[pos:nl])
-        if line.endswith(b"\r"):
-            line = line[:-1]
-        pos = nl + 1
-        if not line:
-            if lines:
-                break
-            continue  # stray empty lines between requests are skipped
-        lines.append(line)
-        if len(lines) > MAX_HEADERS + 1:
-            raise ReadProtocolError("too many header lines", status=400, close=True)
-    parts = lines[0].split(b" ")
-    if len(parts) != 3 or not parts[0] or not parts[1]:
-        raise ReadProtocolError("malformed request line", status=400, close=True)
-    method_b, target, version_b = parts
-    if version_b not in (b"HTTP/1.0", b"HTTP/1.1"):
-        raise ReadProtocolError("unsupported HTTP version", status=None, close=True)
-    headers: dict[str, str] = {}
-    for h in lines[1:]:
-        name, sep, value = h.partition(b":")
-        if not sep or not name.strip():
-            raise ReadProtocolError("malformed header line", status=400, close=True)
-        headers[name.strip().decode("latin-1").lower()] = value.strip().decode("latin-1")
-    method = method_b.decode("latin-1").upper()
-    body = b""
-    if method in _BODY_METHODS or method not in _KNOWN_METHODS:
-        if "chunked" in headers.get("transfer-encoding", "").lower():
-            got = _parse_chunked(buf, pos)
-            if got is None:
-                return None
-            body, pos = got
-        elif "content-length" in headers:
-            try:
-                n = int(headers["content-length"])
-            except ValueError as err:
-                raise ReadProtocolError("bad Content-Length", status=400, close=True) from err
-            if n < 0:
-                raise ReadProtocolError("bad Content-Length", status=400, close=True)
-            if n > MAX_BODY:
-                raise ReadProtocolError("request body too large", status=413, close=True)
-            if len(buf) < pos + n:
-                return None
-            body = bytes(buf[pos : pos + n])
-            pos += n
-    return HttpRequest(method, target, version_b.decode(), headers, body), pos
+        self.pos = self.scanned = nl + 1
+        return bytes(buf[pos:nl])
 
+    def _head(self, buf: bytes | bytearray) -> bool:
+        """Parse the request line and headers; False when they are not all here."""
+        lines = self.lines
+        while True:
+            line = self._line(buf, _LINE_NAMES[_HEAD])
+            if line is None:
+                return False
+            if line.endswith(b"\r"):
+                line = line[:-1]
+            if not line:
+                if lines:
+                    break
+                # stray empty lines between requests are skipped, a bounded number
+                self.blanks += 1
+                if self.blanks > MAX_HEADERS:
+                    raise ReadProtocolError("too many empty lines", status=400, close=True)
+                continue
+            lines.append(line)
+            if len(lines) > MAX_HEADERS + 1:
+                raise ReadProtocolError("too many header lines", status=400, close=True)
+        parts = lines[0].split(b" ")
+        if len(parts) != 3 or not parts[0] or not parts[1]:
+            raise ReadProtocolError("malformed request line", status=400, close=True)
+        method_b, target, version_b = parts
+        if version_b not in (b"HTTP/1.0", b"HTTP/1.1"):
+            raise ReadProtocolError("unsupported HTTP version", status=None, close=True)
+        headers: dict[str, str] = {}
+        for h in lines[1:]:
+            name, sep, value = h.partition(b":")
+            if not sep or not name.strip():
+                raise ReadProtocolError("malformed header line", status=400, close=True)
+            headers[name.strip().decode("latin-1").lower()] = value.strip().decode("latin-1")
+        method = method_b.decode("latin-1").upper()
+        self.head = (method, target, version_b.decode(), headers)
+        self.state = _LENGTH  # no body: a Content-Length of 0
+        if method in _BODY_METHODS or method not in _KNOWN_METHODS:
+            if "chunked" in headers.get("transfer-encoding", "").lower():
+                self.state = _SIZE
+            elif "content-length" in headers:
+                try:
+                    n = int(headers["content-length"])
+                except ValueError as err:
+                    raise ReadProtocolError("bad Content-Length", status=400, close=True) from err
+                if n < 0:
+                    raise ReadProtocolError("bad Content-Length", status=400, close=True)
+                if n > MAX_BODY:
+                    raise ReadProtocolError("request body too large", status=413, close=True)
+                self.length = n
+        return True
 
-def http_phase(buf: bytes | bytearray) -> str:
-    """ "header" while an HTTP request's head (up to its empty line) is incomplete."""
-    return "body" if b"\r\n\r\n" in buf or b"\n\n" in buf else "header"
+    def _chunked(self, buf: bytes | bytearray) -> bool:
+        """Go on with a chunked body; True once it is complete (with its trailers).
 
+        Only positions are kept (at most MAX_CHUNKS chunks); the data is copied once, when
+        the body is complete."""
+        while True:
+            state = self.state
+            if state == _DATA:
+                end = self.pos + self.length
+                if len(buf) < end:
+                    return False
+                self.spans.append((self.pos, self.length))
+                self.pos = end
+                self.state = _DATA_END
+                continue
+            line = self._line(buf, _LINE_NAMES[state])
+            if line is None:
+                return False
+            if state == _DATA_END:
+                self.state = _SIZE
+            elif state == _SIZE:
+                self._chunk_size(line)
+            elif not line.rstrip(b"\r"):
+                return True  # the empty line ending the trailers
+            else:
+                self.count += 1
+                if self.count > MAX_HEADERS:
+                    raise ReadProtocolError("too many trailer lines", status=400, close=True)
 
-def _parse_chunked(buf: bytes | bytearray, pos: int) -> tuple[bytes, int] | None:
-    """A chunked body from `pos`: (body, end) or None when incomplete.
-
-    Scans first (positions only, at most MAX_CHUNKS chunks) and copies the data once the
-    body is complete, so the re-parse each new TCP segment causes costs a scan of at most
-    MAX_CHUNKS size lines, never a copy of the body received so far.
-    """
-    spans: list[tuple[int, int]] = []
-    total = 0
-    while True:
-        nl = buf.find(b"\n", pos)
-        if nl < 0:
-            if len(buf) - pos > MAX_LINE:
-                raise ReadProtocolError("chunk size line too long", status=400, close=True)
-            return None
-        if nl - pos > MAX_LINE:
-            raise ReadProtocolError("chunk size line too long", status=400, close=True)
-        size_txt = bytes(buf[pos:nl]).split(b";", 1)[0].strip()
+    def _chunk_size(self, line: bytes) -> None:
         try:
-            size = int(size_txt, 16)
+            size = int(line.split(b";", 1)[0].strip(), 16)
         except ValueError as err:
             raise ReadProtocolError("bad chunk size", status=400, close=True) from err
         if size < 0:
             raise ReadProtocolError("bad chunk size", status=400, close=True)
-        total += size
-        if total > MAX_BODY:
+        self.total += size
+        if self.total > MAX_BODY:
             raise ReadProtocolError("request body too large", status=413, close=True)
-        pos = nl + 1
         if size == 0:
-            # trailers up to an empty line
-            for _ in range(MAX_HEADERS + 1):
-                nl = buf.find(b"\n", pos)
-                if nl < 0:
-                    if len(buf) - pos > MAX_LINE:
-                        raise ReadProtocolError("trailer too long", status=400, close=True)
-                    return None
-                line = bytes(buf[pos:nl]).rstrip(b"\r")
-                pos = nl + 1
-                if not line:
-                    return b"".join(bytes(buf[a : a + n]) for a, n in spans), pos
-            raise ReadProtocolError("too many trailer lines", status=400, close=True)
-        if len(spans) >= MAX_CHUNKS:
+            self.state = _TRAILER
+            return
+        if len(self.spans) >= MAX_CHUNKS:
             raise ReadProtocolError("too many chunks", status=400, close=True)
-        if len(buf) < pos + size:
-            return None
-        spans.append((pos, size))
-        pos += size
-        nl = buf.find(b"\n", pos)
-        if nl < 0:
-            return None
-        pos = nl + 1
+        self.length = size
+        self.state = _DATA
+
+    def _done(self, body: bytes) -> tuple[HttpRequest, int]:
+        assert self.head is not None
+        method, target, version, headers = self.head
+        n = self.pos
+        self.reset()
+        return HttpRequest(method, target, version, headers, body), n
+
+
+def parse_http(buf: bytes | bytearray) -> tuple[HttpRequest, int] | None:
+    """Parse one HTTP/1.x request at the start of `buf` (None: incomplete), from scratch
+    (tests and tools; a listener keeps an `HttpParser` per connection instead)."""
+    return HttpParser().feed(buf)
 
 
 REASONS = {

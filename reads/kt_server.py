@@ -409,17 +409,21 @@ class KtHandler:
 
 
 class KtSession:
-    """One KT connection: its incremental binary parser and the request loop."""
+    """One KT connection: its incremental binary and HTTP parsers and the request loop."""
 
     def __init__(self, handler: KtHandler) -> None:
         self.h = handler
         self.parser = kt.BinaryParser()
+        self.http = kt.HttpParser()
 
     def phase(self, buf: bytearray) -> str:
         """Where the partial request in `buf` is (see `reads.tcp.Session`)."""
         if self.parser.busy:
             return "body"
-        return kt.binary_phase(buf) if kt.is_binary(buf[0]) else kt.http_phase(buf)
+        if kt.is_binary(buf[0]):
+            return kt.binary_phase(buf)
+        # the HTTP parser has seen all of `buf` (it runs on every segment received)
+        return "body" if self.http.head_done else "header"
 
     def run(self, buf: bytearray) -> Run:
         """Answer the complete requests at the front of `buf` in slices."""
@@ -438,7 +442,7 @@ class KtSession:
                     reply = yield from h.binary_slices(breq)
                     yield reply
                     continue
-                got_h = kt.parse_http(buf)
+                got_h = self.http.feed(buf)
                 if got_h is None:
                     return False
                 hreq, n = got_h
@@ -449,6 +453,7 @@ class KtSession:
                     return True
             except ReadProtocolError as err:
                 self.parser.reset()
+                self.http.reset()
                 READ_ERRORS.labels("kt", "protocol").inc()
                 buf.clear()
                 if err.status is not None:
