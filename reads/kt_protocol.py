@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import re
 import struct
 from collections.abc import Generator
 from dataclasses import dataclass, field
@@ -585,16 +586,29 @@ def colenc_of(content_type: str) -> str | None:
     return None
 
 
+#: An escape that is not one: `%` not followed by two hex digits (URL encoding), `=` not
+#: followed by two hex digits, a line end or the end of the column (quoted-printable).
+_BAD_URL_ESCAPE = re.compile(rb"%(?![0-9A-Fa-f]{2})")
+_BAD_QP_ESCAPE = re.compile(rb"=(?![0-9A-Fa-f]{2}|\r?\n|\Z)")
+
+
 def decode_column(raw: bytes, colenc: str | None) -> bytes:
-    """Decode one TSV column. Raises ReadProtocolError(400) on bad Base64."""
+    """Decode one TSV column. A column that is not valid in the encoding its Content-Type
+    declares (a character outside Base64's alphabet, bad padding, `%zz`, `=zz`) raises
+    ReadProtocolError(400): guessing what the client meant would read or write another key
+    than the one it named."""
     if colenc == "B":
         try:
-            return binascii.a2b_base64(raw)
+            return binascii.a2b_base64(raw, strict_mode=True)
         except binascii.Error as err:
-            raise ReadProtocolError("invalid base64 column", status=400) from err
+            raise ReadProtocolError(f"invalid base64 column ({err})", status=400) from err
     if colenc == "Q":
+        if _BAD_QP_ESCAPE.search(raw):
+            raise ReadProtocolError("invalid quoted-printable column", status=400)
         return binascii.a2b_qp(raw)
     if colenc == "U":
+        if _BAD_URL_ESCAPE.search(raw):
+            raise ReadProtocolError("invalid URL-encoded column", status=400)
         return url_decode(raw)
     return raw
 
@@ -617,6 +631,11 @@ def _tsv_lines(lines: list[bytes], colenc: str | None, out: dict[bytes, bytes]) 
         out[decode_column(k, colenc)] = decode_column(v, colenc)
 
 
+def bad_input(err: ReadProtocolError) -> tuple[int, dict[bytes, bytes]]:
+    """The TSV-RPC answer to input `rpc_input` refused: 400 naming what was wrong."""
+    return 400, {b"ERROR": b"invalid parameters: " + err.message.encode()}
+
+
 def rpc_input(req: HttpRequest) -> dict[bytes, bytes]:
     """The TSV-RPC input map: query string, then the body chosen by Content-Type (later keys
     overwrite earlier ones)."""
@@ -636,7 +655,7 @@ RPC_SLICE = 8192
 def rpc_input_slices(req: HttpRequest) -> Generator[bytes, None, dict[bytes, bytes]]:
     """`rpc_input` in slices of RPC_SLICE body items, yielding b"" between them (a 16 MiB
     body of a million keys is decoded without holding a listener's loop); returns the map.
-    Raises ReadProtocolError(400) on a bad Base64 column."""
+    Raises ReadProtocolError(400) on a TSV column invalid in its `colenc`."""
     params = parse_form(req.query)
     ctype = req.headers.get("content-type", "")
     low = ctype.lower()

@@ -249,8 +249,8 @@ class KtHandler:
     ) -> Generator[bytes, None, tuple[int, dict[bytes, bytes]]]:
         try:
             params = yield from kt.rpc_input_slices(req)
-        except ReadProtocolError:
-            return 400, {b"ERROR": b"invalid parameters"}
+        except ReadProtocolError as err:
+            return kt.bad_input(err)
         db = params.get(b"DB")
         if db is not None and not self._db_ok(db):
             return 400, {b"ERROR": b"no such database"}

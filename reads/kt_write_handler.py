@@ -137,8 +137,8 @@ class KtWriteHandler(KtHandler):
     ) -> Generator[bytes, None, tuple[int, dict[bytes, bytes]]]:
         try:
             params = yield from kt.rpc_input_slices(req)
-        except ReadProtocolError:
-            return 400, {b"ERROR": b"invalid parameters"}
+        except ReadProtocolError as err:
+            return kt.bad_input(err)
         if not self._db_allowed(params.get(b"DB")):
             return 400, {b"ERROR": b"no such database"}
         if proc not in RPC_WRITES:

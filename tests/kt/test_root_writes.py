@@ -5,6 +5,7 @@ writes stay refused."""
 
 from __future__ import annotations
 
+import base64
 import struct
 from collections.abc import Iterator
 from pathlib import Path
@@ -156,6 +157,32 @@ def test_acl_refusal_is_not_retryable_and_writes_nothing(kt_root: tuple[Root, in
     status, _ = rpc(kt, "set_bulk", **{"_w/ok": "1", "_other/no": "2"})
     assert status == 400
     assert stored(root, token, "w/ok") is None  # all-or-nothing, like an HTTP batch
+
+
+def test_a_set_bulk_column_invalid_in_its_colenc_writes_nothing(
+    kt_root: tuple[Root, int, str],
+) -> None:
+    """A stray byte in a Base64 key used to be skipped (`_w/tsv` stored under a key the
+    client never named); now the whole call is refused."""
+    root, kt, token = kt_root
+    body = base64.b64encode(b"_w/tsv") + b"!\t" + base64.b64encode(b"1") + b"\n"
+    r = httpx.post(
+        f"http://127.0.0.1:{kt}/rpc/set_bulk",
+        content=body,
+        headers={"Content-Type": "text/tab-separated-values; colenc=B"},
+        timeout=10,
+    )
+    assert r.status_code == 400, r.text
+    assert r.text.startswith("ERROR\tinvalid parameters: invalid base64 column")
+    assert stored(root, token, "w/tsv") is None
+    r = httpx.post(
+        f"http://127.0.0.1:{kt}/rpc/set_bulk",
+        content=body.replace(b"!", b""),
+        headers={"Content-Type": "text/tab-separated-values; colenc=B"},
+        timeout=10,
+    )
+    assert r.status_code == 200, r.text
+    assert stored(root, token, "w/tsv") == b"1"
 
 
 def test_clear_deletes_only_the_producers_keys(kt_root: tuple[Root, int, str]) -> None:

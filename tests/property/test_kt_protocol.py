@@ -45,6 +45,20 @@ def test_every_column_encoding_decodes(raw: bytes) -> None:
     assert kt.decode_column(binascii.b2a_qp(raw, istext=False), "Q") == raw
 
 
+@given(cols, st.integers(0, 1000), st.sampled_from(list(b"!*-_ .~\t\x00\x80\xff")))
+def test_a_column_invalid_in_its_encoding_is_refused(raw: bytes, at: int, bad: int) -> None:
+    """A stray byte in Base64, a broken `%` or `=` escape: 400, never a guess."""
+    for colenc, enc, junk in (
+        ("B", base64.b64encode(raw), bytes([bad])),
+        ("U", kt.url_encode(raw), b"%" + bytes([bad])),
+        ("Q", binascii.b2a_qp(raw, istext=False), b"=" + bytes([bad])),
+    ):
+        cut = at % (len(enc) + 1)
+        with pytest.raises(ReadProtocolError) as err:
+            kt.decode_column(enc[:cut] + junk + enc[cut:], colenc)
+        assert err.value.status == 400
+
+
 @given(st.lists(st.tuples(st.integers(0, 3), st.binary(max_size=40)), max_size=20))
 def test_binary_get_bulk_round_trips(keys: list[tuple[int, bytes]]) -> None:
     req = struct.pack(">BII", 0xBA, 0, len(keys)) + b"".join(
