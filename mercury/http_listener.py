@@ -96,6 +96,10 @@ class _BoundedProtocol(HttpToolsProtocol):
         #: while a request is being read or answered.
         self.idle_since: float | None = None
         self._head_bytes = 0
+        #: a request's head was parsed and its body has not all arrived: bytes received
+        #: now are that body, even after its answer was sent (an early 403 or 413 leaves
+        #: the rest of the body to arrive, which the parser discards), never a head.
+        self._body_pending = False
         self._deadline: asyncio.TimerHandle | None = None
 
     # -- connection ----------------------------------------------------------------------
@@ -131,7 +135,7 @@ class _BoundedProtocol(HttpToolsProtocol):
     # -- request heads -------------------------------------------------------------------
 
     def data_received(self, data: bytes) -> None:
-        waiting = self.idle_since is not None
+        waiting = self.idle_since is not None and not self._body_pending
         super().data_received(data)
         if waiting and self.idle_since is not None:  # still no complete head
             self._head_bytes += len(data)
@@ -146,7 +150,12 @@ class _BoundedProtocol(HttpToolsProtocol):
     def on_headers_complete(self) -> None:
         self._cancel_deadline()
         self.idle_since = None
+        self._body_pending = True
         super().on_headers_complete()
+
+    def on_message_complete(self) -> None:
+        self._body_pending = False
+        super().on_message_complete()
 
     def on_response_complete(self) -> None:
         pipelined = bool(self.pipeline)  # a request already read starts now: not idle
