@@ -11,15 +11,17 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
+from fastapi.openapi.utils import get_openapi
 from starlette.exceptions import HTTPException
 from starlette.responses import Response
 
 from core.errors import MercuryError
 from core.service import Service
-from gateway import problems, routes_admin, routes_info, routes_kv, routes_usage
+from gateway import openapi_doc, problems, routes_admin, routes_info, routes_kv, routes_usage
 from gateway.settings import Settings
 from gateway.writes import Gateway
 from store.store import Store
@@ -60,6 +62,23 @@ def create_app(settings: Settings, store: Store, services: Sequence[Service] = (
     app.include_router(routes_admin.router)
     app.include_router(routes_usage.router)  # before routes_info: /v1/usage/{producer}
     app.include_router(routes_info.router)
+
+    def openapi() -> dict[str, Any]:
+        # FastAPI's document, made true by openapi_doc.finish (the shared Problem schema,
+        # no phantom 422); built at the first request, once every route is in.
+        if app.openapi_schema is None:
+            app.openapi_schema = openapi_doc.finish(
+                get_openapi(
+                    title=app.title,
+                    version=app.version,
+                    openapi_version=app.openapi_version,
+                    description=app.description,
+                    routes=app.routes,
+                )
+            )
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
 
     @app.exception_handler(MercuryError)
     async def on_mercury_error(request: Request, err: Exception) -> Response:

@@ -34,6 +34,7 @@ from acl.tokens import hash_token, new_token
 from core.errors import BadRequestError, PreconditionFailedError
 from core.problems import problem_document
 from gateway import aclstore
+from gateway import openapi_doc as doc
 from gateway.bodies import parse_body
 from gateway.http import body_reader, json_response
 from gateway.writes import Gateway
@@ -96,6 +97,24 @@ _TOKEN_SCHEMA = {
 }
 
 
+#: Every admin call: the admin token, or 401 / 403.
+_ADMIN: tuple[int | tuple[int, str], ...] = (401, (403, "not the admin token"))
+#: A call with a JSON body (at most 1 MiB).
+_BODY: tuple[int | tuple[int, str], ...] = (
+    (400, "the body is not a JSON object of the documented fields"),
+    (408, "the body stopped arriving"),
+    (413, "the body is over 1 MiB"),
+)
+#: A change commits the ACL through the log.
+_CHANGE: tuple[int, ...] = (503, 507)
+_CONFIG = {"type": "object", "description": "the configuration (never tokens or hashes)"}
+
+
+def _answers(ok: dict[int, dict[str, Any]], *errors: int | tuple[int, str]) -> dict[Any, Any]:
+    """`doc.answers` with the admin token's 401 / 403."""
+    return doc.answers(ok, *_ADMIN, *errors)
+
+
 def _body_doc(schema: Any, required: bool = True) -> dict[str, Any]:
     return {
         "requestBody": {
@@ -151,7 +170,25 @@ def _problem(status: int, title: str, detail: str, **extra: Any) -> Response:
 # --- the ACL as one document -------------------------------------------------------------
 
 
-@router.get("/v1/admin/acl", summary="The whole ACL as one document (no secrets)")
+@router.get(
+    "/v1/admin/acl",
+    summary="The whole ACL as one document (no secrets)",
+    responses=_answers(
+        {
+            200: doc.json_body(
+                '`{"version", "producers", "consumers"}`',
+                {"type": "object", "required": ["version", "producers", "consumers"]},
+                {
+                    "ETag": {
+                        "description": '`"<version>"`',
+                        "required": True,
+                        "schema": {"type": "string", "pattern": '^"[0-9]+"$'},
+                    }
+                },
+            )
+        }
+    ),
+)
 async def get_acl(request: Request) -> Response:
     """`{"version", "producers", "consumers"}` with `ETag: "<version>"`; the version is the
     seq of the log entry that last wrote the ACL (0 before any)."""
@@ -175,7 +212,26 @@ def _if_match(request: Request) -> int | None:
 @router.put(
     "/v1/admin/acl",
     summary="Replace the whole ACL document, all or nothing",
-    openapi_extra=_body_doc(_ACL_SCHEMA),
+    responses=_answers(
+        {200: doc.json_body('`{"version", "dry_run", "changes", "committed"}`')},
+        (400, 'the body is not a JSON object, or If-Match is not `"<version>"`'),
+        *_BODY[1:],
+        (412, "the ACL moved on (`current_version`)"),
+        (422, "the document is invalid: `errors` lists every problem; nothing changed"),
+        (428, "no If-Match"),
+        *_CHANGE,
+    ),
+    openapi_extra={
+        **_body_doc(_ACL_SCHEMA),
+        "parameters": [
+            doc.header(
+                "If-Match",
+                '`"<version>"`: the ETag of GET /v1/admin/acl (428 without it)',
+                required=True,
+            ),
+            doc.query("dry_run", {"type": "boolean"}, "check and diff only, commit nothing"),
+        ],
+    },
 )
 async def put_acl(request: Request) -> Response:
     """Needs `If-Match: "<version>"` (428 without, 412 when the ACL changed meanwhile).
@@ -219,7 +275,28 @@ async def put_acl(request: Request) -> Response:
     )
 
 
-@router.get("/v1/admin/audit", summary="Audit records of admin changes")
+@router.get(
+    "/v1/admin/audit",
+    summary="Audit records of admin changes",
+    responses=_answers(
+        {200: doc.json_body('`{"records": [...]}` in time order', {"type": "object"})},
+        (400, "a malformed `since`, or `limit` not 1 to 1000"),
+    ),
+    openapi_extra={
+        "parameters": [
+            doc.query(
+                "since",
+                {"type": "string"},
+                "a seq (records after it) or an RFC 3339 time (records at or after it)",
+            ),
+            doc.query(
+                "limit",
+                {"type": "integer", "minimum": 1, "maximum": 1000},
+                "most records (default 1000)",
+            ),
+        ]
+    },
+)
 async def get_audit(request: Request) -> Response:
     """`{"records": [{"seq", "time", "time_us", "who", "action", "target", "diff"}]}` in
     time order; `since` = a seq (records after it) or an RFC 3339 time (records at or
@@ -251,6 +328,15 @@ async def get_audit(request: Request) -> Response:
 @router.put(
     "/v1/admin/producers/{name}",
     summary="Create or update a producer (keyspaces, shared, quota, guards)",
+    responses=_answers(
+        {
+            200: doc.json_body("updated: the producer's configuration", _CONFIG),
+            201: doc.json_body("created: the producer's configuration", _CONFIG),
+        },
+        *_BODY,
+        (409, "a keyspace overlaps another producer's and is not shared by both"),
+        *_CHANGE,
+    ),
     openapi_extra={
         "requestBody": {
             "required": True,
@@ -274,21 +360,48 @@ async def put_producer(name: str, request: Request) -> Response:
     return json_response(gw.acl.producers[name].config(), 201 if created else 200)
 
 
-@router.get("/v1/admin/producers", summary="List producers")
+@router.get(
+    "/v1/admin/producers",
+    summary="List producers",
+    responses=_answers({200: doc.json_body('`{"producers": [configuration, ...]}`')}),
+)
 async def list_producers(request: Request) -> Response:
     """`{"producers": [config...]}` (token ids, never tokens or hashes)."""
     gw = _admin(request)
     return json_response({"producers": [p.config() for _, p in sorted(gw.acl.producers.items())]})
 
 
-@router.get("/v1/admin/producers/{name}", summary="One producer's configuration")
+@router.get(
+    "/v1/admin/producers/{name}",
+    summary="One producer's configuration",
+    responses=_answers(
+        {200: doc.json_body("the configuration", _CONFIG)}, (404, "no such producer")
+    ),
+)
 async def get_producer(name: str, request: Request) -> Response:
     """The producer's configuration; 404 when unknown."""
     gw = _admin(request)
     return json_response(gw.acl.get(name).config())
 
 
-@router.delete("/v1/admin/producers/{name}", summary="Remove a producer and its tokens")
+@router.delete(
+    "/v1/admin/producers/{name}",
+    summary="Remove a producer and its tokens",
+    responses=_answers(
+        {200: doc.json_body('`{"removed": name, "purged": n}`')},
+        (404, "no such producer"),
+        *_CHANGE,
+    ),
+    openapi_extra={
+        "parameters": [
+            doc.query(
+                "purge",
+                {"type": "boolean"},
+                "delete every key it owns first (its tokens revoked before)",
+            )
+        ]
+    },
+)
 async def delete_producer(name: str, request: Request) -> Response:
     """200 `{"removed": name, "purged": n}`; 404 when unknown. Its keys stay (and keep its
     usage) unless `?purge=true`: then every key it owns in its keyspaces is deleted through
@@ -369,6 +482,14 @@ def _owned_keys(gw: Gateway, name: str, prefix: bytes, start: bytes, limit: int)
 @router.put(
     "/v1/admin/consumers/{name}",
     summary="Create or update a consumer (keyspaces)",
+    responses=_answers(
+        {
+            200: doc.json_body("updated: the consumer's configuration", _CONFIG),
+            201: doc.json_body("created: the consumer's configuration", _CONFIG),
+        },
+        *_BODY,
+        *_CHANGE,
+    ),
     openapi_extra=_body_doc(_CONSUMER_SCHEMA),
 )
 async def put_consumer(name: str, request: Request) -> Response:
@@ -386,21 +507,37 @@ async def put_consumer(name: str, request: Request) -> Response:
     return json_response(gw.acl.consumers[name].config(), 201 if created else 200)
 
 
-@router.get("/v1/admin/consumers", summary="List consumers")
+@router.get(
+    "/v1/admin/consumers",
+    summary="List consumers",
+    responses=_answers({200: doc.json_body('`{"consumers": [configuration, ...]}`')}),
+)
 async def list_consumers(request: Request) -> Response:
     """`{"consumers": [config...]}` (token ids, never tokens or hashes)."""
     gw = _admin(request)
     return json_response({"consumers": [c.config() for _, c in sorted(gw.acl.consumers.items())]})
 
 
-@router.get("/v1/admin/consumers/{name}", summary="One consumer's configuration")
+@router.get(
+    "/v1/admin/consumers/{name}",
+    summary="One consumer's configuration",
+    responses=_answers(
+        {200: doc.json_body("the configuration", _CONFIG)}, (404, "no such consumer")
+    ),
+)
 async def get_consumer(name: str, request: Request) -> Response:
     """The consumer's configuration; 404 when unknown."""
     gw = _admin(request)
     return json_response(gw.acl.get_consumer(name).config())
 
 
-@router.delete("/v1/admin/consumers/{name}", summary="Remove a consumer and its tokens")
+@router.delete(
+    "/v1/admin/consumers/{name}",
+    summary="Remove a consumer and its tokens",
+    responses=_answers(
+        {200: doc.json_body('`{"removed": name}`')}, (404, "no such consumer"), *_CHANGE
+    ),
+)
 async def delete_consumer(name: str, request: Request) -> Response:
     """200 `{"removed": name}`; 404 when unknown."""
     gw = _admin(request)
@@ -413,6 +550,25 @@ async def delete_consumer(name: str, request: Request) -> Response:
 
 
 # --- tokens (producers and consumers alike) ----------------------------------------------
+
+
+_NEW_TOKEN = _answers(
+    {
+        201: doc.json_body(
+            '`{"token_id", "token", "label", "created", "expires"}`: the token, shown once',
+            {"type": "object", "required": ["token_id", "token"]},
+        )
+    },
+    *_BODY,
+    (404, "no such holder"),
+    *_CHANGE,
+)
+_LIST_TOKENS = _answers(
+    {200: doc.json_body('`{"tokens": [...]}`, never a secret')}, (404, "no such holder")
+)
+_REVOKE = _answers(
+    {200: doc.json_body('`{"revoked": token_id}`')}, (404, "no such holder or token"), *_CHANGE
+)
 
 
 def _token_view(gw: Gateway, tid: str, t: TokenInfo) -> dict[str, Any]:
@@ -475,6 +631,8 @@ async def _revoke(kind: str, name: str, token_id: str, request: Request) -> Resp
 @router.post(
     "/v1/admin/producers/{name}/tokens",
     summary="Issue a new token (shown once)",
+    status_code=201,  # its only success: FastAPI then declares no 200
+    responses=_NEW_TOKEN,
     openapi_extra=_body_doc(_TOKEN_SCHEMA, required=False),
 )
 async def new_producer_token(name: str, request: Request) -> Response:
@@ -483,7 +641,11 @@ async def new_producer_token(name: str, request: Request) -> Response:
     return await _new_token(PRODUCER, name, request)
 
 
-@router.get("/v1/admin/producers/{name}/tokens", summary="List a producer's tokens")
+@router.get(
+    "/v1/admin/producers/{name}/tokens",
+    summary="List a producer's tokens",
+    responses=_LIST_TOKENS,
+)
 async def list_producer_tokens(name: str, request: Request) -> Response:
     """`{"tokens": [{"token_id", "label", "created", "expires", "last_used"}]}`, never a
     secret; `last_used` is when this root process last accepted it (null: not since it
@@ -492,7 +654,9 @@ async def list_producer_tokens(name: str, request: Request) -> Response:
 
 
 @router.delete(
-    "/v1/admin/producers/{name}/tokens/{token_id}", summary="Revoke one token of a producer"
+    "/v1/admin/producers/{name}/tokens/{token_id}",
+    summary="Revoke one token of a producer",
+    responses=_REVOKE,
 )
 async def revoke_token(name: str, token_id: str, request: Request) -> Response:
     """200 `{"revoked": token_id}`; 404 when unknown. Takes effect on the next request."""
@@ -502,6 +666,8 @@ async def revoke_token(name: str, token_id: str, request: Request) -> Response:
 @router.post(
     "/v1/admin/consumers/{name}/tokens",
     summary="Issue a consumer token (shown once)",
+    status_code=201,  # its only success: FastAPI then declares no 200
+    responses=_NEW_TOKEN,
     openapi_extra=_body_doc(_TOKEN_SCHEMA, required=False),
 )
 async def new_consumer_token(name: str, request: Request) -> Response:
@@ -510,14 +676,20 @@ async def new_consumer_token(name: str, request: Request) -> Response:
     return await _new_token(CONSUMER, name, request)
 
 
-@router.get("/v1/admin/consumers/{name}/tokens", summary="List a consumer's tokens")
+@router.get(
+    "/v1/admin/consumers/{name}/tokens",
+    summary="List a consumer's tokens",
+    responses=_LIST_TOKENS,
+)
 async def list_consumer_tokens(name: str, request: Request) -> Response:
     """As for producers."""
     return _list_tokens(CONSUMER, name, request)
 
 
 @router.delete(
-    "/v1/admin/consumers/{name}/tokens/{token_id}", summary="Revoke one token of a consumer"
+    "/v1/admin/consumers/{name}/tokens/{token_id}",
+    summary="Revoke one token of a consumer",
+    responses=_REVOKE,
 )
 async def revoke_consumer_token(name: str, token_id: str, request: Request) -> Response:
     """200 `{"revoked": token_id}`; 404 when unknown."""
@@ -527,7 +699,20 @@ async def revoke_consumer_token(name: str, token_id: str, request: Request) -> R
 # --- the admin token -----------------------------------------------------------------
 
 
-@router.post("/v1/admin/token", summary="Rotate the admin token (the new one shown once)")
+@router.post(
+    "/v1/admin/token",
+    summary="Rotate the admin token (the new one shown once)",
+    status_code=201,  # its only success: FastAPI then declares no 200
+    responses=_answers(
+        {
+            201: doc.json_body(
+                '`{"token", "created"}`: the new admin token, shown once',
+                {"type": "object", "required": ["token", "created"]},
+            )
+        },
+        *_CHANGE,
+    ),
+)
 async def rotate_admin_token(request: Request) -> Response:
     """201 `{"token", "created"}`: a new admin token, whose hash replaces the old one's
     through the log (every candidate holds it: a failover keeps it). The old token is

@@ -11,6 +11,7 @@ from starlette.responses import Response
 
 from acl.model import Quota, quota_to_dict
 from core.errors import ForbiddenError, MisdirectedError, NotFoundError
+from gateway import openapi_doc as doc
 from gateway.admission import OUTCOMES
 from gateway.auth import ADMIN
 from gateway.http import json_response
@@ -51,7 +52,30 @@ def usage_row(
     }
 
 
-@router.get("/v1/status", tags=["info"], summary="db id, role, seq, hash head")
+_HEALTH = {
+    "type": "object",
+    "required": ["status", "role", "seq"],
+    "properties": {
+        "status": {"type": "string", "enum": ["ok", "stopping"]},
+        "role": {"type": "string"},
+        "seq": {"type": "integer", "minimum": 0},
+    },
+}
+
+
+@router.get(
+    "/v1/status",
+    tags=["info"],
+    summary="db id, role, seq, hash head",
+    responses=doc.answers(
+        {
+            200: doc.json_body(
+                '`{"db_id", "role": "root", "seq", "hash_head"}`',
+                {"type": "object", "required": ["db_id", "role", "seq", "hash_head"]},
+            )
+        }
+    ),
+)
 async def status(request: Request) -> Response:
     """`{"db_id", "role": "root", "seq", "hash_head"}`."""
     gw = _gw(request)
@@ -61,7 +85,16 @@ async def status(request: Request) -> Response:
     )
 
 
-@router.get("/healthz", tags=["info"], summary="liveness")
+@router.get(
+    "/healthz",
+    tags=["info"],
+    summary="liveness",
+    responses={
+        200: doc.json_body("accepting writes", _HEALTH),
+        # the same JSON shape, not a problem: every node's health answers it
+        503: doc.json_body('shutting down: `"status": "stopping"`', _HEALTH),
+    },
+)
 async def healthz(request: Request) -> Response:
     """200 `{"status": "ok", "role": "root", "seq"}` while the gateway accepts writes (the
     shape every node answers), 503 with `"status": "stopping"` while shutting down."""
@@ -72,13 +105,32 @@ async def healthz(request: Request) -> Response:
     return json_response({"status": "ok", "role": "root", "seq": seq})
 
 
-@router.get("/metrics", tags=["info"], summary="Prometheus metrics")
+@router.get(
+    "/metrics",
+    tags=["info"],
+    summary="Prometheus metrics",
+    response_class=Response,  # the text exposition, declared below (not FastAPI's JSON)
+    responses={
+        200: doc.body(
+            CONTENT_TYPE_LATEST.split(";", 1)[0], "Prometheus text exposition", {"type": "string"}
+        )
+    },
+)
 async def prom_metrics() -> Response:
     """Prometheus text exposition."""
     return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
 
 
-@router.get("/v1/usage", tags=["admin"], summary="Usage of every producer (admin)")
+@router.get(
+    "/v1/usage",
+    tags=["admin"],
+    summary="Usage of every producer (admin)",
+    responses=doc.answers(
+        {200: doc.json_body('`{"producers": [row, ...]}`', {"type": "object"})},
+        401,
+        (403, "not the admin token"),
+    ),
+)
 async def usage_all(request: Request) -> Response:
     """`{"producers": [{"producer", "keys", "bytes", "writes", "duplicates", "throttled"}]}`:
     counters maintained in the write transactions, never a scan."""
@@ -97,7 +149,17 @@ async def usage_all(request: Request) -> Response:
     )
 
 
-@router.get("/v1/usage/{producer}", tags=["producer"], summary="Usage of one producer")
+@router.get(
+    "/v1/usage/{producer}",
+    tags=["producer"],
+    summary="Usage of one producer",
+    responses=doc.answers(
+        {200: doc.json_body("the producer's usage row", {"type": "object"})},
+        401,
+        (403, "neither the admin nor that producer"),
+        (404, "no such producer"),
+    ),
+)
 async def usage_one(producer: str, request: Request) -> Response:
     """That producer's usage row (the admin or the producer itself)."""
     gw = _gw(request)
@@ -126,14 +188,40 @@ def _misdirected(request: Request) -> None:
     )
 
 
-@router.get("/v1/range", tags=["info"], summary="Refused on the root: use a consumer node")
+def _misdirected_doc(*read_auth: int | tuple[int, str]) -> dict[str, Any]:
+    """What the root answers a range or bulk read: always 421 (the route's status is 421
+    so that FastAPI declares no 200); with `--read-auth` the token is checked first."""
+    return {
+        "status_code": 421,
+        "response_class": Response,
+        "responses": doc.answers(
+            {},
+            (401, "`--read-auth`: no token, or an unknown one"),
+            (403, "`--read-auth`: outside the token's keyspaces"),
+            *read_auth,
+            (421, "always: served by consumer nodes and replicas (`consumer_nodes`)"),
+        ),
+    }
+
+
+@router.get(
+    "/v1/range",
+    tags=["info"],
+    summary="Refused on the root: use a consumer node",
+    **_misdirected_doc(),
+)
 async def range_read(request: Request) -> Response:
     """Always 421: large range reads must never load the root."""
     _misdirected(request)
     raise AssertionError("unreachable")
 
 
-@router.post("/v1/get_bulk", tags=["info"], summary="Refused on the root: use a consumer node")
+@router.post(
+    "/v1/get_bulk",
+    tags=["info"],
+    summary="Refused on the root: use a consumer node",
+    **_misdirected_doc((413, "`--read-auth`: a body over 16 MiB")),
+)
 async def get_bulk(request: Request) -> Response:
     """Always 421: bulk reads are served by replicas and consumer nodes."""
     _misdirected(request)

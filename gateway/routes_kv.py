@@ -10,6 +10,7 @@ from starlette.responses import Response
 
 from core.errors import NotFoundError
 from gateway import kv_handlers
+from gateway import openapi_doc as doc
 from gateway.auth import ADMIN
 from gateway.http import answer_response, body_reader
 from gateway.writes import Gateway
@@ -17,33 +18,65 @@ from store.ops import SET, Op
 
 router = APIRouter(tags=["producer"])
 
+_ACCEPTED = doc.json_body(
+    '`?async=true`: `{"status": "accepted", "ops"}` once queued, before the commit',
+    {
+        "type": "object",
+        "required": ["status", "ops"],
+        "properties": {
+            "status": {"const": "accepted"},
+            "ops": {"type": "integer", "minimum": 0},
+        },
+    },
+    doc.WRITE_HEADERS,
+)
+
+
+def _one_key(*statuses: str) -> dict[str, Any]:
+    """A single-key write's answer (`gateway.answers.kv_answer`)."""
+    return {
+        "type": "object",
+        "required": ["seq", "status"],
+        "properties": {
+            "seq": {"type": "integer", "minimum": 0},
+            "status": {"type": "string", "enum": list(statuses)},
+        },
+    }
+
+
+_TOTALS = ("written", "deleted", "duplicates", "absent", "superseded", "precondition_failed")
+
+
+def _batch(**more: Any) -> dict[str, Any]:
+    """A batch's answer (`gateway.answers.batch_answer`): the seq and one total per
+    status, adding up to the request's ops; `more` adds properties."""
+    count = {"type": "integer", "minimum": 0}
+    return {
+        "type": "object",
+        "required": ["seq", *_TOTALS, *more],
+        "properties": {"seq": count, **dict.fromkeys(_TOTALS, count), **more},
+    }
+
+
+#: Refusals every write can meet on its way to the commit: the token, the idempotency key,
+#: the quota, the batcher, the store.
+_WRITE_ERRORS: tuple[int, ...] = (401, 403, 413, 422, 429, 503, 507)
+
 #: The scope key `reads.auth.ReadAuth` sets on a read it authorized (the gateway does not
 #: import `reads`; `mercury/root.py` puts that middleware in front with `--read-auth`).
 READ_KEYSPACES = "mercury.read_keyspaces"
 
+_IDEMPOTENCY_KEY = doc.header(
+    "Idempotency-Key",
+    "1-200 bytes: a retry of the same request gets the first answer, not applied again",
+    schema={"type": "string", "minLength": 1, "maxLength": 200},
+)
+_ASYNC = doc.query("async", {"type": "boolean"}, "answer 202 on enqueue, before the commit")
 _KV_PARAMS = [
-    {
-        "name": "If-Match",
-        "in": "header",
-        "required": False,
-        "schema": {"type": "string"},
-        "description": 'write only if the key\'s current seq is this one: `"<seq>"`',
-    },
-    {
-        "name": "If-None-Match",
-        "in": "header",
-        "required": False,
-        "schema": {"type": "string"},
-        "description": "`*`: create only (the key must be absent)",
-    },
-    {"name": "Idempotency-Key", "in": "header", "required": False, "schema": {"type": "string"}},
-    {
-        "name": "async",
-        "in": "query",
-        "required": False,
-        "schema": {"type": "boolean"},
-        "description": "answer 202 on enqueue, before the commit",
-    },
+    doc.header("If-Match", 'write only if the key\'s current version is this one: `"<seq>"`'),
+    doc.header("If-None-Match", "`*`: create only (the key must be absent)"),
+    _IDEMPOTENCY_KEY,
+    _ASYNC,
 ]
 
 _KEY_PARAM = {
@@ -108,6 +141,20 @@ async def _call(request: Request, handler: Any) -> Response:
 @router.put(
     "/v1/kv/{key:path}",
     summary="Write one key (acknowledged after the durable commit)",
+    responses=doc.answers(
+        {
+            200: doc.json_body(
+                '`{"seq", "status": "written" | "duplicate" | "superseded"}` after the commit',
+                _one_key("written", "duplicate", "superseded"),
+                doc.WRITE_HEADERS,
+            ),
+            202: _ACCEPTED,
+        },
+        400,
+        *_WRITE_ERRORS,
+        (408, "the value stopped arriving"),
+        (412, "the If-Match / If-None-Match condition failed (`current_seq`)"),
+    ),
     openapi_extra={
         "parameters": [_KEY_PARAM, *_KV_PARAMS],
         "requestBody": {
@@ -127,6 +174,19 @@ async def put_kv(request: Request) -> Response:
 @router.delete(
     "/v1/kv/{key:path}",
     summary="Delete one key (acknowledged after the durable commit)",
+    responses=doc.answers(
+        {
+            200: doc.json_body(
+                '`{"seq", "status": "deleted" | "absent"}` after the commit',
+                _one_key("deleted", "absent"),
+                doc.WRITE_HEADERS,
+            ),
+            202: _ACCEPTED,
+        },
+        400,
+        *_WRITE_ERRORS,
+        (412, "the If-Match / If-None-Match condition failed (`current_seq`)"),
+    ),
     openapi_extra={"parameters": [_KEY_PARAM, *_KV_PARAMS]},
 )
 async def delete_kv(request: Request) -> Response:
@@ -137,16 +197,28 @@ async def delete_kv(request: Request) -> Response:
 @router.delete(
     "/v1/kv",
     summary="Delete the keys under a prefix, one batch per request",
+    responses=doc.answers(
+        {
+            200: doc.json_body(
+                'the batch totals plus `"more"`: repeat while it is true',
+                _batch(more={"type": "boolean"}),
+                doc.WRITE_HEADERS,
+            ),
+            202: _ACCEPTED,
+        },
+        (400, "no `prefix`, a key condition sent, or a delete guard of 0"),
+        *_WRITE_ERRORS,
+    ),
     openapi_extra={
         "parameters": [
-            {
-                "name": "prefix",
-                "in": "query",
-                "required": True,
-                "schema": {"type": "string", "minLength": 1, "maxLength": 500},
-                "description": "the prefix, inside the producer's keyspaces",
-            },
-            *_KV_PARAMS[2:],
+            doc.query(
+                "prefix",
+                {"type": "string", "minLength": 1, "maxLength": 500},
+                "the prefix, inside the producer's keyspaces",
+                required=True,
+            ),
+            _IDEMPOTENCY_KEY,
+            _ASYNC,
         ]
     },
 )
@@ -159,6 +231,39 @@ async def delete_prefix(request: Request) -> Response:
 @router.get(
     "/v1/kv/{key:path}",
     summary="Read one key (producers: their keyspaces; admin: all)",
+    response_class=Response,  # the value's bytes, declared below (not FastAPI's JSON)
+    responses=doc.answers(
+        {
+            200: doc.body(
+                "application/octet-stream",
+                "the value's bytes",
+                {"type": "string", "format": "binary"},
+                {
+                    "ETag": {
+                        "description": '`"<version>"`: the seq of the key\'s last change',
+                        "required": True,
+                        "schema": {"type": "string", "pattern": '^"[0-9]+"$'},
+                    },
+                    "X-Mercury-Version": {
+                        "description": "the key's version",
+                        "required": True,
+                        "schema": {"type": "integer", "minimum": 1},
+                    },
+                    "X-Mercury-Seq": {
+                        "description": "alias of X-Mercury-Version on the root",
+                        "required": True,
+                        "schema": {"type": "integer", "minimum": 1},
+                    },
+                },
+            )
+        },
+        (400, "the key is empty or the route is spelt with percent-escapes"),
+        401,
+        (403, "the key is outside the token's keyspaces, or a consumer token"),
+        (404, "no such key"),
+        (413, "the key is over 500 bytes"),
+        (500, "the stored value failed its CRC (`corrupt-value`)"),
+    ),
     openapi_extra={"parameters": [_KEY_PARAM]},
 )
 async def get_kv(request: Request) -> Response:
@@ -195,16 +300,29 @@ async def get_kv(request: Request) -> Response:
 @router.post(
     "/v1/batch",
     summary="Write many keys in one request (JSON or application/msgpack)",
+    responses=doc.answers(
+        {
+            200: doc.json_body(
+                '`{"seq", "written", "deleted", "duplicates", "absent", "superseded", '
+                '"precondition_failed"}` (+ `results`) after the commit',
+                _batch(),
+                doc.WRITE_HEADERS,
+            ),
+            202: _ACCEPTED,
+        },
+        (400, "a malformed body or op, or If-Match / If-None-Match sent"),
+        *_WRITE_ERRORS,
+        (408, "the body stopped arriving"),
+    ),
     openapi_extra={
         "parameters": [
-            *_KV_PARAMS[2:],
-            {
-                "name": "results",
-                "in": "query",
-                "required": False,
-                "schema": {"type": "boolean"},
-                "description": "list each op's key, status and seq (always with conditions)",
-            },
+            _IDEMPOTENCY_KEY,
+            _ASYNC,
+            doc.query(
+                "results",
+                {"type": "boolean"},
+                "list each op's key, status and seq (always with conditions)",
+            ),
         ],
         "requestBody": {
             "required": True,

@@ -21,6 +21,7 @@ from fastapi import APIRouter, Request
 from starlette.responses import FileResponse, Response
 
 from core.errors import BadRequestError, ForbiddenError, NotFoundError
+from gateway import openapi_doc as doc
 from gateway import usage_reads
 from gateway.auth import ADMIN
 from gateway.http import json_response
@@ -50,7 +51,51 @@ def _gw(request: Request) -> Gateway:
     return gw
 
 
-@router.get("/v1/usage/series", tags=["producer"], summary="Usage over time of a producer (or all)")
+_PRODUCER_Q = doc.query(
+    "producer",
+    {"type": "string"},
+    "the producer (default: the token's own; the admin may name any, or omit it)",
+)
+_KEYSPACE_Q = doc.query("keyspace", {"type": "string"}, "one keyspace of the producer")
+_DAYS_Q = doc.query(
+    "days",
+    {"type": "number", "exclusiveMinimum": 0, "maximum": usage_reads.KEEP_DAYS},
+    "the window in days (default 30, fractions allowed)",
+)
+_USAGE_ERRORS: tuple[int | tuple[int, str], ...] = (
+    (400, "a malformed query parameter (the detail names it)"),
+    401,
+    (403, "neither the admin nor that producer"),
+    (404, "no such producer (or keyspace), or unused-key analytics are off"),
+)
+
+
+@router.get(
+    "/v1/usage/series",
+    tags=["producer"],
+    summary="Usage over time of a producer (or all)",
+    responses=doc.answers(
+        {200: doc.json_body("the points of the range", {"type": "object"})}, *_USAGE_ERRORS
+    ),
+    openapi_extra={
+        "parameters": [
+            _PRODUCER_Q,
+            _KEYSPACE_Q,
+            doc.query(
+                "since",
+                {"type": "string"},
+                "RFC 3339 with a zone, or relative (`-24h`, `-30m`, `-7d`, `now`); "
+                "default 24 h ago",
+            ),
+            doc.query("until", {"type": "string"}, "as `since`; default now"),
+            doc.query(
+                "step",
+                {"type": "string", "enum": ["1m", "1h", "1d"]},
+                "default: the finest giving at most 5,000 points",
+            ),
+        ]
+    },
+)
 async def usage_series(request: Request) -> Response:
     """`?producer=&keyspace=&since=&until=&step=` -> `{"producer", "keyspace", "step",
     "since", "until", "max_bytes_stored", "start": {"keys", "bytes"}, "points": [{"t",
@@ -155,7 +200,27 @@ def _window_doc(ledger: usage_reads.ReadLedger, w: usage_reads.Window) -> dict[s
     }
 
 
-@router.get("/v1/usage/unused", tags=["producer"], summary="A producer's keys nobody reads")
+@router.get(
+    "/v1/usage/unused",
+    tags=["producer"],
+    summary="A producer's keys nobody reads",
+    responses=doc.answers(
+        {200: doc.json_body("one page of unused keys", {"type": "object"})}, *_USAGE_ERRORS
+    ),
+    openapi_extra={
+        "parameters": [
+            _PRODUCER_Q,
+            _KEYSPACE_Q,
+            _DAYS_Q,
+            doc.query(
+                "limit",
+                {"type": "integer", "minimum": 1, "maximum": 10_000},
+                "keys per page (default 1,000)",
+            ),
+            doc.query("cursor", {"type": "string"}, "the previous page's `next_cursor`"),
+        ]
+    },
+)
 async def usage_unused(request: Request) -> Response:
     """`?producer=&keyspace=&days=&limit=&cursor=` -> `{"producer", "keyspace", "days",
     "cutoff", "tracked_since", "complete", "keys": [{"key" | "key_b64", "bytes",
@@ -212,7 +277,14 @@ async def usage_unused(request: Request) -> Response:
 
 
 @router.get(
-    "/v1/usage/unused/summary", tags=["producer"], summary="Unused keys and bytes per keyspace"
+    "/v1/usage/unused/summary",
+    tags=["producer"],
+    summary="Unused keys and bytes per keyspace",
+    responses=doc.answers(
+        {200: doc.json_body("unused keys and bytes per keyspace", {"type": "object"})},
+        *_USAGE_ERRORS,
+    ),
+    openapi_extra={"parameters": [_DAYS_Q, _PRODUCER_Q]},
 )
 async def usage_unused_summary(request: Request) -> Response:
     """`?days=&producer=` -> `{"days", "cutoff", "tracked_since", "complete", "truncated",
@@ -261,7 +333,13 @@ async def usage_unused_summary(request: Request) -> Response:
     return json_response(doc)
 
 
-@router.get("/usage", tags=["info"], summary="The usage page (plots over time)")
+@router.get(
+    "/usage",
+    tags=["info"],
+    summary="The usage page (plots over time)",
+    response_class=Response,  # HTML, declared below (not FastAPI's JSON)
+    responses={200: doc.body("text/html", "the page", {"type": "string"})},
+)
 async def usage_page() -> Response:
     """The HTML page; it fetches `/v1/usage` and `/v1/usage/series` with the token the
     user enters."""
@@ -272,7 +350,24 @@ async def usage_page() -> Response:
     )
 
 
-@router.get("/usage/static/{path:path}", tags=["info"], summary="The usage page's files")
+@router.get(
+    "/usage/static/{path:path}",
+    tags=["info"],
+    summary="The usage page's files",
+    response_class=Response,  # the file's own type, declared below (not FastAPI's JSON)
+    responses=doc.answers(
+        {
+            200: {
+                "description": "the file",
+                "content": {
+                    m.split(";", 1)[0]: {"schema": {"type": "string"}}
+                    for m in sorted(set(_FILES.values()))
+                },
+            }
+        },
+        (404, "not one of the page's files"),
+    ),
+)
 async def usage_static(path: str) -> Response:
     """One of the page's own files (a fixed list; anything else is 404)."""
     media = _FILES.get(path)
