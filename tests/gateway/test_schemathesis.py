@@ -14,7 +14,6 @@ import pytest
 from tests.gateway.conftest import Root
 from tests.support.procs import REPO
 
-
 #: Run together on every generated request (one run: the same time as the first alone).
 CHECKS = (
     "not_a_server_error",
