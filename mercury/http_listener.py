@@ -1,10 +1,12 @@
-"""Bounds of the root's HTTP listener: idle and header timeouts, a header size cap and a
-connection cap, over uvicorn's httptools protocol.
+"""Bounds of every HTTP listener (the root's gateway, a replica's read API and each of its
+read worker processes): idle and header timeouts, a header size cap and a connection cap,
+over uvicorn's httptools protocol (or a subclass of it: the replica's point-get protocol).
 
 uvicorn alone closes an idle keep-alive connection only after it has answered a request on
 it: a socket that connects and sends nothing (or a header line every few seconds) is kept
 for ever, and it counts no connections, so 20,000 idle sockets exhaust the descriptors of
-the process that also runs the store and the replication source. Here every connection has
+the process that also runs the store and the replication source (or a replica's reads).
+Here every connection has
 a deadline for its next complete request head (from its opening, then from each response):
 bytes trickling in do not move it. At the connection cap a new connection evicts the
 connection that has waited longest for a request head (an idle one), so idle sockets can
@@ -22,10 +24,10 @@ from typing import Any
 from prometheus_client import Counter, Gauge
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-CONNECTIONS = Gauge("mercury_http_connections", "Open connections of the gateway's HTTP listener")
+CONNECTIONS = Gauge("mercury_http_connections", "Open connections of this process's HTTP listener")
 CLOSED = Counter(
     "mercury_http_connections_closed_total",
-    "Connections the gateway's HTTP listener closed itself, by reason "
+    "Connections this process's HTTP listener closed itself, by reason "
     "(idle: no request head in time; evicted: idle at the connection cap; "
     "refused: at the cap with no idle one; header_too_large)",
     ("reason",),
@@ -45,7 +47,7 @@ class HttpBounds:
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> HttpBounds:
-        """The bounds from `mercury root`'s ``--http-*`` flags."""
+        """The bounds from the ``--http-*`` flags (`add_flags`)."""
         return cls(
             idle_timeout_s=float(args.http_idle_timeout),
             max_connections=int(args.http_max_connections),
@@ -54,21 +56,22 @@ class HttpBounds:
 
 
 def add_flags(p: argparse.ArgumentParser) -> None:
-    """The ``--http-*`` flags of `mercury root`."""
+    """The ``--http-*`` flags of `mercury root` and `mercury replica` (the same names,
+    defaults and meaning on both: each bounds that process's HTTP listener)."""
     d = HttpBounds()
     p.add_argument(
         "--http-idle-timeout",
         type=float,
         default=d.idle_timeout_s,
-        help="close a gateway connection that sends no complete request head within S "
+        help="close an HTTP connection that sends no complete request head within S "
         f"seconds of opening or of its last response (default {d.idle_timeout_s:g})",
     )
     p.add_argument(
         "--http-max-connections",
         type=int,
         default=d.max_connections,
-        help="open gateway connections at most; at the cap the longest-idle one is closed "
-        f"(default {d.max_connections})",
+        help="open HTTP connections at most (per process); at the cap the longest-idle one "
+        f"is closed (default {d.max_connections})",
     )
     p.add_argument(
         "--http-max-header-bytes",
@@ -78,13 +81,13 @@ def add_flags(p: argparse.ArgumentParser) -> None:
     )
 
 
-def protocol_class(bounds: HttpBounds) -> type[HttpToolsProtocol]:
-    """An httptools protocol class enforcing `bounds` (uvicorn's ``http=`` takes a class)."""
-
-    class Bounded(_BoundedProtocol):
-        limits = bounds
-
-    return Bounded
+def protocol_class(
+    bounds: HttpBounds, base: type[HttpToolsProtocol] = HttpToolsProtocol
+) -> type[HttpToolsProtocol]:
+    """An httptools protocol class enforcing `bounds` (uvicorn's ``http=`` takes a class)
+    over `base`: uvicorn's own protocol, or a subclass of it (the replica's point-get
+    protocol, `reads.fasthttp`), whose own answers call `request_answered`."""
+    return type(f"Bounded{base.__name__}", (_BoundedProtocol, base), {"limits": bounds})
 
 
 class _BoundedProtocol(HttpToolsProtocol):
@@ -100,7 +103,12 @@ class _BoundedProtocol(HttpToolsProtocol):
         #: now are that body, even after its answer was sent (an early 403 or 413 leaves
         #: the rest of the body to arrive, which the parser discards), never a head.
         self._body_pending = False
+        #: One timer per connection, moved lazily (`_idle_expired`): arming a timer per
+        #: request would cost as much as a point get answered in the protocol.
         self._deadline: asyncio.TimerHandle | None = None
+        #: Counts the waits for a head (a segment that completes one and starts the next is
+        #: not counted into the next head's bytes).
+        self._waits = 0
 
     # -- connection ----------------------------------------------------------------------
 
@@ -135,9 +143,12 @@ class _BoundedProtocol(HttpToolsProtocol):
     # -- request heads -------------------------------------------------------------------
 
     def data_received(self, data: bytes) -> None:
+        waits = self._waits
         waiting = self.idle_since is not None and not self._body_pending
         super().data_received(data)
-        if waiting and self.idle_since is not None:  # still no complete head
+        if waiting and self.idle_since is not None and waits == self._waits:
+            # still no complete head (bytes after a head answered within this segment
+            # are not counted: at most one segment, as when a pipelined head follows)
             self._head_bytes += len(data)
             if self._head_bytes > self.limits.max_header_bytes and not self.transport.is_closing():
                 CLOSED.labels("header_too_large").inc()
@@ -148,8 +159,7 @@ class _BoundedProtocol(HttpToolsProtocol):
                 self.close_now()
 
     def on_headers_complete(self) -> None:
-        self._cancel_deadline()
-        self.idle_since = None
+        self.idle_since = None  # the deadline, if armed, finds no wait and lapses
         self._body_pending = True
         super().on_headers_complete()
 
@@ -163,19 +173,34 @@ class _BoundedProtocol(HttpToolsProtocol):
         if not pipelined and not self.transport.is_closing():
             self._await_head()
 
+    def request_answered(self) -> None:
+        """A request answered by the protocol itself, outside uvicorn's request-response
+        cycle (`reads.fasthttp`'s point gets): the connection now waits for its next head,
+        under the same deadline as after any other answer (it stands for that subclass's
+        own keep-alive timer)."""
+        if not self.transport.is_closing():
+            self._await_head()
+
     # -- helpers -------------------------------------------------------------------------
 
     def _await_head(self) -> None:
-        self._cancel_deadline()
         self.idle_since = time.monotonic()
         self._head_bytes = 0
-        self._deadline = self.loop.call_later(self.limits.idle_timeout_s, self._idle_expired)
+        self._waits += 1
+        if self._deadline is None:
+            self._deadline = self.loop.call_later(self.limits.idle_timeout_s, self._idle_expired)
 
     def _idle_expired(self) -> None:
         self._deadline = None
-        if self.idle_since is not None and not self.transport.is_closing():
-            CLOSED.labels("idle").inc()
-            self.close_now()
+        since = self.idle_since
+        if since is None or self.transport.is_closing():
+            return  # a request is being read or answered: its answer starts a new wait
+        left = since + self.limits.idle_timeout_s - time.monotonic()
+        if left > 0:  # the wait started after this timer was armed
+            self._deadline = self.loop.call_later(left, self._idle_expired)
+            return
+        CLOSED.labels("idle").inc()
+        self.close_now()
 
     def _cancel_deadline(self) -> None:
         if self._deadline is not None:

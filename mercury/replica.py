@@ -29,7 +29,7 @@ from typing import Any
 import uvicorn
 
 from core import eventloop
-from mercury import logsetup, tls
+from mercury import http_listener, logsetup, tls
 from mercury.settings import ReplicaConfig
 from reads import workermetrics, workers
 from replicator import sched
@@ -187,11 +187,12 @@ def _forward_hup(sup: WorkerSupervisor, pool: workers.ReaderPool | None) -> None
 
 
 async def _read_side(
-    config: ReplicaConfig, store: Store, index: int, n: int
+    config: ReplicaConfig, bounds: http_listener.HttpBounds, store: Store, index: int, n: int
 ) -> tuple[Any, list[Any], uvicorn.Config, socket.socket]:
     """What every reader process serves: the read app, the KT/memcached listeners and the
     read counter (started), and the HTTP listener's config and socket (one of `n` sharing
-    the address with SO_REUSEPORT when `n` > 1)."""
+    the address with SO_REUSEPORT when `n` > 1), under `bounds` (`--http-*`, as the
+    root's gateway: each reader process bounds its own connections)."""
     from reads.fasthttp import fast_read_protocol
     from reads.http_app import create_read_app
     from reads.readstats import ReadStatsService, spool
@@ -225,18 +226,23 @@ async def _read_side(
         asgi,
         host=host,
         port=port,
-        # Point gets answered in the protocol, everything else through ASGI (reads/fasthttp.py).
-        http=fast_read_protocol(store, tokens),
+        # Point gets answered in the protocol, everything else through ASGI (reads/fasthttp.py),
+        # under idle/header timeouts and a connection cap (mercury/http_listener.py); over
+        # HTTPS too (`_Server.startup` hands the same class to reads/tlsconn.py).
+        http=http_listener.protocol_class(bounds, fast_read_protocol(store, tokens)),
         access_log=False,
         log_level="warning",
         log_config=None,  # uvicorn's lines go through the JSON root handler too
         lifespan="off",
+        timeout_keep_alive=max(1, int(bounds.idle_timeout_s)),
         **tls.uvicorn_ssl(config.tls),  # type: ignore[arg-type]
     )
     return app, services, uv_config, workers.listen_socket(host, port, reuse_port=n > 1)
 
 
-async def _serve_reader(config: ReplicaConfig, index: int, n: int) -> int:
+async def _serve_reader(
+    config: ReplicaConfig, bounds: http_listener.HttpBounds, index: int, n: int
+) -> int:
     """Reader `index` of `n` (`--read-workers`): the read side only, on the same ports as
     reader 0 (the replica process), until SIGTERM or until reader 0 is gone. The store is
     the one reader 0's replication worker applies to; this process never writes."""
@@ -247,7 +253,7 @@ async def _serve_reader(config: ReplicaConfig, index: int, n: int) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     store = Store.open(config.worker.data_dir, readonly=True)
-    app, services, uv_config, sock = await _read_side(config, store, index, n)
+    app, services, uv_config, sock = await _read_side(config, bounds, store, index, n)
     server = _Server(uv_config)
     watch.end_streams_when(app, lambda: server.should_exit)
     reloader: tls.TlsReloader | None = None
@@ -278,7 +284,9 @@ async def _serve_reader(config: ReplicaConfig, index: int, n: int) -> int:
     return 0
 
 
-async def _serve(config: ReplicaConfig, n: int = 1) -> int:
+async def _serve(
+    config: ReplicaConfig, bounds: http_listener.HttpBounds | None = None, n: int = 1
+) -> int:
     from reads import watch
 
     cfg = config.worker
@@ -332,7 +340,9 @@ async def _serve(config: ReplicaConfig, n: int = 1) -> int:
         await sup.stop()
         return 0
     store = Store.open(cfg.data_dir, readonly=True)
-    app, services, uv_config, sock = await _read_side(config, store, 0, n)
+    app, services, uv_config, sock = await _read_side(
+        config, bounds or http_listener.HttpBounds(), store, 0, n
+    )
     server = _Server(uv_config)
     # uvicorn waits for every open response before stopping: watch streams must end.
     watch.end_streams_when(app, lambda: server.should_exit)
@@ -423,18 +433,19 @@ def _move_aside(data_dir: str) -> None:
 def run_replica(args: argparse.Namespace) -> int:
     """Run the replica until SIGTERM/SIGINT."""
     config = ReplicaConfig.from_args(args)
+    bounds = http_listener.HttpBounds.from_args(args)
     n = max(1, int(getattr(args, "read_workers", 1)))
     index = workers.worker_index()
     if index > 0:
         # A reader started by reader 0's pool: no writer lock, no replication worker.
         eventloop.install()
-        return asyncio.run(_serve_reader(config, index, n))
+        return asyncio.run(_serve_reader(config, bounds, index, n))
     # One writer per store: the parent takes the lock (a second replica on this directory
     # exits here, naming the holder) and its worker inherits it.
     writer_lock = WriterLock.acquire(config.data_dir)
     config.worker.lock_fd = writer_lock.fd
     eventloop.install()
     try:
-        return asyncio.run(_serve(config, n))
+        return asyncio.run(_serve(config, bounds, n))
     finally:
         writer_lock.release()

@@ -36,14 +36,12 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from acl.model import DOC_NAME, Acl, Consumer, Producer
 from acl.tokens import hash_token
+from reads import bulkbody
 from reads.problems import PROBLEM_JSON, problem_body
 from reads.ranges import READ_KEYSPACES, clip, prefix_end
 from store.store import Store
 
 KV_PREFIX = b"/v1/kv/"
-
-#: A get_bulk body is read whole to check its keys; the read API's own bound is far below.
-MAX_BULK_BODY = 16 << 20
 
 
 class TokenIndex(Protocol):
@@ -155,18 +153,15 @@ class ReadAuth:
     async def _bulk(
         self, scope: Scope, receive: Receive, send: Send, spaces: tuple[bytes, ...]
     ) -> None:
-        body = bytearray()
-        more = True
-        while more:
-            msg = await receive()
-            if msg["type"] != "http.request":
-                return  # the client went away
-            body += msg.get("body", b"")
-            more = msg.get("more_body", False)
-            if len(body) > MAX_BULK_BODY:
-                await _refuse(send, 413, f"get_bulk body over {MAX_BULK_BODY} bytes")
-                return
-        keys = _bulk_keys(bytes(body))
+        # Read whole to check its keys, under the read API's own bounds (reads/bulkbody.py).
+        try:
+            body = await bulkbody.read(receive, _header(scope, b"content-length"))
+        except bulkbody.BodyRefused as err:
+            await _refuse(send, err.status, err.detail)
+            return
+        # A body of more items than a get_bulk may name is not decoded here: the app
+        # refuses it (400) before decoding too.
+        keys = None if bulkbody.too_many_items(body) is not None else _bulk_keys(body)
         if keys is not None and not all(allowed(spaces, k) for k in keys):
             await _refuse(send, 403, "this token may not read some of these keys")
             return
@@ -178,7 +173,7 @@ class ReadAuth:
             if sent:
                 return await receive()
             sent = True
-            return {"type": "http.request", "body": bytes(body), "more_body": False}
+            return {"type": "http.request", "body": body, "more_body": False}
 
         await self.app({**scope, READ_KEYSPACES: spaces}, replay, send)
 
@@ -228,6 +223,13 @@ class ReadAuth:
         await self.app({**scope, "query_string": qs, READ_KEYSPACES: spaces}, receive, send)
 
 
+def _header(scope: Scope, name: bytes) -> str | None:
+    for n, value in scope.get("headers", ()):
+        if n == name:
+            return bytes(value).decode("latin-1")
+    return None
+
+
 def _kind(method: str, path: bytes) -> str | None:
     if method in ("GET", "HEAD") and path.startswith(KV_PREFIX):
         return "kv"
@@ -252,12 +254,24 @@ def _bulk_keys(body: bytes) -> list[bytes] | None:
 
 
 async def _refuse(send: Send, status: int, detail: str, hint: str | None = None) -> None:
-    slug = {401: "unauthorized", 403: "forbidden", 413: "too-large"}[status]
-    title = {401: "Read token required", 403: "Outside the token's keyspaces"}.get(
-        status, "Request too large"
-    )
+    slug = {
+        400: "invalid-read",
+        401: "unauthorized",
+        403: "forbidden",
+        408: "request-timeout",
+        413: "too-large",
+    }[status]
+    title = {
+        400: "Invalid read request",
+        401: "Read token required",
+        403: "Outside the token's keyspaces",
+        408: "Request body timed out",
+        413: "Request too large",
+    }[status]
     body = problem_body(status, slug, detail, title=title, **({"hint": hint} if hint else {}))
     headers = [(b"content-type", PROBLEM_JSON.encode()), (b"content-length", b"%d" % len(body))]
+    if status in (400, 408, 413):  # the rest of a refused body is not wanted: close after
+        headers.append((b"connection", b"close"))
     if status == 401:
         headers.append((b"www-authenticate", b'Bearer realm="mercury-reads"'))
     await send({"type": "http.response.start", "status": status, "headers": headers})

@@ -110,9 +110,15 @@ class FastReadProtocol(HttpToolsProtocol):
         transport.write(reply)
         self.cycle = _ANSWERED
         self.server_state.total_requests += 1
+        self.request_answered()
+        return True
+
+    def request_answered(self) -> None:
+        """After each answer of the shortcut: as uvicorn after an answer, an idle keep-alive
+        connection is closed. (A wrapper bounding the listener, `mercury/http_listener.py`,
+        overrides this with its own deadline for the next request head.)"""
         if self._idle_timer is None:
             self._idle_timer = self.loop.call_later(self.timeout_keep_alive, self._idle_check)
-        return True
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self._idle_timer is not None:
@@ -223,9 +229,8 @@ class FastReadProtocol(HttpToolsProtocol):
         self.server_state.total_requests += 1
         if not keep_alive:
             transport.close()
-        elif self._idle_timer is None:
-            # As uvicorn after an answer: an idle keep-alive connection is closed.
-            self._idle_timer = self.loop.call_later(self.timeout_keep_alive, self._idle_check)
+        else:
+            self.request_answered()
         return True
 
     def _head_200(self) -> bytes:

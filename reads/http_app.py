@@ -21,7 +21,7 @@ from urllib.parse import parse_qsl, quote
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
@@ -33,7 +33,7 @@ from core.errors import (
     RangeOnRootError,
     ReadTooLargeError,
 )
-from reads import jsonkv, pointget, ranges, readstats, watch, workermetrics
+from reads import bulkbody, jsonkv, pointget, ranges, readstats, watch, workermetrics
 from reads.metrics import READ_ERRORS, READ_SECONDS
 from reads.problems import problem, problem_for
 from store.format import MAX_KEY
@@ -42,8 +42,9 @@ from store.store import Store
 
 KV_PREFIX = b"/v1/kv/"
 NDJSON = "application/x-ndjson"
-#: Keys per `POST /v1/get_bulk`, and bytes of values in one answer.
-MAX_BULK_KEYS = 10_000
+#: Keys per `POST /v1/get_bulk` (its body's bounds: reads/bulkbody.py), and bytes of values
+#: in one answer.
+MAX_BULK_KEYS = bulkbody.MAX_BULK_KEYS
 MAX_BULK_BYTES = 64 << 20
 #: Items read per transaction while streaming NDJSON (bounds memory and txn length)...
 STREAM_CHUNK = 512
@@ -199,10 +200,20 @@ async def get_status(request: Request) -> dict[str, object]:
 
 
 @router.post("/v1/get_bulk")
-async def get_bulk(body: GetBulkBody, request: Request) -> Response:
+async def get_bulk(request: Request) -> Response:
     """Values of up to `MAX_BULK_KEYS` keys, read in one transaction."""
     store = _store(request)
+    try:
+        raw = await bulkbody.read(request.receive, request.headers.get("content-length"))
+    except bulkbody.BodyRefused as err:
+        slug = {413: "too-large", 408: "request-timeout"}.get(err.status, "invalid-read")
+        title = {413: "Request too large", 408: "Request body timed out"}
+        refusal = problem(err.status, slug, err.detail, title=title.get(err.status, slug))
+        # The rest of the body (if any) is not wanted: the connection closes after this.
+        refusal.headers["connection"] = "close"
+        return refusal
     t0 = time.perf_counter()
+    body = _bulk_body(raw, request.headers.get("content-type"))
     n = len(body.keys) + len(body.keys_b64)
     if n > MAX_BULK_KEYS:
         raise InvalidReadError(f"at most {MAX_BULK_KEYS} keys per get_bulk, got {n}")
@@ -248,6 +259,30 @@ async def get_bulk(body: GetBulkBody, request: Request) -> Response:
     return JSONResponse(
         doc, headers={"X-Mercury-Seq": str(applied), "X-Mercury-Applied-Seq": str(applied)}
     )
+
+
+def _bulk_body(raw: bytes, content_type: str | None) -> GetBulkBody:
+    """The decoded get_bulk body; 400 (`invalid-read`) for anything else: not JSON, not
+    the model, or more items than `MAX_BULK_KEYS` keys (counted before decoding)."""
+    if content_type is not None:
+        mime = content_type.partition(";")[0].strip().lower()
+        if mime != "application/json" and not (
+            mime.startswith("application/") and mime.endswith("+json")
+        ):
+            raise InvalidReadError(
+                f"a get_bulk body is JSON (Content-Type: application/json), not {mime!r}"
+            )
+    seps = bulkbody.too_many_items(raw)
+    if seps is not None:
+        raise InvalidReadError(
+            f"at most {MAX_BULK_KEYS} keys per get_bulk; this body holds over {seps} values"
+        )
+    try:
+        return GetBulkBody.model_validate_json(raw)
+    except ValidationError as err:
+        # As FastAPI words a body it cannot validate (the `_invalid_body` handler).
+        errors = [{**e, "loc": ("body", *e.get("loc", ()))} for e in err.errors()]
+        raise RequestValidationError(errors) from err
 
 
 @router.get("/v1/range")

@@ -1,0 +1,111 @@
+"""The body of `POST /v1/get_bulk`: bounded before it is read, and its number of items
+bounded before it is decoded.
+
+A get_bulk names at most `MAX_BULK_KEYS` keys, so its body never needs more than
+`MAX_BULK_BODY` bytes: a body that says it is larger (Content-Length) is refused before a
+byte of it is read, and a chunked one as soon as it grows past the bound. A body within
+the bound may still hold millions of tiny items (``"a",`` is 4 bytes): decoding them all
+costs tens of times the body in memory and seconds of the read process's event loop, so
+`too_many_items` counts the body's separators first, stopping as soon as the count is
+past what `MAX_BULK_KEYS` keys can have. The read API (`reads/http_app.py`) and the read
+token middleware (`reads/auth.py`) both read get_bulk bodies here: one rule.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from store.format import MAX_KEY
+
+#: Keys one get_bulk may name (`keys` and `keys_b64` together).
+MAX_BULK_KEYS = 10_000
+#: The JSON text of one key at its longest: MAX_KEY bytes that are all control characters,
+#: each written ``\u00XX`` (6 bytes), its two quotes, and a comma with whitespace after it
+#: (a base64 key, 4/3 of MAX_KEY, is far shorter).
+MAX_KEY_JSON = 6 * MAX_KEY + 16
+#: The largest get_bulk body: MAX_BULK_KEYS of the longest keys, plus the object around
+#: them and its whitespace.
+MAX_BULK_BODY = MAX_BULK_KEYS * MAX_KEY_JSON + (64 << 10)
+#: Separators (commas outside strings) a body of MAX_BULK_KEYS keys may have: between its
+#: keys, between its two members, and room for a few unknown members (ignored).
+MAX_SEPARATORS = MAX_BULK_KEYS + 64
+#: A body that sends nothing for this long is answered 408 (as the gateway's body reader).
+BODY_IDLE_TIMEOUT_S = 30.0
+
+
+class BodyRefused(Exception):
+    """The body was refused before it was decoded: `status` 413 (too large), 408 (stalled),
+    400 (bad Content-Length, or the client left mid-body)."""
+
+    def __init__(self, status: int, detail: str) -> None:
+        super().__init__(detail)
+        self.status = status
+        self.detail = detail
+
+
+async def read(receive: Any, content_length: str | None) -> bytes:
+    """The whole body from ASGI `receive`, at most `MAX_BULK_BODY` bytes (refused from its
+    Content-Length before reading, else as soon as a chunked body passes the bound)."""
+    if content_length is not None:
+        try:
+            declared = int(content_length)
+        except ValueError as err:
+            raise BodyRefused(400, "Content-Length is not a number") from err
+        if declared > MAX_BULK_BODY:
+            raise BodyRefused(413, _too_large(f"is {declared} bytes"))
+    chunks: list[bytes] = []
+    size = 0
+    loop = asyncio.get_running_loop()
+    try:
+        async with asyncio.timeout(BODY_IDLE_TIMEOUT_S) as deadline:
+            while True:
+                msg = await receive()
+                if msg["type"] != "http.request":
+                    raise BodyRefused(400, "the client left before sending the whole body")
+                chunk: bytes = msg.get("body", b"")
+                size += len(chunk)
+                if size > MAX_BULK_BODY:
+                    raise BodyRefused(413, _too_large("exceeds that"))
+                chunks.append(chunk)
+                if not msg.get("more_body", False):
+                    break
+                deadline.reschedule(loop.time() + BODY_IDLE_TIMEOUT_S)
+    except TimeoutError as err:
+        raise BodyRefused(
+            408, f"get_bulk body: no data for {BODY_IDLE_TIMEOUT_S:g} s after {size} bytes"
+        ) from err
+    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+def too_many_items(body: bytes) -> int | None:
+    """None when `body` can name at most `MAX_BULK_KEYS` keys; else a number of separators
+    it holds beyond what that many keys have (so it holds more than that many values).
+    A few passes over the body at C speed, the last one stopping as soon as the count is
+    past the bound."""
+    if body.count(b",") <= MAX_SEPARATORS:
+        return None  # (commas inside strings only over-count)
+    # Escaped backslashes, then escaped quotes, out (pairs from the left, as JSON reads
+    # them): every quote left opens or closes a string. (No regex over the escapes: a
+    # body of millions of them would hold the event loop for seconds.)
+    text = body.replace(b"\\\\", b"").replace(b'\\"', b"") if b"\\" in body else body
+    seps = 0
+    pos = 0
+    while True:
+        start = text.find(b'"', pos)
+        seps += text.count(b",", pos, len(text) if start < 0 else start)
+        if seps > MAX_SEPARATORS:
+            return seps
+        if start < 0:
+            return None
+        end = text.find(b'"', start + 1)
+        if end < 0:
+            return None  # an unterminated string: not JSON (the decoder says so)
+        pos = end + 1
+
+
+def _too_large(what: str) -> str:
+    return (
+        f"a get_bulk body {what}; {MAX_BULK_KEYS} keys of at most {MAX_KEY} bytes never "
+        f"need more than {MAX_BULK_BODY} bytes"
+    )
