@@ -275,7 +275,8 @@ def _bulk_body(raw: bytes, content_type: str | None) -> GetBulkBody:
     seps = bulkbody.too_many_items(raw)
     if seps is not None:
         raise InvalidReadError(
-            f"at most {MAX_BULK_KEYS} keys per get_bulk; this body holds over {seps} values"
+            f"at most {MAX_BULK_KEYS} keys per get_bulk; this body holds at least {seps} "
+            "commas outside its strings"
         )
     try:
         return GetBulkBody.model_validate_json(raw)
