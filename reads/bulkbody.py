@@ -78,12 +78,13 @@ async def read(receive: Any, content_length: str | None) -> bytes:
     return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 
-def too_many_items(body: bytes) -> int | None:
-    """None when `body` can name at most `MAX_BULK_KEYS` keys; else a number of separators
-    it holds beyond what that many keys have (so it holds more than that many values).
+def too_many_items(body: bytes, limit: int = MAX_SEPARATORS) -> int | None:
+    """None when `body` holds at most `limit` separators (commas outside its strings: by
+    default what `MAX_BULK_KEYS` keys have); else how many it holds, counted up to the
+    first past `limit` (so it holds more values than that many keys).
     A few passes over the body at C speed, the last one stopping as soon as the count is
     past the bound."""
-    if body.count(b",") <= MAX_SEPARATORS:
+    if body.count(b",") <= limit:
         return None  # (commas inside strings only over-count)
     # Escaped backslashes, then escaped quotes, out (pairs from the left, as JSON reads
     # them): every quote left opens or closes a string. (No regex over the escapes: a
@@ -94,7 +95,7 @@ def too_many_items(body: bytes) -> int | None:
     while True:
         start = text.find(b'"', pos)
         seps += text.count(b",", pos, len(text) if start < 0 else start)
-        if seps > MAX_SEPARATORS:
+        if seps > limit:
             return seps
         if start < 0:
             return None

@@ -296,6 +296,7 @@ def test_a_get_bulk_of_millions_of_tiny_keys_is_refused_without_holding_reads(
             r = c.post("/v1/get_bulk", content=body, headers={"content-type": "application/json"})
         assert r.status_code == 400, r.text
         assert "at most 10000 keys" in r.json()["detail"]
+        assert "commas outside its strings" in r.json()["detail"]  # counted, not decoded
     finally:
         stop.set()
         t.join(30)

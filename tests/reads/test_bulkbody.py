@@ -1,0 +1,70 @@
+"""`reads/bulkbody.py`: the get_bulk body's bounds, as pure logic and through the read
+token middleware (in-process ASGI: the refusal must come before the body is received)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import MutableMapping
+from typing import Any
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from reads import bulkbody
+from reads.auth import ReadAuth
+
+# Keys full of what could fool a separator count: commas, quotes, backslashes, controls.
+_nasty = st.text(alphabet=st.sampled_from(',"\\\x01a é[]{}:'), min_size=1, max_size=20)
+
+
+@settings(max_examples=200, deadline=None)
+@given(keys=st.lists(_nasty, min_size=2, max_size=40), indent=st.sampled_from([None, 2]))
+def test_separators_are_counted_outside_strings_only(keys: list[str], indent: int | None) -> None:
+    body = json.dumps({"keys": keys}, indent=indent).encode()
+    n = len(keys) - 1  # commas between the keys; none elsewhere in this body
+    assert bulkbody.too_many_items(body, limit=n) is None
+    assert bulkbody.too_many_items(body, limit=n - 1) == n
+
+
+def test_the_default_bound_admits_the_largest_honest_body() -> None:
+    worst = "\x01" * 500  # every byte a \u0001 escape in JSON
+    body = json.dumps({"keys": [worst] * 5_000, "keys_b64": ["QQ=="] * 5_000}, indent=1).encode()
+    assert len(body) <= bulkbody.MAX_BULK_BODY
+    assert bulkbody.too_many_items(body) is None
+    tiny = b'{"keys": [' + b",".join([b'"a"'] * 1_000_000) + b"]}"
+    assert bulkbody.too_many_items(tiny) == bulkbody.MAX_SEPARATORS + 1  # stopped early
+
+
+class _Tokens:
+    def keyspaces(self, token: str) -> tuple[bytes, ...] | None:
+        return (b"app/",) if token == "good" else None
+
+
+def test_read_auth_refuses_an_oversized_body_before_receiving_it() -> None:
+    sent: list[MutableMapping[str, Any]] = []
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        raise AssertionError("the app must not be reached")
+
+    async def receive() -> dict[str, Any]:
+        raise AssertionError("the body must not be read")
+
+    async def send(msg: MutableMapping[str, Any]) -> None:
+        sent.append(msg)
+
+    scope = {
+        "type": "http",
+        "method": "POST",
+        "path": "/v1/get_bulk",
+        "raw_path": b"/v1/get_bulk",
+        "query_string": b"",
+        "headers": [
+            (b"authorization", b"Bearer good"),
+            (b"content-length", str(bulkbody.MAX_BULK_BODY + 1).encode()),
+        ],
+    }
+    asyncio.run(ReadAuth(app, _Tokens())(scope, receive, send))
+    assert sent[0]["status"] == 413
+    assert (b"connection", b"close") in sent[0]["headers"]
+    assert b"too-large" in sent[1]["body"]
