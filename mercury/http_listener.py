@@ -9,8 +9,16 @@ the process that also runs the store and the replication source (or a replica's 
 Here every connection has
 a deadline for its next complete request head (from its opening, then from each response):
 bytes trickling in do not move it. At the connection cap a new connection evicts the
-connection that has waited longest for a request head (an idle one), so idle sockets can
-never lock a producer out; only when every connection is busy is the newcomer closed.
+connection that has waited longest for a request head (an idle one), or else the one whose
+request body has stalled longest (nothing received for `STALLED_BODY_S`), so neither idle
+sockets nor bodies dribbled a byte at a time can lock a producer out; only when every
+connection is busy is the newcomer closed.
+
+A request head is bounded however it arrives: in pieces while the connection waits, in one
+segment (its parsed line and headers are counted), or while an earlier request is still
+being answered (a pipelined head that never ends). And a malformed request behind one
+being answered does not destroy that answer: uvicorn answered 400 at once and closed, so a
+committed PUT's 200 never reached its client; the 400 now follows the answers before it.
 """
 
 from __future__ import annotations
@@ -28,10 +36,22 @@ CONNECTIONS = Gauge("mercury_http_connections", "Open connections of this proces
 CLOSED = Counter(
     "mercury_http_connections_closed_total",
     "Connections this process's HTTP listener closed itself, by reason "
-    "(idle: no request head in time; evicted: idle at the connection cap; "
-    "refused: at the cap with no idle one; header_too_large)",
+    "(idle: no request head in time; evicted: idle or with a stalled body at the "
+    "connection cap; refused: at the cap with none such; header_too_large)",
     ("reason",),
 )
+
+
+#: A request body that received nothing for this long may be evicted at the cap.
+STALLED_BODY_S = 5.0
+_TOO_LARGE = (
+    b"HTTP/1.1 431 Request Header Fields Too Large\r\n"
+    b"content-length: 0\r\nconnection: close\r\n\r\n"
+)
+
+
+class _HeadTooLarge(Exception):
+    """Raised from a parser callback: the head being parsed is over the bound."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,6 +129,16 @@ class _BoundedProtocol(HttpToolsProtocol):
         #: Counts the waits for a head (a segment that completes one and starts the next is
         #: not counted into the next head's bytes).
         self._waits = 0
+        #: The parser is inside a request head (from its first byte to its last).
+        self._in_head = False
+        #: Bytes of the head being parsed, as parsed (line and headers) and as received
+        #: while another request is answered.
+        self._parsed_head = 0
+        self._ahead_bytes = 0
+        #: When this connection last received a byte of a request body.
+        self._body_at = 0.0
+        #: A 400 for a malformed request that waits for the answers before it.
+        self._deferred: bytes | None = None
 
     # -- connection ----------------------------------------------------------------------
 
@@ -133,7 +163,8 @@ class _BoundedProtocol(HttpToolsProtocol):
         CONNECTIONS.set(len(self.connections))
 
     def close_now(self) -> None:
-        """Close this connection (it is idle: no request of it is lost)."""
+        """Close this connection (it is idle, or its request's body stalled: nothing it
+        sent was acted on, so no answer of it is lost)."""
         self._cancel_deadline()
         self.idle_since = None
         self.connections.discard(self)
@@ -143,34 +174,85 @@ class _BoundedProtocol(HttpToolsProtocol):
     # -- request heads -------------------------------------------------------------------
 
     def data_received(self, data: bytes) -> None:
+        if self._deferred is not None:
+            return  # a malformed request was read: nothing after it is a request
         waits = self._waits
         waiting = self.idle_since is not None and not self._body_pending
+        if self._body_pending:
+            self._body_at = time.monotonic()
         super().data_received(data)
+        if self.transport.is_closing():
+            return
         if waiting and self.idle_since is not None and waits == self._waits:
             # still no complete head (bytes after a head answered within this segment
             # are not counted: at most one segment, as when a pipelined head follows)
             self._head_bytes += len(data)
-            if self._head_bytes > self.limits.max_header_bytes and not self.transport.is_closing():
-                CLOSED.labels("header_too_large").inc()
-                self.transport.write(
-                    b"HTTP/1.1 431 Request Header Fields Too Large\r\n"
-                    b"content-length: 0\r\nconnection: close\r\n\r\n"
-                )
-                self.close_now()
+            if self._head_bytes > self.limits.max_header_bytes:
+                self._too_large()
+        elif not waiting and self._in_head:
+            # a head that began while another request is answered (a watch stream): no
+            # wait counts it, so its bytes do
+            self._ahead_bytes += len(data)
+            if self._ahead_bytes > self.limits.max_header_bytes:
+                self._too_large()
+
+    def on_message_begin(self) -> None:
+        self._in_head = True
+        self._parsed_head = 0
+        self._ahead_bytes = 0
+        super().on_message_begin()
+
+    def on_url(self, url: bytes) -> None:
+        self._count_head(len(url))
+        super().on_url(url)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._count_head(len(name) + len(value) + 4)
+        super().on_header(name, value)
 
     def on_headers_complete(self) -> None:
         self.idle_since = None  # the deadline, if armed, finds no wait and lapses
+        self._in_head = False
         self._body_pending = True
+        self._body_at = time.monotonic()
         super().on_headers_complete()
 
     def on_message_complete(self) -> None:
         self._body_pending = False
         super().on_message_complete()
 
+    def send_400_response(self, msg: str) -> None:
+        """uvicorn's answer to a request it cannot parse (or to a head over the bound,
+        raised from a callback): after the answers of the requests before it, never
+        instead of them."""
+        if self.transport.is_closing():
+            return
+        if self._parsed_head > self.limits.max_header_bytes:
+            self._too_large()
+            return
+        cycle = getattr(self, "cycle", None)
+        if (cycle is not None and not cycle.response_complete) or self.pipeline:
+            body = msg.encode("ascii", "replace")
+            self._deferred = (
+                b"HTTP/1.1 400 Bad Request\r\ncontent-type: text/plain; charset=utf-8\r\n"
+                b"content-length: "
+                + str(len(body)).encode()
+                + b"\r\nconnection: close\r\n\r\n"
+                + body
+            )
+            return
+        super().send_400_response(msg)
+
     def on_response_complete(self) -> None:
         pipelined = bool(self.pipeline)  # a request already read starts now: not idle
         super().on_response_complete()
-        if not pipelined and not self.transport.is_closing():
+        if self.transport.is_closing():
+            return
+        if self._deferred is not None and not self.pipeline:
+            self.transport.write(self._deferred)
+            self.close_now()
+            return
+        if not pipelined:
             self._await_head()
 
     def request_answered(self) -> None:
@@ -182,6 +264,16 @@ class _BoundedProtocol(HttpToolsProtocol):
             self._await_head()
 
     # -- helpers -------------------------------------------------------------------------
+
+    def _count_head(self, n: int) -> None:
+        self._parsed_head += n
+        if self._parsed_head > self.limits.max_header_bytes:
+            raise _HeadTooLarge  # uvicorn's parser error path: `send_400_response`
+
+    def _too_large(self) -> None:
+        CLOSED.labels("header_too_large").inc()
+        self.transport.write(_TOO_LARGE)
+        self.close_now()
 
     def _await_head(self) -> None:
         self.idle_since = time.monotonic()
@@ -208,10 +300,22 @@ class _BoundedProtocol(HttpToolsProtocol):
             self._deadline = None
 
     def _longest_idle(self) -> _BoundedProtocol | None:
+        """The connection to evict at the cap: the one idle longest, else the one whose
+        request body has received nothing for longest (at least `STALLED_BODY_S`); None
+        when every other connection is busy."""
         best: _BoundedProtocol | None = None
+        stalled: _BoundedProtocol | None = None
+        cutoff = time.monotonic() - STALLED_BODY_S
         for c in self.connections:
-            if c is self or not isinstance(c, _BoundedProtocol) or c.idle_since is None:
+            if c is self or not isinstance(c, _BoundedProtocol):
                 continue
-            if best is None or c.idle_since < (best.idle_since or 0.0):
-                best = c
-        return best
+            if c.idle_since is not None:
+                if best is None or c.idle_since < (best.idle_since or 0.0):
+                    best = c
+            elif (
+                c._body_pending
+                and c._body_at < cutoff
+                and (stalled is None or c._body_at < stalled._body_at)
+            ):
+                stalled = c
+        return best if best is not None else stalled

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 import socket
 import time
 from collections.abc import Iterator
@@ -124,6 +125,109 @@ def test_an_oversized_request_head_is_refused_431(bounded_root: Root) -> None:
         assert got.startswith(b"HTTP/1.1 431"), got[:80]
     finally:
         s.close()
+
+
+def _reply(s: socket.socket, within_s: float = 10.0) -> bytes:
+    """Everything `s` receives until the root closes it."""
+    s.settimeout(within_s)
+    got = b""
+    with contextlib.suppress(OSError):
+        while chunk := s.recv(65536):
+            got += chunk
+    return got
+
+
+@pytest.mark.parametrize("size", [70 << 10, 100 << 10, 1 << 20])
+def test_an_oversized_head_in_one_segment_is_refused_431(bounded_root: Root, size: int) -> None:
+    """A head that arrives whole in one write was parsed and served (200): only heads
+    arriving in pieces were counted."""
+    (s,) = _connect_many(bounded_root.url, 1)
+    with s:
+        s.sendall(b"GET /healthz HTTP/1.1\r\nx-big: " + b"a" * size + b"\r\n\r\n")
+        got = _reply(s)
+    assert got.startswith(b"HTTP/1.1 431"), got[:80]
+    # a large but allowed head is still served
+    (s,) = _connect_many(bounded_root.url, 1)
+    with s:
+        s.sendall(
+            b"GET /healthz HTTP/1.1\r\nConnection: close\r\nx-ok: " + b"a" * 30_000 + b"\r\n\r\n"
+        )
+        assert _reply(s).startswith(b"HTTP/1.1 200")
+
+
+def test_a_malformed_request_behind_a_put_does_not_hide_its_answer(bounded_root: Root) -> None:
+    """A PUT and a malformed request in one segment: uvicorn answered only 400 and closed,
+    while the PUT was committed; the client, told its write failed, was lied to."""
+    name, tok = bounded_root.producer()
+    for i, garbage in enumerate((b"GARBAGE\r\n\r\n", b"GET / HTTP/1.1\r\nBad Header\r\n\r\n")):
+        (s,) = _connect_many(bounded_root.url, 1)
+        with s:
+            put = (
+                f"PUT /v1/kv/{name}/p{i} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {tok}\r\n"
+                "Content-Length: 5\r\n\r\nhello"
+            )
+            s.sendall(put.encode() + garbage)
+            got = _reply(s)
+        statuses = re.findall(rb"HTTP/1\.1 (\d{3}) ", got)
+        assert statuses == [b"200", b"400"], got[:600]
+        assert bounded_root.client(tok).get(f"/v1/kv/{name}/p{i}").content == b"hello"
+
+
+def test_a_pipelined_head_behind_a_stream_is_bounded(bounded_root: Root) -> None:
+    """During an answer still being sent (a watch stream), a second request head streamed
+    without end was buffered without bound (200 MiB: +224 MB RSS): it is refused at the
+    head bound."""
+    name, tok = bounded_root.producer()
+    (s,) = _connect_many(bounded_root.url, 1)
+    with s:
+        s.sendall(
+            f"GET /v1/watch?prefix={name}/ HTTP/1.1\r\nHost: x\r\n"
+            f"Authorization: Bearer {tok}\r\n\r\n".encode()
+        )
+        time.sleep(0.5)  # the stream is open
+        s.sendall(b"GET /healthz HTTP/1.1\r\nx-big: ")
+        sent = 0
+        closed = False
+        with contextlib.suppress(OSError):
+            while sent < (8 << 20):  # the bound is 64 KiB: well before 8 MiB
+                s.sendall(b"a" * 65536)
+                sent += 65536
+        closed = sent < (8 << 20) or _closed_by_peer(s, 10)
+        assert closed, f"still open after {sent} bytes of one head"
+    assert (
+        _metric(bounded_root, "mercury_http_connections_closed_total", reason="header_too_large")
+        >= 1
+    )
+
+
+def test_dribbled_bodies_at_the_cap_do_not_lock_out_a_producer(
+    tmp_path: Path, procs: Procs
+) -> None:
+    """Every connection held by a PUT whose body arrives a byte every few seconds (the
+    408 comes only after a 30 s gap): a producer got resets for as long as it lasted.
+    At the cap the body stalled longest is evicted instead."""
+    root = make_root(procs, tmp_path / "data", "--http-max-connections", "10")
+    try:
+        name, tok = root.producer()
+        held = _connect_many(root.url, 10)
+        try:
+            for i, h in enumerate(held):
+                h.sendall(
+                    f"PUT /v1/kv/{name}/slow{i} HTTP/1.1\r\nHost: x\r\n"
+                    f"Authorization: Bearer {tok}\r\nContent-Length: 100\r\n\r\nx".encode()
+                )
+            time.sleep(6.5)  # past the stall bound (5 s) with nothing more sent
+            for h in held[:2]:  # two keep dribbling: they are not the stalled longest
+                h.sendall(b"x")
+            r = root.client(tok).put(f"/v1/kv/{name}/good", content=b"v")
+            assert r.status_code == 200, r.text
+        finally:
+            for h in held:
+                h.close()
+        assert _metric(root, "mercury_http_connections_closed_total", reason="evicted") >= 1
+        assert root.client(tok).get(f"/v1/kv/{name}/slow0").status_code == 404
+    finally:
+        root.close_clients()
 
 
 def test_a_stalled_body_is_answered_408() -> None:
