@@ -530,8 +530,6 @@ class Batcher:
         dt = time.perf_counter() - t0
         metrics.BATCH_COMMIT.observe(dt)
         metrics.BATCH_OPS.observe(len(applied))
-        if out.last_seq:
-            metrics.LOG_LAST_SEQ.set(out.last_seq)
         # What the ack gate waits for (a batch of duplicates only writes no record: its
         # answers still rest on the state up to the current head).
         self._committed_seq = out.last_seq or self.store.last_seq()

@@ -65,6 +65,9 @@ class Gateway:
         self.batcher.series = self.series
         usage_metrics.bind(lambda: self.usage)
         self.storage = StorageQuota(store)
+        # Read from the store at each scrape: set by the batcher it read 0 after a restart
+        # until the first batch, and missed what is committed beside it (the ACL, purges).
+        metrics.LOG_LAST_SEQ.set_function(store.last_seq)
         self.idempotency = Idempotency(store, settings.idempotency_ttl_s)
         self._gc_task: asyncio.Task[None] | None = None
         #: Each producer's submitted writes not yet committed (or refused): `settled`.
