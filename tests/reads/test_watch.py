@@ -270,8 +270,8 @@ def test_a_from_seq_ahead_of_the_node_gets_heartbeats_while_it_waits(cluster: Cl
     s = Stream(cluster.read_url, "w/", from_seq=ahead)
     try:
         assert s.status == 200
-        lines = s.read_until(lambda ls: len(ls) >= 2, timeout=20)  # two 5 s heartbeats
-        assert lines[:2] == [{"heartbeat": True, "seq": ahead - 1}] * 2, lines
+        lines = s.read_until(lambda ls: len(ls) >= 1, timeout=20)  # a 5 s heartbeat
+        assert lines[:1] == [{"heartbeat": True, "seq": ahead - 1}], lines
     finally:
         s.close()
 
