@@ -207,9 +207,9 @@ class Gateway:
             # hold): a producer being purged writes nothing more, whatever it came through
             # (a token, or the KT/memcached write listeners, which hold none) — the purge
             # relies on it (`settled`). No await from here to the submit.
-            if p.name in self._fenced:
+            if p.name in self._fenced or p.name not in self.acl.producers:
                 raise AuthError(
-                    f"producer {p.name!r} is being removed: its writes are refused",
+                    f"producer {p.name!r} is being removed or was: its writes are refused",
                     producer=p.name,
                 )
 

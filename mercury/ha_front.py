@@ -97,7 +97,11 @@ class Front:
             self._conns.add(task)
         try:
             if len(self._conns) > MAX_CONNECTIONS:
-                await self._refuse(writer, reader, 503, "too many connections", retry=True)
+                # Answered and closed at once: lingering here would let a flood hold
+                # sockets past the cap (no request was read, so there is little to reset).
+                await self._refuse(
+                    writer, reader, 503, "too many connections", retry=True, linger=False
+                )
                 return
             try:
                 async with asyncio.timeout(HEAD_TIMEOUT_S):
@@ -144,6 +148,7 @@ class Front:
         detail: str,
         *,
         retry: bool = False,
+        linger: bool = True,
     ) -> None:
         """Answer a request this front will not serve with a problem+json and close (after
         lingering: the request's unread bytes must not reset the answer away)."""
@@ -157,7 +162,8 @@ class Front:
         )
         async with asyncio.timeout(HEAD_TIMEOUT_S):
             await writer.drain()
-        await _linger(reader, writer)
+        if linger:
+            await _linger(reader, writer)
 
     def answer(self, method: str, target: str) -> bytes:
         """The whole HTTP response to `method target`."""

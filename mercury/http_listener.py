@@ -178,6 +178,7 @@ class _BoundedProtocol(HttpToolsProtocol):
             return  # a malformed request was read: nothing after it is a request
         waits = self._waits
         waiting = self.idle_since is not None and not self._body_pending
+        in_head = self._in_head  # a head already begun: this segment continues it
         if self._body_pending:
             self._body_at = time.monotonic()
         super().data_received(data)
@@ -189,9 +190,10 @@ class _BoundedProtocol(HttpToolsProtocol):
             self._head_bytes += len(data)
             if self._head_bytes > self.limits.max_header_bytes:
                 self._too_large()
-        elif not waiting and self._in_head:
+        elif not waiting and in_head and self._in_head:
             # a head that began while another request is answered (a watch stream): no
-            # wait counts it, so its bytes do
+            # wait counts it, so its bytes do (from the segment after the one it began
+            # in, which may also hold the end of a body: at most one segment uncounted)
             self._ahead_bytes += len(data)
             if self._ahead_bytes > self.limits.max_header_bytes:
                 self._too_large()
@@ -248,7 +250,9 @@ class _BoundedProtocol(HttpToolsProtocol):
         super().on_response_complete()
         if self.transport.is_closing():
             return
-        if self._deferred is not None and not self.pipeline:
+        if self._deferred is not None and not pipelined:
+            # the last request before the malformed one is answered (with one pipelined,
+            # super() has just started it: its answer comes first)
             self.transport.write(self._deferred)
             self.close_now()
             return

@@ -159,6 +159,17 @@ def test_a_malformed_request_behind_a_put_does_not_hide_its_answer(bounded_root:
     """A PUT and a malformed request in one segment: uvicorn answered only 400 and closed,
     while the PUT was committed; the client, told its write failed, was lied to."""
     name, tok = bounded_root.producer()
+    auth = f"Authorization: Bearer {tok}\r\n"
+    # pipelined: a PUT and a GET before the garbage; each answer comes, then the 400
+    (s,) = _connect_many(bounded_root.url, 1)
+    with s:
+        two = (
+            f"PUT /v1/kv/{name}/q HTTP/1.1\r\nHost: x\r\n{auth}Content-Length: 2\r\n\r\nhi"
+            f"GET /v1/kv/{name}/q HTTP/1.1\r\nHost: x\r\n{auth}\r\n"
+        )
+        s.sendall(two.encode() + b"GARBAGE\r\n\r\n")
+        got = _reply(s)
+    assert re.findall(rb"HTTP/1\.1 (\d{3}) ", got) == [b"200", b"200", b"400"], got[:900]
     for i, garbage in enumerate((b"GARBAGE\r\n\r\n", b"GET / HTTP/1.1\r\nBad Header\r\n\r\n")):
         (s,) = _connect_many(bounded_root.url, 1)
         with s:

@@ -314,6 +314,33 @@ def test_a_write_whose_body_outlasts_the_revocation_is_refused_not_left_behind_a
     root.start()
 
 
+def test_a_write_held_by_its_quota_through_a_whole_purge_is_refused(root: Root) -> None:
+    """A PUT held by its rate quota while the purge runs and removes the producer: when
+    the hold ended the fence was already lifted, and the write went in under a producer
+    that no longer exists."""
+    name, tok = root.producer(quota={"ops_per_s": 0.5, "burst": 1, "max_delay_ms": 5000})
+    c = root.client(tok)
+    assert c.put(f"/v1/kv/{name}/a", content=b"v").status_code == 200  # the burst spent
+    held: list[httpx.Response] = []
+
+    def put_held() -> None:
+        with httpx.Client(base_url=root.url, timeout=30) as w:
+            auth = {"Authorization": f"Bearer {tok}"}
+            held.append(w.put(f"/v1/kv/{name}/b", content=b"v", headers=auth))
+
+    t = threading.Thread(target=put_held)
+    t.start()
+    time.sleep(0.5)  # admitted, held ~2 s for its token
+    r = root.admin().delete(f"/v1/admin/producers/{name}", params={"purge": "true"})
+    assert r.status_code == 200 and r.json()["purged"] == 1, r.text
+    t.join(30)
+    assert held and held[0].status_code == 401, held
+    root.procs.terminate(root.proc)
+    with Store.open(str(root.data_dir), readonly=True) as st, st.reader() as rd:
+        assert list(rd.scan(prefix=f"{name}/".encode(), keys_only=True)) == []
+    root.start()
+
+
 def test_a_replica_gets_the_acl_document_by_bootstrap_and_by_the_log(root: Root) -> None:
     a = root.admin()
     name, tok = root.producer()

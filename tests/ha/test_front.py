@@ -104,6 +104,16 @@ def test_refusals_are_answered_and_large_bodies_do_not_reset_the_307(
     t.start()
     try:
         assert started.wait(10)
+        # over the connection cap (first: no earlier exchange still lingers): a 503 to
+        # retry, not a bare close
+        held = [socket.create_connection(("127.0.0.1", port), 10) for _ in range(2)]
+        try:
+            time.sleep(0.3)
+            reply = _exchange(port, b"GET /v1/status HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert reply.startswith(b"HTTP/1.1 503") and b"Retry-After: 1" in reply, reply[:300]
+        finally:
+            for h in held:
+                h.close()
         # a value of 3 MiB: the 307 arrives whole, not a reset
         body = b"x" * (3 << 20)
         head = f"PUT /v1/kv/a/b HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n\r\n"
@@ -115,15 +125,6 @@ def test_refusals_are_answered_and_large_bodies_do_not_reset_the_307(
         assert reply.startswith(b"HTTP/1.1 400") and b"Location" not in reply, reply[:300]
         reply = _exchange(port, b"GARBAGE\r\n\r\n")
         assert reply.startswith(b"HTTP/1.1 400"), reply[:200]
-        # over the connection cap: a 503 to retry, not a bare close
-        held = [socket.create_connection(("127.0.0.1", port), 10) for _ in range(2)]
-        try:
-            time.sleep(0.3)
-            reply = _exchange(port, b"GET /v1/status HTTP/1.1\r\nHost: x\r\n\r\n")
-            assert reply.startswith(b"HTTP/1.1 503") and b"Retry-After: 1" in reply, reply[:300]
-        finally:
-            for h in held:
-                h.close()
         for size in (20 << 10, 100 << 10):  # past the limit; past the stream's buffer too
             big = b"GET /x HTTP/1.1\r\nX-Pad: " + b"p" * size + b"\r\n\r\n"
             reply = _exchange(port, big)
