@@ -18,8 +18,13 @@ Contract:
   whose hash (or boundaries) differ from our own log's; the error names both hashes and
   the way out (re-bootstrap) — or when a root heartbeat reports a head below our seq long
   after the root committed our last record (the root lost history and has not reached our
-  seq again yet). `failed` when a record holds entries no store accepts
-  (`InvalidRecordError`).
+  seq again yet), or when a head-aware root heartbeat (`frames.OPT_HEADS`) names a hash
+  head at a seq this replica holds that is not its own there (`replicator/divergence.py`:
+  a restored root that reached exactly this replica's seq again with other writes), or
+  when its source refuses it as diverged (`frames.REFUSE_DIVERGED`) naming a point of the
+  abandoned history that this replica holds too. A diverged replica's `ReplicationFailed`
+  carries such a point (`abandoned`) for its own source to refuse downstream replicas with.
+  `failed` when a record holds entries no store accepts (`InvalidRecordError`).
 - Ordered sources with a staleness rule (no new record nor new root heartbeat for
   `staleness` seconds: move to the next source) and bounded backoff (`selection.py`).
 - `BootstrapNeededError` (source lost the history) ends `run()`: the caller bootstraps.
@@ -54,6 +59,7 @@ from core.errors import (
 from core.tasks import cancelling
 from core.tlsconf import TlsContexts
 from replicator import frames, upstream, wire
+from replicator.divergence import Point, RecentPoints, heartbeat_shows_divergence, holds
 from replicator.heartbeat import RelayedHeartbeat
 from replicator.selection import Selector
 from replicator.status import StatusBoard
@@ -81,7 +87,15 @@ READ_LIMIT = 16 << 20
 
 
 class ReplicationFailed(Exception):
-    """Replication cannot continue without an operator (diverged history, invalid record)."""
+    """Replication cannot continue without an operator (diverged history, invalid record).
+
+    `abandoned`: for a diverged history, (seq, hash head) of a point of it this node holds
+    (its source refuses replicas with it: `ReplicationSource.stop_as_diverged`); else None.
+    """
+
+    def __init__(self, message: str, *, abandoned: tuple[int, bytes] | None = None) -> None:
+        super().__init__(message)
+        self.abandoned = abandoned
 
 
 #: What the operator does about a diverged replica (also in docs/operations.md).
@@ -168,6 +182,14 @@ class ReplicaClient:
         seq, _ = store.head()
         self.applied = seq
         self._applied_us = 0
+        #: Points of the records applied lately, for heartbeat heads (`divergence.py`).
+        self._points = RecentPoints()
+        #: A point of this node's history shown abandoned, once one is (see `run`).
+        self.abandoned: tuple[int, bytes] | None = None
+        #: The source of the current session ("host:port"), for messages.
+        self._source = ""
+        #: The heartbeat seq last looked up in the log (at most one read per seq).
+        self._looked_up = -1
         #: The session's frame reader once the stream started (None between sessions).
         self._frames: wire.FrameReader | None = None
         board.update(applied_seq=seq)
@@ -223,7 +245,10 @@ class ReplicaClient:
         except (DivergedError, ChainError) as err:
             log.error("replication stopped: %s", err)
             self.board.update(state="diverged", error=str(err))
-            raise ReplicationFailed(str(err)) from err
+            # The head is on the abandoned history whatever showed it (a lower point, when
+            # one is known, also catches replicas further behind).
+            abandoned = self.abandoned or self.store.head()
+            raise ReplicationFailed(str(err), abandoned=abandoned) from err
         except InvalidRecordError as err:
             log.error("replication stopped: %s", err)
             self.board.count_error("invalid_record", str(err))
@@ -247,7 +272,8 @@ class ReplicaClient:
         )
 
     async def _session(self, host: str, port: int) -> None:
-        self.board.update(state="connecting", source=f"{host}:{port}")
+        self._source = f"{host}:{port}"
+        self.board.update(state="connecting", source=self._source)
         self.applied = self.store.last_seq()
         self._applied_us = self._commit_time_us(self.applied)
         # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancellation that
@@ -255,12 +281,13 @@ class ReplicaClient:
         async with asyncio.timeout(CONNECT_TIMEOUT):
             reader, writer = await open_source(host, port, self.tls, limit=READ_LIMIT)
         try:
-            opts = frames.OPT_TERM | (frames.OPT_UPSTREAM if self.outbox is not None else 0)
+            opts = frames.OPT_TERM | frames.OPT_HEADS
+            opts |= frames.OPT_UPSTREAM if self.outbox is not None else 0
             await wire.send(writer, self._hello(opts))
             async with asyncio.timeout(CONNECT_TIMEOUT):
                 ftype, flags, body = await upstream.read_welcome(reader)
             if ftype == frames.REFUSE:
-                raise refusal_error(frames.decode_refuse(body))
+                raise self._refusal(frames.decode_refuse(body))
             if ftype != frames.WELCOME:
                 raise ProtocolError(f"expected WELCOME, got frame type {ftype}")
             welcome = frames.decode_welcome(body)
@@ -405,6 +432,7 @@ class ReplicaClient:
     def _applied(self, rec: LogRecord) -> None:
         self.applied = rec.last_seq
         self._applied_us = rec.time_us
+        self._points.add(Point(rec.last_seq, rec.hash_head, rec.time_us))
         st = self.board.status
         self.board.update(applied_seq=rec.last_seq, known_us=max(st.known_us, rec.time_us))
 
@@ -454,6 +482,7 @@ class ReplicaClient:
                 await applier.put(rec, crc_checked=reader.record_crc_ok)
             elif ftype == frames.HEARTBEAT:
                 hb = frames.decode_heartbeat(bytes(body))
+                self._check_head(hb)
                 self._check_not_rolled_back(hb)
                 if hb.sent_seq > received:
                     raise StreamGapError(
@@ -466,11 +495,75 @@ class ReplicaClient:
                     self.selector.progressed()
                 await applier.put(hb)
             elif ftype == frames.REFUSE:
-                raise refusal_error(frames.decode_refuse(bytes(body)))
+                raise self._refusal(frames.decode_refuse(bytes(body)))
             elif ftype == frames.END:
                 return
             else:
                 raise ProtocolError(f"unexpected frame type {ftype} in a stream")
+
+    def _own_point(self, seq: int) -> Point | None:
+        """This node's record holding `seq` (its end, head and commit time): remembered,
+        else its head when `seq` is its head seq, else read from the log (once per seq:
+        heartbeats repeat it); None when the log no longer holds it."""
+        point = self._points.get(seq)
+        if point is not None:
+            return point
+        head_seq, head = self.store.head()
+        if seq == head_seq:
+            return Point(seq, head, self._applied_us if seq == self.applied else 0)
+        if seq == self._looked_up:
+            return None
+        self._looked_up = seq
+        with contextlib.suppress(LogRetentionError):
+            recs = self.store.read_log(seq, max_records=1)
+            if recs and recs[0].first_seq <= seq <= recs[0].last_seq:
+                rec = recs[0]
+                return Point(rec.last_seq, rec.hash_head, rec.time_us)
+        return None
+
+    def _check_head(self, hb: frames.Heartbeat) -> None:
+        """Raise DivergedError when the root's hash head in `hb` (a head-aware heartbeat)
+        is not this replica's own at the root's seq (`divergence.py`). Only a seq this
+        replica has applied can be compared; a higher one is checked by the hash chain of
+        the records that bring it there."""
+        if hb.head is None or hb.seq <= 0 or hb.seq > self.applied:
+            return
+        own = self._own_point(hb.seq)
+        if own is None or not heartbeat_shows_divergence(hb.seq, hb.head, hb.time_us, own):
+            return
+        self.abandoned = (own.last_seq, own.head)
+        seq, head = self.store.head()
+        where = (
+            f"at seq {hb.seq}"
+            if own.last_seq == hb.seq
+            else f"in a record ending at seq {own.last_seq} (the root's ends at {hb.seq})"
+        )
+        raise diverged_error(
+            hb.seq,
+            f"hash head {own.head.hex()} {where} (its head: seq {seq}, hash head {head.hex()})",
+            f"hash head {hb.head.hex()} at seq {hb.seq} (the root's heartbeat)",
+        )
+
+    def _refusal(self, r: frames.Refuse) -> Exception:
+        """The error for a source's refusal: DivergedError when the source stopped as
+        diverged naming a point of its abandoned history that this replica holds too (it
+        followed that history, and no other source can continue it); else `refusal_error`
+        (a replica that does not hold the point may be behind where the histories part:
+        it tries its next source)."""
+        evidence = frames.diverged_evidence(r.message) if r.code == frames.REFUSE_DIVERGED else None
+        if evidence is None:
+            return refusal_error(r)
+        seq, head = evidence
+        if seq > self.store.last_seq() or not holds(self._own_point(seq), seq, head):
+            return refusal_error(r)
+        self.abandoned = evidence
+        return DivergedError(
+            f"diverged history at seq {seq}: this replica holds hash head {head.hex()} there, "
+            f"a history its source {self._source} stopped on as diverged (the root does not "
+            f"hold it): {r.message}",
+            seq=seq,
+            hint=REBOOTSTRAP_HINT,
+        )
 
     def _check_same_history(self, rec: LogRecord) -> None:
         """Raise DivergedError when `rec`, a record this replica already applied a version
@@ -488,6 +581,7 @@ class ReplicaClient:
             rec.num_entries,
             rec.hash_head,
         ):
+            self.abandoned = (mine.last_seq, mine.hash_head)
             raise diverged_error(rec.first_seq, _describe(mine), _describe(rec))
 
 

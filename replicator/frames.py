@@ -32,7 +32,8 @@ Bodies by type:
                   bit 1 = upstream-capable (this client may send UPSTREAM frames);
                   bit 2 = a root candidate's standby (a leader streams it records that
                   its standbys have not confirmed yet; other replicas wait for them);
-                  bit 3 = term-aware (the client wants the source's term in WELCOME)
+                  bit 3 = term-aware (the client wants the source's term in WELCOME);
+                  bit 4 = head-aware (the client wants hash heads in HEARTBEAT frames)
       4   16  client id (random per process; equal to the source's id = itself)
       20  16  db id (all zero = unknown, allowed only with mode 2)
       36  8   last applied seq (the stream starts at last + 1)
@@ -53,7 +54,10 @@ Bodies by type:
   ignores the option and sends 54 bytes, and an older client never asks.
 - ``REFUSE`` (3), 2 + n bytes: refusal code (u16), UTF-8 message. Codes: 1 db id
   mismatch, 2 replicating from itself, 3 history no longer retained (bootstrap needed),
-  4 unsupported protocol or request, 5 source not ready. The source closes after it.
+  4 unsupported protocol or request, 5 source not ready, 6 the source stopped as diverged
+  (it holds a history its own source abandoned; see `diverged_refusal`). The source closes
+  after it. An older client treats a code it does not know as a plain refusal (next source,
+  backoff), so new codes need no negotiation.
 - ``RECORD`` (4): one log record exactly as stored — the 62-byte header of
   `store/format.py` then the compressed payload. Records follow in seq order, each starting
   right after the previous one's last seq.
@@ -62,7 +66,12 @@ Bodies by type:
   connection before the frame (u64). The first three are made by the root's source and
   relayed unchanged by every replica's source, so lag stays relative to the root at any
   depth; the last lets the replica detect a lost record at once (it holds less than was
-  sent) instead of waiting for the next record.
+  sent) instead of waiting for the next record. Answering a head-aware HELLO (option bit
+  4), the body is 60 bytes: the 28 above, then the root's hash head at the root seq (32;
+  all zero = not known, e.g. relayed from an older source), made and relayed with the
+  root's seq, so a replica holding that seq compares it with its own head there and stops
+  as diverged when they differ. An older source ignores the option and sends 28 bytes; an
+  older client never asks (its decoder, and its header bound, would reject 60).
 - ``SNAPSHOT`` (6), 104 bytes: snapshot seq (u64), hash head (32), db id (16), size (u64),
   SHA-256 (32), offset where the data starts (u64). Right after this frame, the raw bytes
   [offset, size) of the snapshot file follow UNFRAMED (sendfile; verified by SHA-256 of the
@@ -78,6 +87,7 @@ Bodies by type:
 
 from __future__ import annotations
 
+import re
 import struct
 import zlib
 from typing import NamedTuple
@@ -107,6 +117,7 @@ OPT_NEWEST_ONLY = 0x01
 OPT_UPSTREAM = 0x02
 OPT_STANDBY = 0x04
 OPT_TERM = 0x08
+OPT_HEADS = 0x10
 #: WELCOME header flag: the source reads UPSTREAM frames on this connection.
 WELCOME_UPSTREAM = 0x01
 #: Largest UPSTREAM payload: senders split bigger summaries into several frames.
@@ -117,6 +128,7 @@ REFUSE_SELF = 2
 REFUSE_BOOTSTRAP = 3
 REFUSE_PROTOCOL = 4
 REFUSE_NOT_READY = 5
+REFUSE_DIVERGED = 6
 
 ZERO_ID = b"\x00" * 16
 ZERO_SHA = b"\x00" * 32
@@ -125,6 +137,7 @@ _HELLO = struct.Struct("<HBB16s16sQQQ32s")
 _WELCOME = struct.Struct("<H16s16sQQI")
 _REFUSE = struct.Struct("<H")
 _HEARTBEAT = struct.Struct("<QQIQ")
+_HEAD = struct.Struct("32s")
 _SNAPSHOT = struct.Struct("<Q32s16sQ32sQ")
 _U32 = struct.Struct("<I")
 _U64 = struct.Struct("<Q")
@@ -136,7 +149,7 @@ MAX_BODY_OF: dict[int, int] = {
     WELCOME: _WELCOME.size + _U64.size,
     REFUSE: _REFUSE.size + MAX_REFUSE_MESSAGE,
     RECORD: MAX_BODY,
-    HEARTBEAT: _HEARTBEAT.size,
+    HEARTBEAT: _HEARTBEAT.size + _HEAD.size,
     SNAPSHOT: _SNAPSHOT.size,
     WAIT: _U32.size,
     END: _U64.size,
@@ -185,12 +198,15 @@ class Refuse(NamedTuple):
 
 
 class Heartbeat(NamedTuple):
-    """The root's clock and seq at one moment (+ what the sending source sent so far)."""
+    """The root's clock, seq and hash head at one moment (+ what the sending source sent so
+    far)."""
 
     time_us: int
     seq: int
     interval_ms: int
     sent_seq: int = 0
+    #: The root's hash head at `seq`; None when not known (a 28-byte heartbeat).
+    head: bytes | None = None
 
 
 class SnapshotOffer(NamedTuple):
@@ -285,21 +301,50 @@ def decode_refuse(body: bytes) -> Refuse:
     return Refuse(_REFUSE.unpack_from(body)[0], body[2:].decode("utf-8", "replace"))
 
 
+#: How a `REFUSE_DIVERGED` message begins: the evidence, then why in words.
+_DIVERGED = re.compile(r"abandoned history at seq (\d{1,20}) with hash head ([0-9a-f]{64}): ")
+
+
+def diverged_refusal(seq: int, head: bytes, why: str) -> str:
+    """The message of a `REFUSE_DIVERGED`: the source's hash head at `seq`, a point of the
+    history its own source abandoned (a node holding the same head at that seq holds that
+    history too), then `why` (cut to fit `MAX_REFUSE_MESSAGE`). Plain text, so an older
+    client logs it as it is."""
+    text = f"abandoned history at seq {seq} with hash head {head.hex()}: {why}"
+    return text.encode()[:MAX_REFUSE_MESSAGE].decode("utf-8", "ignore")
+
+
+def diverged_evidence(message: str) -> tuple[int, bytes] | None:
+    """(seq, hash head) of a `diverged_refusal` message; None when it has none."""
+    m = _DIVERGED.match(message)
+    if m is None:
+        return None
+    return int(m.group(1)), bytes.fromhex(m.group(2))
+
+
 def encode_record(header: bytes, payload: bytes) -> bytes:
     """RECORD frame holding one stored log record (header ++ payload)."""
     return encode_frame(RECORD, header + payload)
 
 
-def encode_heartbeat(hb: Heartbeat) -> bytes:
-    """HEARTBEAT frame."""
-    return encode_frame(HEARTBEAT, _HEARTBEAT.pack(*hb))
+def encode_heartbeat(hb: Heartbeat, with_head: bool = False) -> bytes:
+    """HEARTBEAT frame; 60 bytes with the head (all zero when `hb` has none) when
+    `with_head` — only for a client that asked (`OPT_HEADS`): an older one rejects them."""
+    body = _HEARTBEAT.pack(*hb[:4])
+    if with_head:
+        body += _HEAD.pack(hb.head or ZERO_SHA)
+    return encode_frame(HEARTBEAT, body)
 
 
 def decode_heartbeat(body: bytes) -> Heartbeat:
-    """Decode a HEARTBEAT body; ValueError when malformed."""
-    if len(body) != _HEARTBEAT.size:
-        raise ValueError("malformed HEARTBEAT")
-    return Heartbeat(*_HEARTBEAT.unpack(body))
+    """Decode a HEARTBEAT body, with or without the head; ValueError when malformed."""
+    if len(body) == _HEARTBEAT.size:
+        return Heartbeat(*_HEARTBEAT.unpack(body))
+    if len(body) == _HEARTBEAT.size + _HEAD.size:
+        (head,) = _HEAD.unpack_from(body, _HEARTBEAT.size)
+        time_us, seq, interval_ms, sent_seq = _HEARTBEAT.unpack_from(body)
+        return Heartbeat(time_us, seq, interval_ms, sent_seq, None if head == ZERO_SHA else head)
+    raise ValueError("malformed HEARTBEAT")
 
 
 def encode_snapshot(offer: SnapshotOffer) -> bytes:

@@ -33,13 +33,17 @@ def decide(
     db_id: bytes,
     first_retained: int,
     closing: bool = False,
+    diverged: str | None = None,
 ) -> Refusal | None:
     """Accept `hello` (None) or say why not.
 
     Order matters: a protocol or mode the source does not speak is refused first, then a
-    source shutting down, then replicating from itself (client id = this source's id), then
-    a db id mismatch (an all-zero db id is allowed only to fetch a snapshot: an empty
-    replica does not know it yet), then missing history (stream mode, not newest-only).
+    source shutting down, then a source whose own replication stopped as diverged
+    (`diverged`: the `frames.diverged_refusal` message; it must not hand the history its
+    source abandoned to anyone, stream or snapshot), then replicating from itself (client
+    id = this source's id), then a db id mismatch (an all-zero db id is allowed only to
+    fetch a snapshot: an empty replica does not know it yet), then missing history (stream
+    mode, not newest-only).
     """
     if hello.version != frames.PROTOCOL_VERSION:
         return Refusal(frames.REFUSE_PROTOCOL, f"protocol version {hello.version} is not supported")
@@ -47,6 +51,8 @@ def decide(
         return Refusal(frames.REFUSE_PROTOCOL, f"unknown mode {hello.mode}")
     if closing:
         return Refusal(frames.REFUSE_NOT_READY, "source is shutting down")
+    if diverged is not None:
+        return Refusal(frames.REFUSE_DIVERGED, diverged)
     if hello.client_id == source_id:
         return Refusal(frames.REFUSE_SELF, "replicating from itself: the source is this very node")
     unknown_ok = hello.mode == frames.MODE_SNAPSHOT and hello.db_id == frames.ZERO_ID

@@ -1,8 +1,9 @@
 """Where a source's heartbeats come from: the root's clock, or the newest upstream one.
 
 Heartbeats never touch the store's log (a duplicate-only workload writes ~0 bytes): the
-root's source makes them from its clock and head seq; a replica's source relays the newest
-heartbeat its client received, unchanged, so lag stays relative to the root at any depth.
+root's source makes them from its clock, head seq and hash head; a replica's source relays
+the newest heartbeat its client received, unchanged, so lag stays relative to the root at any
+depth and a replica at any depth can compare its own hash head with the root's.
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ class HeartbeatSource(Protocol):
 
 
 class RootHeartbeat:
-    """The root's heartbeat: its wall clock and head seq at the moment of sending."""
+    """The root's heartbeat: its wall clock, head seq and hash head at the moment of
+    sending (seq and head read in one transaction)."""
 
     def __init__(self, store: Store, interval_ms: int = 1000) -> None:
         self._store = store
@@ -33,7 +35,8 @@ class RootHeartbeat:
 
     def current(self) -> Heartbeat:
         """A fresh heartbeat."""
-        return Heartbeat(time.time_ns() // 1000, self._store.last_seq(), self.interval_ms, 0)
+        seq, head = self._store.head()
+        return Heartbeat(time.time_ns() // 1000, seq, self.interval_ms, 0, head)
 
 
 class RelayedHeartbeat:

@@ -14,7 +14,12 @@ its replication worker). Contract:
   from that wake-up at once, with no log read of its own. Other log reads run in a worker
   thread so a long catch-up never blocks the loop (on the root it serves the gateway too).
 - Heartbeats: when nothing else is sent, one HEARTBEAT frame per interval from
-  `heartbeat.current()`; a newer relayed heartbeat is forwarded at once.
+  `heartbeat.current()`; a newer relayed heartbeat is forwarded at once. A head-aware
+  client (`frames.OPT_HEADS`) gets the root's hash head in each.
+- A node whose own replication stopped as diverged (`stop_as_diverged`) ends every stream
+  with a `REFUSE_DIVERGED` naming a point of its abandoned history and refuses every new
+  HELLO the same way: a replica below it holding that point stops as diverged too, and no
+  one bootstraps that history from it.
 - Bootstrap (`MODE_SNAPSHOT`): at most `max_bootstraps` transfers at a time (others get
   WAIT frames until their turn). A snapshot is made in one short read transaction by
   `store.snapshot.make_snapshot` and then sent from its file with sendfile — no read
@@ -165,6 +170,8 @@ class ReplicationSource:
         self._wake_listener: notify.WakeListener | None = None
         self._poll_task: asyncio.Task[None] | None = None
         self._closing = False
+        #: The `REFUSE_DIVERGED` message once this node stopped as diverged (None: serving).
+        self._diverged: str | None = None
 
     # --- lifecycle -------------------------------------------------------------------
 
@@ -200,6 +207,14 @@ class ReplicationSource:
         if self._server is not None:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self._server.wait_closed(), 2)
+
+    def stop_as_diverged(self, seq: int, head: bytes, why: str) -> None:
+        """This node's replication stopped as diverged, holding hash head `head` at `seq`
+        (a point of the abandoned history): from now on, end every stream and refuse every
+        HELLO with `REFUSE_DIVERGED` (on the loop)."""
+        self._diverged = frames.diverged_refusal(seq, head, why)
+        log.error("refusing replicas from now on: %s", self._diverged)
+        self.wake()
 
     def wake(self) -> None:
         """Wake every stream (on the loop): new log records or a newer heartbeat."""
@@ -438,6 +453,7 @@ class ReplicationSource:
             db_id=self._db_id,
             first_retained=first,
             closing=self._closing,
+            diverged=self._diverged,
         )
 
     async def _stream(self, hello: frames.Hello, writer: asyncio.StreamWriter) -> None:
@@ -451,9 +467,14 @@ class ReplicationSource:
         interval = self.heartbeat.interval_ms / 1000
         last_hb_at = 0.0
         last_hb: frames.Heartbeat | None = None
+        heads = bool(hello.options & frames.OPT_HEADS)
         try:
             while True:
                 ev.clear()
+                if self._diverged is not None:
+                    writer.write(frames.encode_refuse(frames.REFUSE_DIVERGED, self._diverged))
+                    await self._drain(writer)
+                    return
                 # What was committed last is at hand (`_Tail`); older records are read
                 # in a worker thread. A read that took everything the store held then
                 # waits for `ev`, set by any later commit (it was cleared before).
@@ -497,7 +518,7 @@ class ReplicationSource:
                     and (last_hb is None or hb.time_us > last_hb.time_us)
                 )
                 if hb is not None and (due or newer):
-                    writer.write(frames.encode_heartbeat(hb._replace(sent_seq=pos - 1)))
+                    writer.write(frames.encode_heartbeat(hb._replace(sent_seq=pos - 1), heads))
                     await self._drain(writer)
                     last_hb, last_hb_at = hb, now
                 if recs and more:
@@ -841,6 +862,7 @@ _REFUSAL_REASONS = {
     frames.REFUSE_BOOTSTRAP: "bootstrap",
     frames.REFUSE_PROTOCOL: "protocol",
     frames.REFUSE_NOT_READY: "not_ready",
+    frames.REFUSE_DIVERGED: "diverged",
 }
 
 #: OpenSSL's reasons for a server-side handshake failure, by what the peer did.

@@ -227,7 +227,12 @@ async def _run_locked(cfg: WorkerConfig, stop: asyncio.Event) -> int:
             return EXIT_REBOOTSTRAP
         except ReplicationFailed as err:
             log.error("replication stopped: %s", err)
-            # Keep serving downstream replicas and the parent's readers what we have.
+            if source is not None and err.abandoned is not None:
+                # A diverged history is not handed on: replicas below that hold it too
+                # learn it from the refusal and stop as diverged themselves.
+                source.stop_as_diverged(*err.abandoned, str(err))
+            # Keep serving the parent's readers what we have (and downstream replicas,
+            # unless diverged).
             await stop.wait()
         return EXIT_OK
     finally:

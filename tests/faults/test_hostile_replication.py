@@ -245,6 +245,52 @@ def test_replica_ahead_of_a_restored_root_is_diverged_before_the_root_catches_up
         assert status(r.http)["seq"] == 100
 
 
+def test_chain_below_a_root_restored_to_the_same_seq_stops_as_diverged_without_a_write(
+    tmp_path: Path, procs: Procs
+) -> None:
+    """root -> A -> B at seq 70; the root comes back from a copy at seq 30 and takes one
+    batch of 40 other keys: it is at seq 70 again with another history. No record ever
+    reaches A, so only the heads in the heartbeats can tell; A stops as diverged and
+    refuses B as such, and B (same seq, same head as A) stops as diverged too. No further
+    write to the root."""
+    live, old = tmp_path / "root", tmp_path / "root-old"
+    with root_node(str(live)) as root:
+        root.write(30, batch=10)
+        port = root.port
+    shutil.copytree(live, old)  # the "backup" the root is later restored from
+    with root_node(str(live), port=port, reopen=True) as root:
+        root.write(40, start=30, batch=10)
+        a = start_replica(procs, tmp_path / "a", [port], name="A")
+        b = start_replica(procs, tmp_path / "b", [a.repl], repl=False, name="B")
+        for r in (a, b):
+            wait_for(lambda r=r: status(r.http)["seq"] >= 70, 60, "replica at seq 70")
+    head = status(a.http)["hash_head"]
+    assert status(b.http)["hash_head"] == head
+    with root_node(str(old), port=port, reopen=True) as root:
+        root.write(40, start=30, batch=40, prefix="other")
+        assert root.store.head()[0] == 70 and root.store.head()[1].hex() != head
+        for r in (a, b):
+            wait_for(
+                lambda r=r: status(r.http)["replication_state"] == "diverged", 60, "diverged"
+            )
+        for r in (a, b):
+            st = status(r.http)
+            err = st["replication_error"]
+            assert "diverged history at seq 70" in err and head in err, err
+            assert "rm -r DATA_DIR" in err, err
+            assert _metric(r.http, "mercury_replication_diverged") == 1.0
+            assert st["seq"] == 70
+        assert root.store.head()[0] == 70  # nothing was written to get there
+        # Terminal on both, no flapping: B stays diverged and stops reconnecting to A.
+        errors = status(b.http)["replication_errors"]
+        time.sleep(2.0)
+        for r in (a, b):
+            assert status(r.http)["replication_state"] == "diverged"
+        assert status(b.http)["replication_errors"] == errors
+        got = httpx.get(f"http://127.0.0.1:{b.http}/v1/kv/k00000069", timeout=5)
+        assert got.status_code == 200  # reads keep being served
+
+
 class _ForgingSource:
     """A replication source on a real socket that answers any HELLO with a WELCOME and
     one well-formed RECORD (CRC and hash chain hold) whose key is `key`."""
