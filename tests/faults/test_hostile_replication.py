@@ -270,9 +270,7 @@ def test_chain_below_a_root_restored_to_the_same_seq_stops_as_diverged_without_a
         root.write(40, start=30, batch=40, prefix="other")
         assert root.store.head()[0] == 70 and root.store.head()[1].hex() != head
         for r in (a, b):
-            wait_for(
-                lambda r=r: status(r.http)["replication_state"] == "diverged", 60, "diverged"
-            )
+            wait_for(lambda r=r: status(r.http)["replication_state"] == "diverged", 60, "diverged")
         for r in (a, b):
             st = status(r.http)
             err = st["replication_error"]

@@ -119,3 +119,10 @@ def test_needs_bootstrap() -> None:
     assert not needs_bootstrap(True, 0, 1)
     assert needs_bootstrap(True, 10, 12)
     assert not needs_bootstrap(True, 11, 12)
+
+
+def test_a_diverged_source_refuses_streams_and_snapshots_naming_it() -> None:
+    msg = frames.diverged_refusal(7, b"\x01" * 32, "diverged")
+    for mode in (frames.MODE_STREAM, frames.MODE_SNAPSHOT):
+        got = decide(_hello(mode=mode), source_id=SRC, db_id=DB, first_retained=1, diverged=msg)
+        assert got is not None and got.code == frames.REFUSE_DIVERGED and got.message == msg

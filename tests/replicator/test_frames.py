@@ -128,3 +128,38 @@ def test_hello_round_trips_any_field_values(mode, options, cid, dbid, last, stop
 def test_heartbeat_round_trips_any_field_values(t, seq, interval, sent):
     hb = frames.Heartbeat(t, seq, interval, sent)
     assert frames.decode_heartbeat(frames.encode_heartbeat(hb)[frames.HEADER_SIZE :]) == hb
+
+
+@given(U64, U64, st.integers(0, 2**32 - 1), U64, st.binary(min_size=32, max_size=32))
+def test_heartbeat_with_a_head_round_trips_in_60_bytes(t, seq, interval, sent, head):
+    hb = frames.Heartbeat(t, seq, interval, sent, head)
+    body = frames.encode_heartbeat(hb, with_head=True)[frames.HEADER_SIZE :]
+    assert len(body) == 60 <= frames.MAX_BODY_OF[frames.HEARTBEAT]
+    want = hb if head != frames.ZERO_SHA else hb._replace(head=None)
+    assert frames.decode_heartbeat(body) == want
+
+
+def test_a_heartbeat_without_with_head_is_the_old_28_bytes_whatever_it_holds() -> None:
+    # A client that did not ask for heads (an older one) must get exactly the old frame.
+    hb = HEARTBEAT._replace(head=b"\x07" * 32)
+    assert frames.encode_heartbeat(hb) == (DATA / "repl_heartbeat.bin").read_bytes()
+    # Asked for, a head not known goes as all zero and decodes as None.
+    body = frames.encode_heartbeat(HEARTBEAT, with_head=True)[frames.HEADER_SIZE :]
+    assert body[28:] == frames.ZERO_SHA and frames.decode_heartbeat(body) == HEARTBEAT
+    for n in (0, 27, 29, 59, 61):
+        with pytest.raises(ValueError):
+            frames.decode_heartbeat(b"\x00" * n)
+
+
+@given(U64, st.binary(min_size=32, max_size=32), st.text(max_size=5000))
+def test_diverged_refusal_carries_its_evidence_and_fits_a_refuse(seq, head, why):
+    message = frames.diverged_refusal(seq, head, why)
+    assert len(message.encode()) <= frames.MAX_REFUSE_MESSAGE
+    assert frames.diverged_evidence(message) == (seq, head)
+    frame = frames.encode_refuse(frames.REFUSE_DIVERGED, message)
+    assert frames.decode_refuse(frame[frames.HEADER_SIZE :]).message == message
+
+
+def test_a_refusal_without_evidence_has_none() -> None:
+    assert frames.diverged_evidence("source is shutting down") is None
+    assert frames.diverged_evidence("abandoned history at seq 5 with hash head 00: x") is None

@@ -102,3 +102,32 @@ def test_kept_snapshot_is_deleted_once_expired(tmp_path: Path) -> None:
         # The next bootstrap simply makes a new one.
         path2, info2 = root.call(root.source._snapshot_for(info.sha256))
         assert Path(path2).exists() and info2.seq == info.seq
+
+
+async def _first_heartbeat(root: RootNode, options: int) -> bytes:
+    r, w = await asyncio.open_connection("127.0.0.1", root.port)
+    seq = root.store.last_seq()
+    db_id = uuid.UUID(root.store.db_id).bytes
+    hello = frames.Hello(
+        frames.PROTOCOL_VERSION, frames.MODE_STREAM, options, uuid.uuid4().bytes, db_id, seq,
+        0, 0, frames.ZERO_SHA,
+    )  # fmt: skip
+    w.write(frames.encode_hello(hello))
+    try:
+        while True:
+            ftype, body = await asyncio.wait_for(wire.read_frame(r), 3)
+            if ftype == frames.HEARTBEAT:
+                return body
+    finally:
+        w.close()
+
+
+def test_heartbeats_carry_the_root_head_only_to_a_client_that_asks(tmp_path: Path) -> None:
+    with root_node(str(tmp_path / "root")) as root:
+        root.write(30, batch=10)
+        seq, head = root.store.head()
+        old = asyncio.run(_first_heartbeat(root, 0))
+        assert len(old) == 28  # what a client from before the option decodes
+        new = asyncio.run(_first_heartbeat(root, frames.OPT_HEADS))
+        hb = frames.decode_heartbeat(new)
+        assert len(new) == 60 and (hb.seq, hb.head) == (seq, head)
