@@ -57,7 +57,8 @@ class _Refused(Collector):
             "mercury_repl_refused",
             "Connections a replication source closed without serving them, by reason "
             "(plaintext, no_certificate, untrusted_certificate, tls_failed, tls_timeout, "
-            "too_many, or the handshake refusal: db_id, self, bootstrap, protocol, not_ready)",
+            "too_many, or the handshake refusal: db_id, self, bootstrap, protocol, not_ready, "
+            "diverged)",
             labels=["reason"],
         )
         for reason, n in sorted(total.items()):

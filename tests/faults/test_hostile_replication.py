@@ -289,6 +289,32 @@ def test_chain_below_a_root_restored_to_the_same_seq_stops_as_diverged_without_a
         assert got.status_code == 200  # reads keep being served
 
 
+def test_replica_ahead_of_a_restored_root_with_other_writes_is_diverged_at_once(
+    tmp_path: Path, procs: Procs
+) -> None:
+    """The replica is at seq 70 (committed just now: the 60 s rollback margin has not
+    passed); the root comes back at seq 30 and takes 20 other keys, so it reports seq 50
+    with another head than the replica's at 50. No write brings it to 70 again."""
+    live, old = tmp_path / "root", tmp_path / "root-old"
+    with root_node(str(live)) as root:
+        root.write(30, batch=10)
+        port = root.port
+    shutil.copytree(live, old)
+    with root_node(str(live), port=port, reopen=True) as root:
+        root.write(40, start=30, batch=10)
+        r = start_replica(procs, tmp_path / "r1", [port], repl=False, name="r1")
+        wait_for(lambda: status(r.http)["seq"] >= 70, 60, "replica at seq 70")
+    replica_head = status(r.http)["hash_head"]
+    with root_node(str(old), port=port, reopen=True) as root:
+        root.write(20, start=30, batch=20, prefix="other")
+        wait_for(lambda: status(r.http)["replication_state"] == "diverged", 30, "diverged")
+        err = status(r.http)["replication_error"]
+        assert "diverged history at seq 50" in err and replica_head in err, err
+        assert "rm -r DATA_DIR" in err, err
+        assert _metric(r.http, "mercury_replication_diverged") == 1.0
+        assert status(r.http)["seq"] == 70
+
+
 class _ForgingSource:
     """A replication source on a real socket that answers any HELLO with a WELCOME and
     one well-formed RECORD (CRC and hash chain hold) whose key is `key`."""
