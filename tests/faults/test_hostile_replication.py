@@ -21,7 +21,7 @@ import snappy
 from replicator import frames
 from store import format as fmt
 from store.ops import SET, Op
-from tests.replicator.harness import root_node, status, wait_for
+from tests.replicator.harness import root_node, status, wait_for, wait_seq
 from tests.replicator.nodes import start_replica
 from tests.support import metrics
 from tests.support.procs import Procs, free_port, run_mercury, wait_http
@@ -245,6 +245,10 @@ def test_replica_ahead_of_a_restored_root_is_diverged_before_the_root_catches_up
         assert status(r.http)["seq"] == 100
 
 
+def _wait_state(http: int, state: str, timeout: float) -> None:
+    wait_for(lambda: status(http)["replication_state"] == state, timeout, f"state {state}")
+
+
 def test_chain_below_a_root_restored_to_the_same_seq_stops_as_diverged_without_a_write(
     tmp_path: Path, procs: Procs
 ) -> None:
@@ -263,14 +267,14 @@ def test_chain_below_a_root_restored_to_the_same_seq_stops_as_diverged_without_a
         a = start_replica(procs, tmp_path / "a", [port], name="A")
         b = start_replica(procs, tmp_path / "b", [a.repl], repl=False, name="B")
         for r in (a, b):
-            wait_for(lambda r=r: status(r.http)["seq"] >= 70, 60, "replica at seq 70")
+            wait_seq(r.http, 70)
     head = status(a.http)["hash_head"]
     assert status(b.http)["hash_head"] == head
     with root_node(str(old), port=port, reopen=True) as root:
         root.write(40, start=30, batch=40, prefix="other")
         assert root.store.head()[0] == 70 and root.store.head()[1].hex() != head
         for r in (a, b):
-            wait_for(lambda r=r: status(r.http)["replication_state"] == "diverged", 60, "diverged")
+            _wait_state(r.http, "diverged", 60)
         for r in (a, b):
             st = status(r.http)
             err = st["replication_error"]
