@@ -188,8 +188,9 @@ class ReplicaClient:
         self.abandoned: tuple[int, bytes] | None = None
         #: The source of the current session ("host:port"), for messages.
         self._source = ""
-        #: The heartbeat seq last looked up in the log (at most one read per seq).
-        self._looked_up = -1
+        #: The seq last looked up in the log and what was found (one read per seq:
+        #: heartbeats repeat it).
+        self._looked_up: tuple[int, Point | None] = (-1, None)
         #: The session's frame reader once the stream started (None between sessions).
         self._frames: wire.FrameReader | None = None
         board.update(applied_seq=seq)
@@ -511,15 +512,16 @@ class ReplicaClient:
         head_seq, head = self.store.head()
         if seq == head_seq:
             return Point(seq, head, self._applied_us if seq == self.applied else 0)
-        if seq == self._looked_up:
-            return None
-        self._looked_up = seq
+        if seq == self._looked_up[0]:
+            return self._looked_up[1]
+        found = None
         with contextlib.suppress(LogRetentionError):
             recs = self.store.read_log(seq, max_records=1)
             if recs and recs[0].first_seq <= seq <= recs[0].last_seq:
                 rec = recs[0]
-                return Point(rec.last_seq, rec.hash_head, rec.time_us)
-        return None
+                found = Point(rec.last_seq, rec.hash_head, rec.time_us)
+        self._looked_up = (seq, found)
+        return found
 
     def _check_head(self, hb: frames.Heartbeat) -> None:
         """Raise DivergedError when the root's hash head in `hb` (a head-aware heartbeat)
