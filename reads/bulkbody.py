@@ -16,6 +16,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from pydantic import BaseModel, Field
+
 from store.format import MAX_KEY
 
 #: Keys one get_bulk may name (`keys` and `keys_b64` together).
@@ -32,6 +34,16 @@ MAX_BULK_BODY = MAX_BULK_KEYS * MAX_KEY_JSON + (64 << 10)
 MAX_SEPARATORS = MAX_BULK_KEYS + 64
 #: A body that sends nothing for this long is answered 408 (as the gateway's body reader).
 BODY_IDLE_TIMEOUT_S = 30.0
+
+
+class GetBulkBody(BaseModel):
+    """`POST /v1/get_bulk` body: keys as text, and/or base64 keys for non-UTF-8 ones. The
+    read API and the read token middleware both decode it with this model (one parser: a
+    body the two read differently could pass the keyspace check naming other keys than
+    the ones the read API then serves)."""
+
+    keys: list[str] = Field(default_factory=list)
+    keys_b64: list[str] = Field(default_factory=list)
 
 
 class BodyRefused(Exception):

@@ -21,7 +21,7 @@ from urllib.parse import parse_qsl, quote
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
@@ -54,11 +54,7 @@ STREAM_CHUNK_BYTES = 4 << 20
 log = logging.getLogger(__name__)
 
 
-class GetBulkBody(BaseModel):
-    """`POST /v1/get_bulk` body: keys as text, and/or base64 keys for non-UTF-8 ones."""
-
-    keys: list[str] = Field(default_factory=list)
-    keys_b64: list[str] = Field(default_factory=list)
+GetBulkBody = bulkbody.GetBulkBody
 
 
 class ReadApp(FastAPI):
