@@ -22,6 +22,7 @@ from reads import kt_protocol as kt
 from reads import readstats, replystream
 from reads.metrics import READ_ERRORS, READ_SECONDS
 from reads.ranges import make_spec, read_page
+from reads.replystream import BULK_SLICE
 from reads.tcp import ListenerLimits, Run, TcpService, drain
 from store.format import MAX_KEY
 from store.reader import Reader
@@ -34,8 +35,6 @@ MAX_MATCH = 1_000_000
 MATCH_CHUNK = 10_000
 #: Bytes of values one get_bulk (RPC or binary) may answer; beyond it the call fails.
 MAX_BULK_BYTES = 256 << 20
-#: Keys of a binary get_bulk read per slice (one read transaction, then other clients).
-BULK_SLICE = 4096
 
 #: A KT client over the connection cap (KT itself just closes: this says why).
 BUSY = (

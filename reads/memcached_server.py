@@ -16,8 +16,8 @@ from collections.abc import Callable, Generator
 from core.errors import ReadProtocolError
 from reads import fastget, readstats, replystream
 from reads import memcached_protocol as mc
-from reads.kt_server import BULK_SLICE
 from reads.metrics import READ_ERRORS, READ_SECONDS
+from reads.replystream import BULK_SLICE
 from reads.tcp import ListenerLimits, Run, TcpService, drain
 from store.format import MAX_KEY
 from store.reader import Reader

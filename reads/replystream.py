@@ -37,6 +37,9 @@ from store.store import Store
 COLLECT_BYTES = 1 << 20
 #: A streamed reply is read and handed on in pieces of about this much (or one value).
 PIECE_BYTES = 256 << 10
+#: Keys a multi-key read (KT get_bulk, memcached multi-get) reads per slice: one read
+#: transaction, then the other connections of the loop go.
+BULK_SLICE = 4096
 
 K = TypeVar("K")  # a key as the protocol names it (memcached: bytes; KT: (db, key))
 H = TypeVar("H")  # a hit, as the protocol encodes it

@@ -1,5 +1,5 @@
 """A huge pipelined memcached multi-get does not hold the listener's other clients: each
-`get` line is read in slices of keys (`reads.kt_server.BULK_SLICE`), the loop serving the
+`get` line is read in slices of keys (`reads.replystream.BULK_SLICE`), the loop serving the
 other connections between slices, as KT's get_bulk is. A real `python -m reads.serve`,
 real sockets; the proof is by order (other clients answered while the multi-get is being
 answered), not by a latency threshold."""
@@ -11,7 +11,7 @@ import threading
 import time
 
 from reads import memcached_protocol as mc
-from reads.kt_server import BULK_SLICE
+from reads.replystream import BULK_SLICE
 from store.store import Store
 from tests.reads.conftest import StartReads, put
 
