@@ -259,11 +259,9 @@ class Gateway:
         """Return once every write of `producer` submitted so far has committed or failed.
         Under `fence` no new one is submitted, so a purge that waits for this has every
         write of the producer behind it."""
-        pending = self._pending.get(producer)
+        pending = self._pending.pop(producer, None)  # fenced: no new one joins it
         if pending:
             await asyncio.wait(list(pending))
-        if not self._pending.get(producer, True):
-            self._pending.pop(producer, None)
 
 
 def _retrieve(fut: asyncio.Future[Any]) -> None:
