@@ -6,7 +6,19 @@ STAMP := $(VENV)/.installed
 
 .PHONY: install build run test test-fast lint bench bench-deps browser-deps ha-deps clean
 
+# The store codec links libdeflate (CRC-32), zlib (CRC-32 combination) and libsodium
+# (BLAKE2b). Their headers are installed when missing and we are root (CI, containers);
+# otherwise the rule says what to install. Checked before the editable install, which
+# compiles the extensions itself.
+C_DEPS := libdeflate-dev libsodium-dev zlib1g-dev
+define need_c_deps
+	@dpkg -s $(C_DEPS) >/dev/null 2>&1 \
+	  || { [ "$$(id -u)" = 0 ] && apt-get update -qq && apt-get install -y -qq $(C_DEPS); } \
+	  || { echo "missing C headers: apt-get install $(C_DEPS)" >&2; exit 1; }
+endef
+
 $(STAMP): pyproject.toml setup.py
+	$(need_c_deps)
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q Cython setuptools wheel
@@ -17,15 +29,8 @@ install: $(STAMP)
 
 EXT_STAMP := build/.ext-built
 
-# The store codec links libdeflate (CRC-32), zlib (CRC-32 combination) and libsodium
-# (BLAKE2b). Their headers are installed when missing and we are root (CI, containers);
-# otherwise the rule says what to install.
-C_DEPS := libdeflate-dev libsodium-dev zlib1g-dev
-
 $(EXT_STAMP): store/_codec.pyx gateway/_jsonops.pyx reads/_fastget.pyx reads/_fastconn.pyx setup.py $(STAMP)
-	@dpkg -s $(C_DEPS) >/dev/null 2>&1 \
-	  || { [ "$$(id -u)" = 0 ] && apt-get update -qq && apt-get install -y -qq $(C_DEPS); } \
-	  || { echo "missing C headers: apt-get install $(C_DEPS)" >&2; exit 1; }
+	$(need_c_deps)
 	$(PY) setup.py -q build_ext --inplace 2>&1 | grep -vE "^(running|copying|Compiling)" || true
 	@ls store/_codec*.so gateway/_jsonops*.so reads/_fastget*.so >/dev/null
 	@mkdir -p build && touch $@
