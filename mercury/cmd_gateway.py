@@ -9,8 +9,9 @@ from typing import Any
 
 import httpx
 
+from core import http_bounds
 from core.errors import GatewayError
-from mercury import ha_flags, http_listener, retention_flags, tls
+from mercury import ha_flags, retention_flags, tls
 from reads.tcp import add_listener_flags
 
 
@@ -54,7 +55,7 @@ def register(sub: Any) -> None:
         "with --memcached-producer, sets store them so",
     )
     add_listener_flags(p)
-    http_listener.add_flags(p)
+    http_bounds.add_flags(p)
     p.add_argument(
         "--batch-window-ms", type=float, default=500.0, help="batch window (default 500)"
     )

@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from mercury import http_listener, retention_flags, tls
+from core import http_bounds
+from mercury import retention_flags, tls
 from reads.tcp import add_listener_flags
 
 
@@ -50,7 +51,7 @@ def register(sub: Any) -> None:
         help="memcached flags are each value's last 4 bytes (KT's memcached opts=f)",
     )
     add_listener_flags(p)
-    http_listener.add_flags(p)  # the read API's bounds, named and defaulted as the root's
+    http_bounds.add_flags(p)  # the read API's bounds, named and defaulted as the root's
     p.add_argument(
         "--read-workers",
         type=int,

@@ -28,8 +28,8 @@ from typing import Any
 
 import uvicorn
 
-from core import eventloop
-from mercury import http_listener, logsetup, tls
+from core import eventloop, http_bounds
+from mercury import logsetup, tls
 from mercury.settings import ReplicaConfig
 from reads import workermetrics, workers
 from replicator import sched
@@ -187,7 +187,7 @@ def _forward_hup(sup: WorkerSupervisor, pool: workers.ReaderPool | None) -> None
 
 
 async def _read_side(
-    config: ReplicaConfig, bounds: http_listener.HttpBounds, store: Store, index: int, n: int
+    config: ReplicaConfig, bounds: http_bounds.HttpBounds, store: Store, index: int, n: int
 ) -> tuple[Any, list[Any], uvicorn.Config, socket.socket]:
     """What every reader process serves: the read app, the KT/memcached listeners and the
     read counter (started), and the HTTP listener's config and socket (one of `n` sharing
@@ -227,21 +227,20 @@ async def _read_side(
         host=host,
         port=port,
         # Point gets answered in the protocol, everything else through ASGI (reads/fasthttp.py),
-        # under idle/header timeouts and a connection cap (mercury/http_listener.py); over
+        # under idle/header timeouts and a connection cap (core/http_bounds.py); over
         # HTTPS too (`_Server.startup` hands the same class to reads/tlsconn.py).
-        http=http_listener.protocol_class(bounds, fast_read_protocol(store, tokens)),
+        **http_bounds.uvicorn_options(bounds, fast_read_protocol(store, tokens)),
         access_log=False,
         log_level="warning",
         log_config=None,  # uvicorn's lines go through the JSON root handler too
         lifespan="off",
-        timeout_keep_alive=max(1, int(bounds.idle_timeout_s)),
         **tls.uvicorn_ssl(config.tls),  # type: ignore[arg-type]
     )
     return app, services, uv_config, workers.listen_socket(host, port, reuse_port=n > 1)
 
 
 async def _serve_reader(
-    config: ReplicaConfig, bounds: http_listener.HttpBounds, index: int, n: int
+    config: ReplicaConfig, bounds: http_bounds.HttpBounds, index: int, n: int
 ) -> int:
     """Reader `index` of `n` (`--read-workers`): the read side only, on the same ports as
     reader 0 (the replica process), until SIGTERM or until reader 0 is gone. The store is
@@ -285,7 +284,7 @@ async def _serve_reader(
 
 
 async def _serve(
-    config: ReplicaConfig, bounds: http_listener.HttpBounds | None = None, n: int = 1
+    config: ReplicaConfig, bounds: http_bounds.HttpBounds | None = None, n: int = 1
 ) -> int:
     from reads import watch
 
@@ -341,7 +340,7 @@ async def _serve(
         return 0
     store = Store.open(cfg.data_dir, readonly=True)
     app, services, uv_config, sock = await _read_side(
-        config, bounds or http_listener.HttpBounds(), store, 0, n
+        config, bounds or http_bounds.HttpBounds(), store, 0, n
     )
     server = _Server(uv_config)
     # uvicorn waits for every open response before stopping: watch streams must end.
@@ -433,7 +432,7 @@ def _move_aside(data_dir: str) -> None:
 def run_replica(args: argparse.Namespace) -> int:
     """Run the replica until SIGTERM/SIGINT."""
     config = ReplicaConfig.from_args(args)
-    bounds = http_listener.HttpBounds.from_args(args)
+    bounds = http_bounds.HttpBounds.from_args(args)
     n = max(1, int(getattr(args, "read_workers", 1)))
     index = workers.worker_index()
     if index > 0:

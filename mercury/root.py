@@ -16,13 +16,14 @@ from typing import Any
 
 import uvicorn
 
+from core import http_bounds
 from core.errors import ConfigError
 from core.service import Service
 from core.tlsconf import TlsContexts
 from gateway.app import create_app
 from gateway.fastpath import FastPath
 from gateway.read_tokens import GatewayReadTokens
-from mercury import gctune, http_listener, logsetup, tls
+from mercury import gctune, logsetup, tls
 from mercury.kt_root_writer import kt_writer_for
 from mercury.settings import RootConfig
 from mercury.unused_wiring import RootUnused
@@ -53,7 +54,7 @@ def run_root(args: argparse.Namespace) -> int:
         ha_leader.wait_for_go(args)
 
     cfg = RootConfig.from_args(args)
-    bounds = http_listener.HttpBounds.from_args(args)
+    bounds = http_bounds.HttpBounds.from_args(args)
     # The commit thread and the event loop share the GIL; with the default 5 ms switch
     # interval a busy loop (a producer flooding) stretches every commit by several 5 ms
     # waits, which delays every producer's acks. A shorter interval keeps commits short.
@@ -119,13 +120,12 @@ def run_root(args: argparse.Namespace) -> int:
             host=host,
             port=port,
             loop="uvloop",
-            # httptools under idle/header timeouts and a connection cap (http_listener)
-            http=http_listener.protocol_class(bounds),
+            # httptools under idle/header timeouts and a connection cap (core/http_bounds.py)
+            **http_bounds.uvicorn_options(bounds),
             access_log=False,
             log_level="warning",
             log_config=None,  # uvicorn's lines go through the JSON root handler too
             lifespan="on",
-            timeout_keep_alive=max(1, int(bounds.idle_timeout_s)),
             **tls.uvicorn_ssl(cfg.tls),  # type: ignore[arg-type]
         )
         if cfg.tls is not None:

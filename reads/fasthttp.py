@@ -115,7 +115,7 @@ class FastReadProtocol(HttpToolsProtocol):
 
     def request_answered(self) -> None:
         """After each answer of the shortcut: as uvicorn after an answer, an idle keep-alive
-        connection is closed. (A wrapper bounding the listener, `mercury/http_listener.py`,
+        connection is closed. (A wrapper bounding the listener, `core/http_bounds.py`,
         overrides this with its own deadline for the next request head.)"""
         if self._idle_timer is None:
             self._idle_timer = self.loop.call_later(self.timeout_keep_alive, self._idle_check)

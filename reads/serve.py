@@ -3,7 +3,8 @@
 A standalone read server (HTTP read API plus the optional KT and memcached listeners) over
 a store that another process writes — exactly a replica's situation, where the applier is
 one process and readers may be others. Tests and `bench/read_under_write.py` use it; the
-`mercury replica` command embeds the same app and services.
+`mercury replica` command embeds the same app and services, and its HTTP listener is
+bounded alike (`core/http_bounds.py`: the same ``--http-*`` flags and defaults).
 """
 
 from __future__ import annotations
@@ -18,8 +19,9 @@ from collections.abc import Sequence
 from typing import Any
 
 import uvicorn
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from core import eventloop
+from core import eventloop, http_bounds
 from core.addr import parse_hostport
 from reads import workermetrics, workers
 from reads.auth import AclTokenIndex, ReadAuth
@@ -38,6 +40,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--kt-listen", default=None, help="Kyoto Tycoon protocol listener H:P")
     p.add_argument("--memcached-listen", default=None, help="memcached text protocol H:P")
     add_listener_flags(p)
+    http_bounds.add_flags(p)  # the HTTP listener's bounds, as `mercury replica`'s
     p.add_argument("--role", default="replica", choices=("replica", "consumer", "root"))
     p.add_argument(
         "--read-auth",
@@ -90,6 +93,7 @@ async def serve(args: argparse.Namespace) -> None:
             s.reuse_port = n > 1
         await s.start()
     host, port = parse_hostport(args.listen, "--listen")
+    base = HttpToolsProtocol if args.no_fast_path else fast_read_protocol(store, tokens)
     sock = workers.listen_socket(host, port, reuse_port=n > 1)
     config = uvicorn.Config(
         asgi,
@@ -98,7 +102,8 @@ async def serve(args: argparse.Namespace) -> None:
         access_log=False,
         log_level="warning",
         lifespan="off",
-        http="httptools" if args.no_fast_path else fast_read_protocol(store, tokens),
+        # idle/header timeouts, a header size cap and a connection cap, as on a replica
+        **http_bounds.uvicorn_options(http_bounds.HttpBounds.from_args(args), base),
     )
     server = _Server(config)
     loop = asyncio.get_running_loop()

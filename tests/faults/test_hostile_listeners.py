@@ -1,9 +1,11 @@
 """Hostile clients on the KT and memcached listeners: a huge binary get_bulk, idle and
-half-sent requests, more connections than the cap. A real `python -m reads.serve` over a
-real store, real sockets."""
+half-sent requests, more connections than the cap; and on the HTTP read API, bounded by the
+same `--http-*` flags as a replica's (silent sockets, trickled and oversized request heads).
+A real `python -m reads.serve` over a real store, real sockets."""
 
 from __future__ import annotations
 
+import http.client
 import socket
 import struct
 import sys
@@ -469,3 +471,97 @@ def test_a_big_multi_get_that_is_read_returns_every_value(
                 got = _kt_values(s)
             assert [k for k, _ in got] == [k for k, _ in want]
             assert got == want
+
+
+def _http_get_ok(conn: http.client.HTTPConnection) -> None:
+    """A point get on a keep-alive connection answers the value."""
+    conn.request("GET", "/v1/kv/k1")
+    got = conn.getresponse()
+    assert (got.status, got.read()) == (200, b"v1")
+
+
+def test_http_silent_and_trickled_connections_are_closed_others_keep_being_served(
+    store: Store, start_reads: StartReads
+) -> None:
+    """A socket that sends nothing, and one whose request head trickles in a header line at
+    a time, are closed at `--http-idle-timeout` (without the bounds both stayed for ever),
+    while a keep-alive client is answered throughout."""
+    store.apply([Op(SET, b"k1", b"v1", "t")])
+    ports = start_reads("--http-idle-timeout", "2")
+    silent = socket.create_connection(("127.0.0.1", ports.http), 5)
+    trickled = socket.create_connection(("127.0.0.1", ports.http), 5)
+    good = http.client.HTTPConnection("127.0.0.1", ports.http, timeout=5)
+    try:
+        t0 = time.monotonic()
+        trickled.sendall(b"GET /v1/kv/k1 HTTP/1.1\r\nHost: r\r\n")
+        assert not _closed_within(silent, 1.0)  # the deadline is 2 s away
+        closed = False
+        for i in range(40):  # a header line every 0.25 s: at most 10 s
+            _http_get_ok(good)
+            try:
+                trickled.sendall(b"x-slow-%d: y\r\n" % i)
+            except OSError:
+                closed = True
+                break
+            if _closed_within(trickled, 0.25):
+                closed = True
+                break
+        assert closed, "a trickled request head was never closed"
+        assert time.monotonic() - t0 < 9  # the 2 s deadline, with room for a loaded machine
+        assert _closed_within(silent, 10.0), "a silent socket was never closed"
+        _http_get_ok(good)  # answered throughout (never idle for 2 s)
+    finally:
+        for s in (silent, trickled):
+            s.close()
+        good.close()
+    assert httpx.get(f"http://127.0.0.1:{ports.http}/v1/kv/k1", timeout=5).content == b"v1"
+    assert ports.metric("mercury_http_connections_closed_total", reason="idle") >= 2
+
+
+def test_http_oversized_request_heads_get_431_others_keep_being_served(
+    store: Store, start_reads: StartReads
+) -> None:
+    """A request head past `--http-max-header-bytes` is answered 431 and closed, whole or
+    never ended (without the bounds the first was answered and the second read on for
+    ever), while a keep-alive client is answered before, between and after."""
+    store.apply([Op(SET, b"k1", b"v1", "t")])
+    ports = start_reads("--http-max-header-bytes", "8192")
+    pad = b"x-pad: " + b"a" * 1000 + b"\r\n"
+    good = http.client.HTTPConnection("127.0.0.1", ports.http, timeout=5)
+    try:
+        _http_get_ok(good)
+        # A whole head of ~12 KiB, sent at once: read whole, so the 431 is never lost to a
+        # reset (there is nothing unread when the server closes).
+        with socket.create_connection(("127.0.0.1", ports.http), 5) as big:
+            big.sendall(b"GET /v1/kv/k1 HTTP/1.1\r\nHost: r\r\n" + pad * 12 + b"\r\n")
+            got = _recv_until(big, b"\r\n\r\n", 10.0)
+            assert got.startswith(b"HTTP/1.1 431 "), got[:80]
+            assert _closed_within(big, 10.0)
+        _http_get_ok(good)
+        # A head that never ends: closed (a 431 first, or a reset that beat it), never read
+        # on for ever.
+        with socket.create_connection(("127.0.0.1", ports.http), 5) as endless:
+            endless.sendall(b"GET /v1/kv/k1 HTTP/1.1\r\nHost: r\r\n")
+            got = b""
+            closed = False
+            try:
+                for _ in range(64):  # up to 4 MiB of head, never ended
+                    endless.sendall(pad * 64)
+            except OSError:
+                closed = True
+            if not closed:
+                endless.settimeout(10)
+                try:
+                    while chunk := endless.recv(4096):
+                        got += chunk
+                    closed = True
+                except TimeoutError:
+                    pass  # still open: the head is being read on and on
+                except OSError:
+                    closed = True
+            assert closed, "an endless request head was read on for ever"
+            assert got == b"" or got.startswith(b"HTTP/1.1 431 "), got[:80]
+        _http_get_ok(good)
+    finally:
+        good.close()
+    assert ports.metric("mercury_http_connections_closed_total", reason="header_too_large") >= 2

@@ -1,6 +1,9 @@
 """Bounds of every HTTP listener (the root's gateway, a replica's read API and each of its
-read worker processes): idle and header timeouts, a header size cap and a connection cap,
-over uvicorn's httptools protocol (or a subclass of it: the replica's point-get protocol).
+read worker processes, the standalone read server `python -m reads.serve`): idle and header
+timeouts, a header size cap and a connection cap, over uvicorn's httptools protocol (or a
+subclass of it: the read servers' point-get protocol). In `core` so that `mercury/` and
+`reads/` (which may not import `mercury/`) bound their listeners with the one protocol and
+the one set of ``--http-*`` flags.
 
 uvicorn alone closes an idle keep-alive connection only after it has answered a request on
 it: a socket that connects and sends nothing (or a header line every few seconds) is kept
@@ -76,8 +79,9 @@ class HttpBounds:
 
 
 def add_flags(p: argparse.ArgumentParser) -> None:
-    """The ``--http-*`` flags of `mercury root` and `mercury replica` (the same names,
-    defaults and meaning on both: each bounds that process's HTTP listener)."""
+    """The ``--http-*`` flags of `mercury root`, `mercury replica` and `python -m
+    reads.serve` (the same names, defaults and meaning on all: each bounds that process's
+    HTTP listener)."""
     d = HttpBounds()
     p.add_argument(
         "--http-idle-timeout",
@@ -108,6 +112,19 @@ def protocol_class(
     over `base`: uvicorn's own protocol, or a subclass of it (the replica's point-get
     protocol, `reads.fasthttp`), whose own answers call `request_answered`."""
     return type(f"Bounded{base.__name__}", (_BoundedProtocol, base), {"limits": bounds})
+
+
+def uvicorn_options(
+    bounds: HttpBounds, base: type[HttpToolsProtocol] = HttpToolsProtocol
+) -> dict[str, Any]:
+    """`uvicorn.Config`'s ``http`` and ``timeout_keep_alive`` under `bounds`: the bounded
+    protocol over `base`, and uvicorn's own keep-alive timer set to the idle timeout (in
+    whole seconds, at least 1; uvicorn's default would close idle keep-alive connections
+    after 5 s whatever `--http-idle-timeout` says)."""
+    return {
+        "http": protocol_class(bounds, base),
+        "timeout_keep_alive": max(1, int(bounds.idle_timeout_s)),
+    }
 
 
 class _BoundedProtocol(HttpToolsProtocol):
