@@ -1,5 +1,6 @@
 """The shared vocabulary every component speaks: errors, the error -> HTTP table, failpoints,
-address parsing, the service protocol and the bounds of every HTTP listener.
+address parsing, the service protocol, and the bounds of every HTTP listener and request
+body.
 
 A leaf: nothing here imports any other Mercury package, so the store, the gateway, the
 replicator and the read servers can all depend on it without depending on each other or on

@@ -8,16 +8,19 @@ the bound may still hold millions of tiny items (``"a",`` is 4 bytes): decoding 
 costs tens of times the body in memory and seconds of the read process's event loop, so
 `too_many_items` counts the body's separators first, stopping as soon as the count is
 past what `MAX_BULK_KEYS` keys can have. The read API (`reads/http_app.py`) and the read
-token middleware (`reads/auth.py`) both read get_bulk bodies here: one rule.
+token middleware (`reads/auth.py`) both read get_bulk bodies here: one rule, over the one
+bounded body reader of every HTTP face (`core/asgibody.py`, the gateway's too).
 """
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 from pydantic import BaseModel, Field
 
+from core.asgibody import read_body
+from core.errors import BadRequestError, TooLargeError
+from core.problems import classify
 from store.format import MAX_KEY
 
 #: Keys one get_bulk may name (`keys` and `keys_b64` together).
@@ -32,8 +35,6 @@ MAX_BULK_BODY = MAX_BULK_KEYS * MAX_KEY_JSON + (64 << 10)
 #: Separators (commas outside strings) a body of MAX_BULK_KEYS keys may have: between its
 #: keys, between its two members, and room for a few unknown members (ignored).
 MAX_SEPARATORS = MAX_BULK_KEYS + 64
-#: A body that sends nothing for this long is answered 408 (as the gateway's body reader).
-BODY_IDLE_TIMEOUT_S = 30.0
 
 
 class GetBulkBody(BaseModel):
@@ -58,36 +59,14 @@ class BodyRefused(Exception):
 
 async def read(receive: Any, content_length: str | None) -> bytes:
     """The whole body from ASGI `receive`, at most `MAX_BULK_BODY` bytes (refused from its
-    Content-Length before reading, else as soon as a chunked body passes the bound)."""
-    if content_length is not None:
-        try:
-            declared = int(content_length)
-        except ValueError as err:
-            raise BodyRefused(400, "Content-Length is not a number") from err
-        if declared > MAX_BULK_BODY:
-            raise BodyRefused(413, _too_large(f"is {declared} bytes"))
-    chunks: list[bytes] = []
-    size = 0
-    loop = asyncio.get_running_loop()
+    Content-Length before reading, else as soon as a chunked body passes the bound; 408
+    after `core.asgibody.BODY_IDLE_TIMEOUT_S` without data)."""
     try:
-        async with asyncio.timeout(BODY_IDLE_TIMEOUT_S) as deadline:
-            while True:
-                msg = await receive()
-                if msg["type"] != "http.request":
-                    raise BodyRefused(400, "the client left before sending the whole body")
-                chunk: bytes = msg.get("body", b"")
-                size += len(chunk)
-                if size > MAX_BULK_BODY:
-                    raise BodyRefused(413, _too_large("exceeds that"))
-                chunks.append(chunk)
-                if not msg.get("more_body", False):
-                    break
-                deadline.reschedule(loop.time() + BODY_IDLE_TIMEOUT_S)
-    except TimeoutError as err:
-        raise BodyRefused(
-            408, f"get_bulk body: no data for {BODY_IDLE_TIMEOUT_S:g} s after {size} bytes"
-        ) from err
-    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        return await read_body(receive, content_length, MAX_BULK_BODY, "a get_bulk body")
+    except (BadRequestError, TooLargeError) as err:  # 400, 408 (a kind of 400) or 413
+        status = classify(err).status
+        why = f"{MAX_BULK_KEYS} keys of at most {MAX_KEY} bytes never need more"
+        raise BodyRefused(status, f"{err} ({why})" if status == 413 else str(err)) from err
 
 
 def too_many_items(body: bytes, limit: int = MAX_SEPARATORS) -> int | None:
@@ -115,10 +94,3 @@ def too_many_items(body: bytes, limit: int = MAX_SEPARATORS) -> int | None:
         if end < 0:
             return None  # an unterminated string: not JSON (the decoder says so)
         pos = end + 1
-
-
-def _too_large(what: str) -> str:
-    return (
-        f"a get_bulk body {what}; {MAX_BULK_KEYS} keys of at most {MAX_KEY} bytes never "
-        f"need more than {MAX_BULK_BODY} bytes"
-    )

@@ -18,8 +18,8 @@ from typing import Any
 
 import pytest
 
+from core.asgibody import read_body
 from core.errors import RequestTimeoutError
-from gateway.http import read_body
 from tests.gateway.conftest import Root, make_root
 from tests.support import metrics
 from tests.support.procs import Procs

@@ -8,6 +8,7 @@ import json
 from collections.abc import MutableMapping
 from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -34,6 +35,54 @@ def test_the_default_bound_admits_the_largest_honest_body() -> None:
     assert bulkbody.too_many_items(body) is None
     tiny = b'{"keys": [' + b",".join([b'"a"'] * 1_000_000) + b"]}"
     assert bulkbody.too_many_items(tiny) == bulkbody.MAX_SEPARATORS + 1  # stopped early
+
+
+def _receive(*msgs: dict[str, Any], then: BaseException | None = None) -> Any:
+    """An ASGI `receive` that hands out `msgs`, then raises `then` (by default: the body
+    was read past what the client sent)."""
+    left = list(msgs)
+
+    async def receive() -> dict[str, Any]:
+        if left:
+            return left.pop(0)
+        raise then if then is not None else AssertionError("read past the body sent")
+
+    return receive
+
+
+_PIECE = 1 << 20
+_OVER = [{"type": "http.request", "body": b" " * _PIECE, "more_body": True}] * (
+    bulkbody.MAX_BULK_BODY // _PIECE + 1
+)
+
+
+@pytest.mark.parametrize(
+    ("content_length", "receive", "status", "detail"),
+    [
+        ("12x", _receive(), 400, "Content-Length is not a number"),
+        (str(bulkbody.MAX_BULK_BODY + 1), _receive(), 413, "10000 keys of at most 500 bytes"),
+        (None, _receive(*_OVER), 413, f"exceeds {bulkbody.MAX_BULK_BODY} bytes"),
+        (None, _receive({"type": "http.disconnect"}), 400, "before sending the whole body"),
+        # (a receive raising TimeoutError stands for the 30 s without data)
+        (None, _receive(then=TimeoutError()), 408, "no data for 30 s after 0 bytes"),
+    ],
+    ids=["bad-length", "declared-too-large", "chunked-too-large", "client-left", "stalled"],
+)
+def test_a_refused_body_is_answered_with_the_read_apis_status(
+    content_length: str | None, receive: Any, status: int, detail: str
+) -> None:
+    """`read` refuses with the read API's statuses (BodyRefused), over the one bounded body
+    reader it shares with the gateway (`core/asgibody.py`)."""
+    with pytest.raises(bulkbody.BodyRefused) as got:
+        asyncio.run(bulkbody.read(receive, content_length))
+    assert got.value.status == status
+    assert detail in got.value.detail
+
+
+def test_a_body_within_the_bound_is_read_whole() -> None:
+    pieces = [{"type": "http.request", "body": b'{"keys": ', "more_body": True}]
+    pieces.append({"type": "http.request", "body": b'["a"]}', "more_body": False})
+    assert asyncio.run(bulkbody.read(_receive(*pieces), None)) == b'{"keys": ["a"]}'
 
 
 class _Tokens:
