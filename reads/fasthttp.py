@@ -66,19 +66,11 @@ class FastReadProtocol(HttpToolsProtocol):
 
     store: Store
     tokens: TokenIndex | None = None
-    #: The shortcut's keep-alive timer (uvicorn's own is cancelled by every data_received
-    #: and armed again after every answer: as costly as a whole point read). This one stays
-    #: armed; when it fires it closes the connection only if nothing arrived or was
-    #: answered for `timeout_keep_alive` seconds, else it waits for the rest.
-    _idle_timer: asyncio.TimerHandle | None = None
-    _active_at = 0.0
-
     #: The parser is inside a request (from its first byte to its end): segments then go
     #: to it, never to the pre-parse.
     _in_message = False
 
     def data_received(self, data: bytes) -> None:
-        self._active_at = self.loop.time()
         if not self._in_message and self.tokens is None:
             # A whole plain point get in one segment between requests: answered before
             # the parser sees it (`fastget.http_request` accepts only requests the parser
@@ -114,32 +106,10 @@ class FastReadProtocol(HttpToolsProtocol):
         return True
 
     def request_answered(self) -> None:
-        """After each answer of the shortcut: as uvicorn after an answer, an idle keep-alive
-        connection is closed. (A wrapper bounding the listener, `core/http_bounds.py`,
-        overrides this with its own deadline for the next request head.)"""
-        if self._idle_timer is None:
-            self._idle_timer = self.loop.call_later(self.timeout_keep_alive, self._idle_check)
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        if self._idle_timer is not None:
-            self._idle_timer.cancel()
-            self._idle_timer = None
-        super().connection_lost(exc)
-
-    def _idle_check(self) -> None:
-        self._idle_timer = None
-        if self.transport.is_closing():
-            return
-        cycle = self.cycle
-        if (cycle is not None and not cycle.response_complete) or self.pipeline:
-            return  # an ASGI answer is running: uvicorn arms its own timer after it
-        idle = self.loop.time() - self._active_at
-        if idle < self.timeout_keep_alive:
-            self._idle_timer = self.loop.call_later(
-                self.timeout_keep_alive - idle, self._idle_check
-            )
-            return
-        self.timeout_keep_alive_handler()
+        """After each answer of the shortcut. The listener always runs this protocol under
+        `core/http_bounds.py`, whose override arms the deadline for the next request head
+        (closing an idle keep-alive connection): uvicorn's own timer is armed only after
+        the answers it writes itself."""
 
     def on_message_begin(self) -> None:
         self._in_message = True
@@ -249,6 +219,8 @@ _HEAD_200: list[tuple[object, bytes]] = [(None, b"")]
 
 
 def fast_read_protocol(store: Store, tokens: TokenIndex | None = None) -> type[FastReadProtocol]:
-    """A `FastReadProtocol` class serving point gets of `store` (uvicorn's `http=`); with
-    `tokens` (`--read-auth`), only for requests whose token may read the key."""
+    """A `FastReadProtocol` class serving point gets of `store`; with `tokens`
+    (`--read-auth`), only for requests whose token may read the key. Served under
+    `core.http_bounds` (its `uvicorn_options` wraps it): the bounds close idle
+    connections, this class alone never does."""
     return type("BoundFastReadProtocol", (FastReadProtocol,), {"store": store, "tokens": tokens})
