@@ -21,7 +21,10 @@ root's pace, and its CPU window includes the second it waits for the first write
 
 MB is 10^6 bytes of values absorbed. ``--trees A,B`` runs the child from other source
 trees too (each a checkout with its `store/_codec` built), interleaved round by round
-against the same root stores: a before/after A/B in one run. ``--py-spy DIR`` records
+against the same root stores: a before/after A/B in one run. ``--apply-window-ms
+0,20`` runs each tree's child with each apply window (`ReplicaClient.apply_window`; without
+it, the tree's replica default, 0 for a tree that has none): the columns are then
+``TREE@Nms``. ``--py-spy DIR`` records
 each child under py-spy (``--native``, every thread; collapsed stacks, one file per run).
 ``--perf DIR`` records each child under ``perf record -g`` instead (every thread, kernel
 included; read with ``perf report -i``). Profiled runs are slower: their CPU figures are
@@ -29,7 +32,7 @@ not the ones to quote.
 
 Usage: .venv/bin/python bench/apply_cost.py [--mb 64] [--entries-100b 200000]
        [--rounds 3] [--only 40k-x2,40k-1mb,100b] [--trees .,/tmp/base] [--live]
-       [--py-spy DIR | --perf DIR]
+       [--apply-window-ms 0,20] [--py-spy DIR | --perf DIR]
 """
 
 from __future__ import annotations
@@ -64,6 +67,7 @@ def _cpu() -> float:
 def child(a: argparse.Namespace) -> None:
     """The applier process: stream from 127.0.0.1:port into a fresh store at `a.dir`."""
     sys.path.insert(0, os.getcwd())  # the tree under test (cwd), not necessarily ours
+    from replicator import client as client_mod
     from replicator.client import ReplicaClient
     from replicator.heartbeat import RelayedHeartbeat
     from replicator.selection import Selector
@@ -87,6 +91,13 @@ def child(a: argparse.Namespace) -> None:
             if changes.get("applied_seq", 0) >= a.target:
                 self.reached.set()
 
+    # The replica's own default window, unless the bench names one (a tree without
+    # apply windows takes none).
+    window: dict[str, Any] = {}
+    if hasattr(client_mod, "APPLY_WINDOW"):
+        ms = a.window_ms
+        window["apply_window"] = client_mod.APPLY_WINDOW if ms is None else ms / 1000
+
     async def run() -> tuple[float, float]:
         board = Board(a.dir)
         client = ReplicaClient(
@@ -95,6 +106,7 @@ def child(a: argparse.Namespace) -> None:
             node_id=uuid.uuid4().bytes,
             board=board,
             relay=RelayedHeartbeat(),
+            **window,
         )
         t0, c0 = time.perf_counter(), _cpu()
         task = asyncio.create_task(client.run())
@@ -119,7 +131,11 @@ def child(a: argparse.Namespace) -> None:
         pass
     wall, cpu = asyncio.run(run())
     store.close()
-    print(json.dumps({"wall_s": wall, "cpu_s": cpu, "codec": codec.IMPLEMENTATION}))
+    print(
+        json.dumps(
+            {"wall_s": wall, "cpu_s": cpu, "codec": codec.IMPLEMENTATION, **window},
+        )
+    )
 
 
 WORKLOADS = {
@@ -176,7 +192,13 @@ def root_apply_s(tmp: Path, batches: list[list[Any]]) -> float:
 
 
 def start_child(
-    tree: str, tmp: Path, port: int, db_id: str, target: int, profile: str | None
+    tree: str,
+    tmp: Path,
+    port: int,
+    db_id: str,
+    target: int,
+    profile: str | None,
+    window_ms: float | None,
 ) -> tuple[subprocess.Popen[str], str]:
     """Start the applier child (see `child`); its data directory."""
     d = tempfile.mkdtemp(prefix="replica-", dir=tmp)
@@ -192,6 +214,7 @@ def start_child(
         db_id,
         "--target",
         str(target),
+        *(["--window-ms", str(window_ms)] if window_ms is not None else []),
     ]
     if profile and profile.endswith(".perf"):  # CPU samples of every thread, kernel too
         cmd = ["perf", "record", "-q", "-F", "999", "-g", "-o", profile, "--", *cmd_child]
@@ -224,14 +247,26 @@ def finish_child(proc: subprocess.Popen[str], d: str, tree: str) -> dict[str, An
 
 
 def run_child(
-    tree: str, tmp: Path, port: int, db_id: str, target: int, profile: str | None
+    tree: str,
+    tmp: Path,
+    port: int,
+    db_id: str,
+    target: int,
+    profile: str | None,
+    window_ms: float | None,
 ) -> dict[str, Any]:
     """Catch-up: the child streams a root's whole log, already written."""
-    proc, d = start_child(tree, tmp, port, db_id, target, profile)
+    proc, d = start_child(tree, tmp, port, db_id, target, profile, window_ms)
     return finish_child(proc, d, tree)
 
 
-def run_live(tree: str, tmp: Path, batches: list[list[Any]], profile: str | None) -> dict[str, Any]:
+def run_live(
+    tree: str,
+    tmp: Path,
+    batches: list[list[Any]],
+    profile: str | None,
+    window_ms: float | None,
+) -> dict[str, Any]:
     """Live: a fresh root writes `batches` (fsync, as fast as it commits them) while the
     child follows it, so records arrive one by one as a replica of a busy root sees them."""
     from tests.replicator.harness import RootNode
@@ -244,7 +279,7 @@ def run_live(tree: str, tmp: Path, batches: list[list[Any]], profile: str | None
     )
     try:
         target = sum(len(ops) for ops in batches)
-        proc, d = start_child(tree, tmp, root.port, root.store.db_id, target, profile)
+        proc, d = start_child(tree, tmp, root.port, root.store.db_id, target, profile, window_ms)
         time.sleep(LIVE_CONNECT_S)  # the child connects before the first write
         for ops in batches:
             root.store.apply(ops)
@@ -261,6 +296,11 @@ def main() -> None:
     ap.add_argument("--only", default=",".join(WORKLOADS))
     ap.add_argument("--trees", default=".", help="source trees to run the applier from")
     ap.add_argument("--live", action="store_true", help="follow a root while it writes")
+    ap.add_argument(
+        "--apply-window-ms",
+        default=None,
+        help="apply windows to run each tree's child with (comma list; default: the tree's)",
+    )
     ap.add_argument("--py-spy", dest="profile", default=None, help="directory for profiles")
     ap.add_argument("--perf", default=None, help="directory for `perf record` files")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
@@ -268,11 +308,20 @@ def main() -> None:
     ap.add_argument("--port", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--db-id", help=argparse.SUPPRESS)
     ap.add_argument("--target", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--window-ms", type=float, default=None, help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.child:
         child(a)
         return
-    trees = [str(ROOT) if t == "." else str(Path(t).resolve()) for t in a.trees.split(",")]
+    paths = [str(ROOT) if t == "." else str(Path(t).resolve()) for t in a.trees.split(",")]
+    windows: list[float | None] = (
+        [float(w) for w in a.apply_window_ms.split(",")] if a.apply_window_ms else [None]
+    )
+    # Each (tree, window) is a column, named by its tree (and window, when several).
+    variants = {
+        (p if len(windows) == 1 else f"{p}@{w:g}ms"): (p, w) for p in paths for w in windows
+    }
+    trees = list(variants)
     names = [n for n in a.only.split(",") if n]
     out: dict[str, Any] = {
         "settings": {
@@ -303,21 +352,27 @@ def main() -> None:
                     order = trees if r % 2 == 0 else list(reversed(trees))
                     for t in order:
                         prof = None
-                        tag = Path(t).name or "tree"
+                        path, window = variants[t]
+                        tag = (Path(path).name or "tree") + (
+                            f"-{window:g}ms" if window is not None else ""
+                        )
                         for where, ext in ((a.profile, "txt"), (a.perf, "perf")):
                             if where:
                                 Path(where).mkdir(parents=True, exist_ok=True)
                                 prof = str(Path(where).resolve() / f"{name}-{tag}-{r}.{ext}")
                         if a.live:
-                            got = run_live(t, tmp, batches, prof)
+                            got = run_live(path, tmp, batches, prof, window)
                         else:
-                            got = run_child(t, tmp, root.port, root.store.db_id, target, prof)
+                            got = run_child(
+                                path, tmp, root.port, root.store.db_id, target, prof, window
+                            )
                         runs[t].append(
                             {
                                 "cpu_ms_per_mb": round(got["cpu_s"] * 1000 / mb, 2),
                                 "entries_s": round(n / got["wall_s"]),
                                 "mb_s": round(mb / got["wall_s"], 1),
                                 "codec": got["codec"],
+                                "apply_window_s": got.get("apply_window"),
                             }
                         )
                 res: dict[str, Any] = {

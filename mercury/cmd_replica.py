@@ -8,6 +8,7 @@ from typing import Any
 from core import http_bounds
 from mercury import retention_flags, tls
 from reads.tcp import add_listener_flags
+from replicator.client import APPLY_WINDOW
 
 
 def register(sub: Any) -> None:
@@ -89,6 +90,15 @@ def register(sub: Any) -> None:
         default=30.0,
         help="while on a fallback source, check the preferred ones this often and move "
         "back to the first healthy one (default 30; 0 disables)",
+    )
+    p.add_argument(
+        "--apply-window-ms",
+        type=float,
+        default=APPLY_WINDOW * 1000,
+        metavar="MS",
+        help="wait up to MS for more records before committing a small group of them, so "
+        "a replica of a busy root commits and fsyncs a few records at a time instead of "
+        f"each one (default {APPLY_WINDOW * 1000:g}; 0 commits each at once)",
     )
     p.add_argument(
         "--max-bootstraps",

@@ -133,6 +133,7 @@ class ReplicaConfig:
                 repl_listen=_addr(args.repl_listen, "--repl-listen"),
                 staleness=float(args.staleness_s),
                 failback=float(args.failback_s),
+                apply_window=_apply_window(args.apply_window_ms),
                 max_bootstraps=int(args.max_bootstraps),
                 sync=not args.no_sync,
                 retention=asdict(policy_from_args(args)),
@@ -160,3 +161,13 @@ def _cpus(value: str | None) -> tuple[frozenset[int] | None, frozenset[int] | No
         raise ConfigError(
             f"--applier-cpus: {err}", hint="e.g. --applier-cpus 3 on a machine with CPUs 0-3"
         ) from None
+
+
+def _apply_window(ms: float) -> float:
+    """`--apply-window-ms` in seconds: 0 to 1,000 ms (longer only delays reads)."""
+    if not 0 <= ms <= 1000:
+        raise ConfigError(
+            f"--apply-window-ms must be 0 to 1000, got {ms:g}",
+            hint="the default, 20, groups a busy root's records a few at a time",
+        )
+    return ms / 1000

@@ -77,6 +77,11 @@ PIPELINE = 32
 #: Bounds of one group of queued records applied in one transaction.
 GROUP_RECORDS = PIPELINE
 GROUP_BYTES = 32 << 20
+#: A group this large commits at once, without waiting out the apply window: the
+#: commit's fixed cost is already small beside what it applies.
+WINDOW_BYTES = 1 << 20
+#: Default apply window of a replica (seconds): see `ReplicaClient`.
+APPLY_WINDOW = 0.02
 #: A root heartbeat this much newer than the commit of the replica's last record, with a
 #: lower head seq, means the root lost history (restored from an older copy): its head
 #: must otherwise include that record. The margin covers the time between a batch's
@@ -166,8 +171,16 @@ class ReplicaClient:
         failback: float = 30.0,
         tls: TlsContexts | None = None,
         outbox: upstream.UpstreamOutbox | None = None,
+        apply_window: float = 0.0,
     ) -> None:
         self.store = store
+        #: How long the apply thread waits for more records before committing a group
+        #: smaller than WINDOW_BYTES (seconds; 0: commit what is queued at once). A
+        #: replica following a busy root otherwise commits, and fsyncs, every record on
+        #: its own, and a commit's fixed cost (LMDB's, the two fdatasyncs') weighs as much
+        #: as applying a record of tens of KB; a few records per commit cost a few ms
+        #: of freshness. A standby whose commit acknowledges the leader's writes waits 0.
+        self.apply_window = apply_window
         #: Frames for the source (sent only to a source that accepts them; None: none).
         self.outbox = outbox
         #: Mutual TLS to every source (None: plaintext).
@@ -378,6 +391,7 @@ class ReplicaClient:
             self._heartbeat,
             frames_in,
             self._counted,
+            self.apply_window,
         )
         failure: BaseException | None = None
         try:
@@ -620,8 +634,10 @@ class _ApplyThread:
         on_heartbeat: Callable[[frames.Heartbeat], None],
         reader: wire.FrameReader,
         on_group: Callable[[list[LogRecord], int, float], None],
+        window: float = 0.0,
     ) -> None:
         self._store = store
+        self._window = window
         self._loop = loop
         self._on_applied = on_applied
         self._on_group = on_group
@@ -682,9 +698,10 @@ class _ApplyThread:
                 # sentinel None — which must not be mistaken for "nothing taken yet" (the
                 # thread then waited for ever and `finish` with it).
                 taken = False
+                deadline = time.monotonic() + self._window
                 while len(group) < GROUP_RECORDS and size < GROUP_BYTES:
                     try:
-                        nxt = self._q.get_nowait()
+                        nxt = self._next(deadline, size)
                     except queue.Empty:
                         break
                     if not isinstance(nxt, LogRecord):
@@ -702,6 +719,14 @@ class _ApplyThread:
             call(self._failed)
         finally:
             call(self._finished)
+
+    def _next(self, deadline: float, size: int) -> LogRecord | frames.Heartbeat | None:
+        """The next queued item for a group of `size` bytes: what is queued, or, while the
+        group is under WINDOW_BYTES, what arrives before `deadline` (queue.Empty: none)."""
+        left = deadline - time.monotonic()
+        if left <= 0 or size >= WINDOW_BYTES:
+            return self._q.get_nowait()
+        return self._q.get(timeout=left)
 
     def _apply(self, group: list[LogRecord]) -> int:
         """Apply `group` in one transaction; on an error, one by one, so that the records

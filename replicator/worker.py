@@ -38,7 +38,7 @@ from core.errors import (
 from core.tasks import cancel_and_wait
 from core.tlsconf import TlsContexts, TlsFiles
 from replicator import bootstrap, frames, notify, sched
-from replicator.client import ReplicaClient, ReplicationFailed
+from replicator.client import APPLY_WINDOW, ReplicaClient, ReplicationFailed
 from replicator.heartbeat import RelayedHeartbeat
 from replicator.metrics import REFUSED
 from replicator.selection import Selector
@@ -66,6 +66,8 @@ class WorkerConfig:
     repl_listen: tuple[str, int] | None = None
     staleness: float = 30.0
     failback: float = 30.0
+    #: `ReplicaClient.apply_window` (seconds).
+    apply_window: float = APPLY_WINDOW
     max_bootstraps: int = 1
     sync: bool = True
     #: `store.retention.RetentionPolicy` fields; None = keep the whole log.
@@ -211,6 +213,7 @@ async def _run_locked(cfg: WorkerConfig, stop: asyncio.Event) -> int:
             relay=relay,
             staleness=cfg.staleness,
             failback=cfg.failback,
+            apply_window=cfg.apply_window,
             tls=tls,
             outbox=outbox,
         )
