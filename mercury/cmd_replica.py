@@ -96,9 +96,11 @@ def register(sub: Any) -> None:
         type=float,
         default=APPLY_WINDOW * 1000,
         metavar="MS",
-        help="wait up to MS for more records before committing a small group of them, so "
-        "a replica of a busy root commits and fsyncs a few records at a time instead of "
-        f"each one (default {APPLY_WINDOW * 1000:g}; 0 commits each at once)",
+        help="while the stream from the source is heavy (1 MiB a second or more), start "
+        "a commit at most every MS and let the records arriving meanwhile join it, so a "
+        "replica of a busy root commits and fsyncs a few records at a time instead of "
+        "each one; a light stream is committed at once "
+        f"(default {APPLY_WINDOW * 1000:g}; 0 commits what is queued at once)",
     )
     p.add_argument(
         "--max-bootstraps",

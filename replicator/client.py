@@ -61,6 +61,7 @@ from core.tlsconf import TlsContexts
 from replicator import frames, upstream, wire
 from replicator.divergence import Point, RecentPoints, heartbeat_shows_divergence, holds
 from replicator.heartbeat import RelayedHeartbeat
+from replicator.pacing import CommitPacer
 from replicator.selection import Selector
 from replicator.status import StatusBoard
 from replicator.terms import source_too_old, store_term
@@ -174,12 +175,11 @@ class ReplicaClient:
         apply_window: float = 0.0,
     ) -> None:
         self.store = store
-        #: How long the apply thread waits for more records before committing a group
-        #: smaller than WINDOW_BYTES (seconds; 0: commit what is queued at once). A
-        #: replica following a busy root otherwise commits, and fsyncs, every record on
-        #: its own, and a commit's fixed cost (LMDB's, the two fdatasyncs') weighs as much
-        #: as applying a record of tens of KB; a few records per commit cost a few ms
-        #: of freshness. A standby whose commit acknowledges the leader's writes waits 0.
+        #: While the stream is heavy, the least time between the starts of two commits of
+        #: the apply thread (seconds; 0: commit what is queued at once): records arriving
+        #: meanwhile join one group, up to WINDOW_BYTES (`pacing.CommitPacer`). A light
+        #: stream is committed at once. A standby whose commit acknowledges the leader's
+        #: writes waits 0.
         self.apply_window = apply_window
         #: Frames for the source (sent only to a source that accepts them; None: none).
         self.outbox = outbox
@@ -684,6 +684,7 @@ class _ApplyThread:
 
     def _run(self) -> None:
         call = self._loop.call_soon_threadsafe
+        pacer = CommitPacer(self._window)
         try:
             item = self._q.get()
             while item is not None:
@@ -694,11 +695,12 @@ class _ApplyThread:
                 # Records already queued behind this one go into the same transaction: a
                 # replica catching up pays one commit per group, not one per source batch.
                 group, size = [item], len(item.payload)
+                pacer.arrived(time.monotonic(), size)
                 # What ended the group when it is not a record: a heartbeat, or the stop
                 # sentinel None — which must not be mistaken for "nothing taken yet" (the
                 # thread then waited for ever and `finish` with it).
                 taken = False
-                deadline = time.monotonic() + self._window
+                deadline = pacer.deadline(time.monotonic())
                 while len(group) < GROUP_RECORDS and size < GROUP_BYTES:
                     try:
                         nxt = self._next(deadline, size)
@@ -709,7 +711,9 @@ class _ApplyThread:
                         break
                     group.append(nxt)
                     size += len(nxt.payload)
+                    pacer.arrived(time.monotonic(), len(nxt.payload))
                 t0 = time.perf_counter()
+                pacer.started(time.monotonic())
                 commits = self._apply(group)
                 call(self._report_applied, group, commits, time.perf_counter() - t0)
                 if not taken:
@@ -722,7 +726,8 @@ class _ApplyThread:
 
     def _next(self, deadline: float, size: int) -> LogRecord | frames.Heartbeat | None:
         """The next queued item for a group of `size` bytes: what is queued, or, while the
-        group is under WINDOW_BYTES, what arrives before `deadline` (queue.Empty: none)."""
+        group is under WINDOW_BYTES, what arrives before `deadline` (queue.Empty: none;
+        see `pacing.CommitPacer`)."""
         left = deadline - time.monotonic()
         if left <= 0 or size >= WINDOW_BYTES:
             return self._q.get_nowait()

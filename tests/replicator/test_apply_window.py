@@ -1,6 +1,7 @@
-"""The apply window: a replica following a busy root waits briefly for more records and
-commits them together (`ReplicaClient.apply_window`), but never holds back a large group
-or a stop. A real `ReplicaClient` following a real `ReplicationSource` over a socket."""
+"""The apply window: a replica following a heavy stream waits briefly for more records and
+commits them together, but commits a light stream, a group of WINDOW_BYTES and a stop at
+once. The pacing rule alone (`replicator/pacing.py`), then a real `ReplicaClient`
+following a real `ReplicationSource` over a socket."""
 
 from __future__ import annotations
 
@@ -8,10 +9,12 @@ import asyncio
 import os
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 from replicator.client import WINDOW_BYTES, ReplicaClient
 from replicator.heartbeat import RelayedHeartbeat
+from replicator.pacing import BUSY_BYTES, CommitPacer
 from replicator.selection import Selector
 from replicator.status import StatusBoard
 from store.ops import SET, Op
@@ -19,9 +22,39 @@ from store.store import Store
 from tests.replicator.harness import RootNode
 from tests.support.procs import run_mercury
 
-#: Long beside the gaps between the root's writes, so a group never closes early on a
-#: slow machine; every test here either waits it out or shows it is not waited.
-WINDOW_S = 3.0
+#: A window long beside everything else a test waits for: a record it held would show.
+LONG_S = 30.0
+#: Incompressible records this large make a heavy stream after a few of them.
+HEAVY = 300_000
+
+
+def test_a_light_stream_never_waits() -> None:
+    p = CommitPacer(0.02)
+    for i in range(100):
+        now = i * 0.001
+        p.arrived(now, 100)
+        assert p.deadline(now) == now
+        p.started(now)
+
+
+def test_a_heavy_stream_waits_out_the_window_from_the_last_commit() -> None:
+    p = CommitPacer(0.02)
+    p.arrived(0.0, BUSY_BYTES - 1)
+    assert p.deadline(0.0) == 0.0  # not heavy yet
+    p.started(0.0)
+    p.arrived(0.005, 1)
+    assert p.deadline(0.005) == 0.02  # heavy: 20 ms after the last commit began
+    p.started(0.02)
+    p.arrived(0.05, 1)
+    assert p.deadline(0.05) == 0.05  # the window since that commit is over
+    assert not p.busy(1.01)  # a second later the bytes have left the span
+
+
+def test_a_window_of_zero_never_waits() -> None:
+    p = CommitPacer(0.0)
+    p.arrived(0.0, BUSY_BYTES * 10)
+    p.started(0.0)
+    assert p.deadline(0.001) == 0.001
 
 
 def _client(store: Store, port: int, data_dir: Path, window: float) -> ReplicaClient:
@@ -35,90 +68,102 @@ def _client(store: Store, port: int, data_dir: Path, window: float) -> ReplicaCl
     )
 
 
-async def _until(pred: object, timeout: float) -> float:
+async def _until(pred: Callable[[], bool], timeout: float) -> float:
     """Seconds until `pred()` holds (TimeoutError after `timeout`)."""
     t0 = time.monotonic()
-    while not pred():  # type: ignore[operator]
+    while not pred():
         if time.monotonic() - t0 > timeout:
             raise TimeoutError
         await asyncio.sleep(0.01)
     return time.monotonic() - t0
 
 
+def _at(store: Store, seq: int) -> Callable[[], bool]:
+    return lambda: store.last_seq() == seq
+
+
 def _write(root: RootNode, key: bytes, value: bytes) -> None:
     root.store.apply([Op(SET, key, value, owner="t")])
 
 
-def test_records_arriving_within_the_window_are_committed_together(tmp_path: Path) -> None:
+def _follow(tmp_path: Path, window: float, body: Callable[..., object]) -> None:
+    """Run `body(root, store, client)` (a coroutine function) with a client streaming."""
     root = RootNode(str(tmp_path / "root"), heartbeat_ms=60_000)
     store = Store.create(str(tmp_path / "replica"), db_id=root.store.db_id, sync=False)
-    try:
 
-        async def run() -> None:
-            client = _client(store, root.port, tmp_path / "replica", WINDOW_S)
-            task = asyncio.create_task(client.run())
+    async def run() -> None:
+        client = _client(store, root.port, tmp_path / "replica", window)
+        task = asyncio.create_task(client.run())
+        try:
             await _until(lambda: client.board.status.state == "streaming", 10)
-            for i in range(5):  # five root batches, a record each, 20 ms apart
-                await asyncio.to_thread(_write, root, b"k%d" % i, b"v" * 100)
-                await asyncio.sleep(0.02)
-            await _until(lambda: store.last_seq() == 5, WINDOW_S + 10)
-            await _until(lambda: client.board.status.applied_records == 5, 5)
-            st = client.board.status
+            await body(root, store, client, task)  # type: ignore[misc]
+        finally:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
-            assert (st.applied_records, st.apply_commits) == (5, 1)
 
+    try:
         asyncio.run(run())
     finally:
         store.close()
         root.close()
 
 
-def test_a_group_past_window_bytes_commits_without_waiting(tmp_path: Path) -> None:
-    root = RootNode(str(tmp_path / "root"), heartbeat_ms=60_000)
-    store = Store.create(str(tmp_path / "replica"), db_id=root.store.db_id, sync=False)
-    try:
+def test_a_light_stream_is_committed_record_by_record_at_once(tmp_path: Path) -> None:
+    async def body(root: RootNode, store: Store, client: ReplicaClient, _: object) -> None:
+        for i in range(5):
+            await asyncio.to_thread(_write, root, b"k%d" % i, b"v" * 100)
+            assert await _until(_at(store, i + 1), 20) < 20  # not the 30 s window
+        await _until(lambda: client.board.status.applied_records == 5, 5)
+        assert client.board.status.apply_commits == 5
 
-        async def run() -> float:
-            client = _client(store, root.port, tmp_path / "replica", 30.0)
-            task = asyncio.create_task(client.run())
-            await _until(lambda: client.board.status.state == "streaming", 10)
-            # incompressible: the group is sized by its records as stored
-            await asyncio.to_thread(_write, root, b"big", os.urandom(WINDOW_BYTES + 4096))
-            took = await _until(lambda: store.last_seq() == 1, 20)
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
-            return took
+    _follow(tmp_path, LONG_S, body)
 
-        assert asyncio.run(run()) < 20  # not the 30 s window
-    finally:
-        store.close()
-        root.close()
+
+def test_a_heavy_stream_is_committed_in_groups(tmp_path: Path) -> None:
+    async def body(root: RootNode, store: Store, client: ReplicaClient, _: object) -> None:
+        for i in range(10):  # 3 MB in well under a second, 20 ms apart
+            await asyncio.to_thread(_write, root, b"k%d" % i, os.urandom(HEAVY))
+            await asyncio.sleep(0.02)
+        await _until(lambda: store.last_seq() == 10, 20)
+        await _until(lambda: client.board.status.applied_records == 10, 5)
+        assert client.board.status.apply_commits < 10
+
+    _follow(tmp_path, 3.0, body)
+
+
+async def _heavy_then_held(root: RootNode, store: Store) -> None:
+    """Four heavy records: the first three commit at once (the stream is not heavy yet),
+    the fourth makes it heavy and waits in the window."""
+    for i in range(4):
+        await asyncio.to_thread(_write, root, b"k%d" % i, os.urandom(HEAVY))
+        if i < 3:
+            await _until(_at(store, i + 1), 20)
+    await asyncio.sleep(0.5)
+    assert store.last_seq() == 3  # the fourth is held
 
 
 def test_stopping_mid_window_commits_what_it_holds_at_once(tmp_path: Path) -> None:
-    root = RootNode(str(tmp_path / "root"), heartbeat_ms=60_000)
-    store = Store.create(str(tmp_path / "replica"), db_id=root.store.db_id, sync=False)
-    try:
+    async def body(
+        root: RootNode, store: Store, _: ReplicaClient, task: asyncio.Task[None]
+    ) -> None:
+        await _heavy_then_held(root, store)
+        t0 = time.monotonic()
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        assert time.monotonic() - t0 < 20  # not the 30 s window
+        assert store.last_seq() == 4
 
-        async def run() -> float:
-            client = _client(store, root.port, tmp_path / "replica", 30.0)
-            task = asyncio.create_task(client.run())
-            await _until(lambda: client.board.status.state == "streaming", 10)
-            await asyncio.to_thread(_write, root, b"k", b"v")
-            # The record is in the window (nothing committed yet); stop the client.
-            await asyncio.sleep(0.5)
-            assert store.last_seq() == 0
-            t0 = time.monotonic()
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
-            return time.monotonic() - t0
+    _follow(tmp_path, LONG_S, body)
 
-        assert asyncio.run(run()) < 20  # not the 30 s window
-        assert store.last_seq() == 1
-    finally:
-        store.close()
-        root.close()
+
+def test_a_group_reaching_window_bytes_commits_without_waiting(tmp_path: Path) -> None:
+    async def body(root: RootNode, store: Store, _: ReplicaClient, __: object) -> None:
+        await _heavy_then_held(root, store)
+        # incompressible: a group is sized by its records as stored
+        await asyncio.to_thread(_write, root, b"big", os.urandom(WINDOW_BYTES))
+        assert await _until(lambda: store.last_seq() == 5, 20) < 20  # not 30 s
+
+    _follow(tmp_path, LONG_S, body)
 
 
 def test_an_apply_window_out_of_range_is_refused_before_anything_starts(tmp_path: Path) -> None:
