@@ -561,7 +561,9 @@ def url_encode(raw: bytes) -> bytes:
 
 
 def parse_form(raw: bytes) -> dict[bytes, bytes]:
-    """`k=v&k2=v2` (or `;`) URL-decoded into a map; a part without `=` has an empty value."""
+    """`k=v&k2=v2` (or `;`) URL-decoded into a map; a part without `=` has an empty value.
+    A broken escape (`%zz`, `%` at the end) raises ReadProtocolError(400), as a TSV column
+    invalid in its `colenc` does (`decode_column`)."""
     out: dict[bytes, bytes] = {}
     _form_parts(raw.replace(b";", b"&").split(b"&"), out)
     return out
@@ -571,6 +573,9 @@ def _form_parts(parts: list[bytes], out: dict[bytes, bytes]) -> None:
     for part in parts:
         if not part:
             continue
+        if _BAD_URL_ESCAPE.search(part):
+            # decoded leniently, `%zz` would stay `%zz`: a key the client did not name
+            raise ReadProtocolError("invalid URL-encoded parameter", status=400)
         k, _, v = part.partition(b"=")
         out[url_decode(k)] = url_decode(v)
 
@@ -655,7 +660,8 @@ RPC_SLICE = 8192
 def rpc_input_slices(req: HttpRequest) -> Generator[bytes, None, dict[bytes, bytes]]:
     """`rpc_input` in slices of RPC_SLICE body items, yielding b"" between them (a 16 MiB
     body of a million keys is decoded without holding a listener's loop); returns the map.
-    Raises ReadProtocolError(400) on a TSV column invalid in its `colenc`."""
+    Raises ReadProtocolError(400) on a TSV column invalid in its `colenc` and on a broken
+    `%` escape in the query string or a form body (`parse_form`)."""
     params = parse_form(req.query)
     ctype = req.headers.get("content-type", "")
     low = ctype.lower()

@@ -59,6 +59,25 @@ def test_a_column_invalid_in_its_encoding_is_refused(raw: bytes, at: int, bad: i
         assert err.value.status == 400
 
 
+@given(
+    st.dictionaries(st.binary(min_size=1, max_size=30), st.binary(max_size=30), max_size=6),
+    st.integers(0, 1000),
+    st.sampled_from(list(b"!*-_ .~\t\x00\x80\xffgzG")),
+)
+def test_a_broken_escape_in_a_query_or_form_is_refused(
+    m: dict[bytes, bytes], at: int, bad: int
+) -> None:
+    """The query string and form bodies decode as strictly as a `colenc=U` TSV column: a
+    well-formed one round-trips, a `%` not followed by two hex digits is 400."""
+    raw = b"&".join(kt.url_encode(k) + b"=" + kt.url_encode(v) for k, v in m.items())
+    assert kt.parse_form(raw) == m
+    cut = at % (len(raw) + 1)
+    for junk in (b"%" + bytes([bad]), b"%" + bytes([bad]) + b"0", b"%0" + bytes([bad])):
+        with pytest.raises(ReadProtocolError) as err:
+            kt.parse_form(raw[:cut] + junk + raw[cut:])
+        assert err.value.status == 400
+
+
 @given(st.lists(st.tuples(st.integers(0, 3), st.binary(max_size=40)), max_size=20))
 def test_binary_get_bulk_round_trips(keys: list[tuple[int, bytes]]) -> None:
     req = struct.pack(">BII", 0xBA, 0, len(keys)) + b"".join(
