@@ -9,7 +9,13 @@ is consumed before the answer whenever its length can be read: a data block is t
 client's bytes, never commands. Where the stream cannot be resynchronised — a storage line
 whose block length cannot be read, a block not followed by CRLF where its length says, a
 line over MAX_LINE, a block over MAX_DATA, the binary protocol — the answer is a
-`CLIENT_ERROR` and the connection closes (what follows is never run as commands).
+`CLIENT_ERROR` and the connection closes (what follows is never run as commands). A
+command that begins with a byte no text command can begin with (`is_text_start`: a
+control byte other than whitespace, DEL, or any byte >= 0x80 — the binary protocol's
+request magic 0x80, its response magic 0x81, stray binary data) is not memcached text:
+where it ends cannot be known, so it is answered at once, without waiting for a line end
+— `ERROR` (memcached's answer to a command it does not know; 0x80: `CLIENT_ERROR binary
+protocol not supported`) — and the connection closes.
 """
 
 from __future__ import annotations
@@ -32,6 +38,17 @@ ERROR = b"ERROR\r\n"
 READ_ONLY = b"SERVER_ERROR read-only Mercury node; write through the gateway\r\n"
 
 
+#: Bytes a text command line can begin with: printable ASCII and the whitespace
+#: `parse_command` skips (an empty line is answered `ERROR` and the connection goes on).
+_TEXT_START = frozenset(range(0x20, 0x7F)) | frozenset(b"\t\n\r\x0b\x0c")
+
+
+def is_text_start(first_byte: int) -> bool:
+    """Whether a command beginning with this byte can be memcached text (see the module
+    docstring); any other first byte is answered and the connection closed at once."""
+    return first_byte in _TEXT_START
+
+
 @dataclass(frozen=True, slots=True)
 class Command:
     """One parsed command. `name` is the lower-cased verb; `keys` the keys of get/gets;
@@ -46,6 +63,8 @@ class Command:
     #: A storage command's data block (without its CRLF); the root's write listener
     #: stores it (reads/memcached_writes.py).
     data: bytes = b""
+    #: Close the connection after `reply`: the stream is not memcached text.
+    close: bool = False
 
 
 def client_error(msg: str) -> bytes:
@@ -57,10 +76,14 @@ def parse_command(buf: bytes | bytearray) -> tuple[Command, int] | None:
     """Parse one command at the start of `buf`: (command, bytes consumed) or None.
 
     Raises ReadProtocolError(close=True) for a line over MAX_LINE, a data block over
-    MAX_DATA, or binary-protocol input; its message is the CLIENT_ERROR text.
+    MAX_DATA, or binary-protocol input; its message is the CLIENT_ERROR text. Any other
+    first byte no text command begins with is `ERROR` with `close` set, consuming all of
+    `buf`: nothing after it is run as commands.
     """
-    if buf and buf[0] == 0x80:
-        raise ReadProtocolError("binary protocol not supported", close=True)
+    if buf and not is_text_start(buf[0]):
+        if buf[0] == 0x80:
+            raise ReadProtocolError("binary protocol not supported", close=True)
+        return Command(b"", reply=ERROR, close=True), len(buf)
     nl = buf.find(b"\n")
     if nl < 0:
         if len(buf) > MAX_LINE:

@@ -105,6 +105,9 @@ class MemcachedHandler:
             if cmd.reply is not None:
                 READ_ERRORS.labels("memcached", "protocol").inc()
                 yield cmd.reply
+                if cmd.close:
+                    buf.clear()
+                    return True
             elif cmd.name in (b"get", b"gets"):
                 yield from self._get_pieces(cmd.keys, cmd.name == b"gets")
             elif cmd.name == b"quit":

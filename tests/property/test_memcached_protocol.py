@@ -119,3 +119,46 @@ def test_a_block_not_ended_where_its_length_says_closes(block: bytes, end: bytes
     with pytest.raises(ReadProtocolError) as err:
         mc.parse_command(b"set k x 0 %d\r\n" % len(block) + block + end + b"delete k\r\n")
     assert err.value.close and err.value.message == "bad data chunk"
+
+
+_NOT_TEXT = [c for c in range(256) if not mc.is_text_start(c)]
+
+
+@given(st.sampled_from(_NOT_TEXT), st.binary(max_size=60))
+def test_a_command_no_text_command_begins_with_is_answered_at_once_and_closes(
+    first: int, rest: bytes
+) -> None:
+    """A first byte that cannot begin a text command (binary response magic 0x81, a NUL,
+    stray binary data): answered without waiting for a line end, and nothing after it —
+    however much it looks like commands — is ever run."""
+    assert 0x80 in _NOT_TEXT and 0x81 in _NOT_TEXT and 0x00 in _NOT_TEXT
+    assert not any(mc.is_text_start(c) for c in _NOT_TEXT)
+    data = bytes([first]) + rest + b"\r\nget k1\r\nversion\r\n"
+    for cut in range(1, len(data) + 1):
+        buf = data[:cut]
+        if first == 0x80:
+            with pytest.raises(ReadProtocolError) as err:
+                mc.parse_command(buf)
+            assert err.value.close
+            continue
+        got = mc.parse_command(buf)
+        assert got is not None
+        assert got == (mc.Command(b"", reply=mc.ERROR, close=True), len(buf))
+
+
+@settings(deadline=None)
+@given(st.sampled_from(_NOT_TEXT), st.binary(max_size=60))
+def test_the_handler_answers_a_non_text_command_then_closes(
+    small_store: Store, first: int, rest: bytes
+) -> None:
+    h = MemcachedHandler(small_store)
+    buf = bytearray(b"get k1\r\n" + bytes([first]) + rest + b"\r\nget k1\r\n")
+    reply, close = h.step(buf)
+    want = b"CLIENT_ERROR binary protocol not supported\r\n" if first == 0x80 else mc.ERROR
+    assert (reply, close) == (b"VALUE k1 0 2\r\nv1\r\nEND\r\n" + want, True)
+    assert not buf
+
+
+def test_every_text_command_begins_with_a_text_byte() -> None:
+    for line in (b"get k", b"GETS k", b" get k", b"\tget k", b"\r\n", b"\n", b"mg k v"):
+        assert mc.is_text_start(line[0])

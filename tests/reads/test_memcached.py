@@ -123,3 +123,34 @@ def test_stats_subcommands_are_not_served(mc_port: int) -> None:
             b"ERROR\r\n" + VERSION_REPLY
         )
     assert converse(mc_port, b"stats\r\n", b"END\r\n").startswith(b"STAT pid ")
+
+
+@pytest.mark.parametrize(
+    "stray",
+    [b"\x81", b"\x81\x00\x00\x05\x00\x00\x00\x00", b"\x00", b"\xff\xfe", b"\x1b["],
+    ids=["response-magic", "binary-response-header", "nul", "high-bytes", "escape"],
+)
+def test_a_command_no_text_command_begins_with_is_answered_at_once_and_closes(
+    mc_port: int, stray: bytes
+) -> None:
+    """A stray binary-protocol byte other than 0x80 (the response magic 0x81, a NUL, any
+    byte no text command begins with) is answered `ERROR` and the connection closed at
+    once: not after the header timeout (10 s), and with no line end needed."""
+    with socket.create_connection(("127.0.0.1", mc_port), timeout=3) as s:
+        s.sendall(stray)  # no line end, and the connection stays open on our side
+        got = b""
+        while chunk := s.recv(65536):  # a TimeoutError here: still waiting for a line
+            got += chunk
+        assert got == b"ERROR\r\n"
+    # What follows the stray byte is never run, even lines that are commands.
+    got = converse(mc_port, b"get k1\r\n" + stray + b"\r\nget k1\r\nversion\r\n", timeout=3)
+    assert got == K1 + b"ERROR\r\n"
+    # The same bytes in a data block are the client's bytes: consumed, never a command.
+    block = stray + b"\r\nget k1\r\n"
+    got = converse(
+        mc_port, b"set k 0 0 %d\r\n" % len(block) + block + b"\r\n" + VERSION, VERSION_REPLY
+    )
+    assert (
+        got == b"SERVER_ERROR read-only Mercury node; write through the gateway\r\n" + VERSION_REPLY
+    )
+    assert converse(mc_port, b"get k1\r\n", b"END\r\n") == K1
