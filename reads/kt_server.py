@@ -143,22 +143,24 @@ class KtHandler:
         if isinstance(got, replystream.Corrupt):
             READ_ERRORS.labels("kt_get_bulk", "crc").inc()
             return kt.BINARY_ERROR
-        hit_keys = (
-            [h[1] for h in got.hits]
-            if isinstance(got, replystream.Small)
-            else [keys[i][1] for i in got.hit_at]
+        READ_SECONDS.labels("kt_get_bulk").observe(time.perf_counter() - t0)
+        if isinstance(got, replystream.Small):
+            self._count_bulk(keys, [h[1] for h in got.hits])
+            return kt.get_bulk_reply_head(len(got.hits)) + _bulk_records(got.hits)
+        # Too big to hold: yielded in pieces as the client takes them (the reply is then
+        # all in the yields; `drain_value` joins them for callers without a connection).
+        # Counted once it can no longer be cut: a cut reply answered no hits.
+        hit_keys = [keys[i][1] for i in got.hit_at]
+        yield from replystream.stream(
+            self.store, keys, got, BULK_SPEC, lambda: self._count_bulk(keys, hit_keys)
         )
+        return b""
+
+    def _count_bulk(self, keys: list[tuple[int, bytes]], hit_keys: list[bytes]) -> None:
         for k in hit_keys:
             readstats.note_read(k)
         self.cnt_get += len(keys)
         self.cnt_get_misses += len(keys) - len(hit_keys)
-        READ_SECONDS.labels("kt_get_bulk").observe(time.perf_counter() - t0)
-        if isinstance(got, replystream.Small):
-            return kt.get_bulk_reply_head(len(got.hits)) + _bulk_records(got.hits)
-        # Too big to hold: yielded in pieces as the client takes them (the reply is then
-        # all in the yields; `drain_value` joins them for callers without a connection).
-        yield from replystream.stream(self.store, keys, got, BULK_SPEC)
-        return b""
 
     # --- HTTP ------------------------------------------------------------------------
 

@@ -192,9 +192,12 @@ class MemcachedHandler:
         if not isinstance(got, replystream.Big):
             yield self._whole(keys, got, with_cas, t0)
             return
-        self._count(keys, [keys[i] for i in got.hit_at])
         _OBSERVE_GET(time.perf_counter() - t0)
-        yield from replystream.stream(self.store, keys, got, self._specs[with_cas])
+        hit_keys = [keys[i] for i in got.hit_at]
+        # counted once the reply can no longer be cut: a cut one answered no hits
+        yield from replystream.stream(
+            self.store, keys, got, self._specs[with_cas], lambda: self._count(keys, hit_keys)
+        )
 
     def _whole(
         self,

@@ -18,6 +18,9 @@ reply is made in two passes:
 The count and head are those of the first pass. A hit that has gone by the second pass, or
 fails its CRC there, cannot be answered any more: part of the reply is already out, so the
 connection is dropped (`Cut`, a `reads.tcp.Abort`) — the client sees a cut reply, never a wrong one.
+The caller's counters (hits, misses) are therefore kept by `stream`'s `done`, called once
+every hit has been read again — when the reply can no longer be cut — so a cut reply
+counts no hits it did not answer.
 A value changed between the passes is served as it is now (as in KT, a bulk read is not
 one snapshot).
 """
@@ -139,13 +142,22 @@ def collect(
 
 
 def stream(
-    store: Store, keys: Sequence[K], big: Big, spec: Spec[K, H]
+    store: Store,
+    keys: Sequence[K],
+    big: Big,
+    spec: Spec[K, H],
+    done: Callable[[], None] | None = None,
 ) -> Generator[bytes, None, None]:
     """The second pass: the reply of `big`, yielded in pieces; raises `Cut` when it cannot
-    be finished. No read transaction is held across a yield."""
+    be finished. No read transaction is held across a yield. `done` (the caller counting
+    the reply) is called once every hit has been read again, before the last piece is
+    yielded: never for a reply that is cut, nor for one whose client went away before
+    taking all but its last piece."""
     yield spec.head(len(big.hit_at))
     at = big.hit_at
     i = 0
+    if not at and done is not None:
+        done()
     while i < len(at):
         piece: list[H] = []
         size = 0
@@ -160,6 +172,8 @@ def stream(
                     size += spec.size(hit)
         except CRCError as err:
             raise Cut("crc", err.message) from err
+        if i == len(at) and done is not None:
+            done()  # every hit read: the reply can no longer be cut
         yield spec.encode(piece)
     if spec.tail:
         yield spec.tail

@@ -18,7 +18,7 @@ import httpx
 import pytest
 
 from reads import kt_protocol as kt
-from store.ops import SET, Op
+from store.ops import DELETE, SET, Op
 from store.store import Store
 from tests.support import metrics
 from tests.support.procs import Procs, free_port, wait_http, wait_port
@@ -565,3 +565,76 @@ def test_http_oversized_request_heads_get_431_others_keep_being_served(
     finally:
         good.close()
     assert ports.metric("mercury_http_connections_closed_total", reason="header_too_large") >= 2
+
+
+def _mc_stats(port: int) -> dict[bytes, bytes]:
+    with socket.create_connection(("127.0.0.1", port), 5) as s:
+        s.sendall(b"stats\r\n")
+        lines = _recv_until(s, b"END\r\n").split(b"\r\n")
+    return {p[1]: p[2] for p in (ln.split(b" ") for ln in lines) if p[0] == b"STAT"}
+
+
+def _get_counts(ports: Ports, listener: str) -> tuple[int, int, int]:
+    """(gets, hits, misses) as the listener reports them: memcached `stats`, KT `report`."""
+    if listener == "memcached":
+        st = _mc_stats(ports.mc)
+        return int(st[b"cmd_get"]), int(st[b"get_hits"]), int(st[b"get_misses"])
+    got = httpx.get(f"http://127.0.0.1:{ports.kt}/rpc/report", timeout=5)
+    rep = kt.decode_tsv_response(got.content, got.headers["content-type"])
+    gets, misses = int(rep[b"cnt_get"]), int(rep[b"cnt_get_misses"])
+    return gets, gets - misses, misses
+
+
+def _multi_get(listener: str, names: list[bytes]) -> bytes:
+    if listener == "memcached":
+        return b"get " + b" ".join(names) + b"\r\n"
+    parts = [struct.pack(">BII", kt.MAGIC_GET_BULK, 0, len(names))]
+    parts += [struct.pack(">HI", 0, len(k)) + k for k in names]
+    return b"".join(parts)
+
+
+@pytest.mark.parametrize("listener", ["memcached", "kt"])
+def test_a_cut_streamed_reply_counts_no_hits_a_whole_one_counts_them(
+    store: Store, start_reads: StartReads, listener: str
+) -> None:
+    """A streamed reply's hits were counted from its first pass, before it was sent: a
+    reply cut because a value went between the passes still counted every hit. Counted
+    now is what was answered: nothing for the cut reply, everything for a whole one."""
+    store.apply([Op(SET, b"big", b"b" * BIG, "t"), Op(SET, b"last", b"l" * BIG, "t")])
+    ports = start_reads("--listener-write-timeout-s", "60")
+    port = ports.mc if listener == "memcached" else ports.kt
+    # ~20 MB of values before `last`: far more than the transport and socket buffers
+    # hold, so the reply stalls long before `last` is read again
+    names = [b"big"] * 100 + [b"last"]
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    s.connect(("127.0.0.1", port))
+    with s:
+        s.sendall(_multi_get(listener, names))
+        deadline = time.monotonic() + 10
+        while not ports.metric("mercury_listener_write_queued_bytes", listener=listener):
+            assert time.monotonic() < deadline, "the reply never stalled"
+            time.sleep(0.1)
+        store.apply([Op(DELETE, b"last", b"", "t")])  # gone between the passes
+        got = 0
+        s.settimeout(30)
+        try:
+            while chunk := s.recv(1 << 20):
+                got += len(chunk)
+        except ConnectionResetError:
+            pass  # dropped: a cut reply must not pass for a whole one
+    assert got < 101 * BIG
+    assert ports.metric("mercury_read_errors_total", op=listener, reason="gone") == 1
+    assert _get_counts(ports, listener) == (0, 0, 0)
+
+    # A streamed reply the client takes whole is counted: 10 hits and a miss.
+    names = [b"big"] * 10 + [b"nope"]
+    with socket.create_connection(("127.0.0.1", port), 10) as s:
+        s.settimeout(30)
+        s.sendall(_multi_get(listener, names))
+        if listener == "memcached":
+            values = _mc_values(_recv_until(s, b"END\r\n", 30.0))
+        else:
+            values = _kt_values(s)
+    assert len(values) == 10
+    assert _get_counts(ports, listener) == (11, 10, 1)
