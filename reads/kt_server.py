@@ -36,11 +36,21 @@ MATCH_CHUNK = 10_000
 #: Bytes of values one get_bulk (RPC or binary) may answer; beyond it the call fails.
 MAX_BULK_BYTES = 256 << 20
 
-#: A KT client over the connection cap (KT itself just closes: this says why).
+#: An HTTP client over the connection cap (KT itself just closes: this says why).
 BUSY = (
     b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain\r\n"
     b"Content-Length: 26\r\nConnection: close\r\n\r\ntoo many open connections\n"
 )
+
+
+def busy_reply_to(first: int | None) -> bytes | None:
+    """What a KT client refused at the connection cap is sent, by the first byte it sent
+    (`reads.tcp.TcpService.busy_reply_to`): a binary client (a binary magic, `kt.is_binary`)
+    nothing — the connection just closes, as KT's own server closes, since a binary client
+    cannot parse HTTP and would read `H` as a bad magic; an HTTP client, or one that sent
+    nothing in time, the 503."""
+    return None if first is not None and kt.is_binary(first) else BUSY
+
 
 BulkHit = tuple[int, bytes, bytes]  # dbidx, key, value
 
@@ -499,6 +509,6 @@ def kt_service(
         connections=lambda: holder[0].connections,
         db_aliases=db_aliases,
     )
-    svc = TcpService("kt", host, port, handler.session, limits=limits, busy_reply=BUSY)
+    svc = TcpService("kt", host, port, handler.session, limits=limits, busy_reply_to=busy_reply_to)
     holder.append(svc)
     return svc

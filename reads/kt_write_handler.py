@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 
 from core.errors import ReadProtocolError
 from reads import kt_protocol as kt
-from reads.kt_server import BUSY, WRITE_PROCEDURES, KtHandler
+from reads.kt_server import WRITE_PROCEDURES, KtHandler, busy_reply_to
 from reads.kt_writes import KtWriteFailed, KtWriter, KtWrites
 from reads.tcp import ListenerLimits, TcpService, Wait
 from store.format import MAX_KEY
@@ -239,6 +239,6 @@ def kt_write_service(
         connections=lambda: holder[0].connections,
         db_aliases=db_aliases,
     )
-    svc = TcpService("kt", host, port, handler.session, limits=limits, busy_reply=BUSY)
+    svc = TcpService("kt", host, port, handler.session, limits=limits, busy_reply_to=busy_reply_to)
     holder.append(svc)
     return svc

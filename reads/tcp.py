@@ -20,7 +20,10 @@ piece (a piece is at most one value plus a little), whatever its request asks fo
 
 Limits (`ListenerLimits`, one per listener): a connection cap (at it, a newcomer evicts the
 connection idle the longest — no request in progress, nothing left to write — and only when
-none is idle is the newcomer refused with the protocol's busy reply, if any), a header
+none is idle is the newcomer refused with the protocol's busy reply, if any; a listener
+whose busy reply depends on the protocol the client speaks — KT: HTTP or binary on one
+port — holds the refused connection, outside the count, up to `REFUSE_WAIT` for its first
+byte, `MAX_REFUSING` of them at most), a header
 timeout (a request's head must
 arrive within it from its first byte), a body timeout (the whole request within it), an
 idle timeout (no request for that long), and a write timeout (a client that reads none of
@@ -67,6 +70,12 @@ WRITE_LOW_WATER = 64 << 10
 MAX_BUFFER_WHILE_BUSY = 1 << 20
 #: How often every connection's timeouts are checked.
 SWEEP_SECONDS = 1.0
+#: How long a connection refused at the cap is held for its first byte when its busy reply
+#: depends on it (`TcpService.busy_reply_to`); the header timeout when that is shorter.
+REFUSE_WAIT = 1.0
+#: Refused connections held at once for their first byte; beyond it one closes at once,
+#: with no reply.
+MAX_REFUSING = 64
 
 #: A session's run: yields reply bytes (b"" = a slice of work done, nothing to send yet),
 #: returns True when the connection must close after what was written.
@@ -106,6 +115,10 @@ class Session(Protocol):
         """Where the partial request in `buf` is: "header" or "body" (for the timeouts)."""
         ...
 
+
+#: The busy reply to a connection refused at the cap, given the first byte it sent (None:
+#: nothing within `REFUSE_WAIT`); None: close without a reply.
+BusyReplyTo = Callable[[int | None], "bytes | None"]
 
 #: A session's optional shortcut (its attribute `fast`): the reply to `data` when `data`,
 #: received on an idle connection with nothing buffered, is exactly one small request the
@@ -193,6 +206,8 @@ class _Conn(_ConnBase, asyncio.Protocol):
         self.received = 0  # bytes received in all
         self.partial_id = -1  # `received - len(buf)` when the partial request began
         self.reading = True
+        #: While refused at the cap and held for its first byte: the wait's timer.
+        self.refusing: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's transports implement asyncio.Transport without subclassing it
@@ -202,6 +217,9 @@ class _Conn(_ConnBase, asyncio.Protocol):
             victim = svc.longest_idle()
             if victim is None:  # every place is in use: refuse the newcomer
                 svc.refuse("max_connections")
+                if svc.busy_reply_to is not None and len(svc.refusing) < MAX_REFUSING:
+                    self._hold_refused(t)
+                    return
                 if svc.busy_reply:
                     t.write(svc.busy_reply)
                 t.close()
@@ -216,6 +234,33 @@ class _Conn(_ConnBase, asyncio.Protocol):
         if sock is not None:
             with contextlib.suppress(OSError):
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def _hold_refused(self, t: asyncio.Transport) -> None:
+        """Refused at the cap: wait (outside the count) up to `REFUSE_WAIT` for the first
+        byte, which chooses the busy reply (`TcpService.busy_reply_to`)."""
+        svc = self.service
+        self.transport = t
+        self.fast = None  # every byte goes to received_more, which answers the refusal
+        svc.refusing.add(self)
+        wait = min(REFUSE_WAIT, svc.limits.header_timeout)
+        self.refusing = asyncio.get_running_loop().call_later(wait, self._answer_refused, None)
+
+    def _answer_refused(self, first: int | None) -> None:
+        """Send a held refused connection its busy reply (by `first`, its first byte, or
+        None when none came in time) and close it."""
+        if self.refusing is not None:
+            self.refusing.cancel()
+            self.refusing = None
+        svc = self.service
+        svc.refusing.discard(self)
+        t = self.transport
+        if t is None or t.is_closing():
+            return
+        assert svc.busy_reply_to is not None
+        reply = svc.busy_reply_to(first)
+        if reply:
+            t.write(reply)
+        t.close()
 
     def idle(self) -> bool:
         """No request in progress (none being answered, none partly received) and nothing
@@ -248,6 +293,9 @@ class _Conn(_ConnBase, asyncio.Protocol):
             self.transport.close()
 
     def received_more(self, data: bytes) -> None:
+        if self.refusing is not None:
+            self._answer_refused(data[0])  # refused at the cap: its first byte is here
+            return
         self.buf += data
         if self.work is None:
             self.work = self.session.run(self.buf)
@@ -356,6 +404,10 @@ class _Conn(_ConnBase, asyncio.Protocol):
             self._resume_reading()
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if self.refusing is not None:
+            self.refusing.cancel()
+            self.refusing = None
+            self.service.refusing.discard(self)
         if self in self.service.conns:
             self.service.conns.discard(self)
             LISTENER_CONNECTIONS.labels(self.service.name).dec()
@@ -381,7 +433,11 @@ class TcpService:
     """Listen on host:port; each connection gets a fresh `Session` from `make_session()`.
 
     `busy_reply`: bytes sent to a connection refused over the cap (None: just close).
-    Implements `core.service.Service`.
+    `busy_reply_to`, instead, when the reply depends on the protocol the client speaks: a
+    refused connection is held outside the count for its first byte (up to `REFUSE_WAIT`,
+    `MAX_REFUSING` at once; beyond that it closes at once, with no reply) and answered
+    `busy_reply_to(that byte)` (None when none came in time). Implements
+    `core.service.Service`.
     """
 
     def __init__(
@@ -393,6 +449,7 @@ class TcpService:
         *,
         limits: ListenerLimits | None = None,
         busy_reply: bytes | None = None,
+        busy_reply_to: BusyReplyTo | None = None,
     ) -> None:
         self.name = name
         self.host = host
@@ -400,7 +457,10 @@ class TcpService:
         self.make_session = make_session
         self.limits = limits or ListenerLimits()
         self.busy_reply = busy_reply
+        self.busy_reply_to = busy_reply_to
         self.conns: set[_Conn] = set()
+        #: Connections refused at the cap, held for their first byte (not in `conns`).
+        self.refusing: set[_Conn] = set()
         #: Bind with SO_REUSEPORT, one of several reader processes on this address
         #: (`--read-workers`, reads/workers.py).
         self.reuse_port = False
@@ -463,6 +523,9 @@ class TcpService:
         if self._server is None:
             return
         self._server.close()
+        for c in list(self.refusing):
+            if c.transport is not None:
+                c.transport.close()
         for c in list(self.conns):
             if c.transport is not None:
                 c.transport.close()

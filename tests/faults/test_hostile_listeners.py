@@ -245,6 +245,83 @@ def test_kt_over_the_cap_with_every_connection_busy_answers_503(start_reads: Sta
             s.close()
 
 
+def _read_to_close(sock: socket.socket, timeout: float = 5.0) -> bytes:
+    """Everything the server sends until it closes (EOF or reset)."""
+    sock.settimeout(timeout)
+    got = b""
+    try:
+        while chunk := sock.recv(65536):
+            got += chunk
+    except ConnectionResetError:
+        pass
+    return got
+
+
+def test_kt_over_the_cap_a_binary_client_is_closed_without_an_http_answer(
+    start_reads: StartReads,
+) -> None:
+    """A binary client cannot parse HTTP: a 503 reads as the bad magic `H`. Refused at the
+    cap, it is closed as KT's own server closes; an HTTP client still gets the 503. The
+    refused connection waits for its first byte outside the count."""
+    ports = start_reads("--listener-max-connections", "2")
+    held = [socket.create_connection(("127.0.0.1", ports.kt), 5) for _ in range(2)]
+    try:
+        for s in held:
+            s.sendall(b"GET /rpc/void HTTP/1.1\r\nHost: x")  # a request head in progress
+        time.sleep(0.2)
+        for magic in (kt.MAGIC_GET_BULK, kt.MAGIC_SET_BULK, kt.MAGIC_REMOVE_BULK):
+            with socket.create_connection(("127.0.0.1", ports.kt), 5) as extra:
+                extra.sendall(bytes([magic]) + _binary_get_bulk(1)[1:])
+                t0 = time.monotonic()
+                assert _read_to_close(extra) == b"", hex(magic)
+                assert time.monotonic() - t0 < 2.0  # on its first byte, not a timeout
+        with socket.create_connection(("127.0.0.1", ports.kt), 5) as extra:
+            extra.sendall(b"GET /rpc/void HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert _read_to_close(extra).startswith(b"HTTP/1.1 503 ")
+        with socket.create_connection(("127.0.0.1", ports.kt), 5) as silent:
+            time.sleep(0.3)  # held for its first byte, and not counted meanwhile
+            assert ports.metric("mercury_listener_connections", listener="kt") == 2
+            t0 = time.monotonic()
+            assert _read_to_close(silent).startswith(b"HTTP/1.1 503 ")
+            assert time.monotonic() - t0 < 2.0  # the wait is bounded (1 s)
+        for s in held:  # the busy ones finish their requests
+            s.sendall(b"\r\n\r\n")
+            assert _recv_until(s, b"\r\n\r\n", 5.0).startswith(b"HTTP/1.1 200 ")
+        assert (
+            ports.metric("mercury_listener_refused_total", listener="kt", reason="max_connections")
+            == 5
+        )
+    finally:
+        for s in held:
+            s.close()
+
+
+def test_kt_refused_connections_held_for_their_first_byte_are_bounded(
+    start_reads: StartReads,
+) -> None:
+    """Refused connections wait for their first byte outside the count, so how many may
+    wait at once is bounded too (64): past it, a refused one closes at once, unanswered."""
+    ports = start_reads("--listener-max-connections", "1")
+    time.sleep(0.2)  # the start's probe connection has left the count
+    held = socket.create_connection(("127.0.0.1", ports.kt), 5)
+    held.sendall(b"GET /rpc/void HTTP/1.1\r\nHost: x")
+    time.sleep(0.2)
+    assert ports.metric("mercury_listener_connections", listener="kt") == 1
+    silent = [socket.create_connection(("127.0.0.1", ports.kt), 5) for _ in range(70)]
+    try:
+        got = [_read_to_close(s) for s in silent]
+        busy = sum(g.startswith(b"HTTP/1.1 503 ") for g in got)
+        closed = sum(g == b"" for g in got)
+        assert busy + closed == len(silent)
+        assert busy >= 64 and closed >= 1, (busy, closed)
+        held.sendall(b"\r\n\r\n")
+        assert _recv_until(held, b"\r\n\r\n", 5.0).startswith(b"HTTP/1.1 200 ")
+    finally:
+        held.close()
+        for s in silent:
+            s.close()
+
+
 @pytest.mark.parametrize("listener", ["memcached", "kt"])
 def test_at_the_cap_the_longest_idle_connection_makes_room(
     start_reads: StartReads, listener: str
