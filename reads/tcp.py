@@ -214,6 +214,8 @@ class _Conn(_ConnBase, asyncio.Protocol):
         t: asyncio.Transport = transport  # type: ignore[assignment]
         svc = self.service
         if len(svc.conns) >= svc.limits.max_connections:
+            svc.drop_closed()
+        if len(svc.conns) >= svc.limits.max_connections:
             victim = svc.longest_idle()
             if victim is None:  # every place is in use: refuse the newcomer
                 svc.refuse("max_connections")
@@ -489,6 +491,18 @@ class TcpService:
         if self.port == 0:
             self.port = self._server.sockets[0].getsockname()[1]
         self._sweeper = loop.call_later(SWEEP_SECONDS, self._sweep)
+
+    def drop_closed(self) -> None:
+        """Take connections already closing with nothing left to write (the client hung
+        up; only their `connection_lost` is still to come, a loop callback later) out of
+        the count, so a client that closes a connection and opens another at the cap is
+        not refused for the one it closed. One still writing stays (the sweep's write
+        timeout bounds it)."""
+        for c in list(self.conns):
+            t = c.transport
+            if t is None or (t.is_closing() and t.get_write_buffer_size() == 0):
+                self.conns.discard(c)
+                LISTENER_CONNECTIONS.labels(self.name).dec()
 
     def longest_idle(self) -> _Conn | None:
         """The idle connection (`_Conn.idle`) with the oldest activity, or None."""

@@ -245,6 +245,28 @@ def test_kt_over_the_cap_with_every_connection_busy_answers_503(start_reads: Sta
             s.close()
 
 
+@pytest.mark.parametrize("listener", ["memcached", "kt"])
+def test_at_the_cap_a_connection_just_closed_makes_room_at_once(
+    start_reads: StartReads, listener: str
+) -> None:
+    """A client that hangs up and reconnects at once (a pool replacing a connection) is
+    served: the connection it closed no longer counts, even before the server has
+    finished tearing it down. It counted, and was not idle (closing), so the newcomer
+    was refused."""
+    ports = start_reads("--listener-max-connections", "1")
+    port = ports.mc if listener == "memcached" else ports.kt
+    ask = b"version\r\n" if listener == "memcached" else b"GET /rpc/void HTTP/1.1\r\n\r\n"
+    ok = b"VERSION" if listener == "memcached" else b"HTTP/1.1 200 "
+    for _ in range(30):
+        socket.create_connection(("127.0.0.1", port), 5).close()
+        with socket.create_connection(("127.0.0.1", port), 5) as s:
+            s.sendall(ask)
+            assert _recv_until(s, b"\r\n", 5.0).startswith(ok)
+    assert not ports.metric(
+        "mercury_listener_refused_total", listener=listener, reason="max_connections"
+    )
+
+
 def _read_to_close(sock: socket.socket, timeout: float = 5.0) -> bytes:
     """Everything the server sends until it closes (EOF or reset)."""
     sock.settimeout(timeout)
@@ -302,7 +324,6 @@ def test_kt_refused_connections_held_for_their_first_byte_are_bounded(
     """Refused connections wait for their first byte outside the count, so how many may
     wait at once is bounded too (64): past it, a refused one closes at once, unanswered."""
     ports = start_reads("--listener-max-connections", "1")
-    time.sleep(0.2)  # the start's probe connection has left the count
     held = socket.create_connection(("127.0.0.1", ports.kt), 5)
     held.sendall(b"GET /rpc/void HTTP/1.1\r\nHost: x")
     time.sleep(0.2)
