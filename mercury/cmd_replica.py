@@ -98,9 +98,10 @@ def register(sub: Any) -> None:
         metavar="MS",
         help="while the stream from the source is heavy (1 MiB a second or more), start "
         "a commit at most every MS and let the records arriving meanwhile join it, so a "
-        "replica of a busy root commits and fsyncs a few records at a time instead of "
-        "each one; a light stream is committed at once "
-        f"(default {APPLY_WINDOW * 1000:g}; 0 commits what is queued at once)",
+        "replica of a root sending many small records commits and fsyncs a few at a "
+        "time instead of each one; a light stream is committed at once. Costs reads on "
+        "the applier's core a longer wait behind each commit "
+        f"(default {APPLY_WINDOW * 1000:g}: off; e.g. 20)",
     )
     p.add_argument(
         "--max-bootstraps",

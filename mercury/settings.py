@@ -168,6 +168,7 @@ def _apply_window(ms: float) -> float:
     if not 0 <= ms <= 1000:
         raise ConfigError(
             f"--apply-window-ms must be 0 to 1000, got {ms:g}",
-            hint="the default, 20, groups a heavy stream's records a few at a time",
+            hint="0 (the default) commits each record as it comes; 20 groups a heavy "
+            "stream's records a few at a time",
         )
     return ms / 1000

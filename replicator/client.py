@@ -81,8 +81,10 @@ GROUP_BYTES = 32 << 20
 #: A group this large commits at once, without waiting out the apply window: the
 #: commit's fixed cost is already small beside what it applies.
 WINDOW_BYTES = 1 << 20
-#: Default apply window of a replica (seconds): see `ReplicaClient`.
-APPLY_WINDOW = 0.02
+#: Default apply window of a replica (seconds; off): see `ReplicaClient`. Fewer, larger
+#: commits cost less CPU when a root sends many small records, but each holds the core
+#: longer, in the kernel too, and a read on that core waits for it (docs/replication.md).
+APPLY_WINDOW = 0.0
 #: A root heartbeat this much newer than the commit of the replica's last record, with a
 #: lower head seq, means the root lost history (restored from an older copy): its head
 #: must otherwise include that record. The margin covers the time between a batch's
