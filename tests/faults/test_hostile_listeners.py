@@ -22,6 +22,7 @@ from store.ops import DELETE, SET, Op
 from store.store import Store
 from tests.support import metrics
 from tests.support.procs import Procs, free_port, wait_http, wait_port
+from tests.support.sockets import closed_within, endless_head
 
 
 @dataclass
@@ -64,24 +65,6 @@ def _recv_until(sock: socket.socket, end: bytes, timeout: float = 10.0) -> bytes
             break
         got += chunk
     return got
-
-
-def _closed_within(sock: socket.socket, seconds: float) -> bool:
-    """True when the server closes `sock` (EOF or reset) within `seconds`; data first
-    (an error reply) is read and skipped."""
-    deadline = time.monotonic() + seconds
-    while True:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            return False
-        sock.settimeout(left)
-        try:
-            if sock.recv(65536) == b"":
-                return True
-        except ConnectionError:
-            return True
-        except TimeoutError:
-            return False
 
 
 def _mc_version(sock: socket.socket) -> bytes:
@@ -171,8 +154,8 @@ def test_idle_connections_are_closed_others_keep_being_served(start_reads: Start
             for _ in range(30):
                 assert _mc_version(busy).startswith(b"VERSION")
                 time.sleep(0.1)
-            assert _closed_within(idle_mc, 10.0)
-            assert _closed_within(idle_kt, 10.0)
+            assert closed_within(idle_mc, 10.0)
+            assert closed_within(idle_kt, 10.0)
             assert _mc_version(busy).startswith(b"VERSION")
     assert (
         ports.metric("mercury_listener_refused_total", listener="memcached", reason="idle_timeout")
@@ -193,7 +176,7 @@ def test_over_the_cap_is_refused_while_existing_clients_keep_working(
         time.sleep(0.2)
         with socket.create_connection(("127.0.0.1", ports.mc), 5) as extra:
             assert _recv_until(extra, b"\r\n", 5.0) == b"SERVER_ERROR Too many open connections\r\n"
-            assert _closed_within(extra, 5.0)
+            assert closed_within(extra, 5.0)
         for s in held:
             s.sendall(b"\r\n")
             assert _recv_until(s, b"END\r\n", 5.0) == b"END\r\n"
@@ -232,7 +215,7 @@ def test_kt_over_the_cap_with_every_connection_busy_answers_503(start_reads: Sta
         with socket.create_connection(("127.0.0.1", ports.kt), 5) as extra:
             got = _recv_until(extra, b"\n", 5.0)
             assert got.startswith(b"HTTP/1.1 503 "), got
-            assert _closed_within(extra, 5.0)
+            assert closed_within(extra, 5.0)
         for s in held:  # the busy ones finish their requests
             s.sendall(b"\r\n\r\n")
             assert _recv_until(s, b"\r\n\r\n", 5.0).startswith(b"HTTP/1.1 200 ")
@@ -372,7 +355,7 @@ def test_at_the_cap_the_longest_idle_connection_makes_room(
             new = socket.create_connection(("127.0.0.1", port), 5)
             socks.append(new)
             assert ask(new).startswith(ok)
-            assert _closed_within([oldest, idle][n], 5.0)
+            assert closed_within([oldest, idle][n], 5.0)
         # The busy one was kept and finishes its request.
         busy.sendall(b"\r\n" if listener == "memcached" else b"Host: x\r\n\r\n")
         assert _recv_until(busy, b"\r\n", 5.0).startswith(b"END" if listener == "memcached" else ok)
@@ -410,7 +393,7 @@ def test_parked_partial_requests_are_dropped_after_their_timeouts(
     try:
         with socket.create_connection(("127.0.0.1", ports.mc), 5) as good:
             for name, s in socks.items():
-                assert _closed_within(s, 6.0), f"{name}: still open"
+                assert closed_within(s, 6.0), f"{name}: still open"
             assert _mc_version(good).startswith(b"VERSION")
     finally:
         for s in socks.values():
@@ -592,7 +575,7 @@ def test_http_silent_and_trickled_connections_are_closed_others_keep_being_serve
     try:
         t0 = time.monotonic()
         trickled.sendall(b"GET /v1/kv/k1 HTTP/1.1\r\nHost: r\r\n")
-        assert not _closed_within(silent, 1.0)  # the deadline is 2 s away
+        assert not closed_within(silent, 1.0)  # the deadline is 2 s away
         closed = False
         for i in range(40):  # a header line every 0.25 s: at most 10 s
             _http_get_ok(good)
@@ -601,12 +584,12 @@ def test_http_silent_and_trickled_connections_are_closed_others_keep_being_serve
             except OSError:
                 closed = True
                 break
-            if _closed_within(trickled, 0.25):
+            if closed_within(trickled, 0.25):
                 closed = True
                 break
         assert closed, "a trickled request head was never closed"
         assert time.monotonic() - t0 < 9  # the 2 s deadline, with room for a loaded machine
-        assert _closed_within(silent, 10.0), "a silent socket was never closed"
+        assert closed_within(silent, 10.0), "a silent socket was never closed"
         _http_get_ok(good)  # answered throughout (never idle for 2 s)
     finally:
         for s in (silent, trickled):
@@ -634,29 +617,15 @@ def test_http_oversized_request_heads_get_431_others_keep_being_served(
             big.sendall(b"GET /v1/kv/k1 HTTP/1.1\r\nHost: r\r\n" + pad * 12 + b"\r\n")
             got = _recv_until(big, b"\r\n\r\n", 10.0)
             assert got.startswith(b"HTTP/1.1 431 "), got[:80]
-            assert _closed_within(big, 10.0)
+            assert closed_within(big, 10.0)
         _http_get_ok(good)
         # A head that never ends: closed (a 431 first, or a reset that beat it), never read
         # on for ever.
         with socket.create_connection(("127.0.0.1", ports.http), 5) as endless:
-            endless.sendall(b"GET /v1/kv/k1 HTTP/1.1\r\nHost: r\r\n")
-            got = b""
-            closed = False
-            try:
-                for _ in range(64):  # up to 4 MiB of head, never ended
-                    endless.sendall(pad * 64)
-            except OSError:
-                closed = True
-            if not closed:
-                endless.settimeout(10)
-                try:
-                    while chunk := endless.recv(4096):
-                        got += chunk
-                    closed = True
-                except TimeoutError:
-                    pass  # still open: the head is being read on and on
-                except OSError:
-                    closed = True
+            # up to 4 MiB of head, never ended
+            closed, got = endless_head(
+                endless, b"GET /v1/kv/k1 HTTP/1.1\r\nHost: r\r\n", pad * 64, 64
+            )
             assert closed, "an endless request head was read on for ever"
             assert got == b"" or got.startswith(b"HTTP/1.1 431 "), got[:80]
         _http_get_ok(good)

@@ -35,6 +35,7 @@ from tests.security.test_tls import (
 )
 from tests.support import metrics
 from tests.support.procs import Procs, free_port, wait_http
+from tests.support.sockets import closed_within, endless_head
 
 IDLE_S = 2  # --http-idle-timeout of these replicas
 CAP = 40  # --http-max-connections
@@ -92,22 +93,6 @@ def replica(tmp_path: Path, procs: Procs, source: RootNode) -> Replica:
     return Replica(port)
 
 
-def _closed_by_peer(s: socket.socket, within_s: float) -> bool:
-    """Whether the replica closes `s` (EOF or reset; an answer first is read past)
-    within `within_s` seconds."""
-    deadline = time.monotonic() + within_s
-    while (left := deadline - time.monotonic()) > 0:
-        s.settimeout(left)
-        try:
-            if s.recv(65536) == b"":
-                return True
-        except TimeoutError:
-            return False
-        except (OSError, ssl.SSLError):
-            return True
-    return False
-
-
 def _point_gets_work(r: Replica) -> None:
     with r.client() as c:
         got = c.get("/v1/kv/k00000007")
@@ -135,13 +120,13 @@ def _idle_and_trickled_are_closed_while_others_are_served(r: Replica) -> None:
                 except OSError:
                     closed.add(n)
                     continue
-                if _closed_by_peer(s, 0.5 / len(slow)):
+                if closed_within(s, 0.5 / len(slow)):
                     closed.add(n)
             if len(closed) == len(slow):
                 break
         assert len(closed) == len(slow), "a trickled request head was never closed"
         assert time.monotonic() - t0 < 14  # the 2 s deadline, with room for a loaded machine
-        still_open = [s for s in idle if not _closed_by_peer(s, 10)]
+        still_open = [s for s in idle if not closed_within(s, 10)]
         assert not still_open, f"{len(still_open)} idle sockets still open"
     finally:
         for s in idle + slow:
@@ -175,25 +160,11 @@ def test_a_keep_alive_client_of_point_gets_is_never_cut_off(replica: Replica) ->
 
 def _big_head_is_refused(r: Replica) -> None:
     s = r.connect()
-    got = b""
-    closed = False
-    try:
-        s.sendall(b"GET /v1/kv/k00000001 HTTP/1.1\r\nHost: r\r\n")
+    try:  # up to 64 MiB of head, never ended
         line = b"x-pad: " + b"a" * 1000 + b"\r\n"
-        try:
-            for _ in range(64):  # up to 64 MiB of head, never ended
-                s.sendall(line * 1024)
-        except OSError:
-            closed = True
-        s.settimeout(10)
-        try:
-            while chunk := s.recv(4096):
-                got += chunk
-            closed = True
-        except TimeoutError:
-            pass  # still open: the head is being read on and on
-        except OSError:
-            closed = True
+        closed, got = endless_head(
+            s, b"GET /v1/kv/k00000001 HTTP/1.1\r\nHost: r\r\n", line * 1024, 64
+        )
     finally:
         s.close()
     # 431 then a close (or a reset before the 431 could be read): never an answer or a hang
@@ -249,7 +220,7 @@ def test_an_oversized_get_bulk_body_is_refused_413_before_it_is_read(replica: Re
         got = _response(s)
         assert got.startswith(b"HTTP/1.1 413"), got[:200]
         assert b"too-large" in got and b"connection: close" in got.lower()
-        assert _closed_by_peer(s, 10)
+        assert closed_within(s, 10)
     finally:
         s.close()
     # Chunked: reading stops at the bound (the rest is never read).

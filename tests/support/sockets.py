@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import socket
+import ssl
+import time
 
 
 def recv_exact(s: socket.socket, n: int) -> bytes:
@@ -32,3 +34,43 @@ def converse(port: int, data: bytes, until: bytes | None = None, timeout: float 
                 return got
             got += chunk
         return got
+
+
+def closed_within(s: socket.socket, seconds: float) -> bool:
+    """Whether the peer closes `s` (EOF or reset) within `seconds`; data first (an error
+    reply) is read and skipped."""
+    deadline = time.monotonic() + seconds
+    while (left := deadline - time.monotonic()) > 0:
+        s.settimeout(left)
+        try:
+            if s.recv(65536) == b"":
+                return True
+        except TimeoutError:  # an OSError too: caught first
+            return False
+        except (OSError, ssl.SSLError):
+            return True
+    return False
+
+
+def endless_head(s: socket.socket, head: bytes, pad: bytes, times: int) -> tuple[bool, bytes]:
+    """Send `head` and then `pad` `times` times, a request head that never ends, and read
+    what comes back until the peer closes (10 s at most): (closed, what was answered)."""
+    got = b""
+    closed = False
+    try:
+        s.sendall(head)
+        for _ in range(times):
+            s.sendall(pad)
+    except OSError:
+        closed = True
+    if not closed:
+        s.settimeout(10)
+        try:
+            while chunk := s.recv(4096):
+                got += chunk
+            closed = True
+        except TimeoutError:
+            pass  # still open: the head is being read on and on
+        except OSError:
+            closed = True
+    return closed, got
