@@ -636,6 +636,17 @@ def _tsv_lines(lines: list[bytes], colenc: str | None, out: dict[bytes, bytes]) 
         out[decode_column(k, colenc)] = decode_column(v, colenc)
 
 
+def bad_path(err: ReadProtocolError, keep_alive: bool, date: str | None) -> bytes:
+    """The RESTful answer to a path `rest_key` refused: 400 naming what was wrong."""
+    return encode_http_response(
+        400,
+        err.message.encode() + b"\n",
+        headers=[("Content-Type", "text/plain")],
+        keep_alive=keep_alive,
+        date=date,
+    )
+
+
 def bad_input(err: ReadProtocolError) -> tuple[int, dict[bytes, bytes]]:
     """The TSV-RPC answer to input `rpc_input` refused: 400 naming what was wrong."""
     return 400, {b"ERROR": b"invalid parameters: " + err.message.encode()}
@@ -757,8 +768,12 @@ def rest_key(path: bytes) -> tuple[bytes | None, bytes]:
 
     One leading `/` is optional (python-kyototycoon sends none). When the rest holds a `/`,
     the text before it selects the database and the key follows (extra `/` skipped); a key
-    containing `/` must be sent as `%2F`.
+    containing `/` must be sent as `%2F`. A broken escape (`%zz`) raises
+    ReadProtocolError(400), as in a query string or a TSV column: decoded leniently it would
+    name a key the client did not.
     """
+    if _BAD_URL_ESCAPE.search(path):
+        raise ReadProtocolError("invalid URL-encoded path", status=400)
     if path.startswith(b"/"):
         path = path[1:]
     db, sep, rest = path.partition(b"/")

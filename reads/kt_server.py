@@ -207,7 +207,10 @@ class KtHandler:
         date = self._http_date()
         if req.method not in ("GET", "HEAD", "PUT", "DELETE"):
             return kt.encode_http_response(501, keep_alive=keep, date=date)
-        db, key = kt.rest_key(req.path)
+        try:
+            db, key = kt.rest_key(req.path)
+        except ReadProtocolError as err:
+            return kt.bad_path(err, keep, date)
         if db is not None and not self._db_ok(db):
             return kt.encode_http_response(
                 400,

@@ -103,7 +103,10 @@ class KtWriteHandler(KtHandler):
 
     def _rest_write(self, req: kt.HttpRequest, keep: bool) -> Generator[bytes, None, bytes]:
         date = self._http_date()
-        db, key = kt.rest_key(req.path)
+        try:
+            db, key = kt.rest_key(req.path)
+        except ReadProtocolError as err:
+            return kt.bad_path(err, keep, date)
         if not self._db_allowed(db):
             return kt.encode_http_response(
                 400,

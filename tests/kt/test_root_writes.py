@@ -16,6 +16,7 @@ import ukt
 
 from tests.gateway.conftest import Root, make_root
 from tests.support.procs import Procs, free_port
+from tests.support.sockets import converse
 
 NAME = "ktw"
 
@@ -147,6 +148,12 @@ def test_rest_put_and_delete(kt_root: tuple[Root, int, str]) -> None:
     assert httpx.delete(f"{base}/w%2Frest", timeout=10).status_code == 204
     r = httpx.delete(f"{base}/w%2Frest", timeout=10)
     assert r.status_code == 404 and "no record" in r.headers["X-Kt-Error"]
+    # a broken escape names no key: refused, nothing written (raw: httpx would escape it)
+    for method in (b"PUT", b"DELETE"):
+        req = method + b" /w%2Fz%zz HTTP/1.1\r\nContent-Length: 1\r\nConnection: close\r\n\r\nx"
+        got = converse(kt, req)
+        assert got.startswith(b"HTTP/1.1 400 ") and got.endswith(b"invalid URL-encoded path\n")
+    assert stored(root, token, "w/z%zz") is None
 
 
 def test_acl_refusal_is_not_retryable_and_writes_nothing(kt_root: tuple[Root, int, str]) -> None:

@@ -199,6 +199,10 @@ def test_a_broken_escape_in_the_query_or_a_form_body_is_refused_as_in_tsv(
         b"ERROR\tinvalid parameters: invalid URL-encoded column\n",
     )
     assert rpc(b"/rpc/get?key=k1") == (200, b"value\tv1\n")
+    # a RESTful path too: the key is the decoded path
+    assert rpc(b"/a%3A2") == (200, b"two")
+    for target in (b"/a%zz", b"/a%3", b"/0/k1%", b"/%G0/k1"):
+        assert rpc(target) == (400, b"invalid URL-encoded path\n"), target
 
 
 def test_binary_get_bulk_bytes_match_the_reference_capture(kt_port: int) -> None:
