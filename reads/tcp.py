@@ -23,7 +23,7 @@ connection idle the longest — no request in progress, nothing left to write �
 none is idle is the newcomer refused with the protocol's busy reply, if any; a listener
 whose busy reply depends on the protocol the client speaks — KT: HTTP or binary on one
 port — holds the refused connection, outside the count, up to `REFUSE_WAIT` for its first
-byte, `MAX_REFUSING` of them at most), a header
+byte, `MAX_REFUSING` of them at most, others answered at once), a header
 timeout (a request's head must
 arrive within it from its first byte), a body timeout (the whole request within it), an
 idle timeout (no request for that long), and a write timeout (a client that reads none of
@@ -73,8 +73,8 @@ SWEEP_SECONDS = 1.0
 #: How long a connection refused at the cap is held for its first byte when its busy reply
 #: depends on it (`TcpService.busy_reply_to`); the header timeout when that is shorter.
 REFUSE_WAIT = 1.0
-#: Refused connections held at once for their first byte; beyond it one closes at once,
-#: with no reply.
+#: Refused connections held at once for their first byte; beyond it one is answered at
+#: once, as one that sent nothing would be.
 MAX_REFUSING = 64
 
 #: A session's run: yields reply bytes (b"" = a slice of work done, nothing to send yet),
@@ -219,11 +219,16 @@ class _Conn(_ConnBase, asyncio.Protocol):
             victim = svc.longest_idle()
             if victim is None:  # every place is in use: refuse the newcomer
                 svc.refuse("max_connections")
-                if svc.busy_reply_to is not None and len(svc.refusing) < MAX_REFUSING:
-                    self._hold_refused(t)
-                    return
-                if svc.busy_reply:
-                    t.write(svc.busy_reply)
+                reply = svc.busy_reply
+                if svc.busy_reply_to is not None:
+                    if len(svc.refusing) < MAX_REFUSING:
+                        self._hold_refused(t)
+                        return
+                    # Too many held already: answered at once, as one that sent nothing
+                    # (an HTTP client still gets its 503; only a binary one reads it wrong).
+                    reply = svc.busy_reply_to(None)
+                if reply:
+                    t.write(reply)
                 t.close()
                 return
             svc.refuse("evicted")  # an idle socket must never lock a working client out
@@ -437,7 +442,8 @@ class TcpService:
     `busy_reply`: bytes sent to a connection refused over the cap (None: just close).
     `busy_reply_to`, instead, when the reply depends on the protocol the client speaks: a
     refused connection is held outside the count for its first byte (up to `REFUSE_WAIT`,
-    `MAX_REFUSING` at once; beyond that it closes at once, with no reply) and answered
+    `MAX_REFUSING` at once; beyond that it is answered at once as if it sent nothing) and
+    answered
     `busy_reply_to(that byte)` (None when none came in time). Implements
     `core.service.Service`.
     """
