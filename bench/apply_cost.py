@@ -23,8 +23,9 @@ MB is 10^6 bytes of values absorbed. ``--trees A,B`` runs the child from other s
 trees too (each a checkout with its `store/_codec` built), interleaved round by round
 against the same root stores: a before/after A/B in one run. ``--apply-window-ms
 0,20`` runs each tree's child with each apply window (`ReplicaClient.apply_window`; without
-it, the tree's replica default, 0 for a tree that has none): the columns are then
-``TREE@Nms``. ``--py-spy DIR`` records
+it, the tree's replica default): the columns are then ``TREE@Nms``. A tree from before
+apply windows has none and ignores the setting: its runs show ``apply_window_s`` null,
+whatever its column's name. ``--py-spy DIR`` records
 each child under py-spy (``--native``, every thread; collapsed stacks, one file per run).
 ``--perf DIR`` records each child under ``perf record -g`` instead (every thread, kernel
 included; read with ``perf report -i``). Profiled runs are slower: their CPU figures are

@@ -98,7 +98,8 @@ def _make_store(path: str) -> None:
         s.get(b"bad")  # `bad` now fails its CRC
 
 
-#: Every server's `--http-idle-timeout` (uvicorn's own keep-alive default, 5 s).
+#: Every server's `--http-idle-timeout` (that the flag reaches `reads.serve` at all is
+#: shown with a 2 s timeout in tests/faults/test_hostile_listeners.py).
 IDLE_S = 5
 
 
