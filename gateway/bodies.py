@@ -19,6 +19,7 @@ from urllib.parse import unquote_to_bytes
 import msgpack
 import orjson
 
+from core import strictjson
 from core.errors import BadRequestError, TooLargeError
 from store.ops import DELETE, SET, Op
 
@@ -60,16 +61,25 @@ def check_key(key: bytes, max_key: int, where: str = "key") -> None:
 
 
 def parse_body(body: bytes, content_type: str | None) -> Any:
-    """Decode a JSON or msgpack body (400 with the parser's reason when it is not)."""
+    """Decode a JSON or msgpack body (400 with the parser's reason when it is not; for
+    JSON also when an object repeats a member name, `core/strictjson.py`)."""
     if is_msgpack(content_type):
         try:
             return msgpack.unpackb(body, raw=False, strict_map_key=False)
         except Exception as err:  # msgpack raises several unrelated classes
             raise BadRequestError(f"body is not valid msgpack: {err}") from err
     try:
-        return orjson.loads(body)
+        return strictjson.loads(body)
     except orjson.JSONDecodeError as err:
         raise BadRequestError(f"body is not valid JSON: {err}") from err
+    except strictjson.AmbiguousJsonError as err:
+        raise ambiguous(err) from err
+
+
+def ambiguous(err: strictjson.AmbiguousJsonError) -> BadRequestError:
+    """The 400 of a JSON body with a repeated member name (`core/strictjson.py`): the
+    status and problem type of a body that is not JSON, naming the member."""
+    return BadRequestError(f"body is refused: {err}")
 
 
 def batch_body_ops(
@@ -268,7 +278,8 @@ def _no_constant(name: str) -> Any:
 def loads_json_lean(body: bytes) -> Any:
     """The document orjson would give for `body`, decoded by the standard library's
     scanner (Python objects only, no body-sized parse buffer); the same refusals: invalid
-    UTF-8, NaN/Infinity, lone surrogate escapes, integers beyond 64 bits."""
+    UTF-8, NaN/Infinity, lone surrogate escapes, integers beyond 64 bits, and (as
+    `parse_body`) a member name repeated in an object."""
     try:
         text = body.decode("utf-8")
     except UnicodeDecodeError as err:
@@ -280,6 +291,10 @@ def loads_json_lean(body: bytes) -> Any:
     del text
     if _has_surrogate(doc):
         raise BadRequestError("body is not valid JSON: a lone surrogate escape")
+    try:
+        strictjson.check(body, doc)
+    except strictjson.AmbiguousJsonError as err:
+        raise ambiguous(err) from err
     return doc
 
 

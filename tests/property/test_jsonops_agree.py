@@ -17,7 +17,7 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from core.errors import MercuryError
+from core.errors import BadRequestError, MercuryError
 from gateway import bodies
 from store.ops import Op
 
@@ -288,3 +288,58 @@ def test_the_lean_json_decoder_refuses_what_orjson_refuses(parts: list[bytes]) -
     strings: both decoders accept the same bodies and give the same documents."""
     for body in (b"".join(parts), b'["' + b"".join(parts) + b'"]'):
         assert _lean_or_refusal(body) == _orjson_or_refusal(body), body
+
+
+def _with_repeat(ops: list[dict[str, str]], at: int, field: str, again: str, top: bool) -> bytes:
+    """The body of `ops` with op `at` naming `field` a second time (value `again`), or with
+    a second ``"ops"`` member when `top`: written by hand (a dict cannot repeat a name)."""
+    texts = []
+    for i, op in enumerate(ops):
+        members = [f"{json.dumps(k)}:{json.dumps(v)}" for k, v in op.items()]
+        if i == at:
+            members.insert(len(members) // 2, f"{json.dumps(field)}:{json.dumps(again)}")
+        texts.append("{" + ",".join(members) + "}")
+    body = '{"ops":[' + ",".join(texts) + "]"
+    if top:
+        body += ',"ops":[{"op":"delete","key":"other"}]'
+    return (body + "}").encode()
+
+
+@settings(max_examples=300)
+@given(common_ops(), st.data())
+def test_a_repeated_member_is_declined_and_refused_naming_it(
+    ops: list[dict[str, str]], data: st.DataObject
+) -> None:
+    """An op naming a field twice (``"key"`` then ``"key"``: last wins to orjson, first to
+    another reader), or the body naming ``"ops"`` twice: the compiled decoder declines it
+    (it takes each of its fields once) and the reference refuses it, naming the member,
+    instead of writing what the last one says."""
+    at = data.draw(st.integers(min_value=0, max_value=len(ops) - 1))
+    top = data.draw(st.booleans())
+    field = "ops" if top else data.draw(st.sampled_from(sorted(ops[at])))
+    body = _with_repeat(ops, -1 if top else at, field, data.draw(plain), top)
+    assert decode_json_ops(body, "p", *DEFAULT) is None
+    with pytest.raises(BadRequestError, match=f"member '{field}' appears more than once"):
+        bodies.batch_body_ops(
+            body, "application/json", "p", max_ops=10_000, max_key=500, max_value=25 << 20
+        )
+
+
+def test_a_repeated_member_is_refused_by_the_lean_decoder_too() -> None:
+    """Bodies over `ORJSON_MAX_BODY` are decoded by the standard library: same refusal."""
+    ops = [{"op": "set", "key": f"k:{i}", "value": "v" * 100} for i in range(12_000)]
+    body = _with_repeat(ops, 11_000, "value", "w", False)
+    assert len(body) > bodies.ORJSON_MAX_BODY
+    with pytest.raises(BadRequestError, match="member 'value' appears more than once"):
+        bodies.batch_body_ops(
+            body, "application/json", "p", max_ops=20_000, max_key=500, max_value=1000
+        )
+    fine = orjson.dumps({"ops": ops})
+    assert (
+        len(
+            bodies.reference_batch_body_ops(
+                fine, None, "p", max_ops=20_000, max_key=500, max_value=1000
+            )[0]
+        )
+        == 12_000
+    )
