@@ -247,10 +247,10 @@ def _bulk_keys(body: bytes) -> list[bytes] | None:
     """The keys a get_bulk body names, decoded by the read API's own model (`bulkbody`);
     None when it is not a well-formed body (the read API refuses it then)."""
     try:
-        doc = bulkbody.GetBulkBody.model_validate_json(body)
+        doc = bulkbody.decode(body)
         keys = [k.encode() for k in doc.keys]
         keys += [base64.b64decode(k, validate=True) for k in doc.keys_b64]
-    except (ValidationError, ValueError, binascii.Error):  # UnicodeEncodeError included
+    except (ValidationError, ValueError, binascii.Error):  # a repeated member is a ValueError
         return None
     return keys
 

@@ -9,7 +9,8 @@ costs tens of times the body in memory and seconds of the read process's event l
 `too_many_items` counts the body's separators first, stopping as soon as the count is
 past what `MAX_BULK_KEYS` keys can have. The read API (`reads/http_app.py`) and the read
 token middleware (`reads/auth.py`) both read get_bulk bodies here: one rule, over the one
-bounded body reader of every HTTP face (`core/asgibody.py`, the gateway's too).
+bounded body reader of every HTTP face (`core/asgibody.py`, the gateway's too), and decode
+them with `decode` (a member named twice in one object is refused, `core/strictjson.py`).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
+from core import strictjson
 from core.asgibody import read_body
 from core.errors import BadRequestError, TooLargeError
 from core.problems import classify
@@ -45,6 +47,17 @@ class GetBulkBody(BaseModel):
 
     keys: list[str] = Field(default_factory=list)
     keys_b64: list[str] = Field(default_factory=list)
+
+
+def decode(body: bytes) -> GetBulkBody:
+    """The get_bulk body as the read API serves it: `GetBulkBody` from its JSON, and no
+    object of it naming a member twice (``{"keys": [...], "keys": [...]}`` means one list
+    to a reader keeping the last and another to one keeping the first). Raises
+    pydantic's `ValidationError` for a body that is not JSON or not the model, and
+    `core.strictjson.AmbiguousJsonError` (a ValueError) for a repeated member."""
+    doc = GetBulkBody.model_validate_json(body)
+    strictjson.check(body)
+    return doc
 
 
 class BodyRefused(Exception):

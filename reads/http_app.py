@@ -26,6 +26,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
+from core import strictjson
 from core.errors import (
     CRCError,
     InvalidReadError,
@@ -275,7 +276,9 @@ def _bulk_body(raw: bytes, content_type: str | None) -> GetBulkBody:
             "commas outside its strings"
         )
     try:
-        return GetBulkBody.model_validate_json(raw)
+        return bulkbody.decode(raw)
+    except strictjson.AmbiguousJsonError as err:
+        raise InvalidReadError(f"body: {err}") from err
     except ValidationError as err:
         # As FastAPI words a body it cannot validate (the `_invalid_body` handler).
         errors = [{**e, "loc": ("body", *e.get("loc", ()))} for e in err.errors()]

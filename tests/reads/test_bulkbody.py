@@ -12,6 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from core.errors import InvalidReadError
 from reads import bulkbody
 from reads.auth import ReadAuth
 
@@ -138,14 +139,14 @@ def test_the_middleware_reads_a_get_bulk_body_as_the_read_api_does(body: bytes) 
     """The read-token middleware checked the keys of a body it decoded with json.loads,
     while the read API decoded it with its pydantic model: a body the two read differently
     could pass the keyspace check naming other keys than those served. Both now use
-    `bulkbody.GetBulkBody`: the middleware sees keys exactly when the API accepts the body,
+    `bulkbody.decode`: the middleware sees keys exactly when the API accepts the body,
     and the same keys."""
     from pydantic import ValidationError
 
     from reads.auth import _bulk_keys
 
     try:
-        doc = bulkbody.GetBulkBody.model_validate_json(body)
+        doc = bulkbody.decode(body)
         want: list[bytes] | None = [k.encode() for k in doc.keys]
     except (ValidationError, ValueError):
         want = None
@@ -156,3 +157,24 @@ def test_the_middleware_reads_a_get_bulk_body_as_the_read_api_does(body: bytes) 
         assert got[: len(want)] == want
     else:  # only a bad base64 key makes the middleware give up on a valid model
         assert doc.keys_b64
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b'{"keys": ["a/x"], "keys": ["b/x"]}',
+        b'{"keys_b64": ["YQ=="], "keys": ["a/x"], "keys_b64": ["Yg=="]}',
+        b'{"keys": ["a:x"], "other": {"n": 1, "n": 2}}',  # in an ignored member too
+    ],
+)
+def test_a_member_named_twice_is_refused_by_the_api_and_the_middleware(body: bytes) -> None:
+    """pydantic keeps the last ``keys``; a reader keeping the first would see other keys.
+    The body is refused (the read API's 400) and the middleware checks no keys of it."""
+    from reads.auth import _bulk_keys
+    from reads.http_app import _bulk_body
+
+    with pytest.raises(ValueError, match="appears more than once"):
+        bulkbody.decode(body)
+    assert _bulk_keys(body) is None
+    with pytest.raises(InvalidReadError, match="appears more than once"):
+        _bulk_body(body, "application/json")

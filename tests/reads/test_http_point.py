@@ -78,3 +78,25 @@ def test_writes_unknown_paths_and_bad_bodies_answer_problem_json(
         r = c.post("/v1/get_bulk", json={"keys": "notalist"})
         assert r.status_code == 400 and r.json()["type"].endswith("invalid-read")
     assert store.get(b"k") is None
+
+
+def test_a_get_bulk_body_naming_keys_twice_is_refused_as_a_bad_body(
+    store: Store, start_reads: StartReads
+) -> None:
+    """``{"keys": [a], "keys": [b]}`` was served as b (the last); a proxy or audit tool
+    reading the first sees a. Refused with the status and problem type of a body that is
+    not JSON, naming the member."""
+    put(store, {b"a": b"1", b"b": b"2"})
+    srv = start_reads()
+    headers = {"content-type": "application/json"}
+    with httpx.Client(base_url=srv.url, headers=headers) as c:
+        bad = c.post("/v1/get_bulk", content=b'{"keys": ["a", ')
+        r = c.post("/v1/get_bulk", content=b'{"keys": ["a"], "keys": ["b"]}')
+        assert r.status_code == bad.status_code == 400, r.text
+        assert r.headers["content-type"] == bad.headers["content-type"]
+        assert r.headers["content-type"] == "application/problem+json"
+        doc = r.json()
+        assert (doc["type"], doc["title"]) == (bad.json()["type"], bad.json()["title"])
+        assert "'keys' appears more than once" in doc["detail"]
+        r = c.post("/v1/get_bulk", content=b'{"keys": ["a", "b"]}')
+        assert r.status_code == 200 and r.json()["values"] == {"a": "1", "b": "2"}
