@@ -113,6 +113,20 @@ def count_members(doc: Any) -> int:
     return n
 
 
+def unique_map(pairs: list[tuple[Any, Any]]) -> dict[Any, Any]:
+    """A msgpack map from its (key, value) pairs (msgpack's `object_pairs_hook`),
+    refusing a repeated key as a JSON body's repeated member is refused: the same one
+    reading of every body, whatever its encoding."""
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        seen: set[Any] = set()
+        for k, _ in pairs:  # the key the dict kept once (equal to another: 1 and 1.0 too)
+            if k in seen:
+                raise DuplicateMemberError(str(k))
+            seen.add(k)
+    return out
+
+
 def _unique(pairs: list[tuple[str, Any]]) -> None:
     if len(pairs) > 1 and len({k for k, _ in pairs}) != len(pairs):
         seen: set[str] = set()

@@ -61,11 +61,15 @@ def check_key(key: bytes, max_key: int, where: str = "key") -> None:
 
 
 def parse_body(body: bytes, content_type: str | None) -> Any:
-    """Decode a JSON or msgpack body (400 with the parser's reason when it is not; for
-    JSON also when an object repeats a member name, `core/strictjson.py`)."""
+    """Decode a JSON or msgpack body (400 with the parser's reason when it is not, and
+    when an object or map repeats a member name, `core/strictjson.py`)."""
     if is_msgpack(content_type):
         try:
-            return msgpack.unpackb(body, raw=False, strict_map_key=False)
+            return msgpack.unpackb(
+                body, raw=False, strict_map_key=False, object_pairs_hook=strictjson.unique_map
+            )
+        except strictjson.AmbiguousJsonError as err:
+            raise ambiguous(err) from err
         except Exception as err:  # msgpack raises several unrelated classes
             raise BadRequestError(f"body is not valid msgpack: {err}") from err
     try:
@@ -185,16 +189,17 @@ def unpack_batch_msgpack(body: bytes, max_ops: int, max_key: int, max_value: int
     """Decode a msgpack batch body with every container counted as it completes: one
     array (the ops), at most `max_ops` + 1 maps of `MAX_MEMBERS` members, strings and
     binaries no longer than a value may be (base64 included); refused at the first
-    container beyond that, so a hostile body is never decoded whole."""
+    container beyond that, so a hostile body is never decoded whole. A map naming a key
+    twice is refused as a JSON object naming a member twice (`core/strictjson.py`)."""
     maps = 0
     arrays = 0
 
-    def on_map(d: dict[Any, Any]) -> dict[Any, Any]:
+    def on_map(pairs: list[tuple[Any, Any]]) -> dict[Any, Any]:
         nonlocal maps
         maps += 1
         if maps > max_ops + 1:
             raise _too_many_ops(max_ops)
-        return d
+        return strictjson.unique_map(pairs)
 
     def on_array(a: list[Any]) -> list[Any]:
         nonlocal arrays
@@ -209,7 +214,7 @@ def unpack_batch_msgpack(body: bytes, max_ops: int, max_key: int, max_value: int
             body,
             raw=False,
             strict_map_key=False,
-            object_hook=on_map,
+            object_pairs_hook=on_map,
             list_hook=on_array,
             max_array_len=max_ops,
             max_map_len=MAX_MEMBERS,
@@ -219,6 +224,8 @@ def unpack_batch_msgpack(body: bytes, max_ops: int, max_key: int, max_value: int
         )
     except (TooLargeError, BadRequestError):
         raise
+    except strictjson.AmbiguousJsonError as err:
+        raise ambiguous(err) from err
     except ValueError as err:
         if "max_array_len" in str(err):
             raise _too_many_ops(max_ops) from err

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 import httpx
+import msgpack
 
 from tests.gateway.conftest import Root, logged_since
 
@@ -150,4 +151,38 @@ def test_a_batch_naming_a_member_twice_is_refused_and_writes_nothing(shared_root
     assert c.get(f"/v1/kv/{name}/k").status_code == 404
     assert [key for _, key in logged_since(shared_root, seq) if key.startswith(k)] == []
     ok = c.post("/v1/batch", content=b'{"ops": [{"op": "set", "key": "%s", "value": "a"}]}' % k)
+    assert ok.status_code == 200 and ok.json()["written"] == 1, ok.text
+
+
+def test_a_msgpack_batch_repeating_a_map_key_is_refused_and_writes_nothing(
+    shared_root: Root,
+) -> None:
+    """The same one reading for a msgpack body: a map naming a key twice is the same 400
+    as a body that is not msgpack, naming the key."""
+    name, tok = shared_root.producer()
+    c = shared_root.client(tok)
+    h = {"Content-Type": "application/msgpack"}
+    k = f"{name}/m".encode()
+    seq = c.get("/v1/status").json()["seq"]
+    bad = c.post("/v1/batch", content=b"\xc1", headers=h)  # 0xc1: never used by msgpack
+
+    def mp_map(*pairs: tuple[bytes, bytes]) -> bytes:
+        """A msgpack map of already packed (key, value) pairs, repeats kept."""
+        return bytes([0x80 | len(pairs)]) + b"".join(kk + v for kk, v in pairs)
+
+    op = msgpack.packb("op")
+    set_ = msgpack.packb("set")
+    key = msgpack.packb(k)
+    value = msgpack.packb("value")
+    body = mp_map(
+        (
+            msgpack.packb("ops"),
+            b"\x91" + mp_map((op, set_), (b"\xa3key", key), (value, b"\xa1a"), (value, b"\xa1b")),
+        )
+    )
+    _refused_like_bad_json(c.post("/v1/batch", content=body, headers=h), bad, "value")
+    assert c.get(f"/v1/kv/{name}/m").status_code == 404
+    assert [kk for _, kk in logged_since(shared_root, seq) if kk.startswith(k)] == []
+    ok_body = msgpack.packb({"ops": [{"op": "set", "key": k, "value": b"a"}]})
+    ok = c.post("/v1/batch", content=ok_body, headers=h)
     assert ok.status_code == 200 and ok.json()["written"] == 1, ok.text
