@@ -6,7 +6,8 @@ slave following the master's update log (`-mhost -mport -ulog -sid`) — and thi
 reader run on CPU 1. The reader keeps one keep-alive HTTP connection and GETs 20 hot keys
 round-robin at a steady pace (`--read-rate`, default 1,000/s), timing each from send to
 the last byte. Phases, interleaved over `--rounds` (each system in turn, each phase in
-turn, so load drifting on a shared machine falls on all alike):
+turn, so load drifting on a shared machine falls on all alike; the systems' order
+reverses every other round):
 
 - ``idle``: no writes.
 - ``full_40k``: one writer process with `--conns` keep-alive connections PUTting fresh
@@ -586,9 +587,15 @@ def main() -> int:
         results: dict[str, dict[str, list[dict[str, Any]]]] = {
             n: {p: [] for p in phases} for n in nodes
         }
-        for _ in range(args.rounds):
+        for r in range(args.rounds):
+            # The systems' order alternates each round: in three A/B runs of the apply
+            # window the replica measured second had the lower tail whichever had the
+            # window, so neither side of an A/B may always go first.
+            order = list(nodes.items())
+            if r % 2:
+                order.reverse()
             for ph in phases:
-                for n, s in nodes.items():
+                for n, s in order:
                     results[n][ph].append(bench.phase(s, ph))
                     time.sleep(0.5)
         notes += bench.notes
