@@ -22,7 +22,7 @@ from store.ops import DELETE, SET, Op
 from store.store import Store
 from tests.support import metrics
 from tests.support.procs import Procs, free_port, wait_http, wait_port
-from tests.support.sockets import closed_within, endless_head
+from tests.support.sockets import closed_within, endless_head, recv_until
 
 
 @dataclass
@@ -56,20 +56,9 @@ def start_reads(store: Store, procs: Procs) -> StartReads:
     return start
 
 
-def _recv_until(sock: socket.socket, end: bytes, timeout: float = 10.0) -> bytes:
-    sock.settimeout(timeout)
-    got = b""
-    while not got.endswith(end):
-        chunk = sock.recv(65536)
-        if not chunk:
-            break
-        got += chunk
-    return got
-
-
 def _mc_version(sock: socket.socket) -> bytes:
     sock.sendall(b"version\r\n")
-    return _recv_until(sock, b"\r\n", 5.0)
+    return recv_until(sock, b"\r\n", 5.0)
 
 
 def _binary_get_bulk(nkeys: int) -> bytes:
@@ -113,7 +102,7 @@ def test_big_get_bulk_does_not_hold_other_clients(
         with socket.create_connection(("127.0.0.1", ports.mc), 5) as s:
             while not stop.is_set():
                 s.sendall(b"get k0000042\r\n")
-                if _recv_until(s, b"END\r\n") == b"VALUE k0000042 0 3\r\nv42\r\nEND\r\n":
+                if recv_until(s, b"END\r\n") == b"VALUE k0000042 0 3\r\nv42\r\nEND\r\n":
                     answers.append(time.monotonic())
                 time.sleep(0.005)
 
@@ -175,11 +164,11 @@ def test_over_the_cap_is_refused_while_existing_clients_keep_working(
             s.sendall(b"get k")  # a request in progress: busy, so not evicted at the cap
         time.sleep(0.2)
         with socket.create_connection(("127.0.0.1", ports.mc), 5) as extra:
-            assert _recv_until(extra, b"\r\n", 5.0) == b"SERVER_ERROR Too many open connections\r\n"
+            assert recv_until(extra, b"\r\n", 5.0) == b"SERVER_ERROR Too many open connections\r\n"
             assert closed_within(extra, 5.0)
         for s in held:
             s.sendall(b"\r\n")
-            assert _recv_until(s, b"END\r\n", 5.0) == b"END\r\n"
+            assert recv_until(s, b"END\r\n", 5.0) == b"END\r\n"
             assert _mc_version(s).startswith(b"VERSION")
         assert ports.metric("mercury_listener_connections", listener="memcached") == 3
         assert (
@@ -213,12 +202,12 @@ def test_kt_over_the_cap_with_every_connection_busy_answers_503(start_reads: Sta
             s.sendall(b"GET /rpc/void HTTP/1.1\r\nHost: x")  # a request head in progress
         time.sleep(0.2)
         with socket.create_connection(("127.0.0.1", ports.kt), 5) as extra:
-            got = _recv_until(extra, b"\n", 5.0)
+            got = recv_until(extra, b"\n", 5.0)
             assert got.startswith(b"HTTP/1.1 503 "), got
             assert closed_within(extra, 5.0)
         for s in held:  # the busy ones finish their requests
             s.sendall(b"\r\n\r\n")
-            assert _recv_until(s, b"\r\n\r\n", 5.0).startswith(b"HTTP/1.1 200 ")
+            assert recv_until(s, b"\r\n\r\n", 5.0).startswith(b"HTTP/1.1 200 ")
         assert (
             ports.metric("mercury_listener_refused_total", listener="kt", reason="max_connections")
             == 1
@@ -244,7 +233,7 @@ def test_at_the_cap_a_connection_just_closed_makes_room_at_once(
         socket.create_connection(("127.0.0.1", port), 5).close()
         with socket.create_connection(("127.0.0.1", port), 5) as s:
             s.sendall(ask)
-            assert _recv_until(s, b"\r\n", 5.0).startswith(ok)
+            assert recv_until(s, b"\r\n", 5.0).startswith(ok)
     assert not ports.metric(
         "mercury_listener_refused_total", listener=listener, reason="max_connections"
     )
@@ -291,7 +280,7 @@ def test_kt_over_the_cap_a_binary_client_is_closed_without_an_http_answer(
             assert time.monotonic() - t0 < 2.0  # the wait is bounded (1 s)
         for s in held:  # the busy ones finish their requests
             s.sendall(b"\r\n\r\n")
-            assert _recv_until(s, b"\r\n\r\n", 5.0).startswith(b"HTTP/1.1 200 ")
+            assert recv_until(s, b"\r\n\r\n", 5.0).startswith(b"HTTP/1.1 200 ")
         assert (
             ports.metric("mercury_listener_refused_total", listener="kt", reason="max_connections")
             == 5
@@ -324,7 +313,7 @@ def test_kt_refused_connections_held_for_their_first_byte_are_bounded(
         got = [_read_to_close(s) for s in silent]
         assert all(g.startswith(b"HTTP/1.1 503 ") for g in got), got
         held.sendall(b"\r\n\r\n")
-        assert _recv_until(held, b"\r\n\r\n", 5.0).startswith(b"HTTP/1.1 200 ")
+        assert recv_until(held, b"\r\n\r\n", 5.0).startswith(b"HTTP/1.1 200 ")
     finally:
         held.close()
         for s in silent:
@@ -344,7 +333,7 @@ def test_at_the_cap_the_longest_idle_connection_makes_room(
         if listener == "memcached":
             return _mc_version(s)
         s.sendall(b"GET /rpc/void HTTP/1.1\r\nHost: x\r\n\r\n")
-        return _recv_until(s, b"\r\n\r\n", 5.0)
+        return recv_until(s, b"\r\n\r\n", 5.0)
 
     ok = b"VERSION" if listener == "memcached" else b"HTTP/1.1 200 "
     oldest = socket.create_connection(("127.0.0.1", port), 5)
@@ -363,7 +352,7 @@ def test_at_the_cap_the_longest_idle_connection_makes_room(
             assert closed_within([oldest, idle][n], 5.0)
         # The busy one was kept and finishes its request.
         busy.sendall(b"\r\n" if listener == "memcached" else b"Host: x\r\n\r\n")
-        assert _recv_until(busy, b"\r\n", 5.0).startswith(b"END" if listener == "memcached" else ok)
+        assert recv_until(busy, b"\r\n", 5.0).startswith(b"END" if listener == "memcached" else ok)
         assert (
             ports.metric("mercury_listener_refused_total", listener=listener, reason="evicted") == 2
         )
@@ -549,7 +538,7 @@ def test_a_big_multi_get_that_is_read_returns_every_value(
         for _ in range(2):  # twice: the connection works on after a streamed reply
             if listener == "memcached":
                 s.sendall(b"get " + b" ".join(names) + b"\r\n")
-                got = _mc_values(_recv_until(s, b"END\r\n", 30.0))
+                got = _mc_values(recv_until(s, b"END\r\n", 30.0))
             else:
                 parts = [struct.pack(">BII", kt.MAGIC_GET_BULK, 0, len(names))]
                 parts += [struct.pack(">HI", 0, len(k)) + k for k in names]
@@ -620,7 +609,7 @@ def test_http_oversized_request_heads_get_431_others_keep_being_served(
         # reset (there is nothing unread when the server closes).
         with socket.create_connection(("127.0.0.1", ports.http), 5) as big:
             big.sendall(b"GET /v1/kv/k1 HTTP/1.1\r\nHost: r\r\n" + pad * 12 + b"\r\n")
-            got = _recv_until(big, b"\r\n\r\n", 10.0)
+            got = recv_until(big, b"\r\n\r\n", 10.0)
             assert got.startswith(b"HTTP/1.1 431 "), got[:80]
             assert closed_within(big, 10.0)
         _http_get_ok(good)
@@ -642,7 +631,7 @@ def test_http_oversized_request_heads_get_431_others_keep_being_served(
 def _mc_stats(port: int) -> dict[bytes, bytes]:
     with socket.create_connection(("127.0.0.1", port), 5) as s:
         s.sendall(b"stats\r\n")
-        lines = _recv_until(s, b"END\r\n").split(b"\r\n")
+        lines = recv_until(s, b"END\r\n").split(b"\r\n")
     return {p[1]: p[2] for p in (ln.split(b" ") for ln in lines) if p[0] == b"STAT"}
 
 
@@ -705,7 +694,7 @@ def test_a_cut_streamed_reply_counts_no_hits_a_whole_one_counts_them(
         s.settimeout(30)
         s.sendall(_multi_get(listener, names))
         if listener == "memcached":
-            values = _mc_values(_recv_until(s, b"END\r\n", 30.0))
+            values = _mc_values(recv_until(s, b"END\r\n", 30.0))
         else:
             values = _kt_values(s)
     assert len(values) == 10

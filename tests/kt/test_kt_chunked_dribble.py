@@ -14,6 +14,7 @@ import time
 from store.ops import SET, Op
 from store.store import Store
 from tests.support.procs import Procs, free_port, wait_port
+from tests.support.sockets import recv_until
 
 HEAD = b"POST /rpc/void HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
 #: 4,095 one-byte chunks (one under the chunk cap), then a 1 MiB chunk's size line.
@@ -22,16 +23,6 @@ ATTACKERS = 2
 #: Segments each attacker sends at most, and for how long at most.
 SEGMENTS = 4000
 ATTACK_SECONDS = 4.0
-
-
-def _recv_until(sock: socket.socket, end: bytes) -> bytes:
-    got = b""
-    while not got.endswith(end):
-        chunk = sock.recv(65536)
-        if not chunk:
-            break
-        got += chunk
-    return got
 
 
 def test_dribbled_many_chunk_body_does_not_starve_other_clients(store: Store, procs: Procs) -> None:
@@ -75,10 +66,10 @@ def test_dribbled_many_chunk_body_does_not_starve_other_clients(store: Store, pr
             while any(t.is_alive() for t in threads) and time.monotonic() - t0 < 30:
                 a = time.monotonic()
                 m.sendall(b"get k1\r\n")
-                assert _recv_until(m, b"END\r\n") == b"VALUE k1 0 2\r\nv1\r\nEND\r\n"
+                assert recv_until(m, b"END\r\n", None) == b"VALUE k1 0 2\r\nv1\r\nEND\r\n"
                 b = time.monotonic()
                 k.sendall(b"GET /k1 HTTP/1.1\r\nHost: x\r\n\r\n")
-                assert _recv_until(k, b"\r\n\r\nv1").startswith(b"HTTP/1.1 200 OK")
+                assert recv_until(k, b"\r\n\r\nv1", None).startswith(b"HTTP/1.1 200 OK")
                 c = time.monotonic()
                 latencies["memcached"].append(b - a)
                 latencies["kt"].append(c - b)

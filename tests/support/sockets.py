@@ -74,3 +74,17 @@ def endless_head(s: socket.socket, head: bytes, pad: bytes, times: int) -> tuple
         except OSError:
             closed = True
     return closed, got
+
+
+def recv_until(s: socket.socket, end: bytes, timeout: float | None = 10.0) -> bytes:
+    """What `s` receives up to and including `end`, or up to the peer's close (less then);
+    `timeout`: seconds for each read (None: the socket's own)."""
+    if timeout is not None:
+        s.settimeout(timeout)
+    got = b""
+    while not got.endswith(end):
+        chunk = s.recv(65536)
+        if not chunk:
+            break
+        got += chunk
+    return got
