@@ -33,6 +33,13 @@ READ_ERRORS = Counter(
 LISTENER_CONNECTIONS = Gauge(
     "mercury_listener_connections", "Connections open on a TCP read listener", ["listener"]
 )
+#: Connections refused at the cap and held, outside `mercury_listener_connections`, for
+#: the first byte that chooses their busy reply (KT: binary or HTTP; at most 64, 1 s).
+LISTENER_HELD_REFUSED = Gauge(
+    "mercury_listener_held_refused_connections",
+    "Connections refused at a TCP read listener's cap, held for their first byte",
+    ["listener"],
+)
 #: Connections refused (over the cap), evicted or closed by a limit, by reason:
 #: `max_connections` (at the cap, none idle), `evicted` (idle, closed at the cap for a
 #: newcomer), `idle_timeout`, `header_timeout`, `body_timeout`, `write_timeout`.

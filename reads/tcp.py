@@ -49,6 +49,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from reads import fastconn
 from reads.metrics import (
     LISTENER_CONNECTIONS,
+    LISTENER_HELD_REFUSED,
     LISTENER_QUEUED,
     LISTENER_QUEUED_MAX,
     LISTENER_REFUSED,
@@ -248,7 +249,7 @@ class _Conn(_ConnBase, asyncio.Protocol):
         svc = self.service
         self.transport = t
         self.fast = None  # every byte goes to received_more, which answers the refusal
-        svc.refusing.add(self)
+        svc.hold_refused(self)
         wait = min(REFUSE_WAIT, svc.limits.header_timeout)
         self.refusing = asyncio.get_running_loop().call_later(wait, self._answer_refused, None)
 
@@ -259,7 +260,7 @@ class _Conn(_ConnBase, asyncio.Protocol):
             self.refusing.cancel()
             self.refusing = None
         svc = self.service
-        svc.refusing.discard(self)
+        svc.release_refused(self)
         t = self.transport
         if t is None or t.is_closing():
             return
@@ -414,7 +415,7 @@ class _Conn(_ConnBase, asyncio.Protocol):
         if self.refusing is not None:
             self.refusing.cancel()
             self.refusing = None
-            self.service.refusing.discard(self)
+            self.service.release_refused(self)
         if self in self.service.conns:
             self.service.conns.discard(self)
             LISTENER_CONNECTIONS.labels(self.service.name).dec()
@@ -474,6 +475,17 @@ class TcpService:
         self.reuse_port = False
         self._server: asyncio.Server | None = None
         self._sweeper: asyncio.TimerHandle | None = None
+
+    def hold_refused(self, c: _Conn) -> None:
+        """`c`, refused at the cap, waits for its first byte (counted in the gauge)."""
+        self.refusing.add(c)
+        LISTENER_HELD_REFUSED.labels(self.name).inc()
+
+    def release_refused(self, c: _Conn) -> None:
+        """`c` no longer waits: answered or gone (once, whichever comes first)."""
+        if c in self.refusing:
+            self.refusing.discard(c)
+            LISTENER_HELD_REFUSED.labels(self.name).dec()
 
     @property
     def connections(self) -> int:

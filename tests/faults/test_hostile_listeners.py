@@ -305,6 +305,8 @@ def test_kt_refused_connections_held_for_their_first_byte_are_bounded(
     silent = [socket.create_connection(("127.0.0.1", ports.kt), 5) for _ in range(70)]
     try:
         time.sleep(0.2)  # the first 64 are held for their first byte (1 s)
+        held_now = ports.metric("mercury_listener_held_refused_connections", listener="kt")
+        assert held_now == 64, held_now
         t0 = time.monotonic()
         with socket.create_connection(("127.0.0.1", ports.kt), 5) as late:
             late.sendall(b"GET /rpc/void HTTP/1.1\r\nHost: x\r\n\r\n")
@@ -312,6 +314,7 @@ def test_kt_refused_connections_held_for_their_first_byte_are_bounded(
         assert time.monotonic() - t0 < 0.8  # answered at once, not held
         got = [_read_to_close(s) for s in silent]
         assert all(g.startswith(b"HTTP/1.1 503 ") for g in got), got
+        assert ports.metric("mercury_listener_held_refused_connections", listener="kt") == 0
         held.sendall(b"\r\n\r\n")
         assert recv_until(held, b"\r\n\r\n", 5.0).startswith(b"HTTP/1.1 200 ")
     finally:
