@@ -53,8 +53,9 @@ def loads(body: bytes) -> Any:
 def check(body: bytes, doc: Any = None) -> None:
     """Raise `DuplicateMemberError` when an object of the JSON text `body` repeats a
     member name (`AmbiguousJsonError` when that cannot be told). `body` must already be
-    known to be JSON: decoded to `doc` when given; without `doc` every body of two
-    members or more is scanned again.
+    known to be JSON, decoded to `doc` when given; without `doc` (a caller whose decoder
+    builds no plain document, e.g. a pydantic model) it is decoded here with orjson once
+    the text shows two member names or more.
 
     Members counted in `doc` <= its members <= the text's members (equal without a
     duplicate) <= colons after a quote <= colons: when a count of the first kind equals
@@ -63,20 +64,37 @@ def check(body: bytes, doc: Any = None) -> None:
     colons = body.count(b":")
     if colons < 2:
         return  # at most one member: nothing to repeat
+    ends: int | None = None
+    if doc is None:
+        # The text's own bound first (no decoding): a get_bulk body names one member.
+        ends = _name_ends(body)
+        if ends < 2:
+            return
+        try:
+            doc = orjson.loads(body)
+        except orjson.JSONDecodeError:
+            doc = None  # JSON to the caller's decoder, not to orjson: the scan decides
+        if type(doc) is dict and len(doc) == ends:
+            return  # a flat object, settled before a Python pass over its lists
     if doc is not None:
         low = _members_near_top(doc)
         if low == colons:
             return
-        # Colons inside strings ("user:1") over-count: count only those after a quote.
-        if b" " in body or b"\n" in body or b"\r" in body or b"\t" in body:
-            # (whitespace may sit between a name and its colon; inside a string, taking
-            # it out can only make more `":`)
-            ends = body.translate(None, _WS).count(b'":')
-        else:
-            ends = body.count(b'":')
+        if ends is None:
+            ends = _name_ends(body)
         if low == ends or count_members(doc) == ends:
             return
     _scan(body)
+
+
+def _name_ends(body: bytes) -> int:
+    """Colons after a quote: at least the text's members (colons inside strings, as in
+    "user:1", over-count the plain count)."""
+    if b" " in body or b"\n" in body or b"\r" in body or b"\t" in body:
+        # (whitespace may sit between a name and its colon; inside a string, taking it
+        # out can only make more `":`)
+        return body.translate(None, _WS).count(b'":')
+    return body.count(b'":')
 
 
 def _members_near_top(doc: Any) -> int:
