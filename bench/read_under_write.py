@@ -200,6 +200,45 @@ def cpu_s(pid: int) -> float:
         return 0.0
 
 
+#: Dirty and writeback page cache below which a phase may start (bytes), and the longest
+#: wait for it.
+SETTLED_BYTES = 16 << 20
+SETTLE_LIMIT = 60.0
+DROP_CACHES = "/proc/sys/vm/drop_caches"
+SETTINGS = ("rounds", "seconds", "read_rate", "conns", "matched_mbps", "window_ms")
+
+
+def can_drop_caches() -> bool:
+    return os.access(DROP_CACHES, os.W_OK)
+
+
+def settle_page_cache(drop: bool) -> float:
+    """Write the page cache's dirty pages back, wait until little is left and, with `drop`,
+    drop the clean file pages no process maps; the seconds it took.
+
+    Why: the two systems share one machine here, and a phase inherits the page cache the
+    ones before it left — above all Kyoto Tycoon's, whose full-speed phase writes several
+    GB of database and update log (without fsync, so much of it still dirty for the
+    kernel's flusher threads to write back during the next phase, another system's). Two
+    machines would not share that. With the cache dropped before each phase, Mercury's
+    full-speed phase in a run beside KT measured as in a run of Mercury alone (docs/reads.md);
+    each system then pays for the writeback and the cache its own writes cause. The pages
+    a process maps (an LMDB environment's, a KT database's mapped region) stay.
+    """
+    t0 = time.monotonic()
+    os.sync()
+    while time.monotonic() - t0 < SETTLE_LIMIT:
+        with open("/proc/meminfo") as f:
+            kb = {ln.split(":")[0]: int(ln.split()[1]) for ln in f if ln.split()[1].isdigit()}
+        if (kb.get("Dirty", 0) + kb.get("Writeback", 0)) * 1024 < SETTLED_BYTES:
+            break
+        time.sleep(0.1)
+    if drop:
+        with open(DROP_CACHES, "w") as f:
+            f.write("1")  # 1: the page cache only (not dentries and inodes)
+    return round(time.monotonic() - t0, 2)
+
+
 def children(pid: int) -> list[int]:
     """Child process ids of `pid` (Linux /proc)."""
     out: list[int] = []
@@ -380,6 +419,7 @@ class Bench:
 
     def phase(self, s: System, phase: str) -> dict[str, Any]:
         a = self.args
+        settled = settle_page_cache(drop=not a.keep_caches)
         writer = None
         writer_seed = random.randrange(1 << 30)
         if phase != "idle":
@@ -393,6 +433,8 @@ class Bench:
                 f"writer-{s.name}-{phase}", 0,
             )  # fmt: skip
         reads = SyncConn(s.read_port)
+        for i in range(200):  # the hot keys' pages back in the cache (both systems alike)
+            reads.get(s.path(HOT[i % 20]))
         probe = SyncConn(s.read_port)
         clock_path = s.path(CLOCK_KEY)
 
@@ -445,7 +487,7 @@ class Bench:
         c1 = clock() if writer else None
         cpu1 = cpu_s(s.applier_pid)
         node1 = sum(cpu_s(p) for p in s.node_pids)
-        out: dict[str, Any] = {"read": pct(lat)}
+        out: dict[str, Any] = {"read": pct(lat), "settle_s": settled}
         if writer is not None:
             size = 100 if phase.endswith("100b") else 40 << 10
             os.kill(writer.pid, signal.SIGTERM)  # it stamps the clock once more and exits
@@ -539,6 +581,10 @@ def main() -> int:
     ap.add_argument("--applier-nice", type=int, default=None, help="Mercury replica flag")
     ap.add_argument("--phases", default=",".join(PHASES))
     ap.add_argument(
+        "--keep-caches", action="store_true",
+        help="start each phase without dropping the page cache (docs/reads.md)",
+    )  # fmt: skip
+    ap.add_argument(
         "--no-sched-hints",
         action="store_true",
         help="undo the replica's scheduling hints (short read slices, SCHED_BATCH applier)",
@@ -564,15 +610,15 @@ def main() -> int:
         systems.remove("kt")
         notes.append(f"Kyoto Tycoon half skipped: no ktserver at {KTSERVER}")
     os.sched_setaffinity(0, {1})  # the reader runs beside the serving node
+    if not args.keep_caches and not can_drop_caches():
+        args.keep_caches = True
+        notes.append("no permission to drop the page cache: phases start with it as it is")
     bench = Bench(args)
     phases = [p for p in args.phases.split(",") if p in PHASES]
     if "idle" not in phases:
         phases.insert(0, "idle")
     out: dict[str, Any] = {
-        "settings": {
-            k: getattr(args, k)
-            for k in ("rounds", "seconds", "read_rate", "conns", "matched_mbps", "window_ms")
-        }
+        "settings": {k: getattr(args, k) for k in (*SETTINGS, "keep_caches")}
         | {"applier_nice": args.applier_nice, "kernel": os.uname().release},
         "load_avg_at_start": os.getloadavg(),
         "notes": notes,
