@@ -23,9 +23,9 @@ process (`/proc/PID/stat`: the Mercury replica's worker; the KT slave's whole pr
 which also serves the reads) and of the whole serving node; and the seconds the node
 needed to catch up after the writers stopped. Every phase starts with the page cache's
 dirty pages written back and its clean pages dropped (root only; `--keep-caches` skips
-the drop), so no phase inherits the cache another system's phase left. Mercury's root runs with a
-`--batch-window-ms` of `--window-ms` (default 10) and fsync; KT writes without fsync
-(its default), which favours KT.
+the drop), so no phase inherits the cache another system's phase left. Mercury's root
+runs with a `--batch-window-ms` of `--window-ms` (default 10) and fsync; KT writes
+without fsync (its default), which favours KT.
 
 Usage: .venv/bin/python bench/read_under_write.py [--quick] [--rounds N] [--seconds S]
        [--systems kt,mercury] [--read-rate R] [--conns N] [--matched-mbps M]
@@ -211,7 +211,14 @@ SETTINGS = ("rounds", "seconds", "read_rate", "conns", "matched_mbps", "window_m
 
 
 def can_drop_caches() -> bool:
-    return os.access(DROP_CACHES, os.W_OK)
+    """True when this process may drop the page cache (it does so once to find out: a
+    read-only /proc/sys refuses root too)."""
+    try:
+        with open(DROP_CACHES, "w") as f:
+            f.write("1")
+    except OSError:
+        return False
+    return True
 
 
 def settle_page_cache(drop: bool) -> float:
