@@ -22,14 +22,14 @@ both the lag and how many writes it has applied); CPU ms per MB absorbed of the 
 process (`/proc/PID/stat`: the Mercury replica's worker; the KT slave's whole process,
 which also serves the reads) and of the whole serving node; and the seconds the node
 needed to catch up after the writers stopped. Every phase starts with the page cache's
-dirty pages written back and its clean pages dropped (root only; `--keep-caches` skips
-the drop), so no phase inherits the cache another system's phase left. Mercury's root
-runs with a `--batch-window-ms` of `--window-ms` (default 10) and fsync; KT writes
-without fsync (its default), which favours KT.
+dirty pages written back (`--drop-caches`: and its clean pages dropped, root only; the
+best case, see docs/reads.md). Mercury's root runs with a `--batch-window-ms` of
+`--window-ms` (default 10) and fsync; KT writes without fsync (its default), which
+favours KT.
 
 Usage: .venv/bin/python bench/read_under_write.py [--quick] [--rounds N] [--seconds S]
        [--systems kt,mercury] [--read-rate R] [--conns N] [--matched-mbps M]
-       [--applier-nice N] [--phases P,...] [--keep-caches]
+       [--applier-nice N] [--phases P,...] [--drop-caches]
 """
 
 from __future__ import annotations
@@ -225,14 +225,16 @@ def settle_page_cache(drop: bool) -> float:
     """Write the page cache's dirty pages back, wait until little is left and, with `drop`,
     drop the clean file pages no process maps; the seconds it took.
 
-    Why: the two systems share one machine here, and a phase inherits the page cache the
-    ones before it left — above all Kyoto Tycoon's, whose full-speed phase writes several
-    GB of database and update log (without fsync, so much of it still dirty for the
-    kernel's flusher threads to write back during the next phase, another system's). Two
-    machines would not share that. Beside KT, Mercury's full-speed read P99 measured x5.8
-    of idle without the drop and x1.5 with it (docs/reads.md); each system still pays for
-    the writeback and the cache its own writes cause. The pages a process maps (an LMDB
-    environment's, a KT database's mapped region) stay.
+    Why the write-back: Kyoto Tycoon writes without fsync, so its full-speed phase leaves
+    hundreds of MB dirty for the kernel's flusher threads to write back during the next
+    phase, another system's; two machines would not share that. Each phase still pays for
+    the writeback its own writes cause.
+
+    Why the drop is only an option: a phase started from an empty page cache measures a
+    best case. On the development machine Mercury's full-speed tail and applier CPU were
+    about twice as high with a few GB of any file pages cached (KT's left from its phases,
+    or unrelated files) as with none (docs/reads.md), and a serving node's page cache is
+    never empty. The pages a process maps (an LMDB environment's) stay either way.
     """
     t0 = time.monotonic()
     os.sync()
@@ -428,7 +430,7 @@ class Bench:
 
     def phase(self, s: System, phase: str) -> dict[str, Any]:
         a = self.args
-        settled = settle_page_cache(drop=not a.keep_caches)
+        settled = settle_page_cache(drop=a.drop_caches)
         writer = None
         writer_seed = random.randrange(1 << 30)
         if phase != "idle":
@@ -442,7 +444,7 @@ class Bench:
                 f"writer-{s.name}-{phase}", 0,
             )  # fmt: skip
         reads = SyncConn(s.read_port)
-        for i in range(200):  # the hot keys' pages back in the cache (both systems alike)
+        for i in range(200):  # the hot keys' pages in the cache (both systems alike)
             reads.get(s.path(HOT[i % 20]))
         probe = SyncConn(s.read_port)
         clock_path = s.path(CLOCK_KEY)
@@ -590,8 +592,8 @@ def main() -> int:
     ap.add_argument("--applier-nice", type=int, default=None, help="Mercury replica flag")
     ap.add_argument("--phases", default=",".join(PHASES))
     ap.add_argument(
-        "--keep-caches", action="store_true",
-        help="start each phase without dropping the page cache (docs/reads.md)",
+        "--drop-caches", action="store_true",
+        help="drop the clean page cache before each phase: a best case (docs/reads.md)",
     )  # fmt: skip
     ap.add_argument(
         "--no-sched-hints",
@@ -619,15 +621,15 @@ def main() -> int:
         systems.remove("kt")
         notes.append(f"Kyoto Tycoon half skipped: no ktserver at {KTSERVER}")
     os.sched_setaffinity(0, {1})  # the reader runs beside the serving node
-    if not args.keep_caches and not can_drop_caches():
-        args.keep_caches = True
+    if args.drop_caches and not can_drop_caches():
+        args.drop_caches = False
         notes.append("no permission to drop the page cache: phases start with it as it is")
     bench = Bench(args)
     phases = [p for p in args.phases.split(",") if p in PHASES]
     if "idle" not in phases:
         phases.insert(0, "idle")
     out: dict[str, Any] = {
-        "settings": {k: getattr(args, k) for k in (*SETTINGS, "keep_caches")}
+        "settings": {k: getattr(args, k) for k in (*SETTINGS, "drop_caches")}
         | {"applier_nice": args.applier_nice, "kernel": os.uname().release},
         "load_avg_at_start": os.getloadavg(),
         "notes": notes,
