@@ -23,12 +23,12 @@ connection idle the longest — no request in progress, nothing left to write �
 none is idle is the newcomer refused with the protocol's busy reply, if any; a listener
 whose busy reply depends on the protocol the client speaks — KT: HTTP or binary on one
 port — holds the refused connection, outside the count, up to `REFUSE_WAIT` for its first
-byte, `MAX_REFUSING` of them at most, others answered at once), a header
-timeout (a request's head must
-arrive within it from its first byte), a body timeout (the whole request within it), an
-idle timeout (no request for that long), and a write timeout (a client that reads none of
-its replies for that long). One sweep per second checks every connection and
-samples the bytes queued for writing; metrics `mercury_listener_connections{listener}`,
+byte, `MAX_REFUSING` of them at most, others answered at once), a header timeout (a
+request's head must arrive within it from its first byte), a body timeout (the whole
+request within it), an idle timeout (no request for that long), and a write timeout (a
+client that reads none of its replies for that long). One sweep per second checks every
+connection and samples the bytes queued for writing; metrics
+`mercury_listener_connections{listener}`,
 `mercury_listener_refused_total{listener, reason}` (what was refused, evicted or closed and
 why) and `mercury_listener_write_queued_bytes{listener}` /
 `mercury_listener_write_queued_max_bytes{listener}`.
@@ -444,8 +444,7 @@ class TcpService:
     `busy_reply_to`, instead, when the reply depends on the protocol the client speaks: a
     refused connection is held outside the count for its first byte (up to `REFUSE_WAIT`,
     `MAX_REFUSING` at once; beyond that it is answered at once as if it sent nothing) and
-    answered
-    `busy_reply_to(that byte)` (None when none came in time). Implements
+    answered `busy_reply_to(that byte)` (None when none came in time). Implements
     `core.service.Service`.
     """
 
