@@ -1,0 +1,144 @@
+"""What writing into fresh page-cache memory costs on this machine, and holding it steady.
+
+A virtual machine whose balloon device reports free pages to its host (virtio-balloon free
+page reporting, as Firecracker and other hypervisors use it) hands memory the guest frees
+back to the host a few seconds later; the next time the guest uses that memory, each page
+faults in the host first. A process appending to a file — an LMDB environment that grows, a
+replica applying fresh values — gets its new page-cache pages from that memory and pays
+for it in the kernel's copy of its writes, which the scheduler counts as its own CPU and a
+kernel without full preemption does not interrupt. On bare metal that cost is absent, and
+a node whose store has stopped growing rewrites pages already cached.
+
+`python -m bench.guestmem [--mb N] [--wait S]` prints JSON: CPU ms per MB of 1 MB
+`pwrite`s into a new file once the freed memory has had `--wait` seconds to be reported,
+into the same file again (pages cached), into a new file right after freeing one, and —
+where this process may write the kernel's reporting threshold (root) — into a new file
+after the same wait with reporting held off. `--mb` should exceed what the guest keeps of
+its freed memory before reporting it (on the development machine about 1 GB: smaller
+probes land in that and measure nothing), hence 4 GB.
+
+The read and apply benches record `state()` in their output and take
+`--hold-freed-memory` to run with reporting held off (restored when they end), so that
+their phases measure the systems, not what the host did with the guest's free memory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import signal
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+PARAMS = Path("/sys/module/page_reporting/parameters")
+ORDER = PARAMS / "page_reporting_order"
+#: Free blocks of at least 2**order pages are reported; the buddy allocator's largest block
+#: is order 10 on x86-64, so order 11 reports nothing.
+HOLD_ORDER = 11
+
+
+def state() -> dict[str, Any] | None:
+    """The guest's free page reporting as the kernel shows it: its order threshold and the
+    KiB reported so far; None where the kernel has no page reporting."""
+    try:
+        out: dict[str, Any] = {"page_reporting_order": int(ORDER.read_text())}
+    except (OSError, ValueError):
+        return None
+    with contextlib.suppress(OSError, ValueError):
+        out["reported_kib"] = int((PARAMS / "reported_kib").read_text())
+    return out
+
+
+def can_hold() -> bool:
+    """True when this process may change the reporting threshold (it writes back the
+    value it reads to find out)."""
+    try:
+        ORDER.write_text(ORDER.read_text().strip())
+    except OSError:
+        return False
+    return True
+
+
+@contextlib.contextmanager
+def reporting_held() -> Iterator[None]:
+    """Hold free page reporting off inside the block and restore the threshold after it,
+    on SIGTERM too (the benches run until they are stopped or end)."""
+    old = ORDER.read_text().strip()
+    prev = signal.getsignal(signal.SIGTERM)
+
+    def stop(signum: int, frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, stop)
+    ORDER.write_text(str(HOLD_ORDER))
+    try:
+        yield
+    finally:
+        ORDER.write_text(old)
+        signal.signal(signal.SIGTERM, prev)
+
+
+def write_cost(path: Path, mb: int) -> float:
+    """CPU ms (this thread's, user + system) per MB of `mb` 1 MB `pwrite`s at the start of
+    `path`: the page-cache copy, not the wait for the disk (the file is synced after the
+    timed part, and dirty-page throttling sleeps without using CPU)."""
+    block = os.urandom(1 << 20)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        t0 = time.thread_time()
+        for i in range(mb):
+            os.pwrite(fd, block, i << 20)
+        spent = time.thread_time() - t0
+        os.fsync(fd)
+        return round(spent * 1000 / mb, 3)
+    finally:
+        os.close(fd)
+
+
+def probe(where: Path, mb: int, wait: float) -> dict[str, Any]:
+    """The four write costs of the module docstring (CPU ms per MB) and their ratios."""
+    a, b = where / "probe-a", where / "probe-b"
+    out: dict[str, Any] = {"mb": mb, "wait_s": wait, "state_at_start": state()}
+    time.sleep(wait)
+    out["new_file_after_wait"] = write_cost(a, mb)
+    out["same_file_again"] = write_cost(a, mb)
+    a.unlink()
+    out["new_file_after_free"] = write_cost(b, mb)
+    b.unlink()
+    if state() is not None and can_hold():
+        with reporting_held():
+            write_cost(a, mb)  # memory the host holds now stays with the guest when freed
+            a.unlink()
+            time.sleep(wait)
+            out["new_file_after_wait_held"] = write_cost(b, mb)
+        b.unlink()
+    cached = out["same_file_again"]
+    out["ratios_to_cached"] = {
+        k: round(out[k] / cached, 2)
+        for k in ("new_file_after_wait", "new_file_after_free", "new_file_after_wait_held")
+        if k in out
+    }
+    out["state_at_end"] = state()
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--mb", type=int, default=4096, help="MB written per measurement")
+    ap.add_argument("--wait", type=float, default=15.0, help="seconds between free and write")
+    args = ap.parse_args()
+    if not 1 <= args.mb <= 8192 or not 0 <= args.wait <= 600:
+        ap.error("--mb 1-8192, --wait 0-600")
+    with tempfile.TemporaryDirectory(prefix="guestmem-") as d:
+        print(json.dumps(probe(Path(d), args.mb, args.wait), indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
