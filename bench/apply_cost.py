@@ -29,17 +29,22 @@ whatever its column's name. ``--py-spy DIR`` records
 each child under py-spy (``--native``, every thread; collapsed stacks, one file per run).
 ``--perf DIR`` records each child under ``perf record -g`` instead (every thread, kernel
 included; read with ``perf report -i``). Profiled runs are slower: their CPU figures are
-not the ones to quote.
+not the ones to quote. ``--hold-freed-memory`` holds a virtual machine's free page
+reporting off for the run and first touches the free memory once (`bench/guestmem.py`;
+root only, restored at the end): the appliers' new page-cache pages then come from
+memory the guest still has, not memory its host took back, whose first touch costs the
+writer's CPU.
 
 Usage: .venv/bin/python bench/apply_cost.py [--mb 64] [--entries-100b 200000]
        [--rounds 3] [--only 40k-x2,40k-1mb,100b] [--trees .,/tmp/base] [--live]
-       [--apply-window-ms 0,20] [--py-spy DIR | --perf DIR]
+       [--apply-window-ms 0,20] [--py-spy DIR | --perf DIR] [--hold-freed-memory]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import resource
@@ -304,6 +309,10 @@ def main() -> None:
     )
     ap.add_argument("--py-spy", dest="profile", default=None, help="directory for profiles")
     ap.add_argument("--perf", default=None, help="directory for `perf record` files")
+    ap.add_argument(
+        "--hold-freed-memory", action="store_true",
+        help="hold the VM's free page reporting off for the run (bench/guestmem.py)",
+    )  # fmt: skip
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--dir", help=argparse.SUPPRESS)
     ap.add_argument("--port", type=int, help=argparse.SUPPRESS)
@@ -314,6 +323,10 @@ def main() -> None:
     if a.child:
         child(a)
         return
+    if str(ROOT) not in sys.path:  # (the child imports only the tree under test)
+        sys.path.insert(0, str(ROOT))
+    from bench import guestmem
+
     paths = [str(ROOT) if t == "." else str(Path(t).resolve()) for t in a.trees.split(",")]
     windows: list[float | None] = (
         [float(w) for w in a.apply_window_ms.split(",")] if a.apply_window_ms else [None]
@@ -332,10 +345,20 @@ def main() -> None:
             "trees": trees,
             "live": a.live,
             "load_avg_start": os.getloadavg()[0],
+            "hold_freed_memory": a.hold_freed_memory,
         },
+        "free_page_reporting": guestmem.state(),
         "workloads": {},
     }
-    with tempfile.TemporaryDirectory(prefix="apply-cost-") as tmp_s:
+    hold: contextlib.AbstractContextManager[dict[str, float] | None] = contextlib.nullcontext()
+    if a.hold_freed_memory:
+        if guestmem.state() is None or not guestmem.can_hold():
+            out["settings"]["hold_freed_memory"] = False
+            out["notes"] = ["free page reporting absent or not writable: nothing to hold"]
+        else:
+            hold = guestmem.held_and_warmed()
+    with hold as warmed, tempfile.TemporaryDirectory(prefix="apply-cost-") as tmp_s:
+        out["free_memory_warmed"] = warmed
         tmp = Path(tmp_s)
         for name in names:
             size, per = WORKLOADS[name]

@@ -23,13 +23,18 @@ process (`/proc/PID/stat`: the Mercury replica's worker; the KT slave's whole pr
 which also serves the reads) and of the whole serving node; and the seconds the node
 needed to catch up after the writers stopped. Every phase starts with the page cache's
 dirty pages written back (`--drop-caches`: and its clean pages dropped, root only; the
-best case, see docs/reads.md). Mercury's root runs with a `--batch-window-ms` of
-`--window-ms` (default 10) and fsync; KT writes without fsync (its default), which
-favours KT.
+best case, see docs/reads.md). On a virtual machine whose balloon reports free pages to
+its host (`bench/guestmem.py`), `--hold-freed-memory` holds that reporting off for the
+run and first touches the free memory once (root only; restored at the end): writing
+into memory the host took back costs the writer's CPU, so without it a phase's figures
+depend on what ran before it. Mercury's
+root runs with a `--batch-window-ms` of `--window-ms` (default 10) and fsync; KT writes
+without fsync (its default), which favours KT.
 
 Usage: .venv/bin/python bench/read_under_write.py [--quick] [--rounds N] [--seconds S]
        [--systems kt,mercury] [--read-rate R] [--conns N] [--matched-mbps M]
        [--applier-nice N] [--phases P,...] [--drop-caches | --cache-fill-gb G]
+       [--hold-freed-memory]
 """
 
 from __future__ import annotations
@@ -55,6 +60,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from bench import guestmem  # noqa: E402
 from bench.gateway_write import Conn  # noqa: E402  (one keep-alive HTTP/1.1 client for every bench)
 from bench.procstat import cpu_seconds  # noqa: E402
 from tests.support.procs import free_port, mercury_cmd, wait_http, wait_port  # noqa: E402
@@ -617,6 +623,10 @@ def main() -> int:
         help="drop the clean page cache before each phase: a best case (docs/reads.md)",
     )  # fmt: skip
     ap.add_argument(
+        "--hold-freed-memory", action="store_true",
+        help="hold the VM's free page reporting off for the run (bench/guestmem.py)",
+    )  # fmt: skip
+    ap.add_argument(
         "--no-sched-hints",
         action="store_true",
         help="undo the replica's scheduling hints (short read slices, SCHED_BATCH applier)",
@@ -647,17 +657,30 @@ def main() -> int:
     if args.drop_caches and not can_drop_caches():
         args.drop_caches = False
         notes.append("no permission to drop the page cache: phases start with it as it is")
+    hold: contextlib.AbstractContextManager[dict[str, float] | None] = contextlib.nullcontext()
+    if args.hold_freed_memory:
+        if guestmem.state() is None or not guestmem.can_hold():
+            args.hold_freed_memory = False
+            notes.append("free page reporting absent or not writable: nothing to hold")
+        else:
+            hold = guestmem.held_and_warmed()
     bench = Bench(args)
+    stack = contextlib.ExitStack()
     phases = [p for p in args.phases.split(",") if p in PHASES]
     if "idle" not in phases:
         phases.insert(0, "idle")
     out: dict[str, Any] = {
-        "settings": {k: getattr(args, k) for k in (*SETTINGS, "drop_caches", "cache_fill_gb")}
+        "settings": {
+            k: getattr(args, k)
+            for k in (*SETTINGS, "drop_caches", "cache_fill_gb", "hold_freed_memory")
+        }
         | {"applier_nice": args.applier_nice, "kernel": os.uname().release},
+        "free_page_reporting": guestmem.state(),
         "load_avg_at_start": os.getloadavg(),
         "notes": notes,
     }
     try:
+        out["free_memory_warmed"] = stack.enter_context(hold)
         if args.cache_fill_gb > 0:
             fill_page_cache(bench.tmp, args.cache_fill_gb)
         nodes = {name: bench.kt() if name == "kt" else bench.mercury(name) for name in systems}
@@ -685,6 +708,7 @@ def main() -> int:
         out["rounds"] = results
     finally:
         bench.close()
+        stack.close()
     print(json.dumps(out, indent=2))
     return 0
 
