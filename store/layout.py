@@ -96,13 +96,16 @@ def open_env(
     readonly: bool = False,
     map_size: int = DEFAULT_MAP_SIZE,
     sync: bool = True,
+    meta_sync: bool = True,
     create: bool = False,
 ) -> tuple[Any, Dbs]:
     """Open the environment in `path` and its sub-databases.
 
     `sync=False` trades durability of the last commits for speed (tests and benchmarks of
-    non-durable paths only). Raises StoreNotFoundError when there is no store and not
-    `create`.
+    non-durable paths only). `meta_sync=False` (with `sync`) writes each commit's data
+    pages durably but leaves its meta page to the next commit's sync (LMDB's
+    MDB_NOMETASYNC): a system crash may undo the last commit, never corrupt the store.
+    Raises StoreNotFoundError when there is no store and not `create`.
     """
     if not create and not exists(path):
         raise StoreNotFoundError(
@@ -118,7 +121,7 @@ def open_env(
         max_readers=MAX_READERS,
         readonly=readonly,
         sync=sync,
-        metasync=sync,
+        metasync=sync and meta_sync,
         readahead=False,
         meminit=False,
         lock=True,

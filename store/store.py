@@ -74,6 +74,7 @@ class Store:
         self.dbs = dbs
         self.readonly = readonly
         self._listeners: list[Callable[[int], None]] = []
+        self._sync_on_close = False
         with env.begin(db=dbs.meta) as txn:
             raw = txn.get(K_DB_ID)
             if raw is None:
@@ -120,24 +121,35 @@ class Store:
         readonly: bool = False,
         map_size: int = layout.DEFAULT_MAP_SIZE,
         sync: bool = True,
+        last_commit_durable: bool = True,
         check_format: bool = True,
     ) -> Store:
         """Open an existing store.
 
         With `check_format` (the default) a store whose format is older than this code
         raises PendingMigrationsError (run `mercury migrate`), a newer one NewerFormatError.
+        `last_commit_durable=False`: each commit syncs its data but not the page naming it
+        the latest (`layout.open_env`'s `meta_sync`); a system crash may then undo the last
+        commit, never corrupt the store, and `close` syncs it. For a node that can fetch
+        that commit again from its source (a replica), never for one that acknowledges it.
         """
         version = read_format_version(path)
         if check_format:
             ensure_current_format(path, version)
-        env, dbs = layout.open_env(path, readonly=readonly, map_size=map_size, sync=sync)
-        return cls(path, env, dbs, readonly)
+        env, dbs = layout.open_env(
+            path, readonly=readonly, map_size=map_size, sync=sync, meta_sync=last_commit_durable
+        )
+        store = cls(path, env, dbs, readonly)
+        store._sync_on_close = sync and not last_commit_durable and not readonly
+        return store
 
     def close(self) -> None:
         """Commit deferred counters and close the environment; the Store must not be used
         afterwards."""
         try:
             self.flush_counters()
+            if self._sync_on_close:  # the last commit's meta page, left to the next sync
+                self.env.sync(True)
         finally:
             self.env.close()
 
