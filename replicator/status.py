@@ -1,10 +1,19 @@
 """The replication status a replica's worker publishes to its reading parent.
 
-The worker (the child process that applies the stream) writes ``DATA_DIR/replication.json``
-atomically (temp file + rename) when something changed, at most every `FLUSH_SECONDS`; the
-parent reads it to answer `/v1/status` and to export the lag metrics. Lag is computed by
-the reader at read time from the published facts (`replicator/lag.py`), so a dead worker
-shows a growing lag, not a frozen one.
+The worker (the child process that applies the stream) rewrites ``DATA_DIR/replication.json``
+when something changed, at most every `FLUSH_SECONDS`; the parent reads it to answer
+`/v1/status` and to export the lag metrics. Lag is computed by the reader at read time from
+the published facts (`replicator/lag.py`), so a dead worker shows a growing lag, not a
+frozen one.
+
+The document is rewritten in place, not replaced: a temp file renamed over the old one made
+ext4 start writing the new file back at every rename (its guard for applications that
+replace files without syncing them): 200-240 µs of the worker's CPU per flush, 20 times a
+second, on the core that serves reads, against 30 µs in place (`bench/status_flush.py`);
+what makes a read of a half-written document harmless is the document's layout: one line of
+JSON, then a line holding the CRC-32 of that line in hex, then spaces over whatever a
+longer earlier document left. A reader that finds the CRC wrong (it read during a write)
+reads again; a document without the CRC line (an earlier release's) is read as plain JSON.
 """
 
 from __future__ import annotations
@@ -15,6 +24,7 @@ import json
 import math
 import os
 import time
+import zlib
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -22,6 +32,8 @@ from replicator.lag import lag_seconds
 
 FLUSH_SECONDS = 0.05
 FILE_NAME = "replication.json"
+#: Reads of a document caught mid-write before `read_status` gives up (None).
+READ_TRIES = 5
 
 
 def status_path(data_dir: str) -> str:
@@ -64,12 +76,45 @@ class ReplicaStatus:
         )
 
 
+def encode_document(doc: dict[str, Any], pad_to: int = 0) -> bytes:
+    """The published bytes of `doc`: its JSON on one line, the line's CRC-32 in hex on the
+    next, then spaces up to `pad_to` bytes (over a longer earlier document)."""
+    line = json.dumps(doc, separators=(",", ":")).encode()
+    out = b"%s\n%08x\n" % (line, zlib.crc32(line))
+    return out + b" " * (pad_to - len(out))
+
+
+def decode_document(raw: bytes) -> dict[str, Any] | None:
+    """The document in `raw`, or None when it is torn (its CRC line does not match) or not
+    a JSON object. Without a CRC line — a second line of exactly 8 hex digits — it is read
+    as plain JSON (an earlier release's worker), which a torn document never is (the bytes
+    after its first line are not part of the JSON)."""
+    line, _, rest = raw.partition(b"\n")
+    crc = rest.split(b"\n", 1)[0]
+    if len(crc) == 8 and all(c in b"0123456789abcdef" for c in crc):
+        if int(crc, 16) != zlib.crc32(line):
+            return None
+    else:
+        line = raw
+    try:
+        doc = json.loads(line)
+    except ValueError:
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
 def read_status(data_dir: str) -> ReplicaStatus | None:
     """The last published status, or None when there is none (or it is unreadable)."""
-    try:
-        with open(status_path(data_dir)) as f:
-            raw: dict[str, Any] = json.load(f)
-    except (OSError, ValueError):
+    raw: dict[str, Any] | None = None
+    for _ in range(READ_TRIES):
+        try:
+            with open(status_path(data_dir), "rb") as f:
+                raw = decode_document(f.read())
+        except OSError:
+            return None
+        if raw is not None:
+            break
+    if raw is None:
         return None
     known = set(ReplicaStatus.__dataclass_fields__)
     return ReplicaStatus(**{k: v for k, v in raw.items() if k in known})
@@ -83,6 +128,8 @@ class StatusBoard:
         self.status = ReplicaStatus(pid=os.getpid())
         self._dirty = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self._fd = -1
+        self._size = 0  # bytes the file holds (a shorter document pads over the rest)
 
     def update(self, **changes: Any) -> None:
         """Change fields and schedule a flush."""
@@ -96,15 +143,34 @@ class StatusBoard:
         self.update(error=message)
 
     def flush(self) -> None:
-        """Write the status now (atomically)."""
+        """Write the status now (in place; see the module docstring)."""
         self.status.updated_us = time.time_ns() // 1000
         self.status.cpu_seconds = time.process_time()
-        os.makedirs(self.data_dir, exist_ok=True)
+        fd = self._file()
+        data = encode_document(asdict(self.status), self._size)
+        os.pwrite(fd, data, 0)
+        self._size = len(data)
+
+    def _file(self) -> int:
+        """The document's open file, opened again when it was removed or replaced."""
         path = status_path(self.data_dir)
-        tmp = f"{path}.{os.getpid()}.tmp"
-        with open(tmp, "w") as f:
-            json.dump(asdict(self.status), f)
-        os.replace(tmp, path)
+        try:
+            st = os.stat(path)
+        except FileNotFoundError:
+            st = None
+        if self._fd >= 0 and (st is None or st.st_ino != os.fstat(self._fd).st_ino):
+            self.close()
+        if self._fd < 0:
+            os.makedirs(self.data_dir, exist_ok=True)
+            self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o666)
+            self._size = os.fstat(self._fd).st_size
+        return self._fd
+
+    def close(self) -> None:
+        """Close the document's file (a later flush opens it again)."""
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
 
     async def run(self) -> None:
         """Flush whenever dirty, at most every FLUSH_SECONDS, until cancelled."""
@@ -128,6 +194,7 @@ class StatusBoard:
                 await self._task
         with contextlib.suppress(OSError):
             self.flush()
+        self.close()
 
 
 def lag_gauge(data_dir: str) -> float:
