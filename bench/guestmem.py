@@ -14,8 +14,8 @@ a node whose store has stopped growing rewrites pages already cached.
 into the same file again (pages cached), into a new file right after freeing one, and —
 where this process may write the kernel's reporting threshold (root) — into a new file
 after the same wait with reporting held off. `--mb` should exceed what the guest keeps of
-its freed memory before reporting it (on the development machine about 1 GB: smaller
-probes land in that and measure nothing), hence 4 GB.
+its freed memory unreported (the development machine's kernel keeps up to
+`max_waiting_mib`, 1024: smaller probes land mostly in that), hence 4 GB.
 
 The read and apply benches record `state()` in their output and take
 `--hold-freed-memory` to run with reporting held off (restored when they end), so that
