@@ -27,9 +27,9 @@ best case, see docs/reads.md). On a virtual machine whose balloon reports free p
 its host (`bench/guestmem.py`), `--hold-freed-memory` holds that reporting off for the
 run and first touches the free memory once (root only; restored at the end): writing
 into memory the host took back costs the writer's CPU, so without it a phase's figures
-depend on what ran before it. Mercury's
-root runs with a `--batch-window-ms` of `--window-ms` (default 10) and fsync; KT writes
-without fsync (its default), which favours KT.
+depend on what ran before it. Mercury's root runs with a `--batch-window-ms` of
+`--window-ms` (default 10) and fsync; KT writes without fsync (its default), which
+favours KT.
 
 Usage: .venv/bin/python bench/read_under_write.py [--quick] [--rounds N] [--seconds S]
        [--systems kt,mercury] [--read-rate R] [--conns N] [--matched-mbps M]
@@ -236,11 +236,11 @@ def settle_page_cache(drop: bool) -> float:
     phase, another system's; two machines would not share that. Each phase still pays for
     the writeback its own writes cause.
 
-    Why the drop is only an option: a phase started from an emptied page cache measures a
-    best case. On the development machine Mercury's full-speed tail was x5.8 of idle beside
-    KT without the drop and x1.5 with it, while a run with 4 GB of filler cached measured
-    x1.6 (docs/reads.md: what a phase inherits weighs, not simply how much is cached), and
-    a serving node's page cache is never empty. Mapped pages (an LMDB environment's) stay.
+    Why the drop is only an option: it helped on the development machine because the
+    memory it frees is still the guest's for a while (a VM whose host takes back free
+    memory; `bench/guestmem.py`, docs/reads.md), not because an emptied cache is what a
+    node has; `--hold-freed-memory` is the better-founded way to the same state. Mapped
+    pages (an LMDB environment's) stay.
     """
     t0 = time.monotonic()
     os.sync()

@@ -32,7 +32,9 @@ from replicator.lag import lag_seconds
 
 FLUSH_SECONDS = 0.05
 FILE_NAME = "replication.json"
-#: Reads of a document caught mid-write before `read_status` gives up (None).
+#: Reads of a document caught mid-write before `read_status` gives up (None). A write is
+#: one `pwrite` of a few hundred bytes, over within microseconds, and the next comes 50 ms
+#: later: a read that caught one reads a whole document on its next try.
 READ_TRIES = 5
 
 

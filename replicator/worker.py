@@ -176,9 +176,9 @@ async def _run_locked(cfg: WorkerConfig, stop: asyncio.Event) -> int:
             store.close()
         # A replica acknowledges no write: a commit a system crash undoes is fetched
         # again from the source (which streams to a replica that is ahead of it once it
-        # has the records), so each commit skips the synchronous write of its meta page
-        # (one of its two sync writes; about a tenth of the CPU of following a busy
-        # root, docs/reads.md). The data pages are synced as before: never corrupt.
+        # has the records), so each commit skips the synchronous write of its meta page,
+        # one of its two (docs/replication.md). The data pages are synced as before: a
+        # crash never leaves the store corrupt.
         store = Store.open(cfg.data_dir, sync=cfg.sync, last_commit_durable=False)
         notify.install_pinger(store)
         relay = RelayedHeartbeat()
