@@ -45,6 +45,19 @@ RESTART_CAP = 10.0
 RESTART_RESET_AFTER = 60.0
 #: How often a reader checks that its parent is alive.
 PARENT_CHECK_S = 1.0
+#: Linux >= 5.14: 1 hands the connections waiting in a closed listener's accept queue to
+#: another socket of its SO_REUSEPORT group instead of resetting them.
+MIGRATE_REQ = "/proc/sys/net/ipv4/tcp_migrate_req"
+
+
+def migrate_req(path: str = MIGRATE_REQ) -> bool | None:
+    """Whether the kernel migrates a dead reader's waiting connections to another reader
+    (None: this kernel cannot, or the setting cannot be read)."""
+    try:
+        with open(path) as f:
+            return f.read().strip() != "0"
+    except (OSError, ValueError):
+        return None
 
 
 def worker_index() -> int:
@@ -86,6 +99,12 @@ class ReaderPool:
 
     async def start(self) -> None:
         """Start every reader's watchdog (each starts its reader at once)."""
+        if self.n > 1 and migrate_req() is False:
+            log.warning(
+                "net.ipv4.tcp_migrate_req is 0: connections waiting in a reader's accept "
+                "queue are reset when that reader dies; set it to 1 to have the kernel hand "
+                "them to another reader"
+            )
         loop = asyncio.get_running_loop()
         self._tasks = [loop.create_task(self._watch(i)) for i in range(1, self.n)]
 

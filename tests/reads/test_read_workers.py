@@ -15,6 +15,7 @@ from pathlib import Path
 
 import httpx
 
+from reads.workers import migrate_req
 from store.ops import SET, Op
 from store.store import Store
 from tests.gateway.conftest import make_root
@@ -148,3 +149,14 @@ def test_replica_with_two_readers(tmp_path: Path, procs: Procs) -> None:
     replica.proc.send_signal(signal.SIGTERM)
     replica.proc.wait(30)
     wait_for(lambda: not any(alive(x) for x in readers), 15, "readers stopped")
+
+
+def test_whether_the_kernel_migrates_a_dead_readers_connections_is_read_as_set(
+    tmp_path: Path,
+) -> None:
+    f = tmp_path / "tcp_migrate_req"
+    f.write_text("0\n")
+    assert migrate_req(str(f)) is False
+    f.write_text("1\n")
+    assert migrate_req(str(f)) is True
+    assert migrate_req(str(tmp_path / "absent")) is None
