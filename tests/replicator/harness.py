@@ -74,6 +74,10 @@ class RootNode:
         """Stop the source and close the store."""
         with contextlib.suppress(Exception):
             self.call(self.source.stop())
+            # Transports closed by the stop close their sockets in callbacks of the next
+            # loop turns: run them, or a socket is left for the garbage collector to find
+            # (a ResourceWarning in whichever later test it runs during).
+            self.call(asyncio.sleep(0.05))
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(5)
         self._loop.close()

@@ -63,6 +63,7 @@ def test_a_replica_ahead_of_its_source_waits_for_it_and_goes_on(tmp_path: Path) 
         finally:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
+            await asyncio.sleep(0.05)  # the client's transport closes its socket meanwhile
 
     try:
         asyncio.run(run())
