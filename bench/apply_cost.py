@@ -45,7 +45,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import os
 import resource
@@ -355,13 +354,10 @@ def main() -> None:
         "free_page_reporting": guestmem.state(),
         "workloads": {},
     }
-    hold: contextlib.AbstractContextManager[dict[str, float] | None] = contextlib.nullcontext()
-    if a.hold_freed_memory:
-        if guestmem.state() is None or not guestmem.can_hold():
-            out["settings"]["hold_freed_memory"] = False
-            out["notes"] = ["free page reporting absent or not writable: nothing to hold"]
-        else:
-            hold = guestmem.held_and_warmed()
+    hold, why_not = guestmem.hold_if_asked(a.hold_freed_memory)
+    if why_not:
+        out["settings"]["hold_freed_memory"] = False
+        out["notes"] = [why_not]
     with hold as warmed, tempfile.TemporaryDirectory(prefix="apply-cost-") as tmp_s:
         out["free_memory_warmed"] = warmed
         tmp = Path(tmp_s)

@@ -89,13 +89,10 @@ def reporting_held() -> Iterator[None]:
         signal.signal(signal.SIGTERM, prev)
 
 
-def mem_free() -> int:
-    """MemFree of /proc/meminfo, in bytes."""
+def meminfo() -> dict[str, int]:
+    """/proc/meminfo's sizes, in bytes, by name."""
     with open("/proc/meminfo") as f:
-        for ln in f:
-            if ln.startswith("MemFree:"):
-                return int(ln.split()[1]) * 1024
-    return 0
+        return {ln.split(":")[0]: int(ln.split()[1]) * 1024 for ln in f if ln.split()[1].isdigit()}
 
 
 def warm_free_memory(margin: int = WARM_MARGIN) -> dict[str, float]:
@@ -106,7 +103,7 @@ def warm_free_memory(margin: int = WARM_MARGIN) -> dict[str, float]:
     t0 = time.monotonic()
     maps: list[mmap.mmap] = []
     try:
-        while mem_free() > margin + WARM_STEP:
+        while meminfo().get("MemFree", 0) > margin + WARM_STEP:
             m = mmap.mmap(-1, WARM_STEP)
             maps.append(m)
             try:
@@ -126,6 +123,18 @@ def held_and_warmed() -> Iterator[dict[str, float]]:
     machine with memory of its own starts from. Yields what the warming took."""
     with reporting_held():
         yield warm_free_memory()
+
+
+def hold_if_asked(
+    asked: bool,
+) -> tuple[contextlib.AbstractContextManager[dict[str, float] | None], str | None]:
+    """The benches' `--hold-freed-memory`: `held_and_warmed()` when asked and possible,
+    else a context that does nothing, with a note saying why when it was asked for."""
+    if not asked:
+        return contextlib.nullcontext(), None
+    if state() is None or not can_hold():
+        return contextlib.nullcontext(), "free page reporting absent or not writable: nothing held"
+    return held_and_warmed(), None
 
 
 def write_cost(path: Path, mb: int) -> float:

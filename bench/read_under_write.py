@@ -245,9 +245,8 @@ def settle_page_cache(drop: bool) -> float:
     t0 = time.monotonic()
     os.sync()
     while time.monotonic() - t0 < SETTLE_LIMIT:
-        with open("/proc/meminfo") as f:
-            kb = {ln.split(":")[0]: int(ln.split()[1]) for ln in f if ln.split()[1].isdigit()}
-        if (kb.get("Dirty", 0) + kb.get("Writeback", 0)) * 1024 < SETTLED_BYTES:
+        mem = guestmem.meminfo()
+        if mem.get("Dirty", 0) + mem.get("Writeback", 0) < SETTLED_BYTES:
             break
         time.sleep(0.1)
     if drop:
@@ -657,13 +656,10 @@ def main() -> int:
     if args.drop_caches and not can_drop_caches():
         args.drop_caches = False
         notes.append("no permission to drop the page cache: phases start with it as it is")
-    hold: contextlib.AbstractContextManager[dict[str, float] | None] = contextlib.nullcontext()
-    if args.hold_freed_memory:
-        if guestmem.state() is None or not guestmem.can_hold():
-            args.hold_freed_memory = False
-            notes.append("free page reporting absent or not writable: nothing to hold")
-        else:
-            hold = guestmem.held_and_warmed()
+    hold, why_not = guestmem.hold_if_asked(args.hold_freed_memory)
+    if why_not:
+        args.hold_freed_memory = False
+        notes.append(why_not)
     bench = Bench(args)
     stack = contextlib.ExitStack()
     phases = [p for p in args.phases.split(",") if p in PHASES]
