@@ -74,7 +74,6 @@ class Store:
         self.dbs = dbs
         self.readonly = readonly
         self._listeners: list[Callable[[int], None]] = []
-        self._sync_on_close = False
         with env.begin(db=dbs.meta) as txn:
             raw = txn.get(K_DB_ID)
             if raw is None:
@@ -139,19 +138,25 @@ class Store:
         env, dbs = layout.open_env(
             path, readonly=readonly, map_size=map_size, sync=sync, meta_sync=last_commit_durable
         )
-        store = cls(path, env, dbs, readonly)
-        store._sync_on_close = sync and not last_commit_durable and not readonly
-        return store
+        return cls(path, env, dbs, readonly)
 
     def close(self) -> None:
         """Commit deferred counters and close the environment; the Store must not be used
         afterwards."""
         try:
             self.flush_counters()
-            if self._sync_on_close:  # the last commit's meta page, left to the next sync
+            if self.defers_meta_sync():  # the last commit's meta page, left to a next sync
                 self.env.sync(True)
         finally:
             self.env.close()
+
+    def defers_meta_sync(self) -> bool:
+        """True for a writable store opened with `last_commit_durable=False` (and sync): its
+        last commit's meta page waits for the next sync, which `close` makes."""
+        if self.readonly:
+            return False
+        flags = self.env.flags()
+        return bool(flags["sync"] and not flags["metasync"])
 
     def __enter__(self) -> Store:
         return self

@@ -19,6 +19,7 @@ def test_a_store_syncs_every_commit_whole_by_default(tmp_path: Path) -> None:
     Store.create(str(tmp_path / "s")).close()
     with Store.open(str(tmp_path / "s")) as s:
         assert _flags(s) == (True, True)
+        assert not s.defers_meta_sync()
 
 
 def test_a_replica_store_syncs_data_and_defers_the_meta_page(tmp_path: Path) -> None:
@@ -31,7 +32,7 @@ def test_without_sync_the_meta_page_is_not_synced_either(tmp_path: Path) -> None
     Store.create(str(tmp_path / "s")).close()
     with Store.open(str(tmp_path / "s"), sync=False, last_commit_durable=False) as s:
         assert _flags(s) == (False, False)
-        assert not s._sync_on_close  # nothing of a store written without sync is synced
+        assert not s.defers_meta_sync()  # nothing of a store written without sync is synced
 
 
 def test_closing_a_replica_store_syncs_its_last_commit(tmp_path: Path) -> None:
@@ -42,7 +43,7 @@ def test_closing_a_replica_store_syncs_its_last_commit(tmp_path: Path) -> None:
     s = Store.open(path, last_commit_durable=False)
     s.apply([Op(SET, b"k", b"v", owner="t")])
     seq = s.last_seq()
-    assert s._sync_on_close
+    assert s.defers_meta_sync()
     s.close()
     with Store.open(path) as again:
         assert again.last_seq() == seq
@@ -54,4 +55,4 @@ def test_a_read_only_store_does_not_sync_on_close(tmp_path: Path) -> None:
     path = str(tmp_path / "s")
     Store.create(path).close()
     with Store.open(path, readonly=True, last_commit_durable=False) as s:
-        assert not s._sync_on_close
+        assert not s.defers_meta_sync()
