@@ -9,6 +9,7 @@ from core import http_bounds
 from mercury import retention_flags, tls
 from reads.tcp import add_listener_flags
 from replicator.client import APPLY_WINDOW
+from replicator.heap import HEAP_KEEP_MB
 
 
 def register(sub: Any) -> None:
@@ -102,6 +103,16 @@ def register(sub: Any) -> None:
         "time instead of each one; a light stream is committed at once. Costs reads on "
         "the applier's core a longer wait behind each commit "
         f"(default {APPLY_WINDOW * 1000:g}: off; e.g. 20)",
+    )
+    p.add_argument(
+        "--applier-heap-keep-mb",
+        type=int,
+        default=HEAP_KEEP_MB,
+        metavar="MB",
+        help="let the replication worker keep up to MB of memory it freed (per thread) "
+        "for the next records instead of handing it back to the kernel and faulting it in "
+        "again for each record (glibc; costs up to that much resident memory per thread "
+        f"after a large record; default {HEAP_KEEP_MB}; 0 = the C library's own thresholds)",
     )
     p.add_argument(
         "--max-bootstraps",

@@ -22,6 +22,7 @@ from mercury.tls import files_from_args
 from reads.tcp import listener_limits
 from reads.wiring import ListenerSettings
 from replicator import sched
+from replicator.heap import HEAP_KEEP_MB
 from replicator.wiring import SourceSettings
 from replicator.worker import WorkerConfig
 from store.retention import RetentionPolicy
@@ -138,6 +139,7 @@ class ReplicaConfig:
                 sync=not args.no_sync,
                 retention=asdict(policy_from_args(args)),
                 nice=int(args.applier_nice),
+                heap_keep_mb=_heap_keep_mb(args.applier_heap_keep_mb),
                 tls=asdict(tls) if tls is not None else None,
                 cpus=sorted(applier_cpus) if applier_cpus else None,
             ),
@@ -161,6 +163,17 @@ def _cpus(value: str | None) -> tuple[frozenset[int] | None, frozenset[int] | No
         raise ConfigError(
             f"--applier-cpus: {err}", hint="e.g. --applier-cpus 3 on a machine with CPUs 0-3"
         ) from None
+
+
+def _heap_keep_mb(mb: int) -> int:
+    """`--applier-heap-keep-mb`: 0 to 1,024 MB (glibc takes at most half its int range)."""
+    if not 0 <= mb <= 1024:
+        raise ConfigError(
+            f"--applier-heap-keep-mb must be 0 to 1024, got {mb}",
+            hint=f"the default {HEAP_KEEP_MB} keeps a busy stream's working memory; 0 "
+            "hands freed memory back as the C library decides",
+        )
+    return mb
 
 
 def _apply_window(ms: float) -> float:

@@ -37,8 +37,9 @@ from core.errors import (
 )
 from core.tasks import cancel_and_wait
 from core.tlsconf import TlsContexts, TlsFiles
-from replicator import bootstrap, frames, notify, sched
+from replicator import bootstrap, frames, heap, notify, sched
 from replicator.client import APPLY_WINDOW, ReplicaClient, ReplicationFailed
+from replicator.heap import HEAP_KEEP_MB
 from replicator.heartbeat import RelayedHeartbeat
 from replicator.metrics import REFUSED
 from replicator.selection import Selector
@@ -85,6 +86,9 @@ class WorkerConfig:
     #: CPUs the worker runs on (`--applier-cpus`; the read server has the others), None:
     #: wherever the kernel puts it.
     cpus: list[int] | None = None
+    #: `--applier-heap-keep-mb`: free heap kept for the next records (`replicator/heap.py`);
+    #: 0 leaves the C library's thresholds alone.
+    heap_keep_mb: int = HEAP_KEEP_MB
 
     def to_json(self) -> str:
         """Serialised for the worker's command line."""
@@ -319,6 +323,8 @@ def main(argv: list[str]) -> int:
     # Reads preempt this process when they wake (the read server asked for short slices,
     # which we inherited and give up here): replicator/sched.py.
     sched.background_applier()
+    if cfg.heap_keep_mb > 0 and not heap.keep_freed_memory(trim_bytes=cfg.heap_keep_mb << 20):
+        log.info("the C library has no mallopt: freed memory goes back as it decides")
     eventloop.install()  # uvloop: the source falls back from sendfile on it
     return asyncio.run(_main(cfg))
 
