@@ -86,6 +86,12 @@ def child(a: argparse.Namespace) -> None:
         store = Store.open(a.dir, sync=True, map_size=8 << 30, last_commit_durable=False)
     except TypeError:
         store = Store.open(a.dir, sync=True, map_size=8 << 30)
+    try:  # and its heap kept as the worker keeps it (a tree from before: glibc's own)
+        from replicator import heap
+
+        heap.keep_freed_memory()
+    except ImportError:
+        pass
 
     class Board(StatusBoard):
         """Tells the moment the target seq is applied: the client reports every applied

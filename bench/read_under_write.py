@@ -20,16 +20,17 @@ absorbed; replica lag (the writer stamps a clock key with the time and the count
 writes acknowledged before it every 100 ms; reading it back from the serving node gives
 both the lag and how many writes it has applied); CPU ms per MB absorbed of the applier
 process (`/proc/PID/stat`: the Mercury replica's worker; the KT slave's whole process,
-which also serves the reads) and of the whole serving node; and the seconds the node
-needed to catch up after the writers stopped. Every phase starts with the page cache's
-dirty pages written back (`--drop-caches`: and its clean pages dropped, root only; the
-best case, see docs/reads.md). On a virtual machine whose balloon reports free pages to
-its host (`bench/guestmem.py`), `--hold-freed-memory` holds that reporting off for the
-run and first touches the free memory once (root only; restored at the end): writing
-into memory the host took back costs the writer's CPU, so without it a phase's figures
-depend on what ran before it. Mercury's root runs with a `--batch-window-ms` of
-`--window-ms` (default 10) and fsync; KT writes without fsync (its default), which
-favours KT.
+which also serves the reads) and of the whole serving node; the applier's minor page
+faults per MB (`applier_faults_per_mb`: memory it handed back and faulted in again); and
+the seconds the node needed to catch up after the writers stopped. Every phase starts
+with the page cache's dirty pages written back (`--drop-caches`: and its clean pages
+dropped, root only; the best case, see docs/reads.md). On a virtual machine whose
+balloon reports free pages to its host (`bench/guestmem.py`), `--hold-freed-memory`
+holds that reporting off for the run and first touches the free memory once (root only;
+restored at the end): writing into memory the host took back costs the writer's CPU, so
+without it a phase's figures depend on what ran before it. Mercury's root runs with a
+`--batch-window-ms` of `--window-ms` (default 10) and fsync; KT writes without fsync
+(its default), which favours KT.
 
 Usage: .venv/bin/python bench/read_under_write.py [--quick] [--rounds N] [--seconds S]
        [--systems kt,mercury] [--read-rate R] [--conns N] [--matched-mbps M]
@@ -62,7 +63,7 @@ if str(REPO) not in sys.path:
 
 from bench import guestmem  # noqa: E402
 from bench.gateway_write import Conn  # noqa: E402  (one keep-alive HTTP/1.1 client for every bench)
-from bench.procstat import cpu_seconds  # noqa: E402
+from bench.procstat import cpu_seconds, minor_faults  # noqa: E402
 from tests.support.procs import free_port, mercury_cmd, wait_http, wait_port  # noqa: E402
 
 HOT = [f"hot/{i:02d}" for i in range(20)]
@@ -206,6 +207,14 @@ def cpu_s(pid: int) -> float:
         return cpu_seconds(pid)
     except OSError:
         return 0.0
+
+
+def faults(pid: int) -> int:
+    """Minor page faults of process `pid` so far (0 when it is gone)."""
+    try:
+        return minor_faults(pid)
+    except OSError:
+        return 0
 
 
 #: Dirty and writeback page cache below which a phase may start (bytes), and the longest
@@ -376,6 +385,8 @@ class Bench:
             extra = ["--applier-nice", str(self.args.applier_nice)]
         if name.endswith("window"):  # A/B: a heavy stream's records grouped per commit
             extra += ["--apply-window-ms", "20"]
+        if name.endswith("heap0"):  # A/B: freed memory handed back as glibc decides
+            extra += ["--applier-heap-keep-mb", "0"]
         rep = self.start(
             mercury_cmd(
                 "replica", str(rep_dir), "--source", f"127.0.0.1:{repl}",
@@ -487,6 +498,7 @@ class Bench:
             time.sleep(1.0)  # let the write stream reach a steady state
         c0 = clock() if writer else None
         cpu0 = cpu_s(s.applier_pid)
+        flt0 = faults(s.applier_pid)
         node0 = sum(cpu_s(p) for p in s.node_pids)
         t0 = time.monotonic()
         lat: list[int] = []
@@ -519,6 +531,7 @@ class Bench:
         dt = time.monotonic() - t0
         c1 = clock() if writer else None
         cpu1 = cpu_s(s.applier_pid)
+        flt1 = faults(s.applier_pid)
         node1 = sum(cpu_s(p) for p in s.node_pids)
         out: dict[str, Any] = {"read": pct(lat), "settle_s": settled}
         if writer is not None:
@@ -545,6 +558,7 @@ class Bench:
                     "applier_cpu_ms_per_mb": round((cpu1 - cpu0) * 1000 / mb, 2) if mb else None,
                     "node_cpu_ms_per_mb": round((node1 - node0) * 1000 / mb, 2) if mb else None,
                     "applier_cpu_share": round((cpu1 - cpu0) / dt, 3),
+                    "applier_faults_per_mb": round((flt1 - flt0) / mb) if mb else None,
                 }
             )
             # Catch up: the node has everything once it serves the writer's final stamp.
@@ -605,7 +619,8 @@ def main() -> int:
         "--systems",
         default="kt,mercury",
         help="kt, mercury, mercury-nohints (a second replica without scheduling hints), "
-        "mercury-window (one with a 20 ms apply window: a heavy stream's records grouped)",
+        "mercury-window (one with a 20 ms apply window: a heavy stream's records grouped), "
+        "mercury-heap0 (one whose applier hands freed memory back as glibc decides)",
     )
     ap.add_argument("--read-rate", type=float, default=1000.0, help="reads per second")
     ap.add_argument("--conns", type=int, default=32, help="writer connections")
