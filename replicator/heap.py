@@ -8,8 +8,8 @@ and faulted it in again for each record: about 230 minor faults per MB applied a
 most of them in zero-filling a frame's body and in copying into fresh buffers (a `perf`
 sample of the faults), against 2-15 per MB at the root's full rate, where the memory
 never goes idle. With the thresholds fixed as below, 5 per MB, and the worker's CPU per MB
-at 16 MB/s fell by 9-11 % (`bench/read_under_write.py --systems mercury,mercury-heap0`,
-`docs/reads.md`).
+at 16 MB/s fell by 4-11 % in three runs (`bench/read_under_write.py --systems
+mercury,mercury-heap0`, `docs/reads.md`).
 
 `keep_freed_memory` fixes both of glibc's thresholds for the process (which turns off
 their adjustment): blocks up to `MMAP_BYTES` come from the heap, not from a mapping of
