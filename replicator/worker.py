@@ -324,7 +324,7 @@ def main(argv: list[str]) -> int:
     # which we inherited and give up here): replicator/sched.py.
     sched.background_applier()
     if cfg.heap_keep_mb > 0 and not heap.keep_freed_memory(trim_bytes=cfg.heap_keep_mb << 20):
-        log.info("the C library has no mallopt: freed memory goes back as it decides")
+        log.info("the C library refused the malloc thresholds: it hands freed memory back")
     eventloop.install()  # uvloop: the source falls back from sendfile on it
     return asyncio.run(_main(cfg))
 
