@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from subprocess import Popen
 
-from tests.support.procs import Procs, free_port, wait_http
+from tests.support.procs import Procs, free_port, run_mercury, wait_http
 
 
 @dataclass
@@ -52,3 +52,13 @@ def restart(procs: Procs, r: Replica, name: str = "replica", wait: bool = True) 
     if wait:
         wait_http(f"http://127.0.0.1:{r.http}/healthz", timeout=60, proc=p)
     return Replica(p, r.data_dir, r.http, r.repl, r.args)
+
+
+def assert_refused_before_start(data_dir: Path, flag: str, values: tuple[str, ...]) -> None:
+    """`mercury replica` with each of `values` for `flag` exits with an error naming the
+    flag and leaves no data dir behind."""
+    for value in values:
+        out = run_mercury("replica", str(data_dir), "--source", "127.0.0.1:1", flag, value)
+        assert out.returncode != 0, value
+        assert flag in out.stderr, out.stderr
+        assert not data_dir.exists()
