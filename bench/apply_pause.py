@@ -4,7 +4,9 @@ A replica following a root that batches every 10 ms applies a record, then waits
 next. This applies the same log records (four fresh 40 KiB values each, as a 10 ms batch at
 16 MB/s holds) into fresh replica stores, opened and with the heap kept as the replica's
 worker does, one record per transaction (fsync on), in one thread: back to back, and
-with a pause of `--pause-ms` between two records, slept or spun. Per record: the thread's
+with a pause of `--pause-ms` between two records, slept or spun; and with twice the pause
+slept, then two records in one transaction (`sleep_pairs`: what an apply window of twice
+the pause makes of a paced stream). Per record: the thread's
 CPU inside the apply call only (`CLOCK_THREAD_CPUTIME_ID`, which is read to the
 nanosecond; `getrusage`'s thread times only move at the scheduler's ticks), so the pause
 itself is not counted; its minor page faults. Rounds alternate the modes; each figure is the median
@@ -37,7 +39,11 @@ from store.store import Store  # noqa: E402
 
 VALUE = 40 << 10
 PER_RECORD = 4
-MODES = ("back_to_back", "sleep", "spin")
+MODES = ("back_to_back", "sleep", "spin", "sleep_pairs")
+#: Records per transaction in each mode: `sleep_pairs` sleeps twice as long, then applies
+#: two records in one transaction, as an apply window of twice the pause groups a paced
+#: stream.
+GROUP = {"sleep_pairs": 2}
 
 
 def _pause(mode: str, seconds: float) -> None:
@@ -57,12 +63,13 @@ def run(tmp: str, db_id: str, recs: list[Any], mode: str, pause_s: float) -> dic
     cpu = 0.0
     faults = 0
     try:
-        for rec in recs:
+        group = GROUP.get(mode, 1)
+        for i in range(0, len(recs), group):
             f0, c0 = resource.getrusage(resource.RUSAGE_THREAD).ru_minflt, time.thread_time()
-            store.apply_log_records([rec])
+            store.apply_log_records(recs[i : i + group])
             cpu += time.thread_time() - c0
             faults += resource.getrusage(resource.RUSAGE_THREAD).ru_minflt - f0
-            _pause(mode, pause_s)
+            _pause("sleep" if mode == "sleep_pairs" else mode, pause_s * group)
     finally:
         store.close()
         shutil.rmtree(path, ignore_errors=True)
