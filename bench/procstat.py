@@ -1,15 +1,17 @@
-"""CPU time of a process from `/proc`, as the benchmarks read it around a phase."""
+"""CPU time and page faults of a process from `/proc`, as the benchmarks read them around a
+phase."""
 
 from __future__ import annotations
 
 import os
-from pathlib import Path
+
+from tests.support.procs import stat_fields
 
 
 def cpu_seconds(pid: int) -> float:
     """User + system CPU seconds of process `pid` so far (all its threads); OSError when it
     is gone."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    fields = stat_fields(pid)
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
@@ -18,5 +20,4 @@ def minor_faults(pid: int) -> int:
     threads in); OSError when it is gone. A fault on fresh anonymous memory costs the
     faulting thread microseconds of CPU, so memory a process hands back and takes again
     shows up here."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return int(fields[7])
+    return int(stat_fields(pid)[7])

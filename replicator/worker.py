@@ -39,7 +39,6 @@ from core.tasks import cancel_and_wait
 from core.tlsconf import TlsContexts, TlsFiles
 from replicator import bootstrap, frames, heap, notify, sched
 from replicator.client import APPLY_WINDOW, ReplicaClient, ReplicationFailed
-from replicator.heap import HEAP_KEEP_MB
 from replicator.heartbeat import RelayedHeartbeat
 from replicator.metrics import REFUSED
 from replicator.selection import Selector
@@ -88,7 +87,7 @@ class WorkerConfig:
     cpus: list[int] | None = None
     #: `--applier-heap-keep-mb`: free heap kept for the next records (`replicator/heap.py`);
     #: 0 leaves the C library's thresholds alone.
-    heap_keep_mb: int = HEAP_KEEP_MB
+    heap_keep_mb: int = heap.HEAP_KEEP_MB
 
     def to_json(self) -> str:
         """Serialised for the worker's command line."""
