@@ -4,9 +4,7 @@ made while the bridge was down) into a real root."""
 
 from __future__ import annotations
 
-import random
 import shutil
-import socket
 import subprocess
 import time
 from pathlib import Path
@@ -16,7 +14,7 @@ import pytest
 
 from tests.client.conftest import Cluster
 from tests.kt.conftest import producer_token_file
-from tests.support.procs import Procs, run_mercury, wait_port
+from tests.support.procs import Procs, free_port, run_mercury, wait_port
 
 pytestmark = pytest.mark.skipif(
     shutil.which("ktserver") is None,
@@ -25,16 +23,13 @@ pytestmark = pytest.mark.skipif(
 
 
 def kt_port() -> int:
-    """A free port KT accepts: its address parser takes ports up to 32767 only."""
-    for _ in range(100):
-        port = random.randint(20000, 32767)
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    raise RuntimeError("no free port under 32768")
+    """A free port KT accepts: its address parser takes ports up to 32767 only. Taken from
+    this worker's own slice like every other test's port: a port picked at random below
+    32768 lands in another xdist worker's slice, where that worker may have just probed it
+    for a process it is starting (which then fails to bind)."""
+    port = free_port()
+    assert port <= 32767, port
+    return port
 
 
 def start_kt(

@@ -25,7 +25,9 @@ REPO = Path(__file__).resolve().parents[2]
 # ephemeral range, where any outgoing connection (of this run or another xdist worker) may
 # grab the port between our probe and the server's bind, and the server then fails to
 # start (uvicorn exits 3). Below the ephemeral range (32768+ on Linux), each xdist worker
-# walks its own slice, so two workers never hand out the same port.
+# walks its own slice, so two workers never hand out the same port. Every port stays below
+# 32768, which Kyoto Tycoon's address parser needs too; a test must take all its ports from
+# here (a random pick below 32768 lands in some worker's slice).
 _PORT_BASE = 20_000
 _PORT_SLICE = 1_500
 _next_port: list[int] = []
