@@ -1,6 +1,6 @@
 # One image for every Mercury node (root, replicas, consumer nodes).
 FROM python:3.11-slim
-RUN apt-get update && apt-get install -y --no-install-recommends gcc libc6-dev libdeflate-dev libsodium-dev zlib1g-dev \
+RUN apt-get update && apt-get install -y --no-install-recommends gcc libc6-dev libdeflate-dev libsodium-dev libssl-dev zlib1g-dev \
     && rm -rf /var/lib/apt/lists/*
 WORKDIR /app
 COPY pyproject.toml setup.py README.md ./

@@ -6,11 +6,11 @@ STAMP := $(VENV)/.installed
 
 .PHONY: install build run test test-fast lint bench bench-deps browser-deps ha-deps clean
 
-# The store codec links libdeflate (CRC-32), zlib (CRC-32 combination) and libsodium
-# (BLAKE2b). Their headers are installed when missing and we are root (CI, containers);
+# The store codec links libdeflate (CRC-32), zlib (CRC-32 combination), libsodium
+# (BLAKE2b) and OpenSSL's libcrypto (SHA-256). Their headers are installed when missing and we are root (CI, containers);
 # otherwise the rule says what to install. Checked before the editable install, which
 # compiles the extensions itself.
-C_DEPS := libdeflate-dev libsodium-dev zlib1g-dev
+C_DEPS := libdeflate-dev libsodium-dev libssl-dev zlib1g-dev
 define need_c_deps
 	@dpkg -s $(C_DEPS) >/dev/null 2>&1 \
 	  || { [ "$$(id -u)" = 0 ] && apt-get update -qq && apt-get install -y -qq $(C_DEPS); } \

@@ -1,9 +1,9 @@
 """Build the Cython hot paths (store/_codec.pyx, gateway/_jsonops.pyx,
 gateway/_usagecount.pyx, reads/_fastget.pyx, reads/_fastconn.pyx);
 everything else is pure Python. The store codec links libdeflate (CRC-32), zlib (CRC-32
-combination) and libsodium (BLAKE2b), the read fast path libdeflate: Debian packages
-libdeflate-dev, zlib1g-dev and libsodium-dev (`make build` installs them when missing and
-run as root)."""
+combination), libsodium (BLAKE2b) and OpenSSL's libcrypto (SHA-256), the read fast path
+libdeflate: Debian packages libdeflate-dev, zlib1g-dev, libsodium-dev and libssl-dev (`make
+build` installs them when missing and run as root)."""
 
 from Cython.Build import cythonize
 from setuptools import Extension, setup
@@ -14,7 +14,7 @@ setup(
             Extension(
                 "store._codec",
                 ["store/_codec.pyx"],
-                libraries=["sodium", "z", "deflate"],
+                libraries=["sodium", "crypto", "z", "deflate"],
             ),
             Extension("gateway._jsonops", ["gateway/_jsonops.pyx"]),
             Extension("gateway._usagecount", ["gateway/_usagecount.pyx"]),

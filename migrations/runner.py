@@ -14,6 +14,7 @@ from migrations import (
     m0003_replicated_docs,
     m0004_key_checksum,
     m0005_root_state_in_log,
+    m0006_chain_hash,
 )
 from migrations.plan import Step, plan
 from store.migration import data_entries, run_step
@@ -25,6 +26,7 @@ STEPS: tuple[Step, ...] = (
     m0003_replicated_docs.STEP,
     m0004_key_checksum.STEP,
     m0005_root_state_in_log.STEP,
+    m0006_chain_hash.STEP,
 )
 
 

@@ -34,9 +34,30 @@ cdef extern from "sodium.h":
     int crypto_generichash_final(crypto_generichash_state* state, unsigned char* out,
                                  size_t outlen) nogil
 
+# SHA-256 from OpenSSL's libcrypto, the library Python's hashlib uses: it runs on the CPU's
+# SHA extensions where they exist (about 1.7x BLAKE2b's speed here). The digest is fetched
+# once; each chaining call makes one context and reuses it for every link.
+cdef extern from "openssl/evp.h":
+    ctypedef struct EVP_MD:
+        pass
+    ctypedef struct EVP_MD_CTX:
+        pass
+    ctypedef struct OSSL_LIB_CTX:
+        pass
+    EVP_MD* EVP_MD_fetch(OSSL_LIB_CTX* ctx, const char* algorithm, const char* properties)
+    EVP_MD_CTX* EVP_MD_CTX_new() nogil
+    void EVP_MD_CTX_free(EVP_MD_CTX* ctx) nogil
+    int EVP_DigestInit_ex2(EVP_MD_CTX* ctx, const EVP_MD* type, const void* params) nogil
+    int EVP_DigestUpdate(EVP_MD_CTX* ctx, const void* d, size_t cnt) nogil
+    int EVP_DigestFinal_ex(EVP_MD_CTX* ctx, unsigned char* md, unsigned int* s) nogil
+
 # Picks libsodium's fastest BLAKE2b for this CPU; < 0 only when it cannot start at all.
 if sodium_init() < 0:
     raise ImportError("libsodium failed to initialise")
+
+cdef const EVP_MD* _SHA256 = EVP_MD_fetch(NULL, b"SHA256", NULL)
+if _SHA256 == NULL:
+    raise ImportError("OpenSSL offers no SHA-256")
 
 cdef object _entry = Entry
 cdef object _header = RecordHeader
@@ -59,6 +80,8 @@ DEF MAX_OWNER = 255
 DEF MAX_ENTRY_KEY = 65535
 DEF MAX_VALUE = 25 << 20
 DEF CHUNK_SIZE = 4080
+DEF CHAIN_BLAKE2B = 1
+DEF CHAIN_SHA256 = 2
 
 CONSTANTS = {
     "HASH_SIZE": HASH_SIZE,
@@ -75,6 +98,8 @@ CONSTANTS = {
     "MAX_ENTRY_KEY": MAX_ENTRY_KEY,
     "MAX_VALUE": MAX_VALUE,
     "CHUNK_SIZE": CHUNK_SIZE,
+    "CHAIN_BLAKE2B": CHAIN_BLAKE2B,
+    "CHAIN_SHA256": CHAIN_SHA256,
 }
 
 
@@ -101,6 +126,45 @@ cdef inline void _blake2b_2(const uint8_t* a, size_t an, const uint8_t* b, size_
     crypto_generichash_update(&st, a, an)
     crypto_generichash_update(&st, b, bn)
     crypto_generichash_final(&st, out, HASH_SIZE)
+
+
+cdef struct _Chain:
+    # One chaining pass: the chain hash and, for SHA-256, the OpenSSL context every link
+    # of the pass reuses (`_chain_open` / `_chain_close`).
+    int alg
+    EVP_MD_CTX* ctx
+
+
+cdef int _chain_open(_Chain* c, int alg) except -1:
+    c.alg = alg
+    c.ctx = NULL
+    if alg == CHAIN_SHA256:
+        c.ctx = EVP_MD_CTX_new()
+        if c.ctx == NULL:
+            raise MemoryError()
+    elif alg != CHAIN_BLAKE2B:
+        raise ValueError(f"unknown chain hash {alg}")
+    return 0
+
+
+cdef inline void _chain_close(_Chain* c) noexcept nogil:
+    if c.ctx != NULL:
+        EVP_MD_CTX_free(c.ctx)
+        c.ctx = NULL
+
+
+cdef inline int _link(_Chain* c, const uint8_t* a, size_t an, const uint8_t* b, size_t bn,
+                      uint8_t* out) noexcept nogil:
+    # H(a ++ b) into `out` (which may alias `a`); 0, or -1 when OpenSSL failed.
+    if c.alg == CHAIN_BLAKE2B:
+        _blake2b_2(a, an, b, bn, out)
+        return 0
+    if (EVP_DigestInit_ex2(c.ctx, _SHA256, NULL) != 1
+            or EVP_DigestUpdate(c.ctx, a, an) != 1
+            or EVP_DigestUpdate(c.ctx, b, bn) != 1
+            or EVP_DigestFinal_ex(c.ctx, out, NULL) != 1):
+        return -1
+    return 0
 
 
 def crc32_combine(uint32_t crc1, uint32_t crc2, Py_ssize_t len2):
@@ -232,20 +296,27 @@ cdef inline Py_ssize_t _entry_size(const uint8_t* p) noexcept nogil:
     return ENTRY_HDR + p[9] + (p[10] | (p[11] << 8)) + _get_u32(p + 12)
 
 
-def chain(bytes prev, entry):
-    """One link of the hash chain: BLAKE2b-256(prev ++ entry)."""
+def chain(bytes prev, entry, int alg=CHAIN_BLAKE2B):
+    """One link of the hash chain: H(prev ++ entry), H the chain hash `alg`."""
     cdef const uint8_t[:] e = entry
     cdef bytes out = PyBytes_FromStringAndSize(NULL, HASH_SIZE)
     cdef const uint8_t* ep = &e[0] if e.shape[0] else <const uint8_t*>b""
-    _blake2b_2(<const uint8_t*>PyBytes_AS_STRING(prev), PyBytes_GET_SIZE(prev), ep,
+    cdef _Chain c
+    cdef int rc
+    _chain_open(&c, alg)
+    rc = _link(&c, <const uint8_t*>PyBytes_AS_STRING(prev), PyBytes_GET_SIZE(prev), ep,
                e.shape[0], <uint8_t*>PyBytes_AS_STRING(out))
+    _chain_close(&c)
+    if rc:
+        raise RuntimeError("OpenSSL failed to hash a chain link")
     return out
 
 
-def pack_entries(uint64_t first_seq, list ops, bytes prev_hash):
+def pack_entries(uint64_t first_seq, list ops, bytes prev_hash, int alg=CHAIN_BLAKE2B):
     """Encode ops ``(op, owner, key, value)`` as consecutive entries from `first_seq`.
 
-    Returns the uncompressed payload and the hash head after the last entry.
+    Returns the uncompressed payload and the hash head (chain hash `alg`) after the last
+    entry.
     """
     cdef Py_ssize_t total = 0
     cdef tuple t
@@ -262,33 +333,45 @@ def pack_entries(uint64_t first_seq, list ops, bytes prev_hash):
     cdef Py_ssize_t pos = 0
     cdef uint64_t seq = first_seq
     cdef uint8_t h[HASH_SIZE]
+    cdef _Chain c
+    cdef int rc
     if PyBytes_GET_SIZE(prev_hash) != HASH_SIZE:
         raise ValueError("prev_hash must be 32 bytes")
     memcpy(h, PyBytes_AS_STRING(prev_hash), HASH_SIZE)
-    for t in ops:
-        pos += _write_entry(base + pos, seq, t[0], t[1], t[2], t[3])
-        seq += 1
-    # The chain is pure C over the finished buffer: on big batches hash it without the
-    # GIL, so a gateway's event loop runs meanwhile.
-    if total >= 65536:
-        with nogil:
-            _chain_buffer(base, total, h)
-    else:  # dropping the GIL costs more than it frees on small batches
-        _chain_buffer(base, total, h)
+    _chain_open(&c, alg)
+    try:
+        for t in ops:
+            pos += _write_entry(base + pos, seq, t[0], t[1], t[2], t[3])
+            seq += 1
+        # The chain is pure C over the finished buffer: on big batches hash it without the
+        # GIL, so a gateway's event loop runs meanwhile.
+        if total >= 65536:
+            with nogil:
+                rc = _chain_buffer(&c, base, total, h)
+        else:  # dropping the GIL costs more than it frees on small batches
+            rc = _chain_buffer(&c, base, total, h)
+    finally:
+        _chain_close(&c)
+    if rc:
+        raise RuntimeError("OpenSSL failed to hash a chain link")
     return out, PyBytes_FromStringAndSize(<const char*>h, HASH_SIZE)
 
 
-cdef void _chain_buffer(const uint8_t* base, Py_ssize_t total, uint8_t* h) noexcept nogil:
-    """Fold every entry of a well-formed entry buffer into the chain head `h`."""
+cdef int _chain_buffer(_Chain* c, const uint8_t* base, Py_ssize_t total,
+                       uint8_t* h) noexcept nogil:
+    """Fold every entry of a well-formed entry buffer into the chain head `h` (0, or -1
+    when a link failed)."""
     cdef Py_ssize_t pos = 0, n
     while pos < total:
         n = _entry_size(base + pos)
-        _blake2b_2(h, HASH_SIZE, base + pos, n, h)
+        if _link(c, h, HASH_SIZE, base + pos, n, h):
+            return -1
         pos += n
+    return 0
 
 
-def unpack_entries(payload, bytes prev_hash):
-    """Decode a batch payload and recompute the chain from `prev_hash`.
+def unpack_entries(payload, bytes prev_hash, int alg=CHAIN_BLAKE2B):
+    """Decode a batch payload and recompute the chain (hash `alg`) from `prev_hash`.
 
     Returns the entries and the hash head. Raises ValueError on malformed bytes.
     """
@@ -301,29 +384,35 @@ def unpack_entries(payload, bytes prev_hash):
     cdef list out = []
     cdef uint8_t h[HASH_SIZE]
     cdef const uint8_t* p
+    cdef _Chain c
     if PyBytes_GET_SIZE(prev_hash) != HASH_SIZE:
         raise ValueError("prev_hash must be 32 bytes")
     memcpy(h, PyBytes_AS_STRING(prev_hash), HASH_SIZE)
-    if n == 0:
-        return out, prev_hash
-    p = &buf[0]
-    while pos < n:
-        if pos + ENTRY_HDR > n:
-            raise ValueError("truncated log entry header")
-        seq = _get_u64(p + pos)
-        op = p[pos + 8]
-        on = p[pos + 9]
-        kn = p[pos + 10] | (p[pos + 11] << 8)
-        end = pos + _entry_size(p + pos)
-        if end > n or (op != OP_SET and op != OP_DELETE and op != OP_DOC):
-            raise ValueError("malformed log entry")
-        a = pos + ENTRY_HDR
-        owner = (<const char*>p)[a:a + on].decode("utf-8", "replace")
-        key = PyBytes_FromStringAndSize(<const char*>(p + a + on), kn)
-        value = PyBytes_FromStringAndSize(<const char*>(p + a + on + kn), end - a - on - kn)
-        _blake2b_2(h, HASH_SIZE, p + pos, end - pos, h)
-        out.append(_tuple_new(_entry, (seq, op, owner, key, value)))
-        pos = end
+    _chain_open(&c, alg)
+    try:
+        if n == 0:
+            return out, prev_hash
+        p = &buf[0]
+        while pos < n:
+            if pos + ENTRY_HDR > n:
+                raise ValueError("truncated log entry header")
+            seq = _get_u64(p + pos)
+            op = p[pos + 8]
+            on = p[pos + 9]
+            kn = p[pos + 10] | (p[pos + 11] << 8)
+            end = pos + _entry_size(p + pos)
+            if end > n or (op != OP_SET and op != OP_DELETE and op != OP_DOC):
+                raise ValueError("malformed log entry")
+            a = pos + ENTRY_HDR
+            owner = (<const char*>p)[a:a + on].decode("utf-8", "replace")
+            key = PyBytes_FromStringAndSize(<const char*>(p + a + on), kn)
+            value = PyBytes_FromStringAndSize(<const char*>(p + a + on + kn), end - a - on - kn)
+            if _link(&c, h, HASH_SIZE, p + pos, end - pos, h):
+                raise RuntimeError("OpenSSL failed to hash a chain link")
+            out.append(_tuple_new(_entry, (seq, op, owner, key, value)))
+            pos = end
+    finally:
+        _chain_close(&c)
     return out, PyBytes_FromStringAndSize(<const char*>h, HASH_SIZE)
 
 
@@ -480,8 +569,8 @@ def apply_ops(ops, get, put, delete, uint64_t last_seq, rare, max_key=None, appe
 
 # --- a replica's per-entry work on a log record (reference: store/replay.py) ---------------
 
-cdef int _scan_buffer(const uint8_t* p, Py_ssize_t n, uint64_t first_seq, uint8_t* h,
-                      Py_ssize_t* count, Py_ssize_t* bad_pos) noexcept nogil:
+cdef int _scan_buffer(_Chain* c, const uint8_t* p, Py_ssize_t n, uint64_t first_seq,
+                      uint8_t* h, Py_ssize_t* count, Py_ssize_t* bad_pos) noexcept nogil:
     """Check and chain every entry of `p[:n]` into `h`; 0 when all hold, else the code of
     the first problem (its entry's offset in `bad_pos`, entries before it in `count`)."""
     cdef Py_ssize_t pos = 0, end
@@ -509,28 +598,37 @@ cdef int _scan_buffer(const uint8_t* p, Py_ssize_t n, uint64_t first_seq, uint8_
         end = pos + _entry_size(p + pos)
         if end > n:
             return 6
-        _blake2b_2(h, HASH_SIZE, p + pos, end - pos, h)
+        if _link(c, h, HASH_SIZE, p + pos, end - pos, h):
+            return 7
         pos = end
         count[0] += 1
     return 0
 
 
-def scan_entries(payload, bytes prev_hash, uint64_t first_seq, Py_ssize_t num_entries):
-    """Check every entry of a record's payload and return the hash head after the last
-    (see store/replay.py; ValueError names the first entry no store accepts)."""
+def scan_entries(payload, bytes prev_hash, uint64_t first_seq, Py_ssize_t num_entries,
+                 int alg=CHAIN_BLAKE2B):
+    """Check every entry of a record's payload and return the hash head (chain hash `alg`)
+    after the last (see store/replay.py; ValueError names the first entry no store
+    accepts)."""
     cdef const uint8_t[:] buf = payload
     cdef Py_ssize_t n = buf.shape[0], count = 0, bad = 0
     cdef const uint8_t* p = &buf[0] if n else <const uint8_t*>b""
     cdef uint8_t h[HASH_SIZE]
     cdef int code
+    cdef _Chain c
     if PyBytes_GET_SIZE(prev_hash) != HASH_SIZE:
         raise ValueError("prev_hash must be 32 bytes")
     memcpy(h, PyBytes_AS_STRING(prev_hash), HASH_SIZE)
+    _chain_open(&c, alg)
     if n >= 65536:  # hashing a large record: let the event loop's thread run meanwhile
         with nogil:
-            code = _scan_buffer(p, n, first_seq, h, &count, &bad)
+            code = _scan_buffer(&c, p, n, first_seq, h, &count, &bad)
+            _chain_close(&c)
     else:
-        code = _scan_buffer(p, n, first_seq, h, &count, &bad)
+        code = _scan_buffer(&c, p, n, first_seq, h, &count, &bad)
+        _chain_close(&c)
+    if code == 7:
+        raise RuntimeError("OpenSSL failed to hash a chain link")
     if code == 0:
         if count != num_entries:
             raise ValueError(f"{count} entries, the header says {num_entries}")

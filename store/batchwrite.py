@@ -17,7 +17,7 @@ from typing import Any
 import lmdb
 
 from core import failpoints
-from store import chunks, codec, docs, layout, nodedocs, txlog
+from store import chainhash, chunks, codec, docs, layout, nodedocs, txlog
 from store.counters import DeferredCounters, KeyspaceCounts, bump, read_keyspaces, write_usage
 from store.layout import K_HASH_HEAD, K_LAST_SEQ, U64
 from store.lmdberrors import translate, writing
@@ -105,7 +105,8 @@ class BatchWriter:
                     return ApplyResult(0, 0, head, results)
                 put = txn.put
                 if entries:
-                    payload, head = codec.pack_entries(last + 1, entries, head)
+                    alg = chainhash.read(txn, meta)
+                    payload, head = codec.pack_entries(last + 1, entries, head, alg)
                     txlog.put_batch(txn, dbs, last + 1, len(entries), stamp, head, payload)
                     put(K_LAST_SEQ, U64.pack(seq), db=meta)
                     put(K_HASH_HEAD, head, db=meta)

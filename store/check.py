@@ -5,9 +5,9 @@
 - every value record decodes and its CRC holds over its key and value (chunked ones
   reassembled), no chunk is orphaned or missing;
 - the retained log is contiguous from ``log_first_seq`` to ``last_seq``, each record's CRC
-  holds, and the hash chain from ``log_base_hash`` reproduces every record's head and the
-  meta ``hash_head``;
-- the format version is the one this code writes;
+  holds, and the hash chain (the store's chain hash) from ``log_base_hash`` reproduces
+  every record's head and the meta ``hash_head``;
+- the format version is the one this code writes, and the store names its chain hash;
 - usage counters (keys, bytes) equal a recount from the data, and so do the per-keyspace
   figures of owners with several keyspaces when they claim to be current;
 - every replicated document is the one its latest retained log entry wrote, and none is
@@ -26,7 +26,7 @@ from typing import Any
 
 import cramjam
 
-from store import chunks, codec, docs
+from store import chainhash, chunks, codec, docs
 from store.counters import check_keyspaces
 from store.format import (
     CHUNK_SIZE,
@@ -39,6 +39,7 @@ from store.format import (
 )
 from store.layout import (
     BE64,
+    K_CHAIN_HASH,
     K_FORMAT,
     K_HASH_HEAD,
     K_LAST_SEQ,
@@ -99,6 +100,8 @@ def check(store: Store, progress: Progress | None = None) -> CheckReport:
             version = U32.unpack(txn.get(K_FORMAT, db=meta))[0]
             if version != CURRENT_FORMAT:
                 report.add(f"format version {version}, expected {CURRENT_FORMAT}")
+            if version >= 6 and txn.get(K_CHAIN_HASH, db=meta) is None:
+                report.add("meta records no chain hash (format 6 and later always do)")
             phase = "data"
             live_chunks = _check_data(store, txn, report, tick)
             phase = "log"
@@ -174,6 +177,7 @@ def _check_log(
     head = bytes(txn.get(K_HASH_HEAD, db=meta))
     expect = U64.unpack(txn.get(K_LOG_FIRST, db=meta))[0]
     h = bytes(txn.get(K_LOG_BASE_HASH, db=meta))
+    alg = chainhash.read(txn, meta)
     hdr = LOG_HEADER.size
     for k, v in txn.cursor(db=store.dbs.log):
         report.log_records += 1
@@ -200,7 +204,8 @@ def _check_log(
             report.add(f"log record at seq {first}: CRC mismatch")
             return
         try:
-            entries, h = codec.unpack_entries(bytes(cramjam.snappy.decompress_raw(payload)), h)
+            raw = bytes(cramjam.snappy.decompress_raw(payload))
+            entries, h = codec.unpack_entries(raw, h, alg)
         except Exception as err:  # a corrupt payload can fail in snappy or in the decoder
             report.add(f"log record at seq {first}: undecodable payload ({err})")
             return

@@ -23,13 +23,15 @@ encode_record: Callable[[bytes, int, bytes, bytes, bool], bytes]
 decode_record_header: Callable[[Any], _ref.RecordHeader]
 record_value: Callable[[Any, Any], bytes | None]
 encode_entry: Callable[[int, int, bytes, bytes, bytes], bytes]
-chain: Callable[[bytes, Any], bytes]
-pack_entries: Callable[[int, list[tuple[int, bytes, bytes, bytes]], bytes], tuple[bytes, bytes]]
-unpack_entries: Callable[[Any, bytes], tuple[list[_ref.Entry], bytes]]
+# The chain hash's code (`format.CHAIN_*`) is the optional last argument of `chain`,
+# `pack_entries`, `unpack_entries` and `scan_entries` (BLAKE2b when left out).
+chain: Callable[..., bytes]
+pack_entries: Callable[..., tuple[bytes, bytes]]
+unpack_entries: Callable[..., tuple[list[_ref.Entry], bytes]]
 crc32: Callable[..., int]
 crc32_combine: Callable[[int, int, int], int]
 apply_ops: Callable[..., Any]
-scan_entries: Callable[[Any, bytes, int, int], bytes]
+scan_entries: Callable[..., bytes]
 apply_entries: Callable[..., bytes | None]
 
 if os.environ.get("MERCURY_PURE") == "1":

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from core.errors import InvalidOpError
-from store import codec, layout, nodedocs, txlog
+from store import chainhash, codec, layout, nodedocs, txlog
 from store.format import MAX_KEY, MAX_VALUE, OP_DOC
 from store.layout import K_HASH_HEAD, K_LAST_SEQ, K_LOG_FIRST, U64
 
@@ -83,7 +83,7 @@ def write_logged(
     head = bytes(txn.get(K_HASH_HEAD, db=dbs.meta))
     if not ents:
         return last + 1, last, head
-    payload, head = codec.pack_entries(last + 1, ents, head)
+    payload, head = codec.pack_entries(last + 1, ents, head, chainhash.read(txn, dbs.meta))
     txlog.put_batch(txn, dbs, last + 1, len(ents), time_us, head, payload)
     for i, (_op, _owner, key, value) in enumerate(ents):
         apply_entry(txn, dbs, last + 1 + i, key, value)

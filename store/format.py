@@ -37,9 +37,11 @@ Op 3 sets the replicated document named by the key (UTF-8) in the ``docs`` sub-d
 the value, or removes it when the value is empty; its owner is empty. It never touches user
 keys: readers of the log that replay user data (watch streams, exports) skip it.
 
-Hash chain: ``h_seq = BLAKE2b-256(h_{seq-1} ++ entry bytes)``; ``h_0`` is 32 zero bytes.
-The entry bytes include the seq, so a lost, reordered, duplicated or altered entry changes
-every later link.
+Hash chain: ``h_seq = H(h_{seq-1} ++ entry bytes)``; ``h_0`` is 32 zero bytes. The entry
+bytes include the seq, so a lost, reordered, duplicated or altered entry changes every later
+link. ``H`` is the store's chain hash, fixed when its lineage began (`store/chainhash.py`,
+recorded in ``meta``): SHA-256 (``CHAIN_SHA256``, new stores from format 6) or BLAKE2b-256
+(``CHAIN_BLAKE2B``, the only one up to format 5). Both give 32 bytes.
 
 Log record (value of the ``log`` sub-database; the LMDB key is the first seq, u64
 big-endian, so that keys sort by seq)::
@@ -81,6 +83,10 @@ OP_DOC = 3
 CHUNK_SIZE = 4080
 HASH_SIZE = 32
 ZERO_HASH = b"\x00" * HASH_SIZE
+#: The chain hashes (codes the codec takes; a store records the name, `store/chainhash.py`).
+CHAIN_BLAKE2B = 1
+CHAIN_SHA256 = 2
+CHAINS = (CHAIN_BLAKE2B, CHAIN_SHA256)
 MAX_KEY = 500
 MAX_OWNER = 255
 #: Largest value accepted by `Store.apply` (25 MiB).
@@ -206,38 +212,52 @@ def encode_entry(seq: int, op: int, owner: bytes, key: bytes, value: bytes) -> b
     return ENTRY_HEADER.pack(seq, op, len(owner), len(key), len(value)) + owner + key + value
 
 
-def chain(prev: bytes, entry: bytes) -> bytes:
-    """One link of the hash chain: BLAKE2b-256(prev ++ entry)."""
-    h = hashlib.blake2b(prev, digest_size=HASH_SIZE)
-    h.update(entry)
-    return h.digest()
+def chain(prev: bytes, entry: bytes | memoryview, alg: int = CHAIN_BLAKE2B) -> bytes:
+    """One link of the hash chain: H(prev ++ entry), H the chain hash `alg`."""
+    if alg == CHAIN_SHA256:
+        s = hashlib.sha256(prev)
+        s.update(entry)
+        return s.digest()
+    if alg == CHAIN_BLAKE2B:
+        b = hashlib.blake2b(prev, digest_size=HASH_SIZE)
+        b.update(entry)
+        return b.digest()
+    raise ValueError(f"unknown chain hash {alg}")
 
 
 def pack_entries(
     first_seq: int,
     ops: list[tuple[int, bytes, bytes, bytes]],
     prev_hash: bytes,
+    alg: int = CHAIN_BLAKE2B,
 ) -> tuple[bytes, bytes]:
     """Encode ops ``(op, owner, key, value)`` as consecutive entries from `first_seq`.
 
-    Returns the uncompressed payload and the hash head after the last entry.
+    Returns the uncompressed payload and the hash head (chain hash `alg`) after the last
+    entry.
     """
+    if alg not in CHAINS:
+        raise ValueError(f"unknown chain hash {alg}")
     parts: list[bytes] = []
     h = prev_hash
     seq = first_seq
     for op, owner, key, value in ops:
         e = encode_entry(seq, op, owner, key, value)
-        h = chain(h, e)
+        h = chain(h, e, alg)
         parts.append(e)
         seq += 1
     return b"".join(parts), h
 
 
-def unpack_entries(payload: bytes, prev_hash: bytes) -> tuple[list[Entry], bytes]:
-    """Decode a batch payload and recompute the chain from `prev_hash`.
+def unpack_entries(
+    payload: bytes, prev_hash: bytes, alg: int = CHAIN_BLAKE2B
+) -> tuple[list[Entry], bytes]:
+    """Decode a batch payload and recompute the chain (hash `alg`) from `prev_hash`.
 
     Returns the entries and the hash head. Raises ValueError on malformed bytes.
     """
+    if alg not in CHAINS:
+        raise ValueError(f"unknown chain hash {alg}")
     out: list[Entry] = []
     h = prev_hash
     pos = 0
@@ -254,7 +274,7 @@ def unpack_entries(payload: bytes, prev_hash: bytes) -> tuple[list[Entry], bytes
         owner = bytes(payload[a : a + on]).decode("utf-8", "replace")
         key = bytes(payload[a + on : a + on + kn])
         value = bytes(payload[a + on + kn : end])
-        h = chain(h, payload[pos:end])
+        h = chain(h, payload[pos:end], alg)
         out.append(Entry(seq, op, owner, key, value))
         pos = end
     return out, h

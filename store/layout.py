@@ -44,6 +44,8 @@ K_HASH_HEAD = b"hash_head"
 K_LOG_FIRST = b"log_first_seq"
 K_LOG_BASE_HASH = b"log_base_hash"
 K_CREATED = b"created_us"
+#: The chain hash's name (format >= 6; `store/chainhash.py`).
+K_CHAIN_HASH = b"chain_hash"
 
 U64 = struct.Struct("<Q")
 U32 = struct.Struct("<I")

@@ -19,7 +19,6 @@ whose bytes or chain do not hold.
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Callable
 from typing import Any
 
@@ -30,13 +29,18 @@ from store.usage import stored_bytes
 _HDR = fmt.ENTRY_HEADER
 
 
-def scan_entries(raw: Any, prev_hash: bytes, first_seq: int, num_entries: int) -> bytes:
-    """Check the entries of `raw` (see module doc); return the hash head after the last.
+def scan_entries(
+    raw: Any, prev_hash: bytes, first_seq: int, num_entries: int, alg: int = fmt.CHAIN_BLAKE2B
+) -> bytes:
+    """Check the entries of `raw` (see module doc); return the hash head (chain hash `alg`)
+    after the last.
 
     Raises ValueError naming the first entry no store accepts (the caller names the
     record)."""
     if len(prev_hash) != fmt.HASH_SIZE:
         raise ValueError("prev_hash must be 32 bytes")
+    if alg not in fmt.CHAINS:
+        raise ValueError(f"unknown chain hash {alg}")
     mv = memoryview(raw)
     h = prev_hash
     pos, n, hs = 0, len(mv), _HDR.size
@@ -56,9 +60,7 @@ def scan_entries(raw: Any, prev_hash: bytes, first_seq: int, num_entries: int) -
         end = pos + hs + on + kn + vn
         if end > n:
             raise ValueError(f"entry at seq {seq} runs past the payload")
-        b = hashlib.blake2b(h, digest_size=fmt.HASH_SIZE)
-        b.update(mv[pos:end])
-        h = b.digest()
+        h = fmt.chain(h, mv[pos:end], alg)
         pos = end
         count += 1
     if count != num_entries:

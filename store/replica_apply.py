@@ -17,7 +17,7 @@ from typing import Any
 import cramjam
 
 from core.errors import ChainError, CorruptionError, InvalidRecordError
-from store import codec, docs, layout, txlog
+from store import chainhash, codec, docs, layout, txlog
 from store.batchwrite import ValueChunks
 from store.counters import Delta, write_usage
 from store.format import log_crc_ok
@@ -70,6 +70,7 @@ class _Target:
     def __init__(self, txn: Any, dbs: layout.Dbs) -> None:
         self.txn = txn
         self.dbs = dbs
+        self.chain = chainhash.read(txn, dbs.meta)
         self.rare = ValueChunks(txn, dbs.chunks)
         cur = txn.cursor()  # the data sub-database: the transaction's default
         self.append = cur.put
@@ -105,7 +106,7 @@ def _apply_record(
             hint="resume replication from the store's last seq",
         )
     try:
-        new_head = codec.scan_entries(raw, head, rec.first_seq, rec.num_entries)
+        new_head = codec.scan_entries(raw, head, rec.first_seq, rec.num_entries, t.chain)
     except ValueError as err:
         raise InvalidRecordError(
             f"invalid log record at seq {rec.first_seq}: {err}",

@@ -31,11 +31,12 @@ from contextlib import contextmanager
 from typing import Any
 
 from core.errors import CorruptionError, StoreExistsError
-from store import codec, docs, layout, nodedocs, replica_apply, txlog
+from store import chainhash, codec, docs, layout, nodedocs, replica_apply, txlog
 from store.batchwrite import AnswersFn, BatchWriter, now_us
 from store.counters import COUNTER_DEFER_S
 from store.format import ZERO_HASH
 from store.layout import (
+    K_CHAIN_HASH,
     K_CREATED,
     K_DB_ID,
     K_FORMAT,
@@ -80,6 +81,8 @@ class Store:
                 raise CorruptionError(f"store in {path!r} has no db id")
             self.db_id = str(uuid.UUID(bytes=bytes(raw)))
             self.format_version = int(U32.unpack(txn.get(K_FORMAT))[0])
+            #: The log chain's hash (`store/chainhash.py`), fixed for the store's life.
+            self.chain_hash = chainhash.NAMES[chainhash.read(txn, dbs.meta)]
         # Format 1 kept no usage counters; `mercury migrate` backfills them.
         self._writer = BatchWriter(path, env, dbs, counted=self.format_version >= 2)
 
@@ -94,8 +97,17 @@ class Store:
         format_version: int = CURRENT_FORMAT,
         map_size: int = layout.DEFAULT_MAP_SIZE,
         sync: bool = True,
+        chain_hash: str | None = None,
     ) -> Store:
-        """Create an empty store in directory `path` (StoreExistsError if one is there)."""
+        """Create an empty store in directory `path` (StoreExistsError if one is there)
+        whose log chains with `chain_hash` (a name of `chainhash.BY_NAME`; None:
+        `chainhash.DEFAULT`, or BLAKE2b-256 for an older `format_version`, the only hash
+        those know)."""
+        if chain_hash is None:
+            chain_hash = chainhash.DEFAULT if format_version >= 6 else chainhash.LEGACY
+        chainhash.code(chain_hash)  # refuse an unknown name before creating anything
+        if format_version < 6 and chain_hash != chainhash.LEGACY:
+            raise ValueError(f"a format-{format_version} store chains with {chainhash.LEGACY}")
         if layout.exists(path):
             raise StoreExistsError(
                 f"a store already exists in {path!r}", hint="use another DATA_DIR or remove it"
@@ -110,6 +122,8 @@ class Store:
             txn.put(K_LOG_FIRST, U64.pack(1))
             txn.put(K_LOG_BASE_HASH, ZERO_HASH)
             txn.put(K_CREATED, U64.pack(now_us()))
+            if format_version >= 6:
+                txn.put(K_CHAIN_HASH, chain_hash.encode("ascii"))
         return cls(path, env, dbs, readonly=False)
 
     @classmethod
@@ -167,7 +181,8 @@ class Store:
     # --- meta ------------------------------------------------------------------------
 
     def status(self) -> dict[str, Any]:
-        """`{"db_id", "format_version", "seq", "hash_head", "log_first_seq"}`."""
+        """`{"db_id", "format_version", "seq", "hash_head", "log_first_seq"}`: the
+        contract of `mercury status --json` (the chain hash is `chain_hash`)."""
         with self.env.begin(db=self.dbs.meta) as txn:
             return {
                 "db_id": self.db_id,

@@ -19,6 +19,7 @@ import pytest
 import snappy
 
 from replicator import frames
+from store import chainhash
 from store import format as fmt
 from store.ops import SET, Op
 from tests.replicator.harness import root_node, status, wait_for, wait_seq
@@ -321,10 +322,13 @@ def test_replica_ahead_of_a_restored_root_with_other_writes_is_diverged_at_once(
 
 class _ForgingSource:
     """A replication source on a real socket that answers any HELLO with a WELCOME and
-    one well-formed RECORD (CRC and hash chain hold) whose key is `key`."""
+    one well-formed RECORD (CRC and hash chain `alg` hold) whose key is `key`."""
 
-    def __init__(self, port: int, last_seq: int, head: bytes, db_id: bytes, key: bytes) -> None:
-        payload, new_head = fmt.pack_entries(last_seq + 1, [(fmt.OP_SET, b"t", key, b"v")], head)
+    def __init__(
+        self, port: int, last_seq: int, head: bytes, db_id: bytes, key: bytes, alg: int
+    ) -> None:
+        ops = [(fmt.OP_SET, b"t", key, b"v")]
+        payload, new_head = fmt.pack_entries(last_seq + 1, ops, head, alg)
         comp = snappy.compress(payload)
         header = fmt.encode_log_header(0, last_seq + 1, 1, time.time_ns() // 1000, new_head, comp)
         welcome = frames.Welcome(
@@ -370,7 +374,8 @@ def test_record_with_an_oversized_key_stops_replication_with_a_named_error(
         wait_for(lambda: status(r.http)["seq"] >= 20, 60, "replica at seq 20")
         seq, head = root.store.head()
         db_id = uuid.UUID(root.store.db_id).bytes
-    forger = _ForgingSource(port, seq, head, db_id, b"x" * 600)
+        alg = chainhash.code(root.store.chain_hash)
+    forger = _ForgingSource(port, seq, head, db_id, b"x" * 600, alg)
     try:
         wait_for(lambda: status(r.http)["replication_state"] == "failed", 60, "state failed")
         st = status(r.http)

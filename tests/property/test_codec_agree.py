@@ -108,24 +108,54 @@ def test_flipped_key_byte_fails_crc_in_both(
 def test_chain_matches_hashlib_blake2b(prev: bytes, entry: bytes) -> None:
     want = hashlib.blake2b(prev + entry, digest_size=32).digest()
     assert cy.chain(prev, entry) == ref.chain(prev, entry) == want
+    assert cy.chain(prev, entry, ref.CHAIN_BLAKE2B) == want
 
 
-@given(st.integers(min_value=1, max_value=2**40), st.lists(entry_ops, max_size=30))
-def test_pack_and_unpack_identical(first: int, ops: list[tuple[int, bytes, bytes, bytes]]) -> None:
+@given(st.binary(min_size=32, max_size=32), st.binary(max_size=1000))
+def test_chain_matches_hashlib_sha256(prev: bytes, entry: bytes) -> None:
+    want = hashlib.sha256(prev + entry).digest()
+    assert cy.chain(prev, entry, ref.CHAIN_SHA256) == ref.chain(prev, entry, ref.CHAIN_SHA256)
+    assert ref.chain(prev, entry, ref.CHAIN_SHA256) == want
+
+
+@pytest.mark.parametrize("alg", [0, 3, -1])
+def test_an_unknown_chain_hash_is_refused_alike(alg: int) -> None:
+    ops = [(ref.OP_SET, b"o", b"k", b"v")]
+    payload, _ = ref.pack_entries(1, ops, ref.ZERO_HASH)
+    for impl in (cy, ref):
+        with pytest.raises(ValueError, match="unknown chain hash"):
+            impl.chain(ref.ZERO_HASH, b"e", alg)
+        with pytest.raises(ValueError, match="unknown chain hash"):
+            impl.pack_entries(1, ops, ref.ZERO_HASH, alg)
+        with pytest.raises(ValueError, match="unknown chain hash"):
+            impl.unpack_entries(payload, ref.ZERO_HASH, alg)
+
+
+@given(
+    st.integers(min_value=1, max_value=2**40),
+    st.lists(entry_ops, max_size=30),
+    st.sampled_from(ref.CHAINS),
+)
+def test_pack_and_unpack_identical(
+    first: int, ops: list[tuple[int, bytes, bytes, bytes]], alg: int
+) -> None:
     ops = [(o, w, k, v if o == ref.OP_SET else b"") for o, w, k, v in ops]
-    packed = cy.pack_entries(first, ops, ref.ZERO_HASH)
-    assert packed == ref.pack_entries(first, ops, ref.ZERO_HASH)
-    assert cy.unpack_entries(packed[0], ref.ZERO_HASH) == ref.unpack_entries(
-        packed[0], ref.ZERO_HASH
+    packed = cy.pack_entries(first, ops, ref.ZERO_HASH, alg)
+    assert packed == ref.pack_entries(first, ops, ref.ZERO_HASH, alg)
+    assert cy.unpack_entries(packed[0], ref.ZERO_HASH, alg) == ref.unpack_entries(
+        packed[0], ref.ZERO_HASH, alg
     )
+    if ops:  # the two hashes give two chains
+        other = ref.CHAIN_SHA256 if alg == ref.CHAIN_BLAKE2B else ref.CHAIN_BLAKE2B
+        assert packed[1] != cy.pack_entries(first, ops, ref.ZERO_HASH, other)[1]
 
 
-@given(st.binary(max_size=200))
-def test_unpack_garbage_is_refused_alike(garbage: bytes) -> None:
+@given(st.binary(max_size=200), st.sampled_from(ref.CHAINS))
+def test_unpack_garbage_is_refused_alike(garbage: bytes, alg: int) -> None:
     outcomes = []
     for impl in (cy, ref):
         try:
-            outcomes.append(("ok", impl.unpack_entries(garbage, ref.ZERO_HASH)))
+            outcomes.append(("ok", impl.unpack_entries(garbage, ref.ZERO_HASH, alg)))
         except ValueError:
             outcomes.append(("err", None))
     assert outcomes[0] == outcomes[1]
@@ -218,16 +248,17 @@ def test_apply_loop_identical(batches: list[list[Op]]) -> None:
     st.lists(entry_ops, max_size=8),
     st.integers(min_value=65536, max_value=300_000),
     st.integers(min_value=0, max_value=8),
+    st.sampled_from(ref.CHAINS),
 )
 def test_pack_entries_identical_on_big_batches(
-    first: int, ops: list[tuple[int, bytes, bytes, bytes]], big: int, at: int
+    first: int, ops: list[tuple[int, bytes, bytes, bytes]], big: int, at: int, alg: int
 ) -> None:
     """Batches of 64 KiB and more hash their chain without the GIL: same bytes, same head."""
     ops = [(o, w, k, v if o == ref.OP_SET else b"") for o, w, k, v in ops]
     ops.insert(min(at, len(ops)), (ref.OP_SET, b"o", b"big", _big(7, big)))
-    packed = cy.pack_entries(first, ops, ref.ZERO_HASH)
+    packed = cy.pack_entries(first, ops, ref.ZERO_HASH, alg)
     assert len(packed[0]) >= 65536
-    assert packed == ref.pack_entries(first, ops, ref.ZERO_HASH)
+    assert packed == ref.pack_entries(first, ops, ref.ZERO_HASH, alg)
 
 
 @settings(max_examples=25, deadline=None)

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from replicator import validate
-from store import codec, replay
+from store import chainhash, codec, replay
 from store import format as ref
 from store.ops import Op
 from store.store import Store
@@ -34,6 +34,25 @@ entries = st.one_of(
 )
 
 
+@pytest.mark.parametrize("alg", ref.CHAINS)
+def test_scan_of_a_big_record_hashes_alike_without_the_gil(alg: int) -> None:
+    """A payload of 64 KiB and more is scanned with the GIL released: same head, and a
+    flipped byte deep inside is still caught, with either chain hash."""
+    ops = [(ref.OP_SET, b"o", b"k%d" % i, bytes([i]) * 20_000) for i in range(5)]
+    payload, head = ref.pack_entries(9, ops, ref.ZERO_HASH, alg)
+    assert len(payload) >= 65536
+    assert cy.scan_entries(payload, ref.ZERO_HASH, 9, 5, alg) == head
+    assert replay.scan_entries(payload, ref.ZERO_HASH, 9, 5, alg) == head
+    bad = bytearray(payload)
+    bad[70_000] ^= 1  # inside a value: the bytes still parse, only the chain changes
+    assert cy.scan_entries(bytes(bad), ref.ZERO_HASH, 9, 5, alg) != head
+    assert cy.scan_entries(bytes(bad), ref.ZERO_HASH, 9, 5, alg) == replay.scan_entries(
+        bytes(bad), ref.ZERO_HASH, 9, 5, alg
+    )
+    with pytest.raises(ValueError, match="unknown chain hash"):
+        cy.scan_entries(payload, ref.ZERO_HASH, 9, 5, 0)
+
+
 def _outcome(fn: Any, *args: Any) -> tuple[str, Any]:
     try:
         return "ok", fn(*args)
@@ -48,6 +67,7 @@ def _outcome(fn: Any, *args: Any) -> tuple[str, Any]:
     st.lists(st.tuples(st.integers(0, 20_000), st.integers(0, 255)), max_size=3),
     st.integers(-1, 40),
     st.integers(-1, 1),
+    st.sampled_from(ref.CHAINS),
 )
 def test_scan_accepts_refuses_and_hashes_alike(
     first: int,
@@ -55,14 +75,15 @@ def test_scan_accepts_refuses_and_hashes_alike(
     flips: list[tuple[int, int]],
     cut: int,
     count_off: int,
+    alg: int,
 ) -> None:
     """Valid payloads give the reference's hash head; damaged ones (flipped bytes, cut
     short, a wrong entry count) the same error in both, and one the store's old separate
     check (`replicator/validate.py`) also refuses."""
     prev = bytes(range(32))
-    payload, head = ref.pack_entries(first, ops, prev)
-    assert cy.scan_entries(payload, prev, first, len(ops)) == head
-    assert replay.scan_entries(payload, prev, first, len(ops)) == head
+    payload, head = ref.pack_entries(first, ops, prev, alg)
+    assert cy.scan_entries(payload, prev, first, len(ops), alg) == head
+    assert replay.scan_entries(payload, prev, first, len(ops), alg) == head
     raw = bytearray(payload)
     for i, b in flips:
         if raw:
@@ -70,8 +91,8 @@ def test_scan_accepts_refuses_and_hashes_alike(
     if cut >= 0 and raw:
         raw = raw[: max(0, len(raw) - cut)]
     n = max(0, len(ops) + count_off)
-    got = _outcome(cy.scan_entries, bytes(raw), prev, first, n)
-    assert got == _outcome(replay.scan_entries, memoryview(bytes(raw)), prev, first, n)
+    got = _outcome(cy.scan_entries, bytes(raw), prev, first, n, alg)
+    assert got == _outcome(replay.scan_entries, memoryview(bytes(raw)), prev, first, n, alg)
     old_check = "ok"
     try:
         validate.check_entries(first, n, bytes(raw))
@@ -221,16 +242,22 @@ def _logged_usage(store: Store) -> dict[str, tuple[int, int, int, int]]:
 @given(
     st.lists(st.lists(replica_ops, min_size=1, max_size=12), min_size=1, max_size=5),
     st.integers(1, 3),
+    st.sampled_from(sorted(chainhash.BY_NAME)),
 )
-def test_replicas_on_either_codec_equal_their_root(batches: list[list[Op]], group: int) -> None:
+def test_replicas_on_either_codec_equal_their_root(
+    batches: list[list[Op]], group: int, chain: str
+) -> None:
     """Real LMDB stores: a root's log applied to one replica with the Cython kernel and to
     another with the reference (in groups of `group` records per transaction) gives both
     the root's head, log, values, logged usage and chunk layout (overwrites and deletes of
     chunked values, appends past the last key included)."""
     with tempfile.TemporaryDirectory() as d:
-        root = Store.create(f"{d}/root", sync=False, map_size=1 << 26)
+        root = Store.create(f"{d}/root", sync=False, map_size=1 << 26, chain_hash=chain)
         reps = [
-            Store.create(f"{d}/{i}", db_id=root.db_id, sync=False, map_size=1 << 26) for i in (0, 1)
+            Store.create(
+                f"{d}/{i}", db_id=root.db_id, sync=False, map_size=1 << 26, chain_hash=chain
+            )
+            for i in (0, 1)
         ]
         try:
             root.put_docs({"acl": b'{"v": 1}'})

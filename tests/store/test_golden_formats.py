@@ -6,6 +6,7 @@ migration): ``MERCURY_UPDATE_GOLDEN=1 .venv/bin/pytest tests/store/test_golden_f
 
 from __future__ import annotations
 
+import hashlib
 import os
 from pathlib import Path
 
@@ -16,24 +17,23 @@ from store import format as ref
 from store.store import CURRENT_FORMAT
 
 DATA = Path(__file__).resolve().parents[1] / "data"
-GOLDEN_FORMAT = 5  # the format these files describe
+GOLDEN_FORMAT = 6  # the format these files describe
 
 
 def _cases() -> dict[str, bytes]:
-    payload, head = codec.pack_entries(
-        41,
-        [
-            (ref.OP_SET, b"team-a", b"cfg/edge/ttl", b"300"),
-            (ref.OP_DELETE, b"team-a", b"cfg/edge/old", b""),
-            (ref.OP_SET, b"", b"\x00bin\xff", bytes(range(16))),
-        ],
-        ref.ZERO_HASH,
-    )
+    ops = [
+        (ref.OP_SET, b"team-a", b"cfg/edge/ttl", b"300"),
+        (ref.OP_DELETE, b"team-a", b"cfg/edge/old", b""),
+        (ref.OP_SET, b"", b"\x00bin\xff", bytes(range(16))),
+    ]
+    payload, head = codec.pack_entries(41, ops, ref.ZERO_HASH)
     header = ref.encode_log_header(0, 41, 3, 1_700_000_000_000_000, head, payload)
     doc_payload, _ = codec.pack_entries(44, [(ref.OP_DOC, b"", b"acl", b'{"producers":{}}')], head)
     # format 5: an idempotency answer, an op-3 entry under NUL ++ its idempotency key
     answer = nodedocs.answer_entry(b"iteam-a\x00req-1", 1_700_000_000_000_000, b'{"status":200}')
     answer_payload, _ = codec.pack_entries(45, [answer], head)
+    # format 6: the same entries chained with SHA-256 (a store names its chain hash)
+    _, sha_head = codec.pack_entries(41, ops, ref.ZERO_HASH, ref.CHAIN_SHA256)
     return {
         "golden_log_doc_entry.bin": doc_payload,
         "golden_log_answer_entry.bin": answer_payload,
@@ -46,6 +46,7 @@ def _cases() -> dict[str, bytes]:
         "golden_log_payload.bin": payload,
         "golden_log_header.bin": header,
         "golden_chain_head.bin": head,
+        "golden_chain_head_sha256.bin": sha_head,
     }
 
 
@@ -68,3 +69,11 @@ def test_golden_log_record_decodes_and_verifies() -> None:
     entries, head = codec.unpack_entries(payload, ref.ZERO_HASH)
     assert head == h.hash_head == (DATA / "golden_chain_head.bin").read_bytes()
     assert [e.key for e in entries] == [b"cfg/edge/ttl", b"cfg/edge/old", b"\x00bin\xff"]
+    _, sha_head = codec.unpack_entries(payload, ref.ZERO_HASH, ref.CHAIN_SHA256)
+    assert sha_head == (DATA / "golden_chain_head_sha256.bin").read_bytes()
+    # plain SHA-256 over (previous link ++ entry), as any other tool computes it
+    link, pos = ref.ZERO_HASH, 0
+    for size in (16 + 6 + 12 + 3, 16 + 6 + 12, 16 + 5 + 16):  # the three entries' bytes
+        link = hashlib.sha256(link + payload[pos : pos + size]).digest()
+        pos += size
+    assert pos == len(payload) and sha_head == link

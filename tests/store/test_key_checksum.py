@@ -134,7 +134,11 @@ def test_migration_0004_re_signs_every_record_and_keeps_the_data(tmp_path: Path)
     assert read_format_version(d) == 3
     with Store.open(d, check_format=False) as s:
         assert not check(s).ok  # format-3 CRCs fail the format-4 check
-    assert [st.name for st in migrate(d)] == ["0004_key_checksum", "0005_root_state_in_log"]
+    assert [st.name for st in migrate(d)] == [
+        "0004_key_checksum",
+        "0005_root_state_in_log",
+        "0006_chain_hash",
+    ]
     assert read_format_version(d) == CURRENT_FORMAT
     with Store.open(d) as s:
         assert {k: s.get(k) for k in KEYS} == before

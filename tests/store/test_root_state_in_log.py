@@ -10,7 +10,7 @@ from pathlib import Path
 import cramjam
 
 from migrations.runner import migrate
-from store import codec, nodedocs
+from store import chainhash, codec, nodedocs
 from store.check import check
 from store.docs import Doc
 from store.format import OP_DOC, OP_SET, ZERO_HASH
@@ -44,7 +44,8 @@ def test_answers_ride_in_the_batch_record_and_reach_a_replica(tmp_path: Path) ->
         # the op takes seq 1; the two answers follow it in the same record
         assert seen == [[1]] and (out.first_seq, out.last_seq) == (1, 3)
         (rec,) = root.read_log(1)
-        entries, head = codec.unpack_entries(payload(rec), ZERO_HASH)
+        alg = chainhash.code(root.chain_hash)
+        entries, head = codec.unpack_entries(payload(rec), ZERO_HASH, alg)
         assert [e.op for e in entries] == [OP_SET, OP_DOC, OP_DOC] and head == rec.hash_head
         assert entries[1].key == b"\x00ip\x00k1"
         assert entries[1].value[8:] == b'{"status":200,"seq":1}'
@@ -94,8 +95,8 @@ def _format4_root(path: str) -> None:
 def test_migration_0005_logs_the_admin_hash_and_empties_state(tmp_path: Path) -> None:
     d = str(tmp_path / "root")
     _format4_root(d)
-    assert [st.name for st in migrate(d)] == ["0005_root_state_in_log"]
-    assert read_format_version(d) == 5
+    assert [st.name for st in migrate(d)] == ["0005_root_state_in_log", "0006_chain_hash"]
+    assert read_format_version(d) == 6
     with Store.open(d) as s:
         assert s.get_state("admin_token_hash") is None
         assert s.get_doc("admin_token_hash") == Doc(2, b"ab" * 32)
