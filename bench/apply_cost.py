@@ -12,8 +12,8 @@ counted. Workloads:
   gathers from a handful of writers);
 - ``40k-1mb``: fresh 40 KiB random values, 25 per record (~1 MB batches);
 - ``100b``: fresh 100-byte values, 1,000 per record; the root's own `Store.apply` rate
-  of the same batches into a fresh store (fsync) is timed every round, beside the
-  replica's entries/s (goal: >= 1x; medians compared).
+  of the same batches into a fresh store (fsync; the first ``--chain-hash``) is timed
+  every round, beside the replica's entries/s (goal: >= 1x; medians compared).
 
 ``--live``: each child follows a fresh root while that root writes the same batches
 (fsync, back to back, in this process), so records arrive one by one and groups are small
@@ -26,7 +26,9 @@ against the same root stores: a before/after A/B in one run. ``--apply-window-ms
 0,20`` runs each tree's child with each apply window (`ReplicaClient.apply_window`; without
 it, the tree's replica default): the columns are then ``TREE@Nms``. A tree from before
 apply windows has none and ignores the setting: its runs show ``apply_window_s`` null,
-whatever its column's name. ``--py-spy DIR`` records
+whatever its column's name. ``--chain-hash sha256,blake2b-256`` runs each column once per
+chain hash (roots and replicas created with it; columns ``COLUMN#HASH``): the same records
+but for their hash heads, so the difference is the chain's cost. ``--py-spy DIR`` records
 each child under py-spy (``--native``, every thread; collapsed stacks, one file per run).
 ``--perf DIR`` records each child under ``perf record -g`` instead (every thread, kernel
 included; read with ``perf report -i``). Profiled runs are slower: their CPU figures are
@@ -38,7 +40,8 @@ writer's CPU.
 
 Usage: .venv/bin/python bench/apply_cost.py [--mb 64] [--entries-100b 200000]
        [--rounds 3] [--only 40k-x2,40k-1mb,100b] [--trees .,/tmp/base] [--live]
-       [--apply-window-ms 0,20] [--py-spy DIR | --perf DIR] [--hold-freed-memory]
+       [--apply-window-ms 0,20] [--chain-hash sha256,blake2b-256] [--py-spy DIR | --perf DIR]
+       [--hold-freed-memory]
 """
 
 from __future__ import annotations
@@ -81,7 +84,9 @@ def child(a: argparse.Namespace) -> None:
     from store import codec
     from store.store import Store
 
-    Store.create(a.dir, db_id=a.db_id, sync=True, map_size=8 << 30).close()
+    # The root's chain hash when the bench names one (a tree from before format 6 has one).
+    chain = {"chain_hash": a.chain} if a.chain else {}
+    Store.create(a.dir, db_id=a.db_id, sync=True, map_size=8 << 30, **chain).close()
     try:  # opened as the replica's worker opens it (a tree from before the option: sync all)
         store = Store.open(a.dir, sync=True, map_size=8 << 30, last_commit_durable=False)
     except TypeError:
@@ -162,14 +167,12 @@ WORKLOADS = {
 }
 
 
-def build_root(tmp: Path, name: str, n_values: int) -> tuple[Any, list[list[Any]]]:
-    """A RootNode holding `n_values` fresh values of workload `name`, and its batches."""
+def make_batches(name: str, n_values: int) -> list[list[Any]]:
+    """`n_values` fresh values of workload `name`, in its records' batches."""
     sys.path.insert(0, str(ROOT))
     from store.ops import SET, Op
-    from tests.replicator.harness import RootNode
 
     size, per = WORKLOADS[name]
-    root = RootNode(str(tmp / f"root-{name}"), heartbeat_ms=1000, sync=True, map_size=8 << 30)
     # Random values (incompressible, like the read bench's); 100-byte ones as hex text.
     batches = [
         [
@@ -183,18 +186,29 @@ def build_root(tmp: Path, name: str, n_values: int) -> tuple[Any, list[list[Any]
         ]
         for b in range(0, n_values, per)
     ]
+    return batches
+
+
+def build_root(tmp: Path, name: str, batches: list[list[Any]], chain: str | None) -> Any:
+    """A RootNode (chain hash `chain`, None: the default) holding `batches`."""
+    from tests.replicator.harness import RootNode
+
+    tag = f"root-{name}-{chain or 'default'}"
+    root = RootNode(
+        str(tmp / tag), heartbeat_ms=1000, sync=True, map_size=8 << 30, chain_hash=chain
+    )
     for ops in batches:
         root.store.apply(ops)
-    return root, batches
+    return root
 
 
-def root_apply_s(tmp: Path, batches: list[list[Any]]) -> float:
+def root_apply_s(tmp: Path, batches: list[list[Any]], chain: str | None) -> float:
     """Seconds the root's own `Store.apply` takes for `batches` into a fresh store (fsync
-    on), timed per call as the root's write path runs them."""
+    on, chain hash `chain`), timed per call as the root's write path runs them."""
     from store.store import Store
 
     d = tempfile.mkdtemp(prefix="rootrate-", dir=tmp)
-    store = Store.create(os.path.join(d, "s"), sync=True, map_size=8 << 30)
+    store = Store.create(os.path.join(d, "s"), sync=True, map_size=8 << 30, chain_hash=chain)
     spent = 0.0
     try:
         for ops in batches:
@@ -215,6 +229,7 @@ def start_child(
     target: int,
     profile: str | None,
     window_ms: float | None,
+    chain: str | None,
 ) -> tuple[subprocess.Popen[str], str]:
     """Start the applier child (see `child`); its data directory."""
     d = tempfile.mkdtemp(prefix="replica-", dir=tmp)
@@ -231,6 +246,7 @@ def start_child(
         "--target",
         str(target),
         *(["--window-ms", str(window_ms)] if window_ms is not None else []),
+        *(["--chain", chain] if chain else []),
     ]
     if profile and profile.endswith(".perf"):  # CPU samples of every thread, kernel too
         cmd = ["perf", "record", "-q", "-F", "999", "-g", "-o", profile, "--", *cmd_child]
@@ -270,9 +286,10 @@ def run_child(
     target: int,
     profile: str | None,
     window_ms: float | None,
+    chain: str | None,
 ) -> dict[str, Any]:
     """Catch-up: the child streams a root's whole log, already written."""
-    proc, d = start_child(tree, tmp, port, db_id, target, profile, window_ms)
+    proc, d = start_child(tree, tmp, port, db_id, target, profile, window_ms, chain)
     return finish_child(proc, d, tree)
 
 
@@ -282,6 +299,7 @@ def run_live(
     batches: list[list[Any]],
     profile: str | None,
     window_ms: float | None,
+    chain: str | None,
 ) -> dict[str, Any]:
     """Live: a fresh root writes `batches` (fsync, as fast as it commits them) while the
     child follows it, so records arrive one by one as a replica of a busy root sees them."""
@@ -292,10 +310,13 @@ def run_live(
         heartbeat_ms=1000,
         sync=True,
         map_size=8 << 30,
+        chain_hash=chain,
     )
     try:
         target = sum(len(ops) for ops in batches)
-        proc, d = start_child(tree, tmp, root.port, root.store.db_id, target, profile, window_ms)
+        proc, d = start_child(
+            tree, tmp, root.port, root.store.db_id, target, profile, window_ms, chain
+        )
         time.sleep(LIVE_CONNECT_S)  # the child connects before the first write
         for ops in batches:
             root.store.apply(ops)
@@ -317,6 +338,11 @@ def main() -> None:
         default=None,
         help="apply windows to run each tree's child with (comma list; default: the tree's)",
     )
+    ap.add_argument(
+        "--chain-hash",
+        default=None,
+        help="chain hashes to run each column with (comma list; default: the store's default)",
+    )
     ap.add_argument("--py-spy", dest="profile", default=None, help="directory for profiles")
     ap.add_argument("--perf", default=None, help="directory for `perf record` files")
     ap.add_argument(
@@ -329,6 +355,7 @@ def main() -> None:
     ap.add_argument("--db-id", help=argparse.SUPPRESS)
     ap.add_argument("--target", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--window-ms", type=float, default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--chain", default=None, help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.child:
         child(a)
@@ -341,9 +368,18 @@ def main() -> None:
     windows: list[float | None] = (
         [float(w) for w in a.apply_window_ms.split(",")] if a.apply_window_ms else [None]
     )
-    # Each (tree, window) is a column, named by its tree (and window, when several).
+    chains: list[str | None] = a.chain_hash.split(",") if a.chain_hash else [None]
+    # Each (tree, window, chain hash) is a column, named by its tree (and window and chain
+    # hash, when several).
     variants = {
-        (p if len(windows) == 1 else f"{p}@{w:g}ms"): (p, w) for p in paths for w in windows
+        (p if len(windows) == 1 else f"{p}@{w:g}ms") + (f"#{c}" if len(chains) > 1 else ""): (
+            p,
+            w,
+            c,
+        )
+        for p in paths
+        for w in windows
+        for c in chains
     }
     trees = list(variants)
     names = [n for n in a.only.split(",") if n]
@@ -356,6 +392,7 @@ def main() -> None:
             "live": a.live,
             "load_avg_start": os.getloadavg()[0],
             "hold_freed_memory": a.hold_freed_memory,
+            "chain_hash": chains,
         },
         "free_page_reporting": guestmem.state(),
         "workloads": {},
@@ -370,32 +407,42 @@ def main() -> None:
         for name in names:
             size, per = WORKLOADS[name]
             n = a.entries_100b if size <= 4096 else int(a.mb * MB / size)
-            root, batches = build_root(tmp, name, n)
+            batches = make_batches(name, n)
+            # Catch-up: one root per chain hash, holding the same batches.
+            roots = {} if a.live else {c: build_root(tmp, name, batches, c) for c in chains}
             try:
-                target = root.store.last_seq()
                 mb = n * size / MB
                 runs: dict[str, list[dict[str, Any]]] = {t: [] for t in trees}
                 root_rates: list[float] = []
                 for r in range(a.rounds):
                     if size <= 4096 and not a.live:  # the root's rate, beside the replicas
-                        root_rates.append(n / root_apply_s(tmp, batches))
+                        root_rates.append(n / root_apply_s(tmp, batches, chains[0]))
                     # Alternate the order each round: neither tree always runs first.
                     order = trees if r % 2 == 0 else list(reversed(trees))
                     for t in order:
                         prof = None
-                        path, window = variants[t]
+                        path, window, chain = variants[t]
                         tag = (Path(path).name or "tree") + (
                             f"-{window:g}ms" if window is not None else ""
                         )
+                        tag += f"-{chain}" if chain else ""
                         for where, ext in ((a.profile, "txt"), (a.perf, "perf")):
                             if where:
                                 Path(where).mkdir(parents=True, exist_ok=True)
                                 prof = str(Path(where).resolve() / f"{name}-{tag}-{r}.{ext}")
                         if a.live:
-                            got = run_live(path, tmp, batches, prof, window)
+                            got = run_live(path, tmp, batches, prof, window, chain)
                         else:
+                            root = roots[chain]
                             got = run_child(
-                                path, tmp, root.port, root.store.db_id, target, prof, window
+                                path,
+                                tmp,
+                                root.port,
+                                root.store.db_id,
+                                root.store.last_seq(),
+                                prof,
+                                window,
+                                chain,
                             )
                         runs[t].append(
                             {
@@ -437,7 +484,8 @@ def main() -> None:
                     )
                 out["workloads"][name] = res
             finally:
-                root.close()
+                for root in roots.values():
+                    root.close()
     out["settings"]["load_avg_end"] = os.getloadavg()[0]
     print(json.dumps(out, indent=2))
 

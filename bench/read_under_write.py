@@ -348,8 +348,10 @@ class Bench:
     def mercury(self, name: str = "mercury") -> System:
         hints = not (self.args.no_sched_hints or name.endswith("nohints"))
         root_dir, rep_dir = self.tmp / f"{name}-root", self.tmp / f"{name}-replica"
+        # A/B: a tree whose log chains with BLAKE2b-256 (this CPU's pick otherwise).
+        chain = ["--chain-hash", "blake2b-256"] if name.endswith("blake2b") else []
         r = subprocess.run(
-            mercury_cmd("init", str(root_dir)), capture_output=True, text=True, cwd=REPO
+            mercury_cmd("init", *chain, str(root_dir)), capture_output=True, text=True, cwd=REPO
         )
         if r.returncode:
             raise RuntimeError(r.stderr)
@@ -620,7 +622,8 @@ def main() -> int:
         default="kt,mercury",
         help="kt, mercury, mercury-nohints (a second replica without scheduling hints), "
         "mercury-window (one with a 20 ms apply window: a heavy stream's records grouped), "
-        "mercury-heap0 (one whose applier hands freed memory back as glibc decides)",
+        "mercury-heap0 (one whose applier hands freed memory back as glibc decides), "
+        "mercury-blake2b (a tree whose log chains with BLAKE2b-256)",
     )
     ap.add_argument("--read-rate", type=float, default=1000.0, help="reads per second")
     ap.add_argument("--conns", type=int, default=32, help="writer connections")

@@ -13,6 +13,7 @@ from typing import Any
 from tqdm import tqdm
 
 from acl.tokens import hash_token, new_token
+from core.cpuflags import cpu_flags
 from core.errors import MercuryError
 from migrations import runner
 from store import chainhash
@@ -108,7 +109,7 @@ def cmd_init(args: argparse.Namespace) -> int:
 
 
 def _init(args: argparse.Namespace) -> int:
-    store = Store.create(args.data_dir, chain_hash=args.chain_hash or chainhash.pick(_cpu_flags()))
+    store = Store.create(args.data_dir, chain_hash=args.chain_hash or chainhash.pick(cpu_flags()))
     try:
         token = new_token()
         path = os.path.join(args.data_dir, ADMIN_TOKEN_FILE)
@@ -122,20 +123,6 @@ def _init(args: argparse.Namespace) -> int:
     finally:
         store.close()
     return 0
-
-
-def _cpu_flags() -> set[str]:
-    """This CPU's feature flags as Linux lists them (x86 ``flags``, ARM ``Features``);
-    empty where /proc/cpuinfo is missing."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                name, _, value = line.partition(":")
-                if name.strip() in ("flags", "Features"):
-                    return set(value.split())
-    except OSError:
-        pass
-    return set()
 
 
 def cmd_status(args: argparse.Namespace) -> int:

@@ -33,13 +33,14 @@ class RootNode:
         sync: bool = False,
         map_size: int = 4 << 30,
         reopen: bool = False,
+        chain_hash: str | None = None,
         **source_kw: Any,
     ) -> None:
         # `reopen`: serve the store already in `path` (a restarted or restored root).
         self.store = (
             Store.open(path, sync=sync)
             if reopen
-            else Store.create(path, sync=sync, map_size=map_size)
+            else Store.create(path, sync=sync, map_size=map_size, chain_hash=chain_hash)
         )
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)

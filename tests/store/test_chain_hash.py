@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from core.cpuflags import cpu_flags
 from core.errors import ChainError, CorruptionError
 from migrations.runner import migrate
 from store import chainhash, codec
@@ -156,3 +157,14 @@ def test_init_refuses_an_unknown_hash(tmp_path: Path) -> None:
     r = run_mercury("init", "--chain-hash", "md5", str(tmp_path / "root"))
     assert r.returncode == 2 and "invalid choice" in r.stderr
     assert not (tmp_path / "root" / "data.mdb").exists()
+
+
+def test_cpu_flags_are_read_from_x86_and_arm_listings(tmp_path: Path) -> None:
+    x86 = tmp_path / "x86"
+    x86.write_text("processor\t: 0\nvendor_id\t: GenuineIntel\nflags\t\t: fpu avx2 sha_ni\n\n")
+    arm = tmp_path / "arm"
+    arm.write_text("processor\t: 0\nBogoMIPS\t: 50.00\nFeatures\t: fp asimd aes sha1 sha2\n")
+    assert chainhash.pick(cpu_flags(str(x86))) == "sha256"
+    assert chainhash.pick(cpu_flags(str(arm))) == "sha256"
+    assert cpu_flags(str(tmp_path / "missing")) == set()
+    assert chainhash.pick(cpu_flags(str(tmp_path / "missing"))) == "blake2b-256"
