@@ -13,6 +13,11 @@ it also runs the same in a child process where OpenSSL is told the CPU has no SH
 extensions (``OPENSSL_ia32cap``, x86 only): what `mercury init`'s choice guards against on
 such CPUs. The scan also checks each entry's header, the same work under both hashes.
 
+``decode`` times what a watch stream's reader does with each record (`reads/watch.py`):
+decode its entries into Python objects, which `codec.decode_entries` does without the
+chain (checked when the record was applied), against `codec.unpack_entries`, which decodes
+and chains (what the reader called before), with each hash.
+
 Usage: .venv/bin/python bench/chain_hash.py [--mb 256] [--rounds 3] [--entry-bytes 40960,100]
        [--without-sha-extensions]
 """
@@ -25,6 +30,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -52,11 +58,34 @@ def payload_of(value_bytes: int) -> tuple[bytes, int]:
 
 def ms_per_mb(payload: bytes, n: int, alg: int, mb: float) -> float:
     """Milliseconds per 10^6 payload bytes scanned and chained with `alg`."""
+    return _timed(lambda: codec.scan_entries(payload, fmt.ZERO_HASH, 1, n, alg), payload, mb)
+
+
+def _timed(fn: Callable[[], object], payload: bytes, mb: float) -> float:
+    """Milliseconds per 10^6 bytes of `payload` for `fn`, called about `mb` MB's worth."""
     reps = max(1, round(mb * 1e6 / len(payload)))
     t0 = time.perf_counter()
     for _ in range(reps):
-        codec.scan_entries(payload, fmt.ZERO_HASH, 1, n, alg)
+        fn()
     return (time.perf_counter() - t0) * 1e3 / (reps * len(payload) / 1e6)
+
+
+def decode_ms_per_mb(payload: bytes, mb: float, rounds: int) -> dict[str, float]:
+    """A watch reader's decode per MB: without the chain, and with each hash's chain."""
+    cases: dict[str, Callable[[], object]] = {
+        "decode_entries": lambda: codec.decode_entries(payload)
+    }
+    for name in sorted(chainhash.BY_NAME):
+        alg = chainhash.code(name)
+        cases[f"unpack_entries_{name}"] = lambda alg=alg: codec.unpack_entries(  # type: ignore[misc]
+            payload, fmt.ZERO_HASH, alg
+        )
+    best: dict[str, float] = {}
+    for r in range(rounds):
+        for name in cases if r % 2 == 0 else reversed(list(cases)):
+            t = _timed(cases[name], payload, mb)
+            best[name] = min(best.get(name, t), t)
+    return {k: round(v, 3) for k, v in best.items()}
 
 
 def measure(sizes: list[int], mb: float, rounds: int) -> dict[str, object]:
@@ -74,6 +103,7 @@ def measure(sizes: list[int], mb: float, rounds: int) -> dict[str, object]:
             "ms_per_mb": {k: round(v, 3) for k, v in best.items()},
             "ns_per_entry": {k: round(v * 1e6 * len(payload) / 1e6 / n) for k, v in best.items()},
             "sha256_vs_blake2b": round(best["sha256"] / best["blake2b-256"], 3),
+            "decode_ms_per_mb": decode_ms_per_mb(payload, mb / 4, rounds),
         }
     return out
 

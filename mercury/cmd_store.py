@@ -44,7 +44,7 @@ def register(sub: Any) -> None:
         help="hash of the log's chain, fixed for this store and every replica and snapshot "
         "made from it; every node hashes every byte written. Default: sha256 when this "
         "CPU has SHA extensions (about 0.6x BLAKE2b's cost there), else blake2b-256 "
-        "(SHA-256 costs about 2x BLAKE2b without them). Name it when the fleet's CPUs "
+        "(SHA-256 costs 1.5-1.9x BLAKE2b without them). Name it when the fleet's CPUs "
         "differ from this one's",
     )
     p.set_defaults(func=cmd_init)

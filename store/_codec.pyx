@@ -375,6 +375,27 @@ def unpack_entries(payload, bytes prev_hash, int alg=CHAIN_BLAKE2B):
 
     Returns the entries and the hash head. Raises ValueError on malformed bytes.
     """
+    cdef uint8_t h[HASH_SIZE]
+    cdef _Chain c
+    if PyBytes_GET_SIZE(prev_hash) != HASH_SIZE:
+        raise ValueError("prev_hash must be 32 bytes")
+    memcpy(h, PyBytes_AS_STRING(prev_hash), HASH_SIZE)
+    _chain_open(&c, alg)
+    try:
+        out = _entries(payload, &c, h)
+    finally:
+        _chain_close(&c)
+    return out, PyBytes_FromStringAndSize(<const char*>h, HASH_SIZE)
+
+
+def decode_entries(payload):
+    """Decode a batch payload without the chain (see store/format.py); ValueError on
+    malformed bytes, as `unpack_entries`."""
+    return _entries(payload, NULL, NULL)
+
+
+cdef list _entries(payload, _Chain* c, uint8_t* h):
+    # The entries of `payload`, each folded into `h` with `c` (NULL: decode only).
     cdef const uint8_t[:] buf = payload
     cdef Py_ssize_t n = buf.shape[0]
     cdef Py_ssize_t pos = 0, a, end
@@ -382,38 +403,29 @@ def unpack_entries(payload, bytes prev_hash, int alg=CHAIN_BLAKE2B):
     cdef int op
     cdef Py_ssize_t on, kn
     cdef list out = []
-    cdef uint8_t h[HASH_SIZE]
     cdef const uint8_t* p
-    cdef _Chain c
-    if PyBytes_GET_SIZE(prev_hash) != HASH_SIZE:
-        raise ValueError("prev_hash must be 32 bytes")
-    memcpy(h, PyBytes_AS_STRING(prev_hash), HASH_SIZE)
-    _chain_open(&c, alg)
-    try:
-        if n == 0:
-            return out, prev_hash
-        p = &buf[0]
-        while pos < n:
-            if pos + ENTRY_HDR > n:
-                raise ValueError("truncated log entry header")
-            seq = _get_u64(p + pos)
-            op = p[pos + 8]
-            on = p[pos + 9]
-            kn = p[pos + 10] | (p[pos + 11] << 8)
-            end = pos + _entry_size(p + pos)
-            if end > n or (op != OP_SET and op != OP_DELETE and op != OP_DOC):
-                raise ValueError("malformed log entry")
-            a = pos + ENTRY_HDR
-            owner = (<const char*>p)[a:a + on].decode("utf-8", "replace")
-            key = PyBytes_FromStringAndSize(<const char*>(p + a + on), kn)
-            value = PyBytes_FromStringAndSize(<const char*>(p + a + on + kn), end - a - on - kn)
-            if _link(&c, h, HASH_SIZE, p + pos, end - pos, h):
-                raise RuntimeError("OpenSSL failed to hash a chain link")
-            out.append(_tuple_new(_entry, (seq, op, owner, key, value)))
-            pos = end
-    finally:
-        _chain_close(&c)
-    return out, PyBytes_FromStringAndSize(<const char*>h, HASH_SIZE)
+    if n == 0:
+        return out
+    p = &buf[0]
+    while pos < n:
+        if pos + ENTRY_HDR > n:
+            raise ValueError("truncated log entry header")
+        seq = _get_u64(p + pos)
+        op = p[pos + 8]
+        on = p[pos + 9]
+        kn = p[pos + 10] | (p[pos + 11] << 8)
+        end = pos + _entry_size(p + pos)
+        if end > n or (op != OP_SET and op != OP_DELETE and op != OP_DOC):
+            raise ValueError("malformed log entry")
+        a = pos + ENTRY_HDR
+        owner = (<const char*>p)[a:a + on].decode("utf-8", "replace")
+        key = PyBytes_FromStringAndSize(<const char*>(p + a + on), kn)
+        value = PyBytes_FromStringAndSize(<const char*>(p + a + on + kn), end - a - on - kn)
+        if c != NULL and _link(c, h, HASH_SIZE, p + pos, end - pos, h):
+            raise RuntimeError("OpenSSL failed to hash a chain link")
+        out.append(_tuple_new(_entry, (seq, op, owner, key, value)))
+        pos = end
+    return out
 
 
 # --- the per-op loop of Store.apply (reference: store/applyloop.py) ------------------------

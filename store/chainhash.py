@@ -9,9 +9,9 @@ format-6 migration records that name, so every current store names its hash.
 
 Every node hashes every byte written, so the hash is a per-byte cost of the whole tree.
 OpenSSL computes SHA-256 with the CPU's SHA extensions where they exist (x86 ``sha_ni``,
-ARMv8 ``sha2``), and there it costs about 0.6 of BLAKE2b-256's time; without them it costs
-about twice BLAKE2b's (`bench/chain_hash.py`). `mercury init` therefore picks SHA-256 when
-the CPU it runs on has the extensions and BLAKE2b-256 otherwise (`pick`), and
+ARMv8 ``sha2``), and there it costs 0.6 of BLAKE2b-256's time; without them 1.5-1.9 times
+BLAKE2b's (`bench/chain_hash.py --without-sha-extensions`). `mercury init` therefore picks
+SHA-256 when the CPU it runs on has the extensions and BLAKE2b-256 otherwise (`pick`), and
 ``--chain-hash`` overrides that for a fleet whose CPUs differ from the first node's.
 """
 

@@ -28,6 +28,7 @@ encode_entry: Callable[[int, int, bytes, bytes, bytes], bytes]
 chain: Callable[..., bytes]
 pack_entries: Callable[..., tuple[bytes, bytes]]
 unpack_entries: Callable[..., tuple[list[_ref.Entry], bytes]]
+decode_entries: Callable[[Any], list[_ref.Entry]]
 crc32: Callable[..., int]
 crc32_combine: Callable[[int, int, int], int]
 apply_ops: Callable[..., Any]
@@ -60,7 +61,7 @@ def use(implementation: str) -> None:
     run). Callers look functions up on this module at call time, so the switch is global."""
     global IMPLEMENTATION, _impl, crc32, crc32_combine
     global encode_record, decode_record_header, record_value, encode_entry, chain
-    global pack_entries, unpack_entries, apply_ops, scan_entries, apply_entries
+    global pack_entries, unpack_entries, decode_entries, apply_ops, scan_entries, apply_entries
     if implementation == "cython":
         from store import _codec
 
@@ -77,6 +78,7 @@ def use(implementation: str) -> None:
     chain = _impl.chain
     pack_entries = _impl.pack_entries
     unpack_entries = _impl.unpack_entries
+    decode_entries = _impl.decode_entries
     apply_ops = _impl.apply_ops if implementation == "cython" else _loop.apply_ops
     scan_entries = _impl.scan_entries if implementation == "cython" else _replay.scan_entries
     apply_entries = _impl.apply_entries if implementation == "cython" else _replay.apply_entries

@@ -258,6 +258,18 @@ def unpack_entries(
     """
     if alg not in CHAINS:
         raise ValueError(f"unknown chain hash {alg}")
+    return _entries(payload, prev_hash, alg)
+
+
+def decode_entries(payload: bytes) -> list[Entry]:
+    """Decode a batch payload without the chain: for readers of a log whose chain was
+    checked when it was written or applied (a watch stream). Raises ValueError on
+    malformed bytes, as `unpack_entries` does."""
+    return _entries(payload, None, 0)[0]
+
+
+def _entries(payload: bytes, prev_hash: bytes | None, alg: int) -> tuple[list[Entry], bytes]:
+    # `prev_hash` None: decode only (the head returned is empty).
     out: list[Entry] = []
     h = prev_hash
     pos = 0
@@ -274,10 +286,11 @@ def unpack_entries(
         owner = bytes(payload[a : a + on]).decode("utf-8", "replace")
         key = bytes(payload[a + on : a + on + kn])
         value = bytes(payload[a + on + kn : end])
-        h = chain(h, payload[pos:end], alg)
+        if h is not None:
+            h = chain(h, payload[pos:end], alg)
         out.append(Entry(seq, op, owner, key, value))
         pos = end
-    return out, h
+    return out, h or b""
 
 
 def encode_log_header(

@@ -15,7 +15,6 @@ import httpx
 
 from acl.tokens import hash_token, new_token
 from store import codec
-from store.format import ZERO_HASH
 from store.ops import DELETE
 from store.replica_apply import payload
 from store.store import Store
@@ -251,7 +250,7 @@ def test_delete_with_purge_removes_its_keys_through_the_log(root: Root) -> None:
         assert s.usage()[name].keys == 0
         # the purge's deletes: transactions of at most 7 (its guard), every key once
         recs = s.read_log(1, max_records=100_000, max_bytes=1 << 30)
-        ops = [[e.op for e in codec.unpack_entries(payload(rec), ZERO_HASH)[0]] for rec in recs]
+        ops = [[e.op for e in codec.decode_entries(payload(rec))] for rec in recs]
         deletes = [len(o) for o in ops if o and all(x == DELETE for x in o)]
         assert deletes and max(deletes) <= 7 and sum(deletes) == 30 + late, deletes
     root.start()

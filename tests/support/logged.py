@@ -35,6 +35,6 @@ def seqs_since(data_dir: str | Path, seq: int) -> list[tuple[int, int, bytes]]:
     out: list[tuple[int, int, bytes]] = []
     with Store.open(str(data_dir), readonly=True) as store:
         for rec in records(store, seq + 1):
-            entries, _ = codec.unpack_entries(replica_apply.payload(rec), bytes(32))
+            entries = codec.decode_entries(replica_apply.payload(rec))
             out += [(e.seq, e.op, bytes(e.key)) for e in entries if e.seq > seq]
     return out
