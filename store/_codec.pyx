@@ -147,6 +147,15 @@ cdef int _chain_open(_Chain* c, int alg) except -1:
     return 0
 
 
+cdef int _chain_start(_Chain* c, int alg, bytes prev_hash, uint8_t* h) except -1:
+    # A chaining pass from `prev_hash`: checked and copied into `h`, `c` opened for `alg`
+    # (close it with `_chain_close`).
+    if PyBytes_GET_SIZE(prev_hash) != HASH_SIZE:
+        raise ValueError("prev_hash must be 32 bytes")
+    memcpy(h, PyBytes_AS_STRING(prev_hash), HASH_SIZE)
+    return _chain_open(c, alg)
+
+
 cdef inline void _chain_close(_Chain* c) noexcept nogil:
     if c.ctx != NULL:
         EVP_MD_CTX_free(c.ctx)
@@ -335,10 +344,7 @@ def pack_entries(uint64_t first_seq, list ops, bytes prev_hash, int alg=CHAIN_BL
     cdef uint8_t h[HASH_SIZE]
     cdef _Chain c
     cdef int rc
-    if PyBytes_GET_SIZE(prev_hash) != HASH_SIZE:
-        raise ValueError("prev_hash must be 32 bytes")
-    memcpy(h, PyBytes_AS_STRING(prev_hash), HASH_SIZE)
-    _chain_open(&c, alg)
+    _chain_start(&c, alg, prev_hash, h)
     try:
         for t in ops:
             pos += _write_entry(base + pos, seq, t[0], t[1], t[2], t[3])
@@ -377,10 +383,7 @@ def unpack_entries(payload, bytes prev_hash, int alg=CHAIN_BLAKE2B):
     """
     cdef uint8_t h[HASH_SIZE]
     cdef _Chain c
-    if PyBytes_GET_SIZE(prev_hash) != HASH_SIZE:
-        raise ValueError("prev_hash must be 32 bytes")
-    memcpy(h, PyBytes_AS_STRING(prev_hash), HASH_SIZE)
-    _chain_open(&c, alg)
+    _chain_start(&c, alg, prev_hash, h)
     try:
         out = _entries(payload, &c, h)
     finally:
@@ -628,10 +631,7 @@ def scan_entries(payload, bytes prev_hash, uint64_t first_seq, Py_ssize_t num_en
     cdef uint8_t h[HASH_SIZE]
     cdef int code
     cdef _Chain c
-    if PyBytes_GET_SIZE(prev_hash) != HASH_SIZE:
-        raise ValueError("prev_hash must be 32 bytes")
-    memcpy(h, PyBytes_AS_STRING(prev_hash), HASH_SIZE)
-    _chain_open(&c, alg)
+    _chain_start(&c, alg, prev_hash, h)
     if n >= 65536:  # hashing a large record: let the event loop's thread run meanwhile
         with nogil:
             code = _scan_buffer(&c, p, n, first_seq, h, &count, &bad)
