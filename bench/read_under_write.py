@@ -357,11 +357,13 @@ class Bench:
             raise RuntimeError(r.stderr)
         admin = (root_dir / "admin.token").read_text().strip()
         gw, repl, http = free_port(), free_port(), free_port()
+        # A/B: a root batching twice as long, so each record holds twice the bytes.
+        window_ms = self.args.window_ms * (2 if name.endswith("batch2x") else 1)
         root = self.start(
             mercury_cmd(
                 "root", str(root_dir), "--listen", f"127.0.0.1:{gw}",
                 "--repl-listen", f"127.0.0.1:{repl}",
-                "--batch-window-ms", str(self.args.window_ms), "--log-level", "warning",
+                "--batch-window-ms", str(window_ms), "--log-level", "warning",
             ),
             f"{name}-root", 0,
         )  # fmt: skip
@@ -623,7 +625,8 @@ def main() -> int:
         help="kt, mercury, mercury-nohints (a second replica without scheduling hints), "
         "mercury-window (one with a 20 ms apply window: a heavy stream's records grouped), "
         "mercury-heap0 (one whose applier hands freed memory back as glibc decides), "
-        "mercury-blake2b (a tree whose log chains with BLAKE2b-256)",
+        "mercury-blake2b (a tree whose log chains with BLAKE2b-256), "
+        "mercury-batch2x (a tree whose root batches for twice --window-ms)",
     )
     ap.add_argument("--read-rate", type=float, default=1000.0, help="reads per second")
     ap.add_argument("--conns", type=int, default=32, help="writer connections")
