@@ -28,14 +28,17 @@ dropped, root only; the best case, see docs/reads.md). On a virtual machine whos
 balloon reports free pages to its host (`bench/guestmem.py`), `--hold-freed-memory`
 holds that reporting off for the run and first touches the free memory once (root only;
 restored at the end): writing into memory the host took back costs the writer's CPU, so
-without it a phase's figures depend on what ran before it. Mercury's root runs with a
-`--batch-window-ms` of `--window-ms` (default 10) and fsync; KT writes without fsync
-(its default), which favours KT.
+without it a phase's figures depend on what ran before it. `--perf DIR` records the
+applier process under `perf record -g` for each write phase's measured seconds (one file
+per system, phase and round; `bench/perf_shares.py DIR` sums them up by library); the
+profiler costs CPU, so a profiled run's CPU figures are not the ones to quote. Mercury's
+root runs with a `--batch-window-ms` of `--window-ms` (default 10) and fsync; KT writes
+without fsync (its default), which favours KT.
 
 Usage: .venv/bin/python bench/read_under_write.py [--quick] [--rounds N] [--seconds S]
        [--systems kt,mercury] [--read-rate R] [--conns N] [--matched-mbps M]
        [--applier-nice N] [--phases P,...] [--drop-caches | --cache-fill-gb G]
-       [--hold-freed-memory]
+       [--hold-freed-memory] [--perf DIR]
 """
 
 from __future__ import annotations
@@ -465,6 +468,25 @@ class Bench:
 
     # -- one phase --
 
+    def _profile(self, s: System, phase: str) -> subprocess.Popen[bytes] | None:
+        """With `--perf DIR`: `perf record -g` of the applier process for the measured
+        seconds of a write phase (on CPU 0, beside the root), one file per system, phase
+        and round (`bench/perf_shares.py` reads them)."""
+        if not self.args.perf or phase == "idle":
+            return None
+        out = Path(self.args.perf).resolve()
+        out.mkdir(parents=True, exist_ok=True)
+        n = len(list(out.glob(f"{s.name}-{phase}-*.perf")))
+        argv = ["perf", "record", "-q", "-F", "999", "-g", "-p", str(s.applier_pid)]
+        argv += [
+            "-o",
+            str(out / f"{s.name}-{phase}-{n}.perf"),
+            "--",
+            "sleep",
+            str(self.args.seconds),
+        ]
+        return self.start(argv, f"perf-{s.name}-{phase}-{n}", 0)
+
     def phase(self, s: System, phase: str) -> dict[str, Any]:
         a = self.args
         settled = settle_page_cache(drop=a.drop_caches)
@@ -501,6 +523,7 @@ class Bench:
                 time.sleep(0.05)
             time.sleep(1.0)  # let the write stream reach a steady state
         c0 = clock() if writer else None
+        prof = self._profile(s, phase)
         cpu0 = cpu_s(s.applier_pid)
         flt0 = faults(s.applier_pid)
         node0 = sum(cpu_s(p) for p in s.node_pids)
@@ -533,6 +556,8 @@ class Bench:
             else:
                 nxt = time.perf_counter()  # fell behind: do not burst to catch up
         dt = time.monotonic() - t0
+        if prof is not None:
+            prof.wait(a.seconds + 30)
         c1 = clock() if writer else None
         cpu1 = cpu_s(s.applier_pid)
         flt1 = faults(s.applier_pid)
@@ -645,6 +670,11 @@ def main() -> int:
     ap.add_argument(
         "--hold-freed-memory", action="store_true",
         help="hold the VM's free page reporting off for the run (bench/guestmem.py)",
+    )  # fmt: skip
+    ap.add_argument(
+        "--perf", default=None, metavar="DIR",
+        help="record the applier under `perf record -g` in each write phase "
+        "(bench/perf_shares.py summarises; its CPU figures are then not the ones to quote)",
     )  # fmt: skip
     ap.add_argument(
         "--no-sched-hints",
