@@ -5,8 +5,11 @@ Reads `perf record` files (such as `read_under_write.py --perf DIR` or `apply_co
 of a Mercury node (the kernel, CPython, the store codec, LMDB, snappy, the hashes, the
 CRC, libc) and prints each group's share of the samples, per file and averaged over the
 files given (each file weighs the same). Shares under 0.5 % of a file fall into "other".
+``--by symbol`` gives each function's share instead (library and symbol, the 40 largest
+of the mean, under 0.2 % of a file into "other").
 
 Usage: .venv/bin/python bench/perf_shares.py FILE_OR_DIR [...] [--match SUBSTRING]
+       [--by library|symbol]
 (without a path it prints an empty summary: `make bench` runs every script bare)
 """
 
@@ -35,6 +38,14 @@ GROUPS: tuple[tuple[str, str], ...] = (
 _LINE = re.compile(r"^\s*([0-9.]+)%\s+(\S.*?)\s*$")
 
 
+def _symbol(rest: str) -> str:
+    """``library symbol`` from a `--sort dso,sym -v` line's text after the percentage."""
+    parts = rest.split()
+    lib = Path(parts[0]).name if parts else "?"
+    sym = parts[-1] if len(parts) > 1 else "?"
+    return f"{lib} {sym}"
+
+
 def group_of(dso: str) -> str:
     for name, needle in GROUPS:
         if needle in dso:
@@ -42,18 +53,19 @@ def group_of(dso: str) -> str:
     return "other"
 
 
-def shares(path: Path) -> dict[str, float]:
-    """Percent of `path`'s samples per group."""
+def shares(path: Path, by_symbol: bool = False) -> dict[str, float]:
+    """Percent of `path`'s samples per group (or per library and symbol)."""
+    sort, limit = ("dso,sym", "0.2") if by_symbol else ("dso", "0.5")
     out = subprocess.run(
-        ["perf", "report", "-i", str(path), "--stdio", "--sort", "dso", "--no-children",
-         "-g", "none", "-v", "--percent-limit", "0.5"],
+        ["perf", "report", "-i", str(path), "--stdio", "--sort", sort, "--no-children",
+         "-g", "none", "-v", "--percent-limit", limit],
         capture_output=True, text=True, check=True,
     ).stdout  # fmt: skip
     got: dict[str, float] = {}
     for line in out.splitlines():
         m = _LINE.match(line)
         if m:
-            g = group_of(m.group(2))
+            g = _symbol(m.group(2)) if by_symbol else group_of(m.group(2))
             got[g] = got.get(g, 0.0) + float(m.group(1))
     got["other"] = got.get("other", 0.0) + max(0.0, 100.0 - sum(got.values()))
     return {k: round(v, 1) for k, v in sorted(got.items(), key=lambda kv: -kv[1])}
@@ -63,6 +75,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("paths", nargs="*", help="perf.data files, or directories of *.perf files")
     ap.add_argument("--match", default="", help="only files whose name contains this")
+    ap.add_argument("--by", choices=("library", "symbol"), default="library")
     a = ap.parse_args()
     files: list[Path] = []
     for p in map(Path, a.paths):
@@ -73,9 +86,11 @@ def main() -> None:
         return
     if not files:
         raise SystemExit("no perf files")
-    per = {f.name: shares(f) for f in files}
+    per = {f.name: shares(f, a.by == "symbol") for f in files}
     groups = {g for s in per.values() for g in s}
-    mean = {g: round(sum(s.get(g, 0.0) for s in per.values()) / len(per), 1) for g in groups}
+    mean = {g: round(sum(s.get(g, 0.0) for s in per.values()) / len(per), 2) for g in groups}
+    if a.by == "symbol":  # the largest only; per file they are in "per_file"
+        mean = dict(sorted(mean.items(), key=lambda kv: -kv[1])[:40])
     print(
         json.dumps(
             {

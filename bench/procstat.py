@@ -1,5 +1,5 @@
-"""CPU time, page faults and read calls of a process from `/proc`, as the benchmarks read
-them around a phase."""
+"""CPU time, page faults, read calls and context switches of a process from `/proc`, as
+the benchmarks read them around a phase."""
 
 from __future__ import annotations
 
@@ -32,3 +32,19 @@ def read_calls(pid: int) -> int:
             if line.startswith("syscr:"):
                 return int(line.split()[1])
     raise OSError(f"no syscr in /proc/{pid}/io")
+
+
+def context_switches(pid: int) -> int:
+    """Context switches, voluntary and not, of the live threads of process `pid` so far
+    (`/proc/PID/task/*/status`); OSError when it is gone. A thread that sleeps until the
+    next record and is woken for it switches twice per record."""
+    total = 0
+    for task in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{task}/status") as f:
+                for line in f:
+                    if "ctxt_switches:" in line:  # voluntary_ and nonvoluntary_
+                        total += int(line.split()[1])
+        except FileNotFoundError:  # the thread ended meanwhile
+            continue
+    return total

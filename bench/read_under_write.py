@@ -22,7 +22,8 @@ both the lag and how many writes it has applied); CPU ms per MB absorbed of the 
 process (`/proc/PID/stat`: the Mercury replica's worker; the KT slave's whole process,
 which also serves the reads) and of the whole serving node; the applier's minor page
 faults per MB (`applier_faults_per_mb`: memory it handed back and faulted in again) and
-read calls per MB (`applier_reads_per_mb`: how many pieces its stream arrived in); and
+read calls per MB (`applier_reads_per_mb`: how many pieces its stream arrived in) and
+context switches per MB of its threads (`applier_switches_per_mb`); and
 the seconds the node needed to catch up after the writers stopped. Every phase starts
 with the page cache's dirty pages written back (`--drop-caches`: and its clean pages
 dropped, root only; the best case, see docs/reads.md). On a virtual machine whose
@@ -67,7 +68,7 @@ if str(REPO) not in sys.path:
 
 from bench import guestmem  # noqa: E402
 from bench.gateway_write import Conn  # noqa: E402  (one keep-alive HTTP/1.1 client for every bench)
-from bench.procstat import cpu_seconds, minor_faults, read_calls  # noqa: E402
+from bench.procstat import context_switches, cpu_seconds, minor_faults, read_calls  # noqa: E402
 from tests.support.procs import free_port, mercury_cmd, wait_http, wait_port  # noqa: E402
 
 HOT = [f"hot/{i:02d}" for i in range(20)]
@@ -225,6 +226,14 @@ def read_syscalls(pid: int) -> int:
     """Read calls of process `pid` so far (0 when it is gone or unreadable)."""
     try:
         return read_calls(pid)
+    except OSError:
+        return 0
+
+
+def switches(pid: int) -> int:
+    """Context switches of process `pid`'s threads so far (0 when it is gone)."""
+    try:
+        return context_switches(pid)
     except OSError:
         return 0
 
@@ -536,6 +545,7 @@ class Bench:
         cpu0 = cpu_s(s.applier_pid)
         flt0 = faults(s.applier_pid)
         rd0 = read_syscalls(s.applier_pid)
+        sw0 = switches(s.applier_pid)
         node0 = sum(cpu_s(p) for p in s.node_pids)
         t0 = time.monotonic()
         lat: list[int] = []
@@ -572,6 +582,7 @@ class Bench:
         cpu1 = cpu_s(s.applier_pid)
         flt1 = faults(s.applier_pid)
         rd1 = read_syscalls(s.applier_pid)
+        sw1 = switches(s.applier_pid)
         node1 = sum(cpu_s(p) for p in s.node_pids)
         out: dict[str, Any] = {"read": pct(lat), "settle_s": settled}
         if writer is not None:
@@ -600,6 +611,7 @@ class Bench:
                     "applier_cpu_share": round((cpu1 - cpu0) / dt, 3),
                     "applier_faults_per_mb": round((flt1 - flt0) / mb) if mb else None,
                     "applier_reads_per_mb": round((rd1 - rd0) / mb, 1) if mb else None,
+                    "applier_switches_per_mb": round((sw1 - sw0) / mb, 1) if mb else None,
                 }
             )
             # Catch up: the node has everything once it serves the writer's final stamp.
