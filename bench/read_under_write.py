@@ -58,6 +58,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -206,36 +207,21 @@ def pct(samples_ns: list[int]) -> dict[str, float]:
     return {"n": n, "p50_us": at(0.5), "p99_us": at(0.99), "p999_us": at(0.999), "max_us": at(1.0)}
 
 
-def cpu_s(pid: int) -> float:
-    """User + system CPU seconds of process `pid` so far (0 when it is gone)."""
+def or_zero(read: Callable[[int], float], pid: int) -> float:
+    """`read(pid)` (a `bench/procstat.py` counter), or 0 when the process is gone."""
     try:
-        return cpu_seconds(pid)
+        return read(pid)
     except OSError:
         return 0.0
 
 
-def faults(pid: int) -> int:
-    """Minor page faults of process `pid` so far (0 when it is gone)."""
-    try:
-        return minor_faults(pid)
-    except OSError:
-        return 0
-
-
-def read_syscalls(pid: int) -> int:
-    """Read calls of process `pid` so far (0 when it is gone or unreadable)."""
-    try:
-        return read_calls(pid)
-    except OSError:
-        return 0
-
-
-def switches(pid: int) -> int:
-    """Context switches of process `pid`'s threads so far (0 when it is gone)."""
-    try:
-        return context_switches(pid)
-    except OSError:
-        return 0
+#: The applier's running counters a phase reads before and after (`bench/procstat.py`).
+APPLIER_COUNTERS: dict[str, Callable[[int], float]] = {
+    "cpu": cpu_seconds,
+    "faults": minor_faults,
+    "reads": read_calls,
+    "switches": context_switches,
+}
 
 
 #: Dirty and writeback page cache below which a phase may start (bytes), and the longest
@@ -542,11 +528,8 @@ class Bench:
             time.sleep(1.0)  # let the write stream reach a steady state
         c0 = clock() if writer else None
         prof = self._profile(s, phase)
-        cpu0 = cpu_s(s.applier_pid)
-        flt0 = faults(s.applier_pid)
-        rd0 = read_syscalls(s.applier_pid)
-        sw0 = switches(s.applier_pid)
-        node0 = sum(cpu_s(p) for p in s.node_pids)
+        before = {k: or_zero(f, s.applier_pid) for k, f in APPLIER_COUNTERS.items()}
+        node0 = sum(or_zero(cpu_seconds, p) for p in s.node_pids)
         t0 = time.monotonic()
         lat: list[int] = []
         lags: list[float] = []
@@ -579,11 +562,8 @@ class Bench:
         if prof is not None:
             prof.wait(a.seconds + 30)
         c1 = clock() if writer else None
-        cpu1 = cpu_s(s.applier_pid)
-        flt1 = faults(s.applier_pid)
-        rd1 = read_syscalls(s.applier_pid)
-        sw1 = switches(s.applier_pid)
-        node1 = sum(cpu_s(p) for p in s.node_pids)
+        d = {k: or_zero(f, s.applier_pid) - before[k] for k, f in APPLIER_COUNTERS.items()}
+        node1 = sum(or_zero(cpu_seconds, p) for p in s.node_pids)
         out: dict[str, Any] = {"read": pct(lat), "settle_s": settled}
         if writer is not None:
             size = 100 if phase.endswith("100b") else 40 << 10
@@ -606,12 +586,12 @@ class Bench:
                     "absorbed_writes_s": round(applied / dt, 1),
                     "lag_max_s": round(max(lags), 2) if lags else None,
                     "lag_end_s": round(lags[-1], 2) if lags else None,
-                    "applier_cpu_ms_per_mb": round((cpu1 - cpu0) * 1000 / mb, 2) if mb else None,
+                    "applier_cpu_ms_per_mb": round(d["cpu"] * 1000 / mb, 2) if mb else None,
                     "node_cpu_ms_per_mb": round((node1 - node0) * 1000 / mb, 2) if mb else None,
-                    "applier_cpu_share": round((cpu1 - cpu0) / dt, 3),
-                    "applier_faults_per_mb": round((flt1 - flt0) / mb) if mb else None,
-                    "applier_reads_per_mb": round((rd1 - rd0) / mb, 1) if mb else None,
-                    "applier_switches_per_mb": round((sw1 - sw0) / mb, 1) if mb else None,
+                    "applier_cpu_share": round(d["cpu"] / dt, 3),
+                    "applier_faults_per_mb": round(d["faults"] / mb) if mb else None,
+                    "applier_reads_per_mb": round(d["reads"] / mb, 1) if mb else None,
+                    "applier_switches_per_mb": round(d["switches"] / mb, 1) if mb else None,
                 }
             )
             # Catch up: the node has everything once it serves the writer's final stamp.
