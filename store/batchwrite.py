@@ -17,7 +17,7 @@ from typing import Any
 import lmdb
 
 from core import failpoints
-from store import chainhash, chunks, codec, docs, layout, nodedocs, txlog
+from store import chunks, codec, docs, layout, nodedocs, txlog
 from store.counters import DeferredCounters, KeyspaceCounts, bump, read_keyspaces, write_usage
 from store.layout import K_HASH_HEAD, K_LAST_SEQ, U64
 from store.lmdberrors import translate, writing
@@ -36,10 +36,12 @@ def now_us() -> int:
 class BatchWriter:
     """Applies batches to one environment; one `apply` at a time (the caller's job)."""
 
-    def __init__(self, path: str, env: Any, dbs: layout.Dbs, *, counted: bool) -> None:
+    def __init__(self, path: str, env: Any, dbs: layout.Dbs, *, counted: bool, chain: int) -> None:
         self._path = path
         self._env = env
         self._dbs = dbs
+        #: The store's chain hash code (`store/chainhash.py`).
+        self._chain = chain
         #: Format 1 kept no usage counters (`mercury migrate` backfills them).
         self._counted = counted
         self.deferred = DeferredCounters()
@@ -105,8 +107,7 @@ class BatchWriter:
                     return ApplyResult(0, 0, head, results)
                 put = txn.put
                 if entries:
-                    alg = chainhash.read(txn, meta)
-                    payload, head = codec.pack_entries(last + 1, entries, head, alg)
+                    payload, head = codec.pack_entries(last + 1, entries, head, self._chain)
                     txlog.put_batch(txn, dbs, last + 1, len(entries), stamp, head, payload)
                     put(K_LAST_SEQ, U64.pack(seq), db=meta)
                     put(K_HASH_HEAD, head, db=meta)

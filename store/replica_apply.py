@@ -17,7 +17,7 @@ from typing import Any
 import cramjam
 
 from core.errors import ChainError, CorruptionError, InvalidRecordError
-from store import chainhash, codec, docs, layout, txlog
+from store import codec, docs, layout, txlog
 from store.batchwrite import ValueChunks
 from store.counters import Delta, write_usage
 from store.format import log_crc_ok
@@ -39,10 +39,12 @@ def apply_records(
     recs: Sequence[LogRecord],
     *,
     counted: bool,
+    chain: int,
     crc_checked: bool = False,
 ) -> None:
     """Apply consecutive `recs` in ONE write transaction (see `Store.apply_log_records`;
-    `crc_checked`: the caller checked each record's CRC over these bytes)."""
+    `chain`: the store's chain hash code; `crc_checked`: the caller checked each record's
+    CRC over these bytes)."""
     raws = [payload(rec, crc_checked) for rec in recs]
     with (
         writing(path, "applying a replicated batch"),
@@ -51,7 +53,7 @@ def apply_records(
         last = U64.unpack(txn.get(K_LAST_SEQ, db=dbs.meta))[0]
         head = bytes(txn.get(K_HASH_HEAD, db=dbs.meta))
         delta: Delta = {}
-        target = _Target(txn, dbs)
+        target = _Target(txn, dbs, chain)
         for rec, raw in zip(recs, raws, strict=True):
             _apply_record(target, rec, raw, last, head, delta)
             last, head = rec.last_seq, rec.hash_head
@@ -67,10 +69,10 @@ class _Target:
     Like the root's apply, a set of a key past the data sub-database's last one skips the
     lookup and goes in with LMDB's append mode (`max_key` follows the records)."""
 
-    def __init__(self, txn: Any, dbs: layout.Dbs) -> None:
+    def __init__(self, txn: Any, dbs: layout.Dbs, chain: int) -> None:
         self.txn = txn
         self.dbs = dbs
-        self.chain = chainhash.read(txn, dbs.meta)
+        self.chain = chain
         self.rare = ValueChunks(txn, dbs.chunks)
         cur = txn.cursor()  # the data sub-database: the transaction's default
         self.append = cur.put

@@ -81,10 +81,18 @@ class Store:
                 raise CorruptionError(f"store in {path!r} has no db id")
             self.db_id = str(uuid.UUID(bytes=bytes(raw)))
             self.format_version = int(U32.unpack(txn.get(K_FORMAT))[0])
-            #: The log chain's hash (`store/chainhash.py`), fixed for the store's life.
-            self.chain_hash = chainhash.NAMES[chainhash.read(txn, dbs.meta)]
+            #: The log chain's hash code (`store/chainhash.py`): fixed for the store's life,
+            #: so read once here and handed to both write paths.
+            self.chain = chainhash.read(txn, dbs.meta)
         # Format 1 kept no usage counters; `mercury migrate` backfills them.
-        self._writer = BatchWriter(path, env, dbs, counted=self.format_version >= 2)
+        self._writer = BatchWriter(
+            path, env, dbs, counted=self.format_version >= 2, chain=self.chain
+        )
+
+    @property
+    def chain_hash(self) -> str:
+        """The chain hash's name (`sha256`, `blake2b-256`)."""
+        return chainhash.NAMES[self.chain]
 
     # --- lifecycle -------------------------------------------------------------------
 
@@ -278,6 +286,7 @@ class Store:
             self.dbs,
             recs,
             counted=self.format_version >= 2,
+            chain=self.chain,
             crc_checked=crc_checked,
         )
         self._committed(recs[-1].last_seq)
