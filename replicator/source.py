@@ -165,6 +165,10 @@ class ReplicationSource:
         self._held: set[asyncio.Event] = set()
         self._conns: set[asyncio.Task[None]] = set()
         self._accepting: set[asyncio.Task[None]] = set()
+        #: Every connection's own transport from the moment it is accepted until its
+        #: handler ends: `stop` aborts the ones a handler never got to (accepted as the
+        #: listener closed, their handler task not yet run).
+        self._transports: set[asyncio.Transport] = set()
         self._server: asyncio.Server | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._wake_listener: notify.WakeListener | None = None
@@ -182,7 +186,9 @@ class ReplicationSource:
         self._wake_listener = notify.WakeListener(self.store.path, self.wake)
         self._wake_listener.start()
         if self.tls is None:
-            self._server = await asyncio.start_server(self._handle, self.host, self.port)
+            self._server = await self._loop.create_server(
+                lambda: _PlainAccept(self), self.host, self.port
+            )
         else:
             self._server = await self._loop.create_server(
                 lambda: _TlsAccept(self), self.host, self.port
@@ -195,6 +201,12 @@ class ReplicationSource:
         """Stop listening and close every connection."""
         self._closing = True
         if self._server is not None:
+            # asyncio's own loop makes a transport for an accepted socket one loop turn
+            # after the accept, and drops the socket unclosed when the server was closed in
+            # between: stop accepting, let the turn run, then close.
+            for sock in self._server.sockets:
+                asyncio.get_running_loop().remove_reader(sock.fileno())
+            await asyncio.sleep(0)
             self._server.close()
         if self._wake_listener is not None:
             self._wake_listener.stop()
@@ -204,6 +216,9 @@ class ReplicationSource:
         for t in pending:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await t
+        for transport in self._transports:
+            transport.abort()
+        self._transports.clear()
         if self._server is not None:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self._server.wait_closed(), 2)
@@ -297,7 +312,11 @@ class ReplicationSource:
 
     def _admit(self, peer: object) -> bool:
         """False (counted, logged) past the connection cap: every connection costs
-        buffers and a task, so the ones over it are closed before anything is read."""
+        buffers and a task, so the ones over it are closed before anything is read.
+        False (silently) once the source is stopping: a connection accepted as the
+        listener closed must not be served by a source that has stopped."""
+        if self._closing:
+            return False
         if len(self._conns) < self.max_connections:
             return True
         self.refused_connections += 1
@@ -311,6 +330,7 @@ class ReplicationSource:
         assert task is not None
         peer = writer.get_extra_info("peername")
         if not self._admit(peer):
+            self._transports.discard(writer.transport)
             await wire.close(writer)
             return
         self._conns.add(task)
@@ -318,6 +338,7 @@ class ReplicationSource:
             await self._serve(reader, writer, peer)
         finally:
             self._conns.discard(task)
+            self._transports.discard(writer.transport)
             await wire.close(writer)
 
     async def _handle_tls(self, transport: asyncio.Transport, hs: _Handshake) -> None:
@@ -326,6 +347,7 @@ class ReplicationSource:
         assert task is not None
         peer = transport.get_extra_info("peername")
         if not self._admit(peer):
+            self._transports.discard(transport)
             transport.abort()
             return
         self._conns.add(task)
@@ -342,6 +364,7 @@ class ReplicationSource:
             transport.abort()
         finally:
             self._conns.discard(task)
+            self._transports.discard(transport)
 
     async def _serve(
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, peer: object
@@ -801,6 +824,20 @@ class _Coalescer:
             self.size = 0
 
 
+class _PlainAccept(asyncio.StreamReaderProtocol):
+    """A plaintext connection: `asyncio.start_server`'s protocol, which also registers the
+    transport with the source the moment it is accepted (see `ReplicationSource.stop`)."""
+
+    def __init__(self, source: ReplicationSource) -> None:
+        super().__init__(asyncio.StreamReader(limit=_STREAM_LIMIT), source._handle)
+        self.source = source
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # A stream transport (uvloop's are not asyncio.Transport subclasses).
+        self.source._transports.add(cast(asyncio.Transport, transport))
+        super().connection_made(transport)
+
+
 class _TlsAccept(asyncio.Protocol):
     """Puts TLS on a new connection before anything is read from it.
 
@@ -830,6 +867,7 @@ class _TlsAccept(asyncio.Protocol):
             # A float works (asyncio compares it to elapsed seconds); the stub says int.
             ssl_handshake_timeout=self.source.hello_timeout,  # type: ignore[arg-type]
         )
+        self.source._transports.add(stream)
         stream.set_protocol(layer)
         layer.connection_made(stream)
         task = loop.create_task(self.source._handle_tls(stream, _Handshake(reader, app, waiter)))
