@@ -28,12 +28,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import time
 from dataclasses import dataclass
 from typing import Any
 
 from prometheus_client import Counter, Gauge
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from core.problems import problem_document
 
 CONNECTIONS = Gauge("mercury_http_connections", "Open connections of this process's HTTP listener")
 CLOSED = Counter(
@@ -47,10 +50,24 @@ CLOSED = Counter(
 
 #: A request body that received nothing for this long may be evicted at the cap.
 STALLED_BODY_S = 5.0
-_TOO_LARGE = (
-    b"HTTP/1.1 431 Request Header Fields Too Large\r\n"
-    b"content-length: 0\r\nconnection: close\r\n\r\n"
-)
+
+
+def too_large_answer(max_header_bytes: int) -> bytes:
+    """The whole 431 answer to a request head over `max_header_bytes`: a problem+json that
+    names the bound, then the connection closes (the rest of the head is never read)."""
+    body = json.dumps(
+        problem_document(
+            431,
+            f"the request head (request line and headers) is over {max_header_bytes} bytes",
+            hint="send smaller headers; the node's bound is --http-max-header-bytes",
+        ),
+        separators=(",", ":"),
+    ).encode()
+    return (
+        b"HTTP/1.1 431 Request Header Fields Too Large\r\n"
+        b"content-type: application/problem+json\r\n"
+        b"content-length: %d\r\nconnection: close\r\n\r\n" % len(body)
+    ) + body
 
 
 class _HeadTooLarge(Exception):
@@ -293,7 +310,7 @@ class _BoundedProtocol(HttpToolsProtocol):
 
     def _too_large(self) -> None:
         CLOSED.labels("header_too_large").inc()
-        self.transport.write(_TOO_LARGE)
+        self.transport.write(too_large_answer(self.limits.max_header_bytes))
         self.close_now()
 
     def _await_head(self) -> None:

@@ -28,6 +28,7 @@ TITLES = {
     421: "Misdirected Request",
     422: "Unprocessable Content",
     429: "Too Many Requests",
+    431: "Request Header Fields Too Large",
     500: "Internal Server Error",
     503: "Service Unavailable",
     507: "Insufficient Storage",

@@ -62,6 +62,8 @@ _WHEN: dict[int, str] = {
     422: "well-formed but refused",
     428: "a required precondition header is missing",
     429: "over the producer's write quota",
+    431: "the request head (request line and headers) is over the node's "
+    "--http-max-header-bytes; answered before routing, then the connection closes",
     500: "a fault of this node",
     503: "shutting down, overloaded, or the store failed",
     507: "the producer's storage cap or the store is full",
@@ -161,10 +163,12 @@ def header(
 
 def finish(doc: Doc) -> Doc:
     """The generated document made true: the `Problem` component added, FastAPI's
-    default 422 (HTTPValidationError, never sent) removed with its schemas."""
+    default 422 (HTTPValidationError, never sent) removed with its schemas, and the 431
+    every operation can get (the listener answers it before any route) declared."""
     for ops in doc.get("paths", {}).values():
         for op in ops.values():
-            responses = op.get("responses", {})
+            responses = op.setdefault("responses", {})
+            responses.setdefault("431", problem(431))
             r422 = responses.get("422", {})
             schema = r422.get("content", {}).get("application/json", {}).get("schema", {})
             if schema.get("$ref", "").endswith("/HTTPValidationError"):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import re
 import socket
 import time
@@ -123,6 +124,12 @@ def test_an_oversized_request_head_is_refused_431(bounded_root: Root) -> None:
             while chunk := s.recv(4096):
                 got += chunk
         assert got.startswith(b"HTTP/1.1 431"), got[:80]
+        # A clear answer, like every other refusal: a problem+json naming the bound.
+        head, _, body = got.partition(b"\r\n\r\n")
+        assert b"content-type: application/problem+json" in head.lower(), head
+        doc = json.loads(body)
+        assert doc["status"] == 431 and doc["title"] == "Request Header Fields Too Large"
+        assert str(64 << 10) in doc["detail"] and "--http-max-header-bytes" in doc["hint"]
     finally:
         s.close()
 
