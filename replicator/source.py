@@ -203,7 +203,8 @@ class ReplicationSource:
         if self._server is not None:
             # asyncio's own loop makes a transport for an accepted socket one loop turn
             # after the accept, and drops the socket unclosed when the server was closed in
-            # between: stop accepting, let the turn run, then close.
+            # between (CPython gh-109564): stop accepting, let the turn run, then close.
+            # (uvloop makes the transport at the accept; its `remove_reader` is a no-op.)
             for sock in self._server.sockets:
                 asyncio.get_running_loop().remove_reader(sock.fileno())
             await asyncio.sleep(0)
