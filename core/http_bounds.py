@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import logging
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -38,12 +39,16 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from core.problems import problem_document
 
+log = logging.getLogger(__name__)
+
 CONNECTIONS = Gauge("mercury_http_connections", "Open connections of this process's HTTP listener")
 CLOSED = Counter(
     "mercury_http_connections_closed_total",
     "Connections this process's HTTP listener closed itself, by reason "
     "(idle: no request head in time; evicted: idle or with a stalled body at the "
-    "connection cap; refused: at the cap with none such; header_too_large)",
+    "connection cap; refused: at the cap with none such; header_too_large; "
+    "write_timeout: a client that took too little of its answer for too long; "
+    "unsent_cap: over the listener's cap on answer bytes its clients have not taken)",
     ("reason",),
 )
 
@@ -79,11 +84,16 @@ class HttpBounds:
     """`idle_timeout_s`: longest wait for a complete request head, from the connection's
     opening or its last response (a keep-alive connection idle that long is closed too).
     `max_connections`: open connections at most. `max_header_bytes`: the largest request
-    head (request line + headers)."""
+    head (request line + headers). `write_timeout_s`: longest a connection's answer may
+    stay over the transport's high-water mark (its client not taking it) before the
+    connection is aborted. `max_unsent_bytes`: answer bytes the listener's clients have not
+    taken, at most, over the connections past their high-water mark."""
 
     idle_timeout_s: float = 15.0
     max_connections: int = 1000
     max_header_bytes: int = 64 << 10
+    write_timeout_s: float = 60.0
+    max_unsent_bytes: int = 512 << 20
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> HttpBounds:
@@ -92,6 +102,8 @@ class HttpBounds:
             idle_timeout_s=float(args.http_idle_timeout),
             max_connections=int(args.http_max_connections),
             max_header_bytes=int(args.http_max_header_bytes),
+            write_timeout_s=float(args.http_write_timeout),
+            max_unsent_bytes=int(args.http_max_unsent_bytes),
         )
 
 
@@ -120,6 +132,21 @@ def add_flags(p: argparse.ArgumentParser) -> None:
         default=d.max_header_bytes,
         help=f"largest request head in bytes (default {d.max_header_bytes})",
     )
+    p.add_argument(
+        "--http-write-timeout",
+        type=float,
+        default=d.write_timeout_s,
+        help="abort an HTTP connection whose client has not taken its answer (the answer's "
+        f"unsent bytes over the high-water mark) for S seconds (default {d.write_timeout_s:g})",
+    )
+    p.add_argument(
+        "--http-max-unsent-bytes",
+        type=int,
+        default=d.max_unsent_bytes,
+        help="answer bytes clients have not taken, at most (per process); past it the "
+        "connections whose clients take nothing are aborted first, the longest waiting "
+        f"first (default {d.max_unsent_bytes})",
+    )
 
 
 def protocol_class(
@@ -128,7 +155,9 @@ def protocol_class(
     """An httptools protocol class enforcing `bounds` (uvicorn's ``http=`` takes a class)
     over `base`: uvicorn's own protocol, or a subclass of it (the replica's point-get
     protocol, `reads.fasthttp`), whose own answers call `request_answered`."""
-    return type(f"Bounded{base.__name__}", (_BoundedProtocol, base), {"limits": bounds})
+    # The connections over their high-water mark, per listener class (the unsent cap).
+    attrs = {"limits": bounds, "unsent": set()}
+    return type(f"Bounded{base.__name__}", (_BoundedProtocol, base), attrs)
 
 
 def uvicorn_options(
@@ -146,6 +175,8 @@ def uvicorn_options(
 
 class _BoundedProtocol(HttpToolsProtocol):
     limits: HttpBounds
+    #: The listener's connections whose transports are over their high-water mark.
+    unsent: set[_BoundedProtocol]
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -173,6 +204,11 @@ class _BoundedProtocol(HttpToolsProtocol):
         self._body_at = 0.0
         #: A 400 for a malformed request that waits for the answers before it.
         self._deferred: bytes | None = None
+        #: Since when the transport is over its high-water mark (None: under it), with its
+        #: unsent bytes then, and the timer of `write_timeout_s`.
+        self._write_paused_at: float | None = None
+        self._paused_size = 0
+        self._write_timer: asyncio.TimerHandle | None = None
 
     # -- connection ----------------------------------------------------------------------
 
@@ -192,6 +228,7 @@ class _BoundedProtocol(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel_deadline()
+        self._writable()
         self.idle_since = None
         super().connection_lost(exc)
         CONNECTIONS.set(len(self.connections))
@@ -204,6 +241,69 @@ class _BoundedProtocol(HttpToolsProtocol):
         self.connections.discard(self)
         if not self.transport.is_closing():
             self.transport.close()
+
+    def abort_now(self, reason: str) -> None:
+        """Drop this connection and whatever of its answer its client has not taken."""
+        CLOSED.labels(reason).inc()
+        self._cancel_deadline()
+        self._writable()
+        self.idle_since = None
+        self.connections.discard(self)
+        self.transport.abort()
+
+    # -- answers the client does not take -------------------------------------------------
+    # An answer is written to the transport whole (a value of up to 25 MiB, a get_bulk's
+    # JSON): a client that never reads would hold it for as long as it keeps the
+    # connection open, and a thousand of them the process's memory. The transport says when
+    # its buffer passes the high-water mark and when it is back under the low one.
+
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        if self._write_paused_at is not None or self.transport.is_closing():
+            return
+        self._write_paused_at = time.monotonic()
+        self._paused_size = self.transport.get_write_buffer_size()
+        self.unsent.add(self)
+        self._write_timer = self.loop.call_later(self.limits.write_timeout_s, self._write_expired)
+        self._hold_unsent_cap()
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        self._writable()
+
+    def _writable(self) -> None:
+        self._write_paused_at = None
+        self.unsent.discard(self)
+        if self._write_timer is not None:
+            self._write_timer.cancel()
+            self._write_timer = None
+
+    def _write_expired(self) -> None:
+        # Also when closing: a transport closed with unsent bytes keeps them until taken.
+        self._write_timer = None
+        if self._write_paused_at is not None:
+            self.abort_now("write_timeout")
+
+    def _hold_unsent_cap(self) -> None:
+        """Past `max_unsent_bytes` over the listener's paused connections, abort them until
+        under it: first those whose clients took nothing since their pause, then the others,
+        each group longest paused first (a new answer's client has had the least time)."""
+        sizes = {c: c.transport.get_write_buffer_size() for c in self.unsent}
+        total = sum(sizes.values())
+        if total <= self.limits.max_unsent_bytes:
+            return
+        order = sorted(sizes, key=lambda c: (sizes[c] < c._paused_size, c._write_paused_at or 0.0))
+        for c in order:
+            if total <= self.limits.max_unsent_bytes:
+                break
+            total -= sizes[c]
+            log.warning(
+                "HTTP listener: aborting a connection holding %d bytes its client has not "
+                "taken (over the cap of %d)",
+                sizes[c],
+                self.limits.max_unsent_bytes,
+            )
+            c.abort_now("unsent_cap")
 
     # -- request heads -------------------------------------------------------------------
 

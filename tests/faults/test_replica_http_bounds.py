@@ -324,3 +324,99 @@ def test_https_reads_are_bounded_alike(
             s.close()
     finally:
         tls_source.close()
+
+
+BIG = 12 << 20  # a value whose answer no socket buffer takes whole
+UNSENT_CAP = 40 << 20  # --http-max-unsent-bytes of the replica below
+WRITE_S = 3  # --http-write-timeout of the replica below
+STALLED = 30  # clients that never read: 360 MB of answers, 9x the cap (as many as the old
+# listener held: 350 MB more than at rest)
+
+
+def _anon_mb(pid: int) -> float:
+    """The process's anonymous resident memory (its buffers; not the store's map), MB."""
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("RssAnon:"):
+                return int(line.split()[1]) / 1024
+    raise AssertionError("no RssAnon")
+
+
+def _taken(s: socket.socket, seconds: float) -> int:
+    """Bytes `s` receives until its peer closes or resets it (within `seconds`)."""
+    n = 0
+    deadline = time.monotonic() + seconds
+    with contextlib.suppress(OSError):
+        while (left := deadline - time.monotonic()) > 0:
+            s.settimeout(left)
+            chunk = s.recv(1 << 20)
+            if not chunk:
+                break
+            n += len(chunk)
+    return n
+
+
+def test_clients_that_never_take_their_answers_cannot_hold_the_memory(
+    tmp_path: Path, procs: Procs, source: RootNode
+) -> None:
+    """A point get of a big value, asked on many connections whose clients never read: the
+    answers are written whole, so each held its value for as long as its client kept the
+    connection open, and a thousand of them the node's memory. Past `--http-max-unsent-bytes`
+    the connections taking nothing are aborted, the rest after `--http-write-timeout`; a
+    client that reads is served in full meanwhile."""
+    from store.ops import SET, Op
+
+    value = bytes(range(256)) * (BIG // 256)
+    source.store.apply([Op(SET, b"big", value, owner="t")])
+    port, p = _start(
+        tmp_path,
+        procs,
+        source,
+        "--http-write-timeout",
+        str(WRITE_S),
+        "--http-max-unsent-bytes",
+        str(UNSENT_CAP),
+    )
+    wait_http(f"http://127.0.0.1:{port}/healthz", timeout=60, proc=p)  # type: ignore[arg-type]
+    wait_seq(port, source.store.last_seq())
+    r = Replica(port)
+    pid = p.pid  # type: ignore[attr-defined]
+    with r.client() as c:  # one full answer first: the process's own buffers at rest
+        assert c.get("/v1/kv/big").content == value
+    before = _anon_mb(pid)
+    stalled = []
+    try:
+        for _ in range(STALLED):
+            s = socket.socket()
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            s.connect(("127.0.0.1", port))
+            s.sendall(b"GET /v1/kv/big HTTP/1.1\r\nHost: r\r\n\r\n")
+            stalled.append(s)
+        time.sleep(0.5)
+        held = _anon_mb(pid) - before
+        with r.client() as c:  # a client that reads is served, in full
+            got = c.get("/v1/kv/big")
+            assert got.status_code == 200 and got.content == value
+        # The cap, the answer that passed it and its making (a read value, the reply) and
+        # the allocator's slack: the freed buffers stay in the heap for the next answers.
+        bound = (UNSENT_CAP + 6 * BIG) / (1 << 20)
+        assert held < bound, f"{held:.0f} MB held for unread answers (bound {bound:.0f})"
+        assert r.metric("mercury_http_connections_closed_total", reason="unsent_cap") >= 1
+
+        # Every stalled client is cut short of its answer: by the cap, or at the timeout.
+        def cut() -> float:
+            return sum(
+                r.metric("mercury_http_connections_closed_total", reason=why)
+                for why in ("unsent_cap", "write_timeout")
+            )
+
+        deadline = time.monotonic() + WRITE_S + 20
+        while cut() < len(stalled) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert cut() >= len(stalled)
+        short = [_taken(s, 10) for s in stalled]
+        assert all(n < BIG for n in short), short
+    finally:
+        for s in stalled:
+            s.close()
+    _point_gets_work(r)
