@@ -137,6 +137,9 @@ class ListenerLimits:
     body_timeout: float = 60.0
     #: Reply bytes not taken by the client for this long close the connection.
     write_timeout: float = 60.0
+    #: Reply bytes the listener's clients have not taken, at most (over the connections
+    #: past their high-water mark): a piece can be a whole value of up to 25 MiB.
+    max_unsent_bytes: int = 512 << 20
 
 
 def add_listener_flags(p: argparse.ArgumentParser) -> None:
@@ -165,6 +168,15 @@ def add_listener_flags(p: argparse.ArgumentParser) -> None:
             metavar="S",
             help=f"KT/memcached: close a connection after S seconds {what} (default {default:g})",
         )
+    p.add_argument(
+        "--listener-max-unsent-bytes",
+        type=int,
+        default=d.max_unsent_bytes,
+        metavar="B",
+        help="KT/memcached: reply bytes each listener's clients have not taken, at most; "
+        "past it the connections whose clients take nothing are closed first, the longest "
+        f"waiting first (default {d.max_unsent_bytes})",
+    )
 
 
 def listener_limits(args: argparse.Namespace) -> ListenerLimits:
@@ -175,6 +187,7 @@ def listener_limits(args: argparse.Namespace) -> ListenerLimits:
         header_timeout=float(args.listener_header_timeout_s),
         body_timeout=float(args.listener_body_timeout_s),
         write_timeout=float(args.listener_write_timeout_s),
+        max_unsent_bytes=int(args.listener_max_unsent_bytes),
     )
 
 
@@ -199,6 +212,8 @@ class _Conn(_ConnBase, asyncio.Protocol):
         self.session = service.make_session()
         self.fast = getattr(self.session, "fast", None)
         self.write_paused_at: float | None = None
+        #: Reply bytes the transport held when it passed its high-water mark.
+        self.paused_size = 0
         self.scheduled = False
         self.waiting: asyncio.Future[Any] | None = None
         now = time.monotonic()
@@ -401,9 +416,14 @@ class _Conn(_ConnBase, asyncio.Protocol):
     def pause_writing(self) -> None:
         self.write_paused_at = time.monotonic()
         self._pause_reading()
+        if self.transport is not None:
+            self.paused_size = self.transport.get_write_buffer_size()
+            self.service.unsent.add(self)
+            self.service.hold_unsent_cap()
 
     def resume_writing(self) -> None:
         self.write_paused_at = None
+        self.service.unsent.discard(self)
         if self.transport is None or self.transport.is_closing():
             return
         if self.work is not None:
@@ -412,6 +432,7 @@ class _Conn(_ConnBase, asyncio.Protocol):
             self._resume_reading()
 
     def connection_lost(self, exc: Exception | None) -> None:
+        self.service.unsent.discard(self)
         if self.refusing is not None:
             self.refusing.cancel()
             self.refusing = None
@@ -467,6 +488,8 @@ class TcpService:
         self.busy_reply = busy_reply
         self.busy_reply_to = busy_reply_to
         self.conns: set[_Conn] = set()
+        #: Connections whose transports are past their high-water mark (the unsent cap).
+        self.unsent: set[_Conn] = set()
         #: Connections refused at the cap, held for their first byte (not in `conns`).
         self.refusing: set[_Conn] = set()
         #: Bind with SO_REUSEPORT, one of several reader processes on this address
@@ -494,6 +517,35 @@ class TcpService:
     def refuse(self, reason: str) -> None:
         """Count one connection refused or closed by a limit."""
         LISTENER_REFUSED.labels(self.name, reason).inc()
+
+    def hold_unsent_cap(self) -> None:
+        """Past `max_unsent_bytes` over the connections past their high-water mark, close
+        them until under it: first those whose clients took nothing since their pause, then
+        the others, each group longest paused first (a new reply's client has had the least
+        time). Their unsent replies are dropped."""
+        sizes = {
+            c: c.transport.get_write_buffer_size() for c in self.unsent if c.transport is not None
+        }
+        total = sum(sizes.values())
+        cap = self.limits.max_unsent_bytes
+        if total <= cap:
+            return
+        order = sorted(sizes, key=lambda c: (sizes[c] < c.paused_size, c.write_paused_at or 0.0))
+        for c in order:
+            if total <= cap:
+                break
+            total -= sizes[c]
+            self.unsent.discard(c)
+            self.refuse("unsent_cap")
+            log.warning(
+                "%s listener: closing a connection holding %d reply bytes its client has not "
+                "taken (over the cap of %d)",
+                self.name,
+                sizes[c],
+                cap,
+            )
+            if c.transport is not None:
+                c.transport.abort()
 
     async def start(self) -> None:
         """Bind and listen; returns once connections are accepted."""
