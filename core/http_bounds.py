@@ -38,6 +38,7 @@ from prometheus_client import Counter, Gauge
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from core.problems import problem_document
+from core.unsent import Held, to_drop
 
 log = logging.getLogger(__name__)
 
@@ -285,25 +286,22 @@ class _BoundedProtocol(HttpToolsProtocol):
             self.abort_now("write_timeout")
 
     def _hold_unsent_cap(self) -> None:
-        """Past `max_unsent_bytes` over the listener's paused connections, abort them until
-        under it: first those whose clients took nothing since their pause, then the others,
-        each group longest paused first (a new answer's client has had the least time)."""
-        sizes = {c: c.transport.get_write_buffer_size() for c in self.unsent}
-        total = sum(sizes.values())
-        if total <= self.limits.max_unsent_bytes:
-            return
-        order = sorted(sizes, key=lambda c: (sizes[c] < c._paused_size, c._write_paused_at or 0.0))
-        for c in order:
-            if total <= self.limits.max_unsent_bytes:
-                break
-            total -= sizes[c]
+        """Past `max_unsent_bytes` over the listener's paused connections, abort some
+        (`core.unsent`)."""
+        held = [
+            Held(
+                c, c.transport.get_write_buffer_size(), c._write_paused_at or 0.0, c._paused_size
+            )
+            for c in self.unsent
+        ]
+        for h in to_drop(held, self.limits.max_unsent_bytes):
             log.warning(
                 "HTTP listener: aborting a connection holding %d bytes its client has not "
                 "taken (over the cap of %d)",
-                sizes[c],
+                h.unsent,
                 self.limits.max_unsent_bytes,
             )
-            c.abort_now("unsent_cap")
+            h.conn.abort_now("unsent_cap")
 
     # -- request heads -------------------------------------------------------------------
 

@@ -46,6 +46,7 @@ from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
+from core.unsent import Held, to_drop
 from reads import fastconn
 from reads.metrics import (
     LISTENER_CONNECTIONS,
@@ -520,32 +521,26 @@ class TcpService:
 
     def hold_unsent_cap(self) -> None:
         """Past `max_unsent_bytes` over the connections past their high-water mark, close
-        them until under it: first those whose clients took nothing since their pause, then
-        the others, each group longest paused first (a new reply's client has had the least
-        time). Their unsent replies are dropped."""
-        sizes = {
-            c: c.transport.get_write_buffer_size() for c in self.unsent if c.transport is not None
-        }
-        total = sum(sizes.values())
-        cap = self.limits.max_unsent_bytes
-        if total <= cap:
-            return
-        order = sorted(sizes, key=lambda c: (sizes[c] < c.paused_size, c.write_paused_at or 0.0))
-        for c in order:
-            if total <= cap:
-                break
-            total -= sizes[c]
-            self.unsent.discard(c)
+        some (`core.unsent`); their unsent replies are dropped."""
+        held = [
+            Held(
+                c, c.transport.get_write_buffer_size(), c.write_paused_at or 0.0, c.paused_size
+            )
+            for c in self.unsent
+            if c.transport is not None
+        ]
+        for h in to_drop(held, self.limits.max_unsent_bytes):
+            self.unsent.discard(h.conn)
             self.refuse("unsent_cap")
             log.warning(
                 "%s listener: closing a connection holding %d reply bytes its client has not "
                 "taken (over the cap of %d)",
                 self.name,
-                sizes[c],
-                cap,
+                h.unsent,
+                self.limits.max_unsent_bytes,
             )
-            if c.transport is not None:
-                c.transport.abort()
+            if h.conn.transport is not None:
+                h.conn.transport.abort()
 
     async def start(self) -> None:
         """Bind and listen; returns once connections are accepted."""
