@@ -289,13 +289,11 @@ class _BoundedProtocol(HttpToolsProtocol):
         """Past `max_unsent_bytes` over the listener's paused connections, abort some
         (`core.unsent`)."""
         held = [
-            Held(
-                c, c.transport.get_write_buffer_size(), c._write_paused_at or 0.0, c._paused_size
-            )
+            Held(c, c.transport.get_write_buffer_size(), c._write_paused_at or 0.0, c._paused_size)
             for c in self.unsent
         ]
         for h in to_drop(held, self.limits.max_unsent_bytes):
-            log.warning(
+            log.info(
                 "HTTP listener: aborting a connection holding %d bytes its client has not "
                 "taken (over the cap of %d)",
                 h.unsent,

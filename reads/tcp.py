@@ -523,16 +523,14 @@ class TcpService:
         """Past `max_unsent_bytes` over the connections past their high-water mark, close
         some (`core.unsent`); their unsent replies are dropped."""
         held = [
-            Held(
-                c, c.transport.get_write_buffer_size(), c.write_paused_at or 0.0, c.paused_size
-            )
+            Held(c, c.transport.get_write_buffer_size(), c.write_paused_at or 0.0, c.paused_size)
             for c in self.unsent
             if c.transport is not None
         ]
         for h in to_drop(held, self.limits.max_unsent_bytes):
             self.unsent.discard(h.conn)
             self.refuse("unsent_cap")
-            log.warning(
+            log.info(
                 "%s listener: closing a connection holding %d reply bytes its client has not "
                 "taken (over the cap of %d)",
                 self.name,
