@@ -21,7 +21,7 @@ from reads import kt_protocol as kt
 from store.ops import DELETE, SET, Op
 from store.store import Store
 from tests.support import metrics
-from tests.support.procs import Procs, free_port, wait_http, wait_port
+from tests.support.procs import Procs, anon_rss_mb, free_port, wait_http, wait_port
 from tests.support.sockets import closed_within, endless_head, recv_until
 
 
@@ -435,15 +435,6 @@ def test_a_client_that_reads_no_replies_is_closed_after_the_write_timeout(
             assert _mc_version(good).startswith(b"VERSION")
 
 
-def _anon_mb(pid: int) -> float:
-    """A process's anonymous resident memory (its buffers; not the store's map), MB."""
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("RssAnon:"):
-                return int(line.split()[1]) / 1024
-    raise AssertionError("no RssAnon")
-
-
 def test_many_clients_that_read_no_replies_cannot_hold_the_memory(
     store: Store, start_reads: StartReads
 ) -> None:
@@ -463,7 +454,7 @@ def test_many_clients_that_read_no_replies_cannot_hold_the_memory(
             return recv_until(good, b"\r\nEND\r\n", 10)
 
     assert value in read_value()  # once first: the process's own buffers at rest
-    before = _anon_mb(ports.pid)
+    before = anon_rss_mb(ports.pid)
     stalled = []
     try:
         for _ in range(30):  # 360 MB of replies, 9x the cap
@@ -478,7 +469,7 @@ def test_many_clients_that_read_no_replies_cannot_hold_the_memory(
         ):
             time.sleep(0.2)
         time.sleep(0.5)  # the last requests answered too
-        held = _anon_mb(ports.pid) - before
+        held = anon_rss_mb(ports.pid) - before
         assert value in read_value()
         # The cap, the replies made in the loop turns before the closed connections' buffers
         # are freed (a turn later), their making (the value read, the reply), and the

@@ -34,7 +34,7 @@ from tests.security.test_tls import (
     wait_https,
 )
 from tests.support import metrics
-from tests.support.procs import Procs, free_port, wait_http
+from tests.support.procs import Procs, anon_rss_mb, free_port, wait_http
 from tests.support.sockets import closed_within, endless_head
 
 IDLE_S = 2  # --http-idle-timeout of these replicas
@@ -329,17 +329,7 @@ def test_https_reads_are_bounded_alike(
 BIG = 12 << 20  # a value whose answer no socket buffer takes whole
 UNSENT_CAP = 40 << 20  # --http-max-unsent-bytes of the replica below
 WRITE_S = 3  # --http-write-timeout of the replica below
-STALLED = 30  # clients that never read: 360 MB of answers, 9x the cap (as many as the old
-# listener held: 350 MB more than at rest)
-
-
-def _anon_mb(pid: int) -> float:
-    """The process's anonymous resident memory (its buffers; not the store's map), MB."""
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("RssAnon:"):
-                return int(line.split()[1]) / 1024
-    raise AssertionError("no RssAnon")
+STALLED = 30  # clients that never read: 360 MB of answers, 9x the cap
 
 
 def _taken(s: socket.socket, seconds: float) -> int:
@@ -383,7 +373,7 @@ def test_clients_that_never_take_their_answers_cannot_hold_the_memory(
     pid = p.pid  # type: ignore[attr-defined]
     with r.client() as c:  # one full answer first: the process's own buffers at rest
         assert c.get("/v1/kv/big").content == value
-    before = _anon_mb(pid)
+    before = anon_rss_mb(pid)
     stalled = []
     try:
         for _ in range(STALLED):
@@ -393,7 +383,7 @@ def test_clients_that_never_take_their_answers_cannot_hold_the_memory(
             s.sendall(b"GET /v1/kv/big HTTP/1.1\r\nHost: r\r\n\r\n")
             stalled.append(s)
         time.sleep(0.5)
-        held = _anon_mb(pid) - before
+        held = anon_rss_mb(pid) - before
         with r.client() as c:  # a client that reads is served, in full
             got = c.get("/v1/kv/big")
             assert got.status_code == 200 and got.content == value

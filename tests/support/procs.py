@@ -174,3 +174,13 @@ class Procs:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(p.pid, signal.SIGKILL)
                 p.wait(10)
+
+
+def anon_rss_mb(pid: int) -> float:
+    """A process's anonymous resident memory (its heap and buffers; not the store's map
+    or other files), MB."""
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("RssAnon:"):
+                return int(line.split()[1]) / 1024
+    raise AssertionError(f"no RssAnon for pid {pid}")
