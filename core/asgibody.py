@@ -16,12 +16,46 @@ import asyncio
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
-from core.errors import BadRequestError, RequestTimeoutError, TooLargeError
+from core.errors import BadRequestError, OverloadedError, RequestTimeoutError, TooLargeError
 
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
 #: Longest wait for the next piece of a request body: a client that stops sending mid-body
 #: is answered 408 instead of holding its connection and buffer for ever.
 BODY_IDLE_TIMEOUT_S = 30.0
+
+
+class BodyBudget:
+    """Request body bytes a process holds at once while they arrive, at most.
+
+    Each body is bounded (`limit` of `read_body`) and each connection's wait for its next
+    piece; but a client sending most of a large body on each of many connections and then
+    pausing would hold all of them at once. A body takes its Content-Length from the budget
+    before a byte of it is read (a chunked body, each piece as it comes) and gives it back
+    when it has been read, refused or abandoned; one the budget cannot take now is refused
+    503 with Retry-After (one that could never fit, 413).
+    """
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.held = 0
+
+    def take(self, n: int, what: str) -> None:
+        """Hold `n` more bytes, or refuse the body (`OverloadedError`, retryable)."""
+        if self.held + n > self.limit:
+            raise OverloadedError(
+                f"this node holds {self.held} bytes of request bodies arriving; {what} "
+                f"would pass its bound of {self.limit}",
+                hint="retry after a second",
+                headers={"Retry-After": "1"},
+            )
+        self.held += n
+
+    def give(self, n: int) -> None:
+        self.held -= n
+
+
+#: This process's budget (`core.http_bounds` sets its limit from ``--http-max-body-bytes-held``).
+BODIES = BodyBudget(1 << 30)
 
 
 async def read_body(
@@ -34,6 +68,8 @@ async def read_body(
     """The request body from ASGI `receive`, refused with 413 as soon as it exceeds `limit`
     bytes (before reading anything when Content-Length already says so); `what` names it
     in the refusals."""
+    budget = BODIES
+    held = 0
     if content_length is not None:
         try:
             n = int(content_length)
@@ -41,6 +77,13 @@ async def read_body(
             raise BadRequestError("Content-Length is not a number") from err
         if n > limit:
             raise TooLargeError(f"{what} is {n} bytes; at most {limit} bytes")
+        if n > budget.limit:
+            raise TooLargeError(
+                f"{what} is {n} bytes; this node holds at most {budget.limit} bytes of "
+                "request bodies at once"
+            )
+        budget.take(n, what)
+        held = n
     chunks: list[bytes] = []
     size = 0
     loop = asyncio.get_running_loop()
@@ -52,6 +95,9 @@ async def read_body(
                 msg = await receive()
                 chunk, more = _piece(msg, size, limit, what)
                 size += len(chunk)
+                if size > held:  # a chunked body (or one longer than it said)
+                    budget.take(size - held, what)
+                    held = size
                 chunks.append(chunk)
                 if not more:
                     break
@@ -60,6 +106,8 @@ async def read_body(
         raise RequestTimeoutError(
             f"{what}: no data for {idle_timeout_s:g} s after {size} bytes"
         ) from err
+    finally:
+        budget.give(held)
     return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 

@@ -37,6 +37,7 @@ from typing import Any
 from prometheus_client import Counter, Gauge
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from core import asgibody
 from core.problems import problem_document
 from core.unsent import Held, to_drop
 
@@ -88,13 +89,16 @@ class HttpBounds:
     head (request line + headers). `write_timeout_s`: longest a connection's answer may
     stay over the transport's high-water mark (its client not taking it) before the
     connection is aborted. `max_unsent_bytes`: answer bytes the listener's clients have not
-    taken, at most, over the connections past their high-water mark."""
+    taken, at most, over the connections past their high-water mark.
+    `max_body_bytes_held`: request body bytes the process holds at once while they arrive
+    (`core.asgibody.BodyBudget`)."""
 
     idle_timeout_s: float = 15.0
     max_connections: int = 1000
     max_header_bytes: int = 64 << 10
     write_timeout_s: float = 60.0
     max_unsent_bytes: int = 512 << 20
+    max_body_bytes_held: int = 1 << 30
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> HttpBounds:
@@ -105,6 +109,7 @@ class HttpBounds:
             max_header_bytes=int(args.http_max_header_bytes),
             write_timeout_s=float(args.http_write_timeout),
             max_unsent_bytes=int(args.http_max_unsent_bytes),
+            max_body_bytes_held=int(args.http_max_body_bytes_held),
         )
 
 
@@ -148,6 +153,14 @@ def add_flags(p: argparse.ArgumentParser) -> None:
         "connections whose clients take nothing are aborted first, the longest waiting "
         f"first (default {d.max_unsent_bytes})",
     )
+    p.add_argument(
+        "--http-max-body-bytes-held",
+        type=int,
+        default=d.max_body_bytes_held,
+        help="request body bytes held at once while they arrive (per process); a body that "
+        "would pass it is answered 503 with Retry-After before it is read "
+        f"(default {d.max_body_bytes_held})",
+    )
 
 
 def protocol_class(
@@ -167,7 +180,9 @@ def uvicorn_options(
     """`uvicorn.Config`'s ``http`` and ``timeout_keep_alive`` under `bounds`: the bounded
     protocol over `base`, and uvicorn's own keep-alive timer set to the idle timeout (in
     whole seconds, at least 1; uvicorn's default would close idle keep-alive connections
-    after 5 s whatever `--http-idle-timeout` says)."""
+    after 5 s whatever `--http-idle-timeout` says). Also sets the process's request body
+    budget (`core.asgibody.BODIES`): every HTTP listener of a process takes the same flags."""
+    asgibody.BODIES.limit = bounds.max_body_bytes_held
     return {
         "http": protocol_class(bounds, base),
         "timeout_keep_alive": max(1, int(bounds.idle_timeout_s)),

@@ -262,6 +262,7 @@ async def _refuse(send: Send, status: int, detail: str, hint: str | None = None)
         403: "forbidden",
         408: "request-timeout",
         413: "too-large",
+        503: "busy",
     }[status]
     title = {
         400: "Invalid read request",
@@ -269,11 +270,14 @@ async def _refuse(send: Send, status: int, detail: str, hint: str | None = None)
         403: "Outside the token's keyspaces",
         408: "Request body timed out",
         413: "Request too large",
+        503: "Node busy",
     }[status]
     body = problem_body(status, slug, detail, title=title, **({"hint": hint} if hint else {}))
     headers = [(b"content-type", PROBLEM_JSON.encode()), (b"content-length", b"%d" % len(body))]
-    if status in (400, 408, 413):  # the rest of a refused body is not wanted: close after
+    if status in (400, 408, 413, 503):  # the rest of a refused body is not wanted: close after
         headers.append((b"connection", b"close"))
+    if status == 503:
+        headers.append((b"retry-after", b"1"))
     if status == 401:
         headers.append((b"www-authenticate", b'Bearer realm="mercury-reads"'))
     await send({"type": "http.response.start", "status": status, "headers": headers})

@@ -21,7 +21,7 @@ from pydantic import BaseModel, Field
 
 from core import strictjson
 from core.asgibody import read_body
-from core.errors import BadRequestError, TooLargeError
+from core.errors import BadRequestError, OverloadedError, TooLargeError
 from core.problems import classify
 from store.format import MAX_KEY
 
@@ -62,7 +62,8 @@ def decode(body: bytes) -> GetBulkBody:
 
 class BodyRefused(Exception):
     """The body was refused before it was decoded: `status` 413 (too large), 408 (stalled),
-    400 (bad Content-Length, or the client left mid-body)."""
+    400 (bad Content-Length, or the client left mid-body), 503 (the process holds as many
+    request bodies as it may: retry after a second)."""
 
     def __init__(self, status: int, detail: str) -> None:
         super().__init__(detail)
@@ -76,7 +77,7 @@ async def read(receive: Any, content_length: str | None) -> bytes:
     after `core.asgibody.BODY_IDLE_TIMEOUT_S` without data)."""
     try:
         return await read_body(receive, content_length, MAX_BULK_BODY, "a get_bulk body")
-    except (BadRequestError, TooLargeError) as err:  # 400, 408 (a kind of 400) or 413
+    except (BadRequestError, TooLargeError, OverloadedError) as err:  # 400/408, 413, 503
         status = classify(err).status
         why = f"{MAX_BULK_KEYS} keys of at most {MAX_KEY} bytes never need more"
         raise BodyRefused(status, f"{err} ({why})" if status == 413 else str(err)) from err

@@ -203,11 +203,15 @@ async def get_bulk(request: Request) -> Response:
     try:
         raw = await bulkbody.read(request.receive, request.headers.get("content-length"))
     except bulkbody.BodyRefused as err:
-        slug = {413: "too-large", 408: "request-timeout"}.get(err.status, "invalid-read")
-        title = {413: "Request too large", 408: "Request body timed out"}
+        slug = {413: "too-large", 408: "request-timeout", 503: "busy"}.get(
+            err.status, "invalid-read"
+        )
+        title = {413: "Request too large", 408: "Request body timed out", 503: "Node busy"}
         refusal = problem(err.status, slug, err.detail, title=title.get(err.status, slug))
         # The rest of the body (if any) is not wanted: the connection closes after this.
         refusal.headers["connection"] = "close"
+        if err.status == 503:
+            refusal.headers["retry-after"] = "1"
         return refusal
     t0 = time.perf_counter()
     body = _bulk_body(raw, request.headers.get("content-type"))

@@ -411,3 +411,51 @@ def test_clients_that_never_take_their_answers_cannot_hold_the_memory(
         for s in stalled:
             s.close()
     _point_gets_work(r)
+
+
+def test_bodies_arriving_at_once_are_bounded_and_the_rest_told_to_retry(
+    tmp_path: Path, procs: Procs, source: RootNode
+) -> None:
+    """A get_bulk body may be 30 MB and each connection waits 30 s for its next piece: a
+    client sending most of one on each of many connections, then pausing, would hold them
+    all. Past `--http-max-body-bytes-held` a body is answered 503 with Retry-After before a
+    byte of it is read; the bytes come back when a body ends (here: its client leaves)."""
+    held_cap = 20_000_000
+    port, p = _start(tmp_path, procs, source, "--http-max-body-bytes-held", str(held_cap))
+    wait_http(f"http://127.0.0.1:{port}/healthz", timeout=60, proc=p)  # type: ignore[arg-type]
+    wait_seq(port, source.store.last_seq())
+    r = Replica(port)
+    n = 9_000_000  # two of these fit, a third does not
+    body = json.dumps({"keys": ["k00000001"] * 1000}).encode()
+    body += b" " * (n - len(body))  # JSON whitespace to the exact length
+    pending = []
+    try:
+        for _ in range(2):  # most of a body each, then silence
+            s = r.connect()
+            s.sendall(_head(n) + body[: n - 1000])
+            pending.append(s)
+        time.sleep(0.5)  # both taken (their Content-Length) before their bodies were read
+        third = r.connect()
+        with third:
+            third.sendall(_head(n))
+            got = _response(third)
+        head, _, doc = got.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 503"), got[:300]
+        assert b"retry-after: 1" in head.lower(), head
+        assert json.loads(doc)["status"] == 503
+        _point_gets_work(r)  # a small get_bulk fits beside them
+        pending.pop(0).close()  # its bytes come back once the node sees it leave
+        deadline = time.monotonic() + 10
+        while True:
+            with r.client() as c:
+                answer = c.post(
+                    "/v1/get_bulk", content=body, headers={"content-type": "application/json"}
+                )
+            if answer.status_code != 503 or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        assert answer.status_code == 200, answer.text[:300]
+        assert answer.json()["values"] == {"k00000001": "v1-0"}
+    finally:
+        for s in pending:
+            s.close()

@@ -1,0 +1,108 @@
+"""`core.asgibody`'s body budget: a body takes its bytes from the process's budget before
+they are read (its Content-Length, or each piece of a chunked one) and gives them back
+whatever way its reading ends; one the budget cannot take now is a retryable 503, one that
+could never fit a 413."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator, MutableMapping
+from typing import Any
+
+import pytest
+
+from core import asgibody
+from core.asgibody import read_body
+from core.errors import OverloadedError, RequestTimeoutError, TooLargeError
+
+
+@pytest.fixture
+def budget() -> Iterator[asgibody.BodyBudget]:
+    saved = asgibody.BODIES.limit
+    asgibody.BODIES.limit = 1000
+    assert asgibody.BODIES.held == 0
+    try:
+        yield asgibody.BODIES
+    finally:
+        asgibody.BODIES.limit = saved
+
+
+def _pieces(*chunks: bytes, stall: bool = False) -> Any:
+    it = iter(chunks)
+
+    async def receive() -> MutableMapping[str, Any]:
+        try:
+            chunk = next(it)
+        except StopIteration:
+            if stall:
+                await asyncio.sleep(60)
+            return {"type": "http.disconnect"}
+        return {"type": "http.request", "body": chunk, "more_body": True}
+
+    return receive
+
+
+def _whole(body: bytes) -> Any:
+    async def receive() -> MutableMapping[str, Any]:
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    return receive
+
+
+def test_a_body_holds_its_length_while_it_arrives_and_gives_it_back(
+    budget: asgibody.BodyBudget,
+) -> None:
+    async def main() -> None:
+        gate = asyncio.Event()
+
+        async def receive() -> MutableMapping[str, Any]:
+            await gate.wait()
+            return {"type": "http.request", "body": b"x" * 600, "more_body": False}
+
+        first = asyncio.create_task(read_body(receive, "600", 10_000, "body"))
+        await asyncio.sleep(0)
+        assert budget.held == 600  # taken before a byte was read
+        with pytest.raises(OverloadedError) as err:  # 600 + 600 > 1000: retry later
+            await read_body(_whole(b"y" * 600), "600", 10_000, "body")
+        assert err.value.retryable and err.value.fields["headers"] == {"Retry-After": "1"}
+        assert await read_body(_whole(b"z" * 400), "400", 10_000, "body") == b"z" * 400
+        gate.set()
+        assert await first == b"x" * 600
+        assert budget.held == 0
+
+    asyncio.run(main())
+
+
+def test_chunked_pieces_are_taken_as_they_come(budget: asgibody.BodyBudget) -> None:
+    async def main() -> None:
+        with pytest.raises(OverloadedError):
+            await read_body(_pieces(b"a" * 600, b"b" * 600), None, 10_000, "body")
+        assert budget.held == 0
+
+    asyncio.run(main())
+
+
+def test_every_other_ending_gives_the_bytes_back(budget: asgibody.BodyBudget) -> None:
+    async def main() -> None:
+        with pytest.raises(RequestTimeoutError):
+            await read_body(_pieces(b"a" * 100, stall=True), "900", 10_000, "b", idle_timeout_s=0.1)
+        assert budget.held == 0
+        with pytest.raises(Exception, match="disconnected"):
+            await read_body(_pieces(b"a" * 100), "900", 10_000, "body")
+        assert budget.held == 0
+        with pytest.raises(TooLargeError, match="exceeds 500"):  # the body's own bound
+            await read_body(_pieces(b"a" * 600), None, 500, "body")
+        assert budget.held == 0
+
+    asyncio.run(main())
+
+
+def test_a_body_larger_than_the_whole_budget_is_413_not_retryable(
+    budget: asgibody.BodyBudget,
+) -> None:
+    async def main() -> None:
+        with pytest.raises(TooLargeError, match="at most 1000 bytes of request bodies"):
+            await read_body(_whole(b""), "1001", 10_000, "body")
+        assert budget.held == 0
+
+    asyncio.run(main())
