@@ -70,6 +70,9 @@ WRITE_HIGH_WATER = 256 << 10
 WRITE_LOW_WATER = 64 << 10
 #: While a request is being worked on, stop reading once this much is buffered.
 MAX_BUFFER_WHILE_BUSY = 1 << 20
+#: A connection buffering more than this counts against its listener's
+#: `max_buffered_bytes` (smaller buffers are bounded by the connection cap alone).
+BIG_BUFFER = 1 << 20
 #: How often every connection's timeouts are checked.
 SWEEP_SECONDS = 1.0
 #: How long a connection refused at the cap is held for its first byte when its busy reply
@@ -141,6 +144,9 @@ class ListenerLimits:
     #: Reply bytes the listener's clients have not taken, at most (over the connections
     #: past their high-water mark): a piece can be a whole value of up to 25 MiB.
     max_unsent_bytes: int = 512 << 20
+    #: Request bytes the listener's connections buffer, at most (over those buffering more
+    #: than `BIG_BUFFER`): a memcached `set` may carry 32 MiB, a KT body 16 MiB.
+    max_buffered_bytes: int = 512 << 20
 
 
 def add_listener_flags(p: argparse.ArgumentParser) -> None:
@@ -178,6 +184,15 @@ def add_listener_flags(p: argparse.ArgumentParser) -> None:
         "past it the connections whose clients take nothing are closed first, the longest "
         f"waiting first (default {d.max_unsent_bytes})",
     )
+    p.add_argument(
+        "--listener-max-buffered-bytes",
+        type=int,
+        default=d.max_buffered_bytes,
+        metavar="B",
+        help="KT/memcached: request bytes each listener's connections buffer, at most; past "
+        "it the connections whose partial request began longest ago are closed first "
+        f"(default {d.max_buffered_bytes})",
+    )
 
 
 def listener_limits(args: argparse.Namespace) -> ListenerLimits:
@@ -189,6 +204,7 @@ def listener_limits(args: argparse.Namespace) -> ListenerLimits:
         body_timeout=float(args.listener_body_timeout_s),
         write_timeout=float(args.listener_write_timeout_s),
         max_unsent_bytes=int(args.listener_max_unsent_bytes),
+        max_buffered_bytes=int(args.listener_max_buffered_bytes),
     )
 
 
@@ -321,6 +337,10 @@ class _Conn(_ConnBase, asyncio.Protocol):
             self._answer_refused(data[0])  # refused at the cap: its first byte is here
             return
         self.buf += data
+        if len(self.buf) > BIG_BUFFER:
+            self.service.note_buffered(self)
+            if self.transport is None or self.transport.is_closing():
+                return  # closed for the listener's buffer bound
         if self.work is None:
             self.work = self.session.run(self.buf)
             self._drive()
@@ -434,6 +454,7 @@ class _Conn(_ConnBase, asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.service.unsent.discard(self)
+        self.service.forget_buffered(self)
         if self.refusing is not None:
             self.refusing.cancel()
             self.refusing = None
@@ -491,6 +512,11 @@ class TcpService:
         self.conns: set[_Conn] = set()
         #: Connections whose transports are past their high-water mark (the unsent cap).
         self.unsent: set[_Conn] = set()
+        #: Connections that buffered more than `BIG_BUFFER`, with the bytes last counted
+        #: for each, and their sum (`note_buffered`): a running total, made exact whenever
+        #: it says the bound is passed.
+        self.buffering: dict[_Conn, int] = {}
+        self.buffered = 0
         #: Connections refused at the cap, held for their first byte (not in `conns`).
         self.refusing: set[_Conn] = set()
         #: Bind with SO_REUSEPORT, one of several reader processes on this address
@@ -539,6 +565,38 @@ class TcpService:
             )
             if h.conn.transport is not None:
                 h.conn.transport.abort()
+
+    def note_buffered(self, conn: _Conn) -> None:
+        """`conn` buffers more than `BIG_BUFFER`: count it, and past `max_buffered_bytes`
+        close connections, the one whose partial request began longest ago first (a client
+        sending most of a big request and then stopping would hold it until the body
+        timeout; many of them, the process's memory). Their buffers are dropped."""
+        n = len(conn.buf)
+        self.buffered += n - self.buffering.get(conn, 0)
+        self.buffering[conn] = n
+        cap = self.limits.max_buffered_bytes
+        if self.buffered <= cap:
+            return
+        # Exact now: buffers consumed since they were counted count what they hold.
+        live = {c: len(c.buf) for c in self.buffering if c.transport is not None}
+        self.buffering = {c: k for c, k in live.items() if k > BIG_BUFFER}
+        self.buffered = sum(self.buffering.values())
+        for c in sorted(self.buffering, key=lambda c: c.request_at):
+            if self.buffered <= cap:
+                break
+            self.refuse("buffer_cap")
+            log.info(
+                "%s listener: closing a connection buffering %d request bytes (over the cap of %d)",
+                self.name,
+                self.buffering[c],
+                cap,
+            )
+            self.forget_buffered(c)
+            if c.transport is not None:
+                c.transport.abort()
+
+    def forget_buffered(self, conn: _Conn) -> None:
+        self.buffered -= self.buffering.pop(conn, 0)
 
     async def start(self) -> None:
         """Bind and listen; returns once connections are accepted."""

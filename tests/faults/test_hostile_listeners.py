@@ -5,6 +5,7 @@ A real `python -m reads.serve` over a real store, real sockets."""
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import socket
 import struct
@@ -482,6 +483,46 @@ def test_many_clients_that_read_no_replies_cannot_hold_the_memory(
         assert closed >= 1
     finally:
         for s in stalled:
+            s.close()
+
+
+def test_big_requests_left_unfinished_cannot_hold_the_memory(
+    store: Store, start_reads: StartReads
+) -> None:
+    """A memcached `set` may carry 32 MiB: a client sending most of one on each of many
+    connections and then stopping held it all until the body timeout. Past
+    `--listener-max-buffered-bytes` the connections whose partial request began longest ago
+    are closed; the others keep being served."""
+    cap = 100 << 20
+    ports = start_reads("--listener-max-buffered-bytes", str(cap))
+    before = anon_rss_mb(ports.pid)
+    data = b"x" * (30 << 20)
+    partial = []
+    try:
+        for i in range(10):  # 300 MB of unfinished requests, 3x the cap
+            s = socket.create_connection(("127.0.0.1", ports.mc), 10)
+            s.sendall(b"set k%d 0 0 %d\r\n" % (i, 31 << 20))
+            with contextlib.suppress(OSError):  # a connection closed for the cap
+                s.sendall(data)
+            partial.append(s)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and not ports.metric(
+            "mercury_listener_refused_total", listener="memcached", reason="buffer_cap"
+        ):
+            time.sleep(0.2)
+        time.sleep(0.5)
+        held = anon_rss_mb(ports.pid) - before
+        # The cap, a request past it (closed a loop turn later), and the allocator's slack.
+        bound = (cap + 4 * len(data)) / (1 << 20)
+        assert held < bound, f"{held:.0f} MB held for unfinished requests (bound {bound:.0f})"
+        closed = ports.metric(
+            "mercury_listener_refused_total", listener="memcached", reason="buffer_cap"
+        )
+        assert closed >= 10 - cap // len(data)
+        with socket.create_connection(("127.0.0.1", ports.mc), 5) as good:
+            assert _mc_version(good).startswith(b"VERSION")
+    finally:
+        for s in partial:
             s.close()
 
 
