@@ -29,10 +29,11 @@ class BodyBudget:
 
     Each body is bounded (`limit` of `read_body`) and each connection's wait for its next
     piece; but a client sending most of a large body on each of many connections and then
-    pausing would hold all of them at once. A body takes its Content-Length from the budget
-    before a byte of it is read (a chunked body, each piece as it comes) and gives it back
-    when it has been read, refused or abandoned; one the budget cannot take now is refused
-    503 with Retry-After (one that could never fit, 413).
+    pausing would hold all of them at once. A body takes each piece from the budget as it
+    arrives (what it holds, not what its Content-Length announces: a head alone, which
+    costs a client nothing to send, takes nothing) and gives it all back when it has been
+    read, refused or abandoned; a piece the budget cannot take now refuses its body 503 with
+    Retry-After (a Content-Length that could never fit, 413, before anything is read).
     """
 
     def __init__(self, limit: int) -> None:
@@ -69,7 +70,6 @@ async def read_body(
     bytes (before reading anything when Content-Length already says so); `what` names it
     in the refusals."""
     budget = BODIES
-    held = 0
     if content_length is not None:
         try:
             n = int(content_length)
@@ -82,8 +82,6 @@ async def read_body(
                 f"{what} is {n} bytes; this node holds at most {budget.limit} bytes of "
                 "request bodies at once"
             )
-        budget.take(n, what)
-        held = n
     chunks: list[bytes] = []
     size = 0
     loop = asyncio.get_running_loop()
@@ -94,10 +92,8 @@ async def read_body(
             while True:
                 msg = await receive()
                 chunk, more = _piece(msg, size, limit, what)
+                budget.take(len(chunk), what)  # `size` is what this body holds of it
                 size += len(chunk)
-                if size > held:  # a chunked body (or one longer than it said)
-                    budget.take(size - held, what)
-                    held = size
                 chunks.append(chunk)
                 if not more:
                     break
@@ -107,7 +103,7 @@ async def read_body(
             f"{what}: no data for {idle_timeout_s:g} s after {size} bytes"
         ) from err
     finally:
-        budget.give(held)
+        budget.give(size)
     return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
 

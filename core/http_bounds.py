@@ -157,8 +157,8 @@ def add_flags(p: argparse.ArgumentParser) -> None:
         "--http-max-body-bytes-held",
         type=int,
         default=d.max_body_bytes_held,
-        help="request body bytes held at once while they arrive (per process); a body that "
-        "would pass it is answered 503 with Retry-After before it is read "
+        help="request body bytes held at once while they arrive (per process); a body whose "
+        "next piece would pass it is answered 503 with Retry-After "
         f"(default {d.max_body_bytes_held})",
     )
 

@@ -1,7 +1,7 @@
-"""`core.asgibody`'s body budget: a body takes its bytes from the process's budget before
-they are read (its Content-Length, or each piece of a chunked one) and gives them back
-whatever way its reading ends; one the budget cannot take now is a retryable 503, one that
-could never fit a 413."""
+"""`core.asgibody`'s body budget: a body takes each piece from the process's budget as it
+arrives and gives it all back whatever way its reading ends; a piece the budget cannot
+take now refuses its body with a retryable 503, a Content-Length that could never fit is a
+413."""
 
 from __future__ import annotations
 
@@ -49,25 +49,49 @@ def _whole(body: bytes) -> Any:
     return receive
 
 
-def test_a_body_holds_its_length_while_it_arrives_and_gives_it_back(
+def test_a_body_holds_what_has_arrived_and_gives_it_back(
     budget: asgibody.BodyBudget,
 ) -> None:
     async def main() -> None:
         gate = asyncio.Event()
+        sent = [b"x" * 600]
 
         async def receive() -> MutableMapping[str, Any]:
+            if sent:  # 600 bytes arrive, then the client pauses
+                return {"type": "http.request", "body": sent.pop(), "more_body": True}
             await gate.wait()
-            return {"type": "http.request", "body": b"x" * 600, "more_body": False}
+            return {"type": "http.request", "body": b"", "more_body": False}
 
         first = asyncio.create_task(read_body(receive, "600", 10_000, "body"))
         await asyncio.sleep(0)
-        assert budget.held == 600  # taken before a byte was read
+        assert budget.held == 600  # what arrived
+        # A head announcing 600 more takes nothing; its bytes find the budget short.
         with pytest.raises(OverloadedError) as err:  # 600 + 600 > 1000: retry later
             await read_body(_whole(b"y" * 600), "600", 10_000, "body")
         assert err.value.retryable and err.value.fields["headers"] == {"Retry-After": "1"}
+        assert budget.held == 600
         assert await read_body(_whole(b"z" * 400), "400", 10_000, "body") == b"z" * 400
         gate.set()
         assert await first == b"x" * 600
+        assert budget.held == 0
+
+    asyncio.run(main())
+
+
+def test_a_head_alone_takes_nothing(budget: asgibody.BodyBudget) -> None:
+    async def main() -> None:
+        async def never() -> MutableMapping[str, Any]:
+            await asyncio.sleep(60)
+            raise AssertionError("not reached")
+
+        # Announcing the whole budget and sending nothing holds nothing: others are served.
+        waiting = asyncio.create_task(read_body(never, "1000", 10_000, "body"))
+        await asyncio.sleep(0)
+        assert budget.held == 0
+        assert await read_body(_whole(b"w" * 1000), "1000", 10_000, "body") == b"w" * 1000
+        waiting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
         assert budget.held == 0
 
     asyncio.run(main())

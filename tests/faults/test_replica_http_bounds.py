@@ -418,8 +418,9 @@ def test_bodies_arriving_at_once_are_bounded_and_the_rest_told_to_retry(
 ) -> None:
     """A get_bulk body may be 30 MB and each connection waits 30 s for its next piece: a
     client sending most of one on each of many connections, then pausing, would hold them
-    all. Past `--http-max-body-bytes-held` a body is answered 503 with Retry-After before a
-    byte of it is read; the bytes come back when a body ends (here: its client leaves)."""
+    all. Past `--http-max-body-bytes-held` a body is answered 503 with Retry-After as its
+    bytes arrive (its head alone takes nothing); the bytes come back when a body ends (here:
+    its client leaves)."""
     held_cap = 20_000_000
     port, p = _start(tmp_path, procs, source, "--http-max-body-bytes-held", str(held_cap))
     wait_http(f"http://127.0.0.1:{port}/healthz", timeout=60, proc=p)  # type: ignore[arg-type]
@@ -434,10 +435,16 @@ def test_bodies_arriving_at_once_are_bounded_and_the_rest_told_to_retry(
             s = r.connect()
             s.sendall(_head(n) + body[: n - 1000])
             pending.append(s)
-        time.sleep(0.5)  # both taken (their Content-Length) before their bodies were read
+        time.sleep(0.5)  # both read as far as they were sent
+        idle_head = r.connect()  # announces a body, sends none: holds nothing
+        idle_head.sendall(_head(n))
+        pending.append(idle_head)
         third = r.connect()
         with third:
             third.sendall(_head(n))
+            with contextlib.suppress(OSError):  # refused (and closed) part-way
+                for off in range(0, n, 1 << 20):
+                    third.sendall(body[off : off + (1 << 20)])
             got = _response(third)
         head, _, doc = got.partition(b"\r\n\r\n")
         assert head.startswith(b"HTTP/1.1 503"), got[:300]
