@@ -280,12 +280,18 @@ class _BoundedProtocol(HttpToolsProtocol):
         self._write_paused_at = time.monotonic()
         self._paused_size = self.transport.get_write_buffer_size()
         self.unsent.add(self)
-        self._write_timer = self.loop.call_later(self.limits.write_timeout_s, self._write_expired)
+        if self._write_timer is None:
+            # One timer per connection, moved lazily (`_write_expired`), like the idle
+            # deadline: a streamed answer pauses and resumes many times a second.
+            self._write_timer = self.loop.call_later(
+                self.limits.write_timeout_s, self._write_expired
+            )
         self._hold_unsent_cap()
 
     def resume_writing(self) -> None:
         super().resume_writing()
-        self._writable()
+        self._write_paused_at = None
+        self.unsent.discard(self)
 
     def _writable(self) -> None:
         self._write_paused_at = None
@@ -295,10 +301,16 @@ class _BoundedProtocol(HttpToolsProtocol):
             self._write_timer = None
 
     def _write_expired(self) -> None:
-        # Also when closing: a transport closed with unsent bytes keeps them until taken.
         self._write_timer = None
-        if self._write_paused_at is not None:
-            self.abort_now("write_timeout")
+        since = self._write_paused_at
+        if since is None:
+            return  # taken since: the next pause arms it again
+        left = since + self.limits.write_timeout_s - time.monotonic()
+        if left > 0:  # paused again after the timer was armed
+            self._write_timer = self.loop.call_later(left, self._write_expired)
+            return
+        # Also when closing: a transport closed with unsent bytes keeps them until taken.
+        self.abort_now("write_timeout")
 
     def _hold_unsent_cap(self) -> None:
         """Past `max_unsent_bytes` over the listener's paused connections, abort some
