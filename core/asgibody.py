@@ -91,7 +91,7 @@ async def read_body(
         async with asyncio.timeout(idle_timeout_s) as deadline:
             while True:
                 msg = await receive()
-                chunk, more = _piece(msg, size, limit, what)
+                chunk, more = _piece(msg, size, min(limit, budget.limit), what)
                 budget.take(len(chunk), what)  # `size` is what this body holds of it
                 size += len(chunk)
                 chunks.append(chunk)
