@@ -13,6 +13,8 @@ from typing import Any, NamedTuple
 from core import errors as e
 
 PROBLEM_TYPE = "https://mercury.invalid/problems/"
+#: The media type of every refusal, on both faces.
+PROBLEM_JSON = "application/problem+json"
 
 TITLES = {
     400: "Bad Request",

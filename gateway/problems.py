@@ -13,9 +13,7 @@ import orjson
 from starlette.responses import Response
 
 from core import errors as e
-from core.problems import error_document, problem_document
-
-PROBLEM_JSON = "application/problem+json"
+from core.problems import PROBLEM_JSON, error_document, problem_document
 
 
 def problem(

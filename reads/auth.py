@@ -37,8 +37,9 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from acl.model import DOC_NAME, Acl, Consumer, Producer
 from acl.tokens import hash_token
+from core.problems import PROBLEM_JSON
 from reads import bulkbody
-from reads.problems import PROBLEM_JSON, problem_body
+from reads.problems import problem_body
 from reads.ranges import READ_KEYSPACES, clip, prefix_end
 from store.store import Store
 

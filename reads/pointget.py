@@ -13,10 +13,11 @@ import time
 from urllib.parse import unquote_to_bytes
 
 from core.errors import CRCError
+from core.problems import PROBLEM_JSON
 from reads import readstats
 from reads.fastobserve import BatchedObserve
 from reads.metrics import READ_ERRORS, READ_SECONDS
-from reads.problems import PROBLEM_JSON, problem_body
+from reads.problems import problem_body
 from store.format import MAX_KEY
 from store.store import Store
 

@@ -10,9 +10,7 @@ import orjson
 from starlette.responses import Response
 
 from core.errors import MercuryError
-from core.problems import error_document, problem_document
-
-PROBLEM_JSON = "application/problem+json"
+from core.problems import PROBLEM_JSON, error_document, problem_document
 
 
 def problem_body(status: int, slug: str, detail: str, **extra: Any) -> bytes:
