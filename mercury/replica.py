@@ -205,7 +205,12 @@ async def _read_side(
     REFUSED.external = lambda: _worker_refused(cfg.data_dir)
     APPLIER.source = lambda: read_status(cfg.data_dir)
     APPLIED_SEQ.set_function(lambda: float(store.last_seq()))
-    app = create_read_app(store, role="replica", status=lambda: replica_status(cfg.data_dir))
+    app = create_read_app(
+        store,
+        role="replica",
+        status=lambda: replica_status(cfg.data_dir),
+        read_auth=config.read_auth,
+    )
     if n > 1:
         app.state.readers = (os.path.join(cfg.data_dir, "readers"), index, n)
     listeners = dataclasses.replace(config.listeners, reuse_port=n > 1)

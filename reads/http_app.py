@@ -20,6 +20,7 @@ from urllib.parse import parse_qsl, quote
 
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
+from fastapi.openapi.utils import get_openapi
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -34,9 +35,10 @@ from core.errors import (
     RangeOnRootError,
     ReadTooLargeError,
 )
-from reads import bulkbody, jsonkv, pointget, ranges, readstats, watch, workermetrics
+from core.problems import PROBLEM_JSON
+from reads import bulkbody, jsonkv, openapi_doc, pointget, ranges, readstats, watch, workermetrics
 from reads.metrics import READ_ERRORS, READ_SECONDS
-from reads.problems import problem, problem_for
+from reads.problems import problem, problem_body, problem_for
 from store.format import MAX_KEY
 from store.ops import Value
 from store.store import Store
@@ -62,14 +64,53 @@ class ReadApp(FastAPI):
     """FastAPI app whose point gets skip the framework (see module docstring)."""
 
     store: Store
+    #: Whether a `reads.auth.ReadAuth` guards the app (`--read-auth`): its document says so.
+    read_auth: bool = False
+
+    def openapi(self) -> dict[str, Any]:
+        # FastAPI's document made true (reads/openapi_doc.py); built once, at the first ask.
+        if self.openapi_schema is None:
+            self.openapi_schema = openapi_doc.finish(
+                get_openapi(
+                    title=self.title,
+                    version=self.version,
+                    openapi_version=self.openapi_version,
+                    routes=self.routes,
+                ),
+                role=self.state.role,
+                read_auth=self.read_auth,
+            )
+        return self.openapi_schema
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["method"] in ("GET", "HEAD"):
+        if scope["type"] == "http":
             raw = scope.get("raw_path") or quote(scope["path"]).encode()
             if raw.startswith(KV_PREFIX):
-                await self._point_get(scope, raw, send)
+                if scope["method"] in ("GET", "HEAD"):
+                    await self._point_get(scope, raw, send)
+                else:  # any key, even one no route pattern matches (a newline in it)
+                    await self._write_refused(pointget.key_of(raw.split(b"?", 1)[0]), send)
                 return
         await super().__call__(scope, receive, send)
+
+    async def _write_refused(self, key: bytes, send: Send) -> None:
+        """405 to every other method on a key: every node but the root's gateway is
+        read-only. The body, if any, is not read."""
+        text = key.decode("utf-8", "backslashreplace")
+        body = problem_body(
+            405,
+            "read-only",
+            f"{self.state.role} nodes serve reads only; key {text!r} was not changed",
+            title="This node is read-only",
+            hint="write through the gateway on the root (PUT /v1/kv/{key} there)",
+        )
+        headers = [
+            (b"content-type", PROBLEM_JSON.encode()),
+            (b"allow", b"GET, HEAD"),  # what a 405 must name (RFC 9110)
+            (b"content-length", b"%d" % len(body)),
+        ]
+        await send({"type": "http.response.start", "status": 405, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
 
     async def _point_get(self, scope: Scope, raw_path: bytes, send: Send) -> None:
         # The answer is reads.pointget's, shared with the protocol fast path (reads/fasthttp.py).
@@ -83,8 +124,16 @@ class ReadApp(FastAPI):
         await send({"type": "http.response.body", "body": body})
 
 
-def create_read_app(store: Store, *, role: str, status: Callable[[], dict[str, object]]) -> FastAPI:
-    """The read API over `store` for a node of `role` ("replica", "consumer" or "root").
+def create_read_app(
+    store: Store,
+    *,
+    role: str,
+    status: Callable[[], dict[str, object]],
+    read_auth: bool = False,
+) -> FastAPI:
+    """The read API over `store` for a node of `role` ("replica", "consumer" or "root");
+    `read_auth`: the caller puts a `reads.auth.ReadAuth` in front of it (its OpenAPI
+    document then declares the token and the middleware's refusals).
 
     `status()` adds node facts to `GET /v1/status` (a replica gives "source" and
     "lag_seconds"). The root refuses range reads (421 problem+json pointing to consumer
@@ -95,6 +144,7 @@ def create_read_app(store: Store, *, role: str, status: Callable[[], dict[str, o
         title=f"Mercury {role} reads", docs_url=None, redoc_url=None, redirect_slashes=False
     )
     app.store = store
+    app.read_auth = read_auth
     app.state.store = store
     app.state.role = role
     app.state.status = status
@@ -148,20 +198,7 @@ async def _invalid_body(_request: Request, err: Exception) -> Response:
 router = APIRouter()
 
 
-@router.api_route("/v1/kv/{key:path}", methods=["PUT", "POST", "DELETE", "PATCH"])
-async def write_refused(key: str, request: Request) -> Response:
-    """405: every node but the root's gateway is read-only."""
-    role = _role(request)
-    return problem(
-        405,
-        "read-only",
-        f"{role} nodes serve reads only; key {key!r} was not changed",
-        title="This node is read-only",
-        hint="write through the gateway on the root (PUT /v1/kv/{key} there)",
-    )
-
-
-@router.get("/healthz")
+@router.get("/healthz", responses=openapi_doc.HEALTHZ)
 async def healthz(request: Request) -> dict[str, object]:
     """The node's liveness, in the shape every node answers (`health_body`)."""
     store = _store(request)
@@ -173,7 +210,11 @@ def health_body(role: str, seq: int) -> dict[str, object]:
     return {"status": "ok", "role": role, "seq": seq}
 
 
-@router.get("/metrics")
+@router.get(
+    "/metrics",
+    response_class=Response,  # the text exposition, declared below (not FastAPI's JSON)
+    responses=openapi_doc.METRICS,
+)
 async def metrics(request: Request) -> Response:
     """Prometheus text exposition (of every reader process with `--read-workers`)."""
     readers: tuple[str, int, int] | None = getattr(request.app.state, "readers", None)
@@ -181,7 +222,7 @@ async def metrics(request: Request) -> Response:
     return Response(body, media_type=CONTENT_TYPE_LATEST)
 
 
-@router.get("/v1/status")
+@router.get("/v1/status", responses=openapi_doc.STATUS)
 async def get_status(request: Request) -> dict[str, object]:
     """`{"db_id", "role", "seq", "hash_head"}` and the node's own facts."""
     store = _store(request)
@@ -196,7 +237,12 @@ async def get_status(request: Request) -> dict[str, object]:
     return doc
 
 
-@router.post("/v1/get_bulk")
+@router.post(
+    "/v1/get_bulk",
+    response_class=Response,
+    responses=openapi_doc.GET_BULK,
+    openapi_extra=openapi_doc.GET_BULK_BODY,
+)
 async def get_bulk(request: Request) -> Response:
     """Values of up to `MAX_BULK_KEYS` keys, read in one transaction."""
     store = _store(request)
@@ -289,7 +335,11 @@ def _bulk_body(raw: bytes, content_type: str | None) -> GetBulkBody:
         raise RequestValidationError(errors) from err
 
 
-@router.get("/v1/range")
+@router.get(
+    "/v1/range",
+    response_class=Response,  # its answers depend on the node's role: openapi_doc.finish
+    openapi_extra=openapi_doc.RANGE_PARAMS,
+)
 async def get_range(request: Request) -> Response:
     """One page of a key range (JSON), or the whole range as NDJSON."""
     if _role(request) == "root":

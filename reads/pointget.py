@@ -91,7 +91,8 @@ def point_get(
                 hint=err.hint,
             )
             headers = [(b"content-type", _PROBLEM)]
-    headers.append((b"content-length", b"%d" % len(body)))
+    if status != 304:  # a 304's Content-Length would have to be the 200's (RFC 9110)
+        headers.append((b"content-length", b"%d" % len(body)))
     OBSERVE(time.perf_counter() - t0)
     return status, headers, b"" if head else body
 

@@ -72,7 +72,7 @@ async def serve(args: argparse.Namespace) -> None:
     n = max(1, int(args.read_workers))
     index = workers.worker_index()
     store = Store.open(args.data_dir, readonly=n > 1)
-    app = create_read_app(store, role=args.role, status=dict)
+    app = create_read_app(store, role=args.role, status=dict, read_auth=args.read_auth)
     tokens = AclTokenIndex(store) if args.read_auth else None
     guarded: Any = ReadAuth(app, tokens) if tokens is not None else app
     asgi = guarded if args.noop_path is None else NoopWrapper(guarded, args.noop_path.encode())

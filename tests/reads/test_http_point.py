@@ -26,7 +26,10 @@ def test_point_get_returns_value_with_etag_and_applied_seq(
         head = c.head("/v1/kv/b")
         assert head.status_code == 200 and head.content == b""
         assert head.headers["content-length"] == "5"
-        assert c.get("/v1/kv/b", headers={"If-None-Match": f'"{seq}"'}).status_code == 304
+        r = c.get("/v1/kv/b", headers={"If-None-Match": f'"{seq}"'})
+        assert r.status_code == 304 and r.headers["etag"] == f'"{seq}"'
+        # a 304's Content-Length could only be the 200's (RFC 9110): none is sent
+        assert "content-length" not in r.headers
 
 
 def test_point_get_sees_writes_of_another_process(store: Store, start_reads: StartReads) -> None:
@@ -69,9 +72,13 @@ def test_writes_unknown_paths_and_bad_bodies_answer_problem_json(
 ) -> None:
     srv = start_reads()
     with httpx.Client(base_url=srv.url) as c:
-        r = c.put("/v1/kv/k", content=b"v")
-        assert r.status_code == 405 and "gateway" in r.json()["hint"]
-        assert r.headers["content-type"] == "application/problem+json"
+        for method in ("PUT", "POST", "DELETE", "PATCH"):
+            # a key no route pattern matches too (a newline in it)
+            for path in ("/v1/kv/k", "/v1/kv/a%0Ab"):
+                r = c.request(method, path, content=b"v")
+                assert r.status_code == 405 and "gateway" in r.json()["hint"], (method, path)
+                assert r.headers["content-type"] == "application/problem+json"
+                assert r.headers["allow"] == "GET, HEAD"  # what a 405 must name
         r = c.get("/v1/nope")
         assert r.status_code == 404
         assert r.headers["content-type"] == "application/problem+json"
