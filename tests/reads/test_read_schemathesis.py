@@ -60,7 +60,7 @@ def _replica_run(root: Root, tmp_path: Path, procs: Procs) -> None:
     base = f"http://127.0.0.1:{replica.http}"
     auth = {"Authorization": f"Bearer {consumer}"}
     wait_for(lambda: httpx.get(f"{base}/v1/kv/a", headers=auth).status_code == 200, 30, "sync")
-    _assert_clean(openapi_fuzz.run(base, 12, token=consumer))
+    _assert_clean(openapi_fuzz.run(base, 40, token=consumer))
     assert httpx.get(f"{base}/healthz").status_code == 200
 
 
@@ -69,5 +69,5 @@ def test_a_read_server_without_auth_answers_only_what_its_document_declares(
 ) -> None:
     store.apply([Op(SET, k, v, "p") for k, v in VALUES.items()])
     srv = start_reads()
-    _assert_clean(openapi_fuzz.run(srv.url, 12))
+    _assert_clean(openapi_fuzz.run(srv.url, 40))
     assert httpx.get(srv.url + "/healthz").status_code == 200
