@@ -171,6 +171,10 @@ class Front:
         path = target.split("?", 1)[0]
         if method == "GET" and path in ("/v1/status", "/healthz"):
             body = {"role": role, "term": term, "leader_url": leader_url, **extra}
+            if path == "/healthz":
+                # Every node's health shape (`{"status", "role", "seq"}`): this process is
+                # alive and answering; `role` says it takes no writes (the leader's says so).
+                body = {"status": "ok", "role": role, "seq": extra.get("seq"), **body}
             return _response(200, "OK", "application/json", json.dumps(body).encode())
         if method == "GET" and path == "/metrics" and self.metrics is not None:
             ctype, text = self.metrics()

@@ -38,6 +38,16 @@ def test_standby_redirects_and_electing_refuses() -> None:
                     "leader_url": "http://leader:8080",
                     "seq": 42,
                 }
+                # every node's health shape, saying this one takes no writes
+                r = await c.get("/healthz")
+                assert r.status_code == 200
+                assert r.json() == {
+                    "status": "ok",
+                    "role": "standby",
+                    "seq": 42,
+                    "term": 7,
+                    "leader_url": "http://leader:8080",
+                }
                 # this node's own metrics, not the leader's (a scraper follows redirects)
                 r = await c.get("/metrics")
                 assert (r.status_code, r.text) == (200, "node_metric 1\n")
