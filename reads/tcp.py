@@ -241,6 +241,15 @@ class _Conn(_ConnBase, asyncio.Protocol):
         self.reading = True
         #: While refused at the cap and held for its first byte: the wait's timer.
         self.refusing: asyncio.TimerHandle | None = None
+        #: Closed by a limit: its transport goes a loop turn later (`connection_lost`), and
+        #: until then no other limit counts it again.
+        self.aborted = False
+
+    def abort(self) -> None:
+        """Close now, dropping unsent replies and buffered requests (a limit's close)."""
+        self.aborted = True
+        if self.transport is not None:
+            self.transport.abort()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's transports implement asyncio.Transport without subclassing it
@@ -551,7 +560,7 @@ class TcpService:
         held = [
             Held(c, c.transport.get_write_buffer_size(), c.write_paused_at or 0.0, c.paused_size)
             for c in self.unsent
-            if c.transport is not None
+            if c.transport is not None and not c.aborted
         ]
         for h in to_drop(held, self.limits.max_unsent_bytes):
             self.unsent.discard(h.conn)
@@ -563,8 +572,7 @@ class TcpService:
                 h.unsent,
                 self.limits.max_unsent_bytes,
             )
-            if h.conn.transport is not None:
-                h.conn.transport.abort()
+            h.conn.abort()
 
     def note_buffered(self, conn: _Conn) -> None:
         """`conn` buffers more than `BIG_BUFFER`: count it, and past `max_buffered_bytes`
@@ -578,7 +586,7 @@ class TcpService:
         if self.buffered <= cap:
             return
         # Exact now: buffers consumed since they were counted count what they hold.
-        live = {c: len(c.buf) for c in self.buffering if c.transport is not None}
+        live = {c: len(c.buf) for c in self.buffering if c.transport is not None and not c.aborted}
         self.buffering = {c: k for c, k in live.items() if k > BIG_BUFFER}
         self.buffered = sum(self.buffering.values())
         for c in sorted(self.buffering, key=lambda c: c.request_at):
@@ -592,8 +600,7 @@ class TcpService:
                 cap,
             )
             self.forget_buffered(c)
-            if c.transport is not None:
-                c.transport.abort()
+            c.abort()
 
     def forget_buffered(self, conn: _Conn) -> None:
         self.buffered -= self.buffering.pop(conn, 0)
@@ -636,11 +643,13 @@ class TcpService:
         now = time.monotonic()
         queued = biggest = 0
         for c in list(self.conns):
+            if c.aborted:
+                continue  # closed by a limit already, counted there
             reason = c.expired(now)
             if reason is not None and c.transport is not None:
                 self.refuse(reason)
                 log.info("%s listener: closing a connection (%s)", self.name, reason)
-                c.transport.abort()  # unsent replies to a slow reader are dropped too
+                c.abort()  # unsent replies to a slow reader are dropped too
             elif c.transport is not None:
                 n = c.transport.get_write_buffer_size()
                 queued += n
