@@ -396,6 +396,8 @@ class Bench:
             extra = ["--applier-nice", str(self.args.applier_nice)]
         if name.endswith("window"):  # A/B: a heavy stream's records grouped per commit
             extra += ["--apply-window-ms", "20"]
+        if name.endswith("nosync"):  # A/B: what the commits' fdatasync costs the applier
+            extra += ["--no-sync"]
         if name.endswith("heap0"):  # A/B: freed memory handed back as glibc decides
             extra += ["--applier-heap-keep-mb", "0"]
         rep = self.start(
@@ -654,6 +656,7 @@ def main() -> int:
         help="kt, mercury, mercury-nohints (a second replica without scheduling hints), "
         "mercury-window (one with a 20 ms apply window: a heavy stream's records grouped), "
         "mercury-heap0 (one whose applier hands freed memory back as glibc decides), "
+        "mercury-nosync (one that does not fsync its commits: the sync's share of its CPU), "
         "mercury-blake2b (a tree whose log chains with BLAKE2b-256), "
         "mercury-batch2x (a tree whose root batches for twice --window-ms)",
     )
