@@ -173,8 +173,8 @@ class Front:
             body = {"role": role, "term": term, "leader_url": leader_url, **extra}
             if path == "/healthz":
                 # Every node's health shape (`{"status", "role", "seq"}`): this process is
-                # alive and answering; `role` says it takes no writes (the leader's says so).
-                body = {"status": "ok", "role": role, "seq": extra.get("seq"), **body}
+                # alive and answering; `role` says it takes no writes.
+                body = {"status": "ok", **body}
             return _response(200, "OK", "application/json", json.dumps(body).encode())
         if method == "GET" and path == "/metrics" and self.metrics is not None:
             ctype, text = self.metrics()

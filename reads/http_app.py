@@ -2,9 +2,10 @@
 
 Point gets (`GET|HEAD /v1/kv/{key}`) are the hot path of every consumer: they are answered
 by a raw ASGI handler in `ReadApp.__call__`, before FastAPI's routing and middleware, which
-otherwise cost about as much again as the whole raw request (see docs/reads.md). Every
-other route is ordinary FastAPI. Each request uses one short LMDB read transaction; none is
-held across an await.
+otherwise cost about as much again as the whole raw request (see docs/reads.md); so is the
+405 to any other method on a key. Every other route is ordinary FastAPI; the OpenAPI
+document declares all of them (reads/openapi_doc.py). Each request uses one short LMDB read
+transaction; none is held across an await.
 """
 
 from __future__ import annotations
@@ -89,7 +90,7 @@ class ReadApp(FastAPI):
                 if scope["method"] in ("GET", "HEAD"):
                     await self._point_get(scope, raw, send)
                 else:  # any key, even one no route pattern matches (a newline in it)
-                    await self._write_refused(pointget.key_of(raw.split(b"?", 1)[0]), send)
+                    await self._write_refused(pointget.key_of(raw), send)
                 return
         await super().__call__(scope, receive, send)
 

@@ -157,7 +157,12 @@ def range_answers(role: str) -> dict[int | str, Doc]:
     """`GET /v1/range`'s answers: a page, or the whole range as NDJSON; the root's is 421."""
     if role == "root":
         return answers({}, (421, "always: range reads belong to consumer nodes"))
-    page = json_body("one page (`Accept: application/json`)", _PAGE, _SEQ_HEADERS)
+    # A stream reads each chunk in its own transaction: no one seq to name, no header.
+    page_only = {
+        name: {**h, "required": False, "description": h["description"] + " (pages only)"}
+        for name, h in _SEQ_HEADERS.items()
+    }
+    page = json_body("one page (`Accept: application/json`)", _PAGE, page_only)
     page["content"][NDJSON] = {"schema": {"type": "string"}}
     page["description"] += "; with `Accept: application/x-ndjson` every item, a line each"
     return answers(
