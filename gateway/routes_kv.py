@@ -6,6 +6,7 @@ import time
 from typing import Any
 
 from fastapi import APIRouter, Request
+from starlette.convertors import PathConvertor, register_url_convertor
 from starlette.responses import Response
 
 from core.errors import NotFoundError
@@ -15,6 +16,18 @@ from gateway.auth import ADMIN
 from gateway.http import answer_response, body_reader
 from gateway.writes import Gateway
 from store.ops import SET, Op
+
+
+class _AnyKey(PathConvertor):
+    """A `{key:anykey}` path parameter: any characters, line breaks too. Starlette's own
+    ``path`` (``.*``) stops at a line break, so a stored key holding one (keys are any
+    bytes) matched no route: its read was a routing 404 while the key existed. The
+    handlers take the key from the raw path (`kv_handlers.key_of`), not from this."""
+
+    regex = "(?s:.*)"
+
+
+register_url_convertor("anykey", _AnyKey())
 
 router = APIRouter(tags=["producer"])
 
@@ -139,7 +152,7 @@ async def _call(request: Request, handler: Any) -> Response:
 
 
 @router.put(
-    "/v1/kv/{key:path}",
+    "/v1/kv/{key:anykey}",
     summary="Write one key (acknowledged after the durable commit)",
     responses=doc.answers(
         {
@@ -172,7 +185,7 @@ async def put_kv(request: Request) -> Response:
 
 
 @router.delete(
-    "/v1/kv/{key:path}",
+    "/v1/kv/{key:anykey}",
     summary="Delete one key (acknowledged after the durable commit)",
     responses=doc.answers(
         {
@@ -229,7 +242,7 @@ async def delete_prefix(request: Request) -> Response:
 
 
 @router.get(
-    "/v1/kv/{key:path}",
+    "/v1/kv/{key:anykey}",
     summary="Read one key (producers: their keyspaces; admin: all)",
     response_class=Response,  # the value's bytes, declared below (not FastAPI's JSON)
     responses=doc.answers(
