@@ -13,6 +13,9 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from fastapi import FastAPI
+from fastapi.openapi.utils import get_openapi
+
 from core.problems import PROBLEM_JSON, PROBLEM_TYPE, TITLES
 
 Doc = dict[str, Any]
@@ -51,6 +54,32 @@ RETRY_AFTER: Doc = {
     "description": "seconds after which the same request may be admitted",
     "schema": {"type": "integer", "minimum": 1},
 }
+
+
+#: A stored value's version headers, wherever a value is answered (the root, every reader).
+VERSION_HEADERS: Doc = {
+    "ETag": {
+        "description": '`"<version>"`: the seq of the key\'s last change, quoted',
+        "required": True,
+        "schema": {"type": "string", "pattern": '^"[0-9]+"$'},
+    },
+    "X-Mercury-Version": {
+        "description": "the seq of the key's last change",
+        "required": True,
+        "schema": {"type": "integer", "minimum": 1},
+    },
+}
+
+
+def generated(app: FastAPI) -> Doc:
+    """The document FastAPI generates for `app`'s routes (each face then makes it true)."""
+    return get_openapi(
+        title=app.title,
+        version=app.version,
+        openapi_version=app.openapi_version,
+        description=app.description,
+        routes=app.routes,
+    )
 
 
 class Face:

@@ -15,11 +15,11 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.openapi.utils import get_openapi
 from starlette.exceptions import HTTPException
 from starlette.responses import Response
 
 from core.errors import MercuryError
+from core.openapi import generated
 from core.service import Service
 from gateway import openapi_doc, problems, routes_admin, routes_info, routes_kv, routes_usage
 from gateway.settings import Settings
@@ -67,15 +67,7 @@ def create_app(settings: Settings, store: Store, services: Sequence[Service] = (
         # FastAPI's document, made true by openapi_doc.finish (the shared Problem schema,
         # no phantom 422); built at the first request, once every route is in.
         if app.openapi_schema is None:
-            app.openapi_schema = openapi_doc.finish(
-                get_openapi(
-                    title=app.title,
-                    version=app.version,
-                    openapi_version=app.openapi_version,
-                    description=app.description,
-                    routes=app.routes,
-                )
-            )
+            app.openapi_schema = openapi_doc.finish(generated(app))
         return app.openapi_schema
 
     app.openapi = openapi  # type: ignore[method-assign]

@@ -10,6 +10,7 @@ from starlette.convertors import PathConvertor, register_url_convertor
 from starlette.responses import Response
 
 from core.errors import NotFoundError
+from core.openapi import VERSION_HEADERS
 from gateway import kv_handlers
 from gateway import openapi_doc as doc
 from gateway.auth import ADMIN
@@ -252,16 +253,7 @@ async def delete_prefix(request: Request) -> Response:
                 "the value's bytes",
                 {"type": "string", "format": "binary"},
                 {
-                    "ETag": {
-                        "description": '`"<version>"`: the seq of the key\'s last change',
-                        "required": True,
-                        "schema": {"type": "string", "pattern": '^"[0-9]+"$'},
-                    },
-                    "X-Mercury-Version": {
-                        "description": "the key's version",
-                        "required": True,
-                        "schema": {"type": "integer", "minimum": 1},
-                    },
+                    **VERSION_HEADERS,
                     "X-Mercury-Seq": {
                         "description": "alias of X-Mercury-Version on the root",
                         "required": True,

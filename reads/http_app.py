@@ -21,14 +21,13 @@ from urllib.parse import parse_qsl, quote
 
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.openapi.utils import get_openapi
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from core import strictjson
+from core import openapi, strictjson
 from core.errors import (
     CRCError,
     InvalidReadError,
@@ -72,12 +71,7 @@ class ReadApp(FastAPI):
         # FastAPI's document made true (reads/openapi_doc.py); built once, at the first ask.
         if self.openapi_schema is None:
             self.openapi_schema = openapi_doc.finish(
-                get_openapi(
-                    title=self.title,
-                    version=self.version,
-                    openapi_version=self.openapi_version,
-                    routes=self.routes,
-                ),
+                openapi.generated(self),
                 role=self.state.role,
                 read_auth=self.read_auth,
             )

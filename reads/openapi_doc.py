@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 from core import openapi
-from core.openapi import RETRY_AFTER, Doc, body, header, json_body, query
+from core.openapi import RETRY_AFTER, VERSION_HEADERS, Doc, body, header, json_body, query
 from reads import bulkbody
 from store.format import MAX_KEY
 
@@ -53,18 +53,6 @@ _SEQ_HEADERS: Doc = {
         "description": "alias of X-Mercury-Applied-Seq",
         "required": True,
         "schema": {"type": "integer", "minimum": 0},
-    },
-}
-_VERSION_HEADERS: Doc = {
-    "ETag": {
-        "description": 'the seq of the key\'s last change, quoted: `"17"`',
-        "required": True,
-        "schema": {"type": "string", "pattern": '^"[0-9]+"$'},
-    },
-    "X-Mercury-Version": {
-        "description": "the seq of the key's last change",
-        "required": True,
-        "schema": {"type": "integer", "minimum": 1},
     },
 }
 
@@ -196,7 +184,7 @@ def _point_get(head: bool) -> Doc:
         "application/octet-stream",
         "the value's bytes" + (" (no body: HEAD)" if head else ""),
         {"type": "string", "format": "binary"},
-        {**_VERSION_HEADERS, **_SEQ_HEADERS},
+        {**VERSION_HEADERS, **_SEQ_HEADERS},
     )
     errors: list[int | tuple[int, str]] = [
         (400, f"the key is not 1 to {MAX_KEY} bytes"),
@@ -214,7 +202,7 @@ def _point_get(head: bool) -> Doc:
             **{str(status): r for status, r in answers({200: ok}, *errors).items()},
             "304": {
                 "description": "Not Modified: the ETag matches If-None-Match",
-                "headers": {**_VERSION_HEADERS, **_SEQ_HEADERS},
+                "headers": {**VERSION_HEADERS, **_SEQ_HEADERS},
             },
         },
     }
