@@ -96,10 +96,15 @@ def as_bytes(x: str | bytes) -> bytes:
 
 def kv_path(key: Key) -> str:
     """``/v1/kv/{key}`` with every byte of the key percent-encoded except unreserved ones
-    (so ``/``, ``?``, ``%`` and non-UTF-8 bytes arrive as sent)."""
+    (so ``/``, ``?``, ``%`` and non-UTF-8 bytes arrive as sent), and the dots of the keys
+    ``.`` and ``..`` too."""
     k = as_bytes(key)
     if not k:
         raise ValueError("a key is 1 to 500 bytes")
+    if k in (b".", b".."):
+        # A dot segment: HTTP clients remove it from a path (RFC 3986 5.2.4), so `..` would
+        # ask for /v1 and its 404 read as an absent key. Escaped, it is a key like any other.
+        return "/v1/kv/" + "%2E" * len(k)
     return "/v1/kv/" + quote(k, safe="")
 
 

@@ -75,6 +75,9 @@ def test_encode_op_uses_b64_members_for_non_utf8() -> None:
 def test_kv_path_percent_encodes_every_reserved_byte() -> None:
     assert wire.kv_path("a/b?c%d e") == "/v1/kv/a%2Fb%3Fc%25d%20e"
     assert wire.kv_path(b"\xff") == "/v1/kv/%FF"
+    # dot segments would be resolved away by the HTTP client (`..` is /v1): escaped
+    assert wire.kv_path("..") == "/v1/kv/%2E%2E" and wire.kv_path(".") == "/v1/kv/%2E"
+    assert wire.kv_path("...") == "/v1/kv/..." and wire.kv_path("a.") == "/v1/kv/a."
 
 
 @given(st.integers(0, 40), st.floats(0, 1))
