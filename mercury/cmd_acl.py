@@ -19,12 +19,12 @@ import re
 import sys
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
 
 import httpx
 import orjson
 
 from core.errors import ConfigError, GatewayError
+from mercury.client.wire import segment
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 
@@ -134,7 +134,7 @@ def parse_duration(text: str) -> int:
 
 def _holder_path(args: argparse.Namespace) -> str:
     kind = "consumers" if args.consumer else "producers"
-    return f"/v1/admin/{kind}/{quote(args.name, safe='')}"
+    return f"/v1/admin/{kind}/{segment(args.name)}"
 
 
 def _apply(args: argparse.Namespace) -> int:
@@ -193,7 +193,7 @@ def _token_list(args: argparse.Namespace) -> int:
 
 def _token_revoke(args: argparse.Namespace) -> int:
     with _client(args) as c:
-        _check(c.delete(_holder_path(args) + "/tokens/" + quote(args.token_id, safe="")))
+        _check(c.delete(_holder_path(args) + "/tokens/" + segment(args.token_id)))
     print(f"revoked {args.token_id}")
     return 0
 

@@ -101,11 +101,15 @@ def kv_path(key: Key) -> str:
     k = as_bytes(key)
     if not k:
         raise ValueError("a key is 1 to 500 bytes")
-    if k in (b".", b".."):
-        # A dot segment: HTTP clients remove it from a path (RFC 3986 5.2.4), so `..` would
-        # ask for /v1 and its 404 read as an absent key. Escaped, it is a key like any other.
-        return "/v1/kv/" + "%2E" * len(k)
-    return "/v1/kv/" + quote(k, safe="")
+    return "/v1/kv/" + segment(k)
+
+
+def segment(raw: Key) -> str:
+    """`raw` as one path segment: every byte percent-encoded but unreserved ones, and the
+    dots of ``.`` and ``..``: a dot segment is removed from a path by HTTP clients (RFC 3986
+    5.2.4), so the key ``..`` would ask for ``/v1`` and its 404 read as an absent key."""
+    b = as_bytes(raw)
+    return "%2E" * len(b) if b in (b".", b"..") else quote(b, safe="")
 
 
 def put_bytes(doc: dict[str, Any], name: str, raw: bytes) -> None:
