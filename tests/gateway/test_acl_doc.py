@@ -421,8 +421,8 @@ def test_cli_token_create_list_revoke_and_log(root: Root, tmp_path: Path) -> Non
 
 def test_cli_names_a_producer_called_dot_dot_as_itself(root: Root, tmp_path: Path) -> None:
     # `..` as a path segment is resolved away by HTTP clients: the CLI escapes it
-    r = root.admin().put("/v1/admin/producers/%2E%2E", json={"keyspaces": ["dots/"]})
-    assert r.status_code in (200, 201), r.text
+    made = root.admin().put("/v1/admin/producers/%2E%2E", json={"keyspaces": ["dots/"]})
+    assert made.status_code in (200, 201), made.text
     r = _cli(root, tmp_path, "acl", "token", "create", "..")
     assert r.returncode == 0, r.stderr
     assert root.client(r.stdout.strip()).put("/v1/kv/dots/k", content=b"v").status_code == 200
