@@ -17,6 +17,8 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException
 from starlette.responses import Response
+from starlette.routing import Match
+from starlette.types import Scope
 
 from core.errors import MercuryError
 from core.openapi import generated
@@ -83,7 +85,14 @@ def create_app(settings: Settings, store: Store, services: Sequence[Service] = (
     @app.exception_handler(HTTPException)
     async def on_http_error(request: Request, err: Exception) -> Response:
         assert isinstance(err, HTTPException)
-        return problems.problem(err.status_code, str(err.detail), headers=dict(err.headers or {}))
+        headers = dict(err.headers or {})
+        detail = str(err.detail)
+        if err.status_code == 405:
+            # Starlette names the methods of the one route it tried; a 405's Allow must
+            # name every method the resource takes (GET, HEAD, PUT and DELETE on a key).
+            headers["Allow"] = allowed_methods(app, request.scope)
+            detail = f"{request.method} is not served here; this path takes {headers['Allow']}"
+        return problems.problem(err.status_code, detail, headers=headers)
 
     @app.exception_handler(RequestValidationError)
     async def on_validation_error(request: Request, err: Exception) -> Response:
@@ -99,3 +108,17 @@ def create_app(settings: Settings, store: Store, services: Sequence[Service] = (
         return problems.problem(500, "internal error; see the gateway's log")
 
     return app
+
+
+#: The methods a 405's Allow may name.
+_METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
+
+
+def allowed_methods(app: FastAPI, scope: Scope) -> str:
+    """Every method some route of `app` takes on the request's path, for a 405's Allow
+    header (asked of the routes themselves, included routers too)."""
+    return ", ".join(
+        m
+        for m in _METHODS
+        if any(r.matches({**scope, "method": m})[0] is Match.FULL for r in app.router.routes)
+    )

@@ -242,33 +242,36 @@ async def delete_prefix(request: Request) -> Response:
     return await _call(request, kv_handlers.delete_prefix)
 
 
+_GET_ANSWERS = doc.answers(
+    {
+        200: doc.body(
+            "application/octet-stream",
+            "the value's bytes",
+            {"type": "string", "format": "binary"},
+            {
+                **VERSION_HEADERS,
+                "X-Mercury-Seq": {
+                    "description": "alias of X-Mercury-Version on the root",
+                    "required": True,
+                    "schema": {"type": "integer", "minimum": 1},
+                },
+            },
+        )
+    },
+    (400, "the key is empty or the route is spelt with percent-escapes"),
+    401,
+    (403, "the key is outside the token's keyspaces, or a consumer token"),
+    (404, "no such key"),
+    (413, "the key is over 500 bytes"),
+    (500, "the stored value failed its CRC (`corrupt-value`)"),
+)
+
+
 @router.get(
     "/v1/kv/{key:anykey}",
     summary="Read one key (producers: their keyspaces; admin: all)",
     response_class=Response,  # the value's bytes, declared below (not FastAPI's JSON)
-    responses=doc.answers(
-        {
-            200: doc.body(
-                "application/octet-stream",
-                "the value's bytes",
-                {"type": "string", "format": "binary"},
-                {
-                    **VERSION_HEADERS,
-                    "X-Mercury-Seq": {
-                        "description": "alias of X-Mercury-Version on the root",
-                        "required": True,
-                        "schema": {"type": "integer", "minimum": 1},
-                    },
-                },
-            )
-        },
-        (400, "the key is empty or the route is spelt with percent-escapes"),
-        401,
-        (403, "the key is outside the token's keyspaces, or a consumer token"),
-        (404, "no such key"),
-        (413, "the key is over 500 bytes"),
-        (500, "the stored value failed its CRC (`corrupt-value`)"),
-    ),
+    responses=_GET_ANSWERS,
     openapi_extra={"parameters": [_KEY_PARAM]},
 )
 async def get_kv(request: Request) -> Response:
@@ -300,6 +303,19 @@ async def get_kv(request: Request) -> Response:
             "X-Mercury-Seq": str(v.seq),
         },
     )
+
+
+# HEAD: the same answer without its body (the server drops it), as a GET-able resource owes.
+router.add_api_route(
+    "/v1/kv/{key:anykey}",
+    get_kv,
+    methods=["HEAD"],
+    operation_id="head_kv",
+    summary="Read one key's headers (as GET, without the body)",
+    response_class=Response,
+    responses=_GET_ANSWERS,
+    openapi_extra={"parameters": [_KEY_PARAM]},
+)
 
 
 @router.post(

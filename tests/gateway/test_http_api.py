@@ -101,6 +101,22 @@ def test_percent_encoded_and_binary_keys(shared_root: Root) -> None:
         assert _problem(c.get(path), 404)["type"].endswith("/not-found"), enc
 
 
+def test_head_of_a_key_and_the_methods_a_405_names(shared_root: Root) -> None:
+    name, tok = shared_root.producer()
+    c = shared_root.client(tok)
+    seq = c.put(f"/v1/kv/{name}/h", content=b"12345").json()["seq"]
+    r = c.head(f"/v1/kv/{name}/h")
+    assert (r.status_code, r.content, r.headers["content-length"]) == (200, b"", "5")
+    assert r.headers["etag"] == f'"{seq}"'
+    assert c.head(f"/v1/kv/{name}/none").status_code == 404
+    # a 405 names every method the path takes, not those of one route
+    for method in ("POST", "PATCH"):
+        r = c.request(method, f"/v1/kv/{name}/h", content=b"x")
+        assert r.status_code == 405 and r.headers["allow"] == "GET, HEAD, PUT, DELETE", r.headers
+        assert "GET, HEAD, PUT, DELETE" in _problem(r, 405)["detail"]
+    assert c.get(f"/v1/kv/{name}/h").content == b"12345"  # nothing changed
+
+
 def test_msgpack_batch_carries_binary_values(shared_root: Root) -> None:
     name, tok = shared_root.producer()
     c = shared_root.client(tok)
