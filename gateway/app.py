@@ -17,9 +17,8 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException
 from starlette.responses import Response
-from starlette.routing import Match
-from starlette.types import Scope
 
+from core.allow import allowed_methods
 from core.errors import MercuryError
 from core.openapi import generated
 from core.service import Service
@@ -108,17 +107,3 @@ def create_app(settings: Settings, store: Store, services: Sequence[Service] = (
         return problems.problem(500, "internal error; see the gateway's log")
 
     return app
-
-
-#: The methods a 405's Allow may name.
-_METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
-
-
-def allowed_methods(app: FastAPI, scope: Scope) -> str:
-    """Every method some route of `app` takes on the request's path, for a 405's Allow
-    header (asked of the routes themselves, included routers too)."""
-    return ", ".join(
-        m
-        for m in _METHODS
-        if any(r.matches({**scope, "method": m})[0] is Match.FULL for r in app.router.routes)
-    )

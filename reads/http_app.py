@@ -28,6 +28,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from core import openapi, strictjson
+from core.allow import allowed_methods
 from core.errors import (
     CRCError,
     InvalidReadError,
@@ -176,10 +177,15 @@ async def _unexpected(_request: Request, err: Exception) -> Response:
     return problem(500, "internal", "the read failed; see the node's log")
 
 
-async def _http_error(_request: Request, err: Exception) -> Response:
+async def _http_error(request: Request, err: Exception) -> Response:
     assert isinstance(err, StarletteHTTPException)
     slug = {404: "not-found", 405: "method-not-allowed"}.get(err.status_code, "http-error")
-    return problem(err.status_code, slug, str(err.detail))
+    if err.status_code != 405:
+        return problem(err.status_code, slug, str(err.detail))
+    allow = allowed_methods(request.app, request.scope)  # every method the path takes
+    refusal = problem(405, slug, f"{request.method} is not served here; this path takes {allow}")
+    refusal.headers["allow"] = allow
+    return refusal
 
 
 async def _invalid_body(_request: Request, err: Exception) -> Response:

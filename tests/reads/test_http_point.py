@@ -79,6 +79,9 @@ def test_writes_unknown_paths_and_bad_bodies_answer_problem_json(
                 assert r.status_code == 405 and "gateway" in r.json()["hint"], (method, path)
                 assert r.headers["content-type"] == "application/problem+json"
                 assert r.headers["allow"] == "GET, HEAD"  # what a 405 must name
+        r = c.post("/v1/status")  # a method the path does not take: Allow names the ones it does
+        assert (r.status_code, r.headers["allow"]) == (405, "GET")
+        assert r.headers["content-type"] == "application/problem+json"
         r = c.get("/v1/nope")
         assert r.status_code == 404
         assert r.headers["content-type"] == "application/problem+json"
