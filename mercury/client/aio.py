@@ -97,11 +97,12 @@ class AsyncClient:
         `ok404`) or the typed exception. `safe`: repeating the request cannot do harm
         (reads, writes with an Idempotency-Key)."""
         http = self._read if call.node == READ else self._write
-        attempt = 0
+        attempt = redirects = 0
+        target = call.path
         while True:
             try:
                 r = await http.request(
-                    call.method, call.path, headers=call.headers, content=call.content
+                    call.method, target, headers=call.headers, content=call.content
                 )
             except httpx.TransportError as err:
                 if not safe and not isinstance(err, httpx.ConnectError):
@@ -110,8 +111,14 @@ class AsyncClient:
                 if wait is None:
                     raise _unavailable(err) from err
             else:
-                if r.status_code < 400 or (ok404 and r.status_code == 404):
+                if calls.success(r, ok404):
                     return r
+                # An HA standby sends a write to its leader: the same request, once more
+                # (the standby applied nothing).
+                location = calls.redirect(r) if redirects < calls.MAX_REDIRECTS else None
+                if location is not None:
+                    target, redirects = location, redirects + 1
+                    continue
                 wait = (
                     self.policy.wait(attempt, r.headers, self._rand)
                     if retryable(r.status_code, safe)
@@ -119,6 +126,8 @@ class AsyncClient:
                 )
                 if wait is None:
                     raise calls.error(r)
+            # A retry asks the node again: after a failover it names the new leader.
+            target, redirects = call.path, 0
             await self._sleep(wait)
             attempt += 1
 
@@ -268,7 +277,7 @@ class AsyncClient:
         call = calls.range_stream(query)
         try:
             async with self._read.stream("GET", call.path, headers=call.headers) as r:
-                if r.status_code >= 400:
+                if not calls.success(r, False):  # a redirect too: its body is no stream
                     await r.aread()
                     raise calls.error(r)
                 async for line in r.aiter_lines():
@@ -300,7 +309,7 @@ class AsyncClient:
             call = calls.watch(prefix, resume.restart())
             try:
                 async with self._read.stream("GET", call.path, headers=call.headers) as r:
-                    if r.status_code >= 400:
+                    if not calls.success(r, False):  # a redirect too: its body is no stream
                         await r.aread()
                         wait = (
                             self.policy.wait(attempt, r.headers, self._rand)

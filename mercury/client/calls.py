@@ -33,6 +33,28 @@ class Call:
     content: bytes | None = None
 
 
+#: Redirects one call follows: an HA standby's 307 to its leader (a longer chain means the
+#: group is moving; the call then fails as the last answer says).
+MAX_REDIRECTS = 3
+
+
+def success(r: httpx.Response, ok404: bool) -> bool:
+    """Whether `r` is an answer the call returns: a 2xx, or a 404 when `ok404`. Any other
+    answer (a redirect not followed too) is an error: its body is no value or result."""
+    return 200 <= r.status_code < 300 or (ok404 and r.status_code == 404)
+
+
+def redirect(r: httpx.Response) -> str | None:
+    """Where a 307 or 308 answer sends the same request (method, body and token kept), or
+    None: another answer, no Location, or a Location that would leave HTTPS."""
+    if r.status_code not in (307, 308) or not r.headers.get("location"):
+        return None
+    target = r.request.url.join(r.headers["location"])
+    if r.request.url.scheme == "https" and target.scheme != "https":
+        return None  # the token would travel in clear
+    return str(target)
+
+
 def new_idempotency_key() -> str:
     """A fresh random Idempotency-Key (one per logical write)."""
     return uuid.uuid4().hex

@@ -117,7 +117,8 @@ class StorageFull(ServerError):
 
 
 class Unavailable(MercuryClientError):
-    """No usable answer now: connection refused or cut, timeout, 502/503/504."""
+    """No usable answer now: connection refused or cut, timeout, 502/503/504, or a redirect
+    not followed (an HA group whose leader keeps moving, or one leaving HTTPS)."""
 
 
 _BY_STATUS: dict[int, type[MercuryClientError]] = {
@@ -150,6 +151,8 @@ def class_for(status: int) -> type[MercuryClientError]:
         return cls
     if 400 <= status < 500:
         return Refused
+    if 300 <= status < 400:
+        return Unavailable
     return ServerError
 
 
