@@ -20,11 +20,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import httpx
 import orjson
 
-from core.errors import ConfigError, GatewayError
+from core.errors import ConfigError
 from mercury.client.wire import segment
+from mercury.cmd_gateway import _check, _client, _client_args
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 
@@ -95,33 +95,6 @@ def register(sub: Any) -> None:
     _client_args(ar)
     ar.add_argument("--out", help="file to write the new token to (default: --admin-token-file)")
     ar.set_defaults(func=_admin_rotate)
-
-
-def _client_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--url", default="http://127.0.0.1:8080", help="gateway base URL")
-    p.add_argument(
-        "--admin-token-file", required=True, help="file holding the admin token (admin.token)"
-    )
-
-
-def _client(args: argparse.Namespace) -> httpx.Client:
-    token = Path(args.admin_token_file).read_text().strip()
-    return httpx.Client(
-        base_url=args.url.rstrip("/"), headers={"Authorization": f"Bearer {token}"}, timeout=30.0
-    )
-
-
-def _check(resp: httpx.Response) -> Any:
-    if resp.status_code >= 400:
-        try:
-            body = resp.json()
-        except ValueError:
-            body = {"detail": resp.text}
-        lines = [f"{resp.request.method} {resp.request.url.path}: {resp.status_code} "
-                 f"{body.get('detail', '')}"]  # fmt: skip
-        lines += [f"  - {e}" for e in body.get("errors", [])]
-        raise GatewayError("\n".join(lines), hint=body.get("hint"))
-    return resp.json()
 
 
 def parse_duration(text: str) -> int:

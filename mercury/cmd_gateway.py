@@ -129,12 +129,21 @@ def _client(args: argparse.Namespace) -> httpx.Client:
 
 
 def _check(resp: httpx.Response) -> Any:
-    if resp.status_code >= 400:
-        try:
-            detail = resp.json().get("detail", resp.text)
-        except ValueError:
-            detail = resp.text
-        raise GatewayError(
-            f"{resp.request.method} {resp.request.url.path}: {resp.status_code} {detail}"
-        )
-    return resp.json()
+    """The JSON of a 2xx answer; any other answer is a `GatewayError` naming it (every
+    problem of an ACL document listed, and the hint). A redirect is one too: an HA standby
+    sends admin calls to its leader, whose address the error gives."""
+    if 200 <= resp.status_code < 300:
+        return resp.json()
+    try:
+        body = resp.json()
+    except ValueError:
+        body = None
+    if not isinstance(body, dict):
+        body = {"detail": resp.text}
+    lines = [f"{resp.request.method} {resp.request.url.path}: {resp.status_code} "
+             f"{body.get('detail', '')}"]  # fmt: skip
+    lines += [f"  - {e}" for e in body.get("errors", [])]
+    hint = body.get("hint")
+    if resp.status_code in (307, 308) and body.get("leader_url"):
+        hint = f"this node does not lead its HA group: run again with --url {body['leader_url']}"
+    raise GatewayError("\n".join(lines), hint=hint)

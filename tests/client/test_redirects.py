@@ -17,7 +17,7 @@ import pytest
 from mercury.client import AsyncClient, Client, RetryPolicy, Unavailable, calls
 from mercury.ha_front import Front
 from tests.gateway.conftest import Root, make_root
-from tests.support.procs import Procs, free_port
+from tests.support.procs import Procs, free_port, run_mercury
 
 
 class StandbyFront:
@@ -117,3 +117,14 @@ def test_a_redirect_leaving_https_is_not_followed() -> None:
         302, headers={"location": "/x"}, request=httpx.Request("GET", "http://a/")
     )
     assert calls.redirect(plain) is None  # only 307/308 keep the method and body
+
+
+def test_admin_commands_sent_to_a_standby_name_the_leader(
+    root: Root, standby: StandbyFront, tmp_path: Path
+) -> None:
+    token_file = tmp_path / "admin.token"
+    token_file.write_text(root.admin_token)
+    for argv in (["usage"], ["acl", "token", "list", "someone"]):
+        r = run_mercury(*argv, "--url", standby.url, "--admin-token-file", str(token_file))
+        assert r.returncode != 0, r.stdout  # not the standby's answer printed as a report
+        assert f"--url {root.url}" in r.stderr, r.stderr
