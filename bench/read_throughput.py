@@ -53,7 +53,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from bench import procstat  # noqa: E402
+from bench import cpucap, procstat  # noqa: E402
 from store.ops import SET, Op  # noqa: E402
 from store.store import Store  # noqa: E402
 from tests.support.procs import free_port, wait_port  # noqa: E402
@@ -259,6 +259,15 @@ def main(argv: list[str] | None = None) -> int:
         "--memcached-threads", type=int, default=1, help="memcached -t (one core: 1 is its best)"
     )
     ap.add_argument("--workers", type=int, default=1, help="also measure --read-workers N")
+    ap.add_argument(
+        "--capped-scaling",
+        type=float,
+        default=None,
+        metavar="CORES",
+        help="with --workers N: also measure 1 against N readers, each pinned to its own CPU "
+        "and capped to CORES of it (cgroup CPU bandwidth; root), memcached -t 1 against "
+        "-t N alike as the baseline",
+    )
     ap.add_argument("--quick", action="store_true", help="1 round of 1 s runs (a smoke test)")
     args = ap.parse_args(argv)
     if args.quick:
@@ -311,8 +320,11 @@ def main(argv: list[str] | None = None) -> int:
             for name, r in results.items()
         }
         scaling: dict[str, Any] | None = None
+        capped: dict[str, Any] | None = None
         if args.workers > 1:
             scaling = measure_scaling(tmp, keys, args, loadgen)
+            if args.capped_scaling:
+                capped = measure_capped_scaling(tmp, keys, args, loadgen, notes)
         doc = {
             "bench": "read_throughput",
             "settings": {
@@ -324,6 +336,7 @@ def main(argv: list[str] | None = None) -> int:
             "figures": figures,
             "ratios": ratios(figures, f"{args.conns}_conns"),
             "scaling": scaling,
+            "capped_scaling": capped,
         }
         print(json.dumps(doc, indent=2))
     finally:
@@ -367,6 +380,109 @@ def ratios(figures: dict[str, Any], many: str) -> dict[str, Any]:
         a = fig("mercury_memcached", many, "p99_us")
         if a is not None:
             out[f"mercury_memcached_p99_at_{many}_vs_kt_rest"] = ratio(a, kt99)
+    return out
+
+
+def readers_of(p: subprocess.Popen[bytes], data: Path, n: int) -> list[int]:
+    """The PIDs of `p`'s n reader processes (itself first), once all n serve (each writes
+    its metrics file under `data`/readers once serving)."""
+    deadline = time.monotonic() + 60
+    while True:
+        kids: list[int] = []
+        for task in os.listdir(f"/proc/{p.pid}/task"):
+            kids += [
+                int(x) for x in Path(f"/proc/{p.pid}/task/{task}/children").read_text().split()
+            ]
+        serving = len(list((data / "readers").glob("reader-*.prom")))
+        if len(kids) >= n - 1 and (n == 1 or serving >= n):
+            return [p.pid, *sorted(kids)[: n - 1]]
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{n} readers did not start: {kids}, {serving} serving")
+        time.sleep(0.2)
+
+
+def measure_capped_scaling(
+    tmp: Path, keys: list[bytes], args: argparse.Namespace, loadgen: str, notes: list[str]
+) -> dict[str, Any] | None:
+    """1 reader against N readers, each pinned to its own CPU and capped to
+    `--capped-scaling` cores of it, the load generator unpinned on what is left; memcached
+    -t 1 against -t N (one process: pinned to the same CPUs, capped to the same total) as
+    the like-for-like baseline. Each run also reads every capped process's CPU time, so a
+    process the load generator could not keep busy (a share well under its cap) shows."""
+    cores = float(args.capped_scaling)
+    ncpu = os.cpu_count() or 1
+    cpus = [(args.server_cpu + i) % ncpu for i in range(args.workers)]
+    try:
+        probe = cpucap.CpuCap("probe", cores)
+        probe.remove()
+    except (cpucap.Unavailable, OSError) as err:
+        notes.append(f"capped scaling not measured: {err}")
+        return None
+    rows: dict[tuple[str, int], list[dict[str, Any]]] = {}
+
+    def run(name: str, n: int, target: Target, pids: list[int], caps: list[cpucap.CpuCap]) -> None:
+        time.sleep(1.0)  # start-up CPU spent before the measured window
+        c0 = [procstat.cpu_seconds(pid) for pid in pids]
+        t0 = [c.throttled_s() for c in caps]
+        r = run_load(
+            loadgen, target.mode, target.port, args.conns, args.seconds, target.paths, None
+        )
+        used = [procstat.cpu_seconds(pid) - c for pid, c in zip(pids, c0, strict=True)]
+        # The share of its cap each capped group used: near 1 when the load kept it busy.
+        per_cap = sum(c.cores for c in caps) / len(caps)
+        r["cap_use"] = [round(u / (per_cap * r["seconds"]), 2) for u in used]
+        r["throttled_s"] = [round(c.throttled_s() - t, 2) for c, t in zip(caps, t0, strict=True)]
+        rows.setdefault((name, n), []).append(r)
+
+    for _ in range(args.rounds):
+        for n in (1, args.workers):
+            # An earlier round's metrics files would count as readers serving.
+            shutil.rmtree(tmp / f"mercury-{n}" / "readers", ignore_errors=True)
+            p, ts = mercury(tmp, keys, args.value_bytes, None, workers=n)
+            caps: list[cpucap.CpuCap] = []
+            try:
+                pids = readers_of(p, tmp / f"mercury-{n}", n)
+                for i, pid in enumerate(pids):
+                    cpucap.pin(pid, cpus[i] if n > 1 else args.server_cpu)
+                    caps.append(cpucap.CpuCap(f"reader{i}", cores))
+                    caps[-1].add(pid)
+                for t in ts:
+                    run(f"mercury_{t.mode}", n, t, pids, caps)
+            finally:
+                stop(p)
+                for c in caps:
+                    c.remove()
+            if not shutil.which(args.memcached):
+                continue
+            p, ts = memcached(keys, args.value_bytes, None, args.memcached, n)
+            caps = []
+            try:
+                mine = {args.server_cpu} if n == 1 else set(cpus)
+                for task in os.listdir(f"/proc/{p.pid}/task"):
+                    with contextlib.suppress(ProcessLookupError):
+                        os.sched_setaffinity(int(task), mine)
+                caps.append(cpucap.CpuCap("memcached", cores * n))
+                caps[0].add(p.pid)
+                run("memcached", n, ts[0], [p.pid], caps)
+            finally:
+                stop(p)
+                for c in caps:
+                    c.remove()
+    out: dict[str, Any] = {"cores_per_reader": cores, "cpus": cpus}
+    for name in ("mercury_http", "mercury_memcached", "memcached"):
+        one, many = rows.get((name, 1)), rows.get((name, args.workers))
+        if not one or not many:
+            continue
+        a = statistics.median(r["per_s"] for r in one)
+        b = statistics.median(r["per_s"] for r in many)
+        out[name] = {
+            "per_s_1w": a,
+            f"per_s_{args.workers}w": b,
+            # 1.0 is linear: N capped readers serve N times what one serves.
+            "scaling_vs_linear": ratio(b, args.workers * a),
+            "cap_use_min": min(u for r in one + many for u in r["cap_use"]),
+            "rounds": {f"{k}w": rows[(name, k)] for k in (1, args.workers)},
+        }
     return out
 
 
