@@ -566,7 +566,13 @@ class Bench:
         c1 = clock() if writer else None
         d = {k: or_zero(f, s.applier_pid) - before[k] for k, f in APPLIER_COUNTERS.items()}
         node1 = sum(or_zero(cpu_seconds, p) for p in s.node_pids)
-        out: dict[str, Any] = {"read": pct(lat), "settle_s": settled}
+        out: dict[str, Any] = {
+            "read": pct(lat),
+            "settle_s": settled,
+            # CPU per second whatever the rate: idle, what the applier costs with nothing to
+            # apply (heartbeats, status, timers), a floor every write phase's per-MB carries.
+            "applier_cpu_ms_per_s": round(d["cpu"] * 1000 / dt, 2),
+        }
         if writer is not None:
             size = 100 if phase.endswith("100b") else 40 << 10
             os.kill(writer.pid, signal.SIGTERM)  # it stamps the clock once more and exits
