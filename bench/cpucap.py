@@ -98,8 +98,8 @@ class CpuCap:
             self.path.rmdir()
 
 
-def pin(pid: int, cpu: int) -> None:
-    """Pin every thread of process `pid` to `cpu` (threads it starts later inherit it)."""
+def pin(pid: int, cpus: set[int]) -> None:
+    """Pin every thread of process `pid` to `cpus` (threads it starts later inherit it)."""
     for task in os.listdir(f"/proc/{pid}/task"):
         with contextlib.suppress(ProcessLookupError):
-            os.sched_setaffinity(int(task), {cpu})
+            os.sched_setaffinity(int(task), cpus)

@@ -99,6 +99,14 @@ def stop(p: subprocess.Popen[bytes]) -> None:
             p.wait(5)
 
 
+def children(pid: int) -> list[int]:
+    """The child processes of `pid` now, by PID (/proc)."""
+    kids: list[int] = []
+    for task in os.listdir(f"/proc/{pid}/task"):
+        kids += [int(x) for x in Path(f"/proc/{pid}/task/{task}/children").read_text().split()]
+    return kids
+
+
 def cpu_seconds(pid: int) -> float:
     """User+system CPU seconds of `pid` and its descendants alive now (/proc)."""
     total = 0.0
@@ -107,9 +115,7 @@ def cpu_seconds(pid: int) -> float:
         p = todo.pop()
         try:
             total += procstat.cpu_seconds(p)
-            for task in os.listdir(f"/proc/{p}/task"):
-                kids = Path(f"/proc/{p}/task/{task}/children").read_text().split()
-                todo += [int(x) for x in kids]
+            todo += children(p)
         except (FileNotFoundError, ProcessLookupError, IndexError):
             continue
     return total
@@ -173,9 +179,18 @@ def mercury(
     ]
     if workers > 1:
         cmd += ["--read-workers", str(workers)]
+        # Each reader writes its metrics file here once it serves; an earlier run's files
+        # would count as readers serving.
+        shutil.rmtree(data / "readers", ignore_errors=True)
     p = start(cmd, cpu)
     wait_port(hp, proc=p)
     wait_port(mp, proc=p)
+    deadline = time.monotonic() + 60
+    while workers > 1 and len(list((data / "readers").glob("reader-*.prom"))) < workers:
+        if time.monotonic() > deadline or p.poll() is not None:
+            stop(p)
+            raise RuntimeError(f"{workers} readers did not all start serving")
+        time.sleep(0.2)
     suffix = "" if workers == 1 else f"_{workers}w"
     return p, [
         Target("mercury_http" + suffix, "http", hp, ["/v1/kv/" + k.decode() for k in keys], p.pid),
@@ -383,24 +398,6 @@ def ratios(figures: dict[str, Any], many: str) -> dict[str, Any]:
     return out
 
 
-def readers_of(p: subprocess.Popen[bytes], data: Path, n: int) -> list[int]:
-    """The PIDs of `p`'s n reader processes (itself first), once all n serve (each writes
-    its metrics file under `data`/readers once serving)."""
-    deadline = time.monotonic() + 60
-    while True:
-        kids: list[int] = []
-        for task in os.listdir(f"/proc/{p.pid}/task"):
-            kids += [
-                int(x) for x in Path(f"/proc/{p.pid}/task/{task}/children").read_text().split()
-            ]
-        serving = len(list((data / "readers").glob("reader-*.prom")))
-        if len(kids) >= n - 1 and (n == 1 or serving >= n):
-            return [p.pid, *sorted(kids)[: n - 1]]
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"{n} readers did not start: {kids}, {serving} serving")
-        time.sleep(0.2)
-
-
 def measure_capped_scaling(
     tmp: Path, keys: list[bytes], args: argparse.Namespace, loadgen: str, notes: list[str]
 ) -> dict[str, Any] | None:
@@ -427,23 +424,22 @@ def measure_capped_scaling(
         r = run_load(
             loadgen, target.mode, target.port, args.conns, args.seconds, target.paths, None
         )
-        used = [procstat.cpu_seconds(pid) - c for pid, c in zip(pids, c0, strict=True)]
-        # The share of its cap each capped group used: near 1 when the load kept it busy.
-        per_cap = sum(c.cores for c in caps) / len(caps)
-        r["cap_use"] = [round(u / (per_cap * r["seconds"]), 2) for u in used]
+        # The share of its cap each capped process used: near 1 when the load kept it busy.
+        r["cap_use"] = [
+            round((procstat.cpu_seconds(pid) - c) / (cap.cores * r["seconds"]), 2)
+            for pid, c, cap in zip(pids, c0, caps, strict=True)
+        ]
         r["throttled_s"] = [round(c.throttled_s() - t, 2) for c, t in zip(caps, t0, strict=True)]
         rows.setdefault((name, n), []).append(r)
 
     for _ in range(args.rounds):
         for n in (1, args.workers):
-            # An earlier round's metrics files would count as readers serving.
-            shutil.rmtree(tmp / f"mercury-{n}" / "readers", ignore_errors=True)
             p, ts = mercury(tmp, keys, args.value_bytes, None, workers=n)
             caps: list[cpucap.CpuCap] = []
             try:
-                pids = readers_of(p, tmp / f"mercury-{n}", n)
+                pids = [p.pid, *sorted(children(p.pid))]  # reader 0 starts only readers
                 for i, pid in enumerate(pids):
-                    cpucap.pin(pid, cpus[i] if n > 1 else args.server_cpu)
+                    cpucap.pin(pid, {cpus[i] if n > 1 else args.server_cpu})
                     caps.append(cpucap.CpuCap(f"reader{i}", cores))
                     caps[-1].add(pid)
                 for t in ts:
@@ -457,10 +453,7 @@ def measure_capped_scaling(
             p, ts = memcached(keys, args.value_bytes, None, args.memcached, n)
             caps = []
             try:
-                mine = {args.server_cpu} if n == 1 else set(cpus)
-                for task in os.listdir(f"/proc/{p.pid}/task"):
-                    with contextlib.suppress(ProcessLookupError):
-                        os.sched_setaffinity(int(task), mine)
+                cpucap.pin(p.pid, {args.server_cpu} if n == 1 else set(cpus))
                 caps.append(cpucap.CpuCap("memcached", cores * n))
                 caps[0].add(p.pid)
                 run("memcached", n, ts[0], [p.pid], caps)
@@ -496,15 +489,7 @@ def measure_scaling(
         for n in (1, args.workers):
             p, ts = mercury(tmp, keys, args.value_bytes, None, workers=n)
             try:
-                # Every reader up (each writes its metrics file once serving), and its
-                # start-up CPU spent before the measured window.
-                readers = tmp / f"mercury-{n}" / "readers"
-                deadline = time.monotonic() + 60
-                while n > 1 and time.monotonic() < deadline:
-                    if len(list(readers.glob("reader-*.prom"))) >= n:
-                        break
-                    time.sleep(0.2)
-                time.sleep(1.0)
+                time.sleep(1.0)  # the readers' start-up CPU spent before the measured window
                 for t in ts:
                     c0 = cpu_seconds(p.pid)
                     r = run_load(loadgen, t.mode, t.port, args.conns, args.seconds, t.paths, None)
