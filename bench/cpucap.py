@@ -26,6 +26,8 @@ V2 = Path("/sys/fs/cgroup")
 #: CFS period (µs): short, so a capped process is throttled in small slices and its
 #: throughput is smooth over a run of seconds (the kernel's default is 100 ms).
 PERIOD_US = 10_000
+#: The smallest quota the kernel takes (1 ms): 0.1 of a core at this period.
+MIN_QUOTA_US = 1_000
 
 
 class Unavailable(RuntimeError):
@@ -53,15 +55,15 @@ class CpuCap:
 
     def __init__(self, name: str, cores: float) -> None:
         ncpu = os.cpu_count() or 1
-        if not 0.01 <= cores <= ncpu:
-            raise ValueError(f"cores must be 0.01 to {ncpu}, got {cores}")
+        if not MIN_QUOTA_US / PERIOD_US <= cores <= ncpu:
+            raise ValueError(f"cores must be {MIN_QUOTA_US / PERIOD_US} to {ncpu}, got {cores}")
         self.root, self.v2 = _layout()
         self.path = self.root / f"mercury-bench-{name}-{os.getpid()}"
         try:
             self.path.mkdir()
         except OSError as err:
             raise Unavailable(f"cannot make {self.path}: {err}") from err
-        quota = max(1000, round(cores * PERIOD_US))
+        quota = round(cores * PERIOD_US)
         try:
             if self.v2:
                 (self.path / "cpu.max").write_text(f"{quota} {PERIOD_US}")
