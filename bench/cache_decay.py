@@ -10,7 +10,7 @@ thread's CPU clock, back to back and after a pause of each `--pauses-ms`, in thr
 - ``touch``: the thread reads the working set again and again through the pause (kept warm);
 - ``sleep``: the thread sleeps (the CPU may idle; on a VM its vCPU may halt).
 
-On a machine whose caches are its own, ``spin`` costs nothing: nothing else touched the
+On a machine whose caches are its own, ``spin`` should cost nothing: nothing else touched the
 caches. Where a pause makes the next piece slower under ``spin`` and ``touch`` does not,
 something outside this process evicted the working set meanwhile (a VM host's other
 guests on the shared caches) — a cost a paced stream's applier pays per record whatever
