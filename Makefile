@@ -29,7 +29,7 @@ install: $(STAMP)
 
 EXT_STAMP := build/.ext-built
 
-$(EXT_STAMP): store/_codec.pyx gateway/_jsonops.pyx reads/_fastget.pyx reads/_fastconn.pyx setup.py $(STAMP)
+$(EXT_STAMP): store/_codec.pyx gateway/_jsonops.pyx reads/_fastget.pyx net/_fastconn.pyx setup.py $(STAMP)
 	$(need_c_deps)
 	$(PY) setup.py -q build_ext --inplace 2>&1 | grep -vE "^(running|copying|Compiling)" || true
 	@ls store/_codec*.so gateway/_jsonops*.so reads/_fastget*.so >/dev/null
@@ -38,7 +38,7 @@ $(EXT_STAMP): store/_codec.pyx gateway/_jsonops.pyx reads/_fastget.pyx reads/_fa
 build: $(EXT_STAMP)
 
 run: build
-	$(PY) -m mercury.devrun
+	$(PY) -m mercury.dev
 
 lint: build
 	$(VENV)/bin/ruff check .
@@ -106,4 +106,4 @@ bench: build bench-deps ha-deps
 	@for b in bench/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
 
 clean:
-	rm -rf $(VENV) build store/_codec.c store/*.so gateway/_jsonops.c gateway/_usagecount.c gateway/*.so reads/_fastget.c reads/_fastconn.c reads/*.so var
+	rm -rf $(VENV) build store/_codec.c store/*.so gateway/_jsonops.c gateway/_usagecount.c gateway/*.so reads/_fastget.c net/_fastconn.c reads/*.so var

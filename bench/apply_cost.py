@@ -192,7 +192,7 @@ def make_batches(name: str, n_values: int) -> list[list[Any]]:
 
 def build_root(tmp: Path, name: str, batches: list[list[Any]], chain: str | None) -> Any:
     """A RootNode (chain hash `chain`, None: the default) holding `batches`."""
-    from tests.replicator.harness import RootNode
+    from testkit.replication import RootNode
 
     tag = f"root-{name}-{chain or 'default'}"
     root = RootNode(
@@ -304,7 +304,7 @@ def run_live(
 ) -> dict[str, Any]:
     """Live: a fresh root writes `batches` (fsync, as fast as it commits them) while the
     child follows it, so records arrive one by one as a replica of a busy root sees them."""
-    from tests.replicator.harness import RootNode
+    from testkit.replication import RootNode
 
     root = RootNode(
         tempfile.mkdtemp(prefix="live-", dir=tmp) + "/root",

@@ -49,9 +49,9 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from bench.gateway_write import closed_loop, open_loop, pct, req
-from tests.ha.cluster import Cluster, Writers, log_records, lost_writes
-from tests.ha.etcdproc import Etcd
-from tests.support.procs import Procs
+from testkit.etcd import Etcd
+from testkit.hacluster import Cluster, Writers, log_records, lost_writes
+from testkit.procs import Procs
 
 
 def pctl(xs: list[float], p: float) -> float:

@@ -58,7 +58,11 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from bench.procstat import cpu_seconds  # noqa: E402
-from tests.support.procs import free_port, mercury_cmd, wait_http  # noqa: E402
+from testkit.procs import (  # noqa: E402
+    free_port,
+    mercury_cmd,
+    wait_http,
+)
 
 #: Extra `mercury root` flags of every root this run starts (``--switch-interval-ms``).
 ROOT_ARGS: list[str] = []

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 
-from tests.support.procs import stat_fields
+from testkit.procs import stat_fields
 
 
 def cpu_seconds(pid: int) -> float:

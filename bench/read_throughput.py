@@ -4,7 +4,7 @@ Four servers, each pinned to one CPU (`--server-cpu`, default 1) while a C load 
 (`bench/loadgen.c`, compiled here with `cc -O2`) runs pinned to another (`--client-cpu`,
 default 0):
 
-- Mercury HTTP `GET /v1/kv/{key}` and Mercury memcached `get` (`python -m reads.serve`
+- Mercury HTTP `GET /v1/kv/{key}` and Mercury memcached `get` (`python -m mercury.readserve`
   over a store holding the hot keys; one process serves both listeners);
 - Kyoto Tycoon REST `GET /{key}` (`/usr/local/bin/ktserver` or `--ktserver`, a `.kch` file
   database; skipped with a note when absent);
@@ -18,7 +18,7 @@ Servers are measured in turn inside each round and rounds are interleaved, so lo
 elsewhere on the machine falls on all of them alike; the figure of a server is its median
 round, with every round's beside it.
 
-With `--workers N` (N > 1), Mercury also runs as `python -m reads.serve --read-workers N`
+With `--workers N` (N > 1), Mercury also runs as `python -m mercury.readserve --read-workers N`
 unpinned, beside the same server with one worker unpinned, and both are reported with the
 server processes' CPU time, so scaling is throughput per CPU-second of the server as well
 as raw throughput (the load generator shares the machine's cores).
@@ -56,7 +56,10 @@ if str(REPO) not in sys.path:
 from bench import cpucap, procstat  # noqa: E402
 from store.ops import SET, Op  # noqa: E402
 from store.store import Store  # noqa: E402
-from tests.support.procs import free_port, wait_port  # noqa: E402
+from testkit.procs import (  # noqa: E402
+    free_port,
+    wait_port,
+)
 
 KTSERVER = "/usr/local/bin/ktserver"
 
@@ -170,7 +173,7 @@ def mercury(
     cmd = [
         sys.executable,
         "-m",
-        "reads.serve",
+        "mercury.readserve",
         str(data),
         "--listen",
         f"127.0.0.1:{hp}",

@@ -70,7 +70,12 @@ if str(REPO) not in sys.path:
 from bench import guestmem  # noqa: E402
 from bench.gateway_write import Conn  # noqa: E402  (one keep-alive HTTP/1.1 client for every bench)
 from bench.procstat import context_switches, cpu_seconds, minor_faults, read_calls  # noqa: E402
-from tests.support.procs import free_port, mercury_cmd, wait_http, wait_port  # noqa: E402
+from testkit.procs import (  # noqa: E402
+    free_port,
+    mercury_cmd,
+    wait_http,
+    wait_port,
+)
 
 HOT = [f"hot/{i:02d}" for i in range(20)]
 CLOCK_KEY = "w/clock"

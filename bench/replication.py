@@ -39,8 +39,8 @@ from replicator import bootstrap
 from replicator.status import StatusBoard
 from store.ops import SET, Op
 from store.store import Store
-from tests.replicator.harness import RootNode
-from tests.support.procs import Procs, free_port, run_mercury, wait_http
+from testkit.procs import Procs, free_port, run_mercury, wait_http
+from testkit.replication import RootNode
 
 
 def pct(xs: list[float], p: float) -> float:

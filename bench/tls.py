@@ -23,7 +23,7 @@ Each run measures:
    (`http.client`, a light client, so the server's share shows): P50/P99 microseconds,
    and the replica's CPU microseconds per read. Over TLS, the same reads also go to a
    second replica whose HTTPS runs on the event loop's own (memory-BIO) TLS layer instead
-   of `reads/tlsconn.py` (`MERCURY_HTTPS_LOOP_TLS=1`), in alternating order by round:
+   of `net/tlsconn.py` (`MERCURY_HTTPS_LOOP_TLS=1`), in alternating order by round:
    the `*_loop_tls` figures, the A/B of the transport.
 
 Ratios are TLS over plaintext of the same round (for latencies: TLS / plaintext, lower is
@@ -60,12 +60,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import httpx
 
 from bench.procstat import cpu_seconds
-from core.tlsconf import TlsFiles, client_context
-from mercury import certs
+from net import certs
+from net.tlsconf import TlsFiles, client_context
 from replicator import frames
 from store.ops import SET, Op
 from store.store import Store
-from tests.support.procs import Procs, free_port, run_mercury
+from testkit.procs import Procs, free_port, run_mercury
 
 #: The key every point read asks for (and a replica's readiness check).
 READ_PATH = "/v1/kv/k000000001"
@@ -288,7 +288,7 @@ class Tree:
 
     def start_loop_tls_replica(self) -> tuple[Any, int]:
         """A second replica of the root whose HTTPS runs on the event loop's own TLS layer
-        (`MERCURY_HTTPS_LOOP_TLS=1`) instead of `reads/tlsconn.py`, once it serves: the
+        (`MERCURY_HTTPS_LOOP_TLS=1`) instead of `net/tlsconn.py`, once it serves: the
         A/B of the point reads. Stopped with the tree."""
         rdir = self.d / f"replica-{self.mode}-loop"
         shutil.rmtree(rdir, ignore_errors=True)
@@ -447,7 +447,7 @@ def main() -> None:
             "min": round(min(per), 2),
             "max": round(max(per), 2),
         }
-    # The point reads over TLS on the loop's own TLS layer (the A/B of reads/tlsconn.py),
+    # The point reads over TLS on the loop's own TLS layer (the A/B of net/tlsconn.py),
     # over the same round's plaintext reads.
     for key in ("read_p50_us", "read_p99_us", "read_replica_cpu_us"):
         pairs = zip(runs["plaintext"], runs["mutual_tls"], strict=True)

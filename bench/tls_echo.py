@@ -3,7 +3,7 @@
 One pinned client (CPU 0, a blocking socket, TLS through Python's `ssl`) sends a 40-byte
 request and reads a 140-byte reply, `--requests` times, from a server pinned to CPU 1:
 uvloop's transport with its memory-BIO TLS layer (what the root's HTTPS and the
-replication links run on), `reads/tlsconn.py`'s readiness-driven TLS transport on uvloop
+replication links run on), `net/tlsconn.py`'s readiness-driven TLS transport on uvloop
 (a replica's HTTPS; its plaintext row is uvloop's plain transport again), a blocking `ssl`
 socket (Python's floor) and a blocking C server on the same OpenSSL
 (`bench/tls_echo_server.c`, compiled here with `cc -O2 -lssl -lcrypto`; skipped, and said
@@ -74,7 +74,7 @@ def _server(kind: str, tls: bool, pem: tuple[bytes, bytes], q: Any) -> None:
 
     loop = uvloop.new_event_loop()
     if kind == "tlsconn" and ctx is not None:
-        from reads.tlsconn import TlsServer
+        from net.tlsconn import TlsServer
 
         ls = socket.socket()
         ls.bind(("127.0.0.1", 0))

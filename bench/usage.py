@@ -20,7 +20,7 @@
   producer over 7 days hourly; median and max of ``--queries`` requests. Goal <= 50 ms for
   one producer.
 - ``reads``: the cost of counting reads for unused-key analytics (`reads/readstats.py`) on
-  the point-read path: two read servers (`python -m reads.serve`) over one store of 10,000
+  the point-read path: two read servers (`python -m mercury.readserve`) over one store of 10,000
   keys, one counting reads and one not, each asked by one keep-alive connection of a raw
   HTTP/1.1 client for random keys, the two requests of each step back to back in
   alternating order; P50 of each side per round and their ratio (goal: on <= 1.03 x off).
@@ -54,7 +54,12 @@ from gateway import usage_series as us  # noqa: E402
 from gateway.batcher import Batcher  # noqa: E402
 from store.ops import SET, Op, Result, Status  # noqa: E402
 from store.store import Store  # noqa: E402
-from tests.support.procs import Procs, free_port, run_mercury, wait_http  # noqa: E402
+from testkit.procs import (  # noqa: E402
+    Procs,
+    free_port,
+    run_mercury,
+    wait_http,
+)
 
 # --- load --------------------------------------------------------------------------------
 
@@ -343,8 +348,8 @@ def bench_query(
 _SERVER = (
     "import runpy, sys; from reads import readstats\n"
     "if sys.argv[1] == 'on': readstats.enable()\n"
-    "sys.argv = ['reads.serve', *sys.argv[2:]]\n"
-    "runpy.run_module('reads.serve', run_name='__main__')"
+    "sys.argv = ['mercury.readserve', *sys.argv[2:]]\n"
+    "runpy.run_module('mercury.readserve', run_name='__main__')"
 )
 
 

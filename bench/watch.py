@@ -36,7 +36,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tests.support.procs import Procs, free_port, run_mercury, wait_http
+from testkit.procs import Procs, free_port, run_mercury, wait_http
 
 
 def pct(xs: list[float], p: float) -> float | None:

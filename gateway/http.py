@@ -1,5 +1,5 @@
 """Small HTTP helpers shared by the routes and the fast path: a request's body reader (over
-the one bounded body reader, `core/asgibody.py`: the FastAPI routes and the raw-ASGI fast
+the one bounded body reader, `net/asgibody.py`: the FastAPI routes and the raw-ASGI fast
 path refuse the same bodies the same way), JSON responses, and an `Answer` as a response."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from typing import Any
 import orjson
 from starlette.responses import Response
 
-from core.asgibody import Receive, read_body
 from gateway.answers import Answer
+from net.asgibody import Receive, read_body
 
 #: `read(limit, what)`: the request body, 413 beyond `limit` bytes (see `body_reader`).
 BodyReader = Callable[[int, str], Awaitable[bytes]]

@@ -1,4 +1,4 @@
-"""`mercury certs`: a CA and per-node certificates for a deployment (`mercury/certs.py`;
+"""`mercury certs`: a CA and per-node certificates for a deployment (`net/certs.py`;
 docs/security.md, "Running a secure node")."""
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ def register(sub: Any) -> None:
 
 
 def _certs(args: argparse.Namespace) -> int:
-    from mercury import certs
+    from net import certs
 
     written = certs.ensure(
         Path(args.out),

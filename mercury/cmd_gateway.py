@@ -9,10 +9,10 @@ from typing import Any
 
 import httpx
 
-from core import http_bounds
 from core.errors import GatewayError
 from mercury import ha_flags, retention_flags, tls
-from reads.tcp import add_listener_flags
+from net import http_bounds
+from net.tcp import add_listener_flags
 
 
 def register(sub: Any) -> None:

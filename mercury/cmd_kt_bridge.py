@@ -1,5 +1,5 @@
 """`mercury kt-bridge`: follow a Kyoto Tycoon server's update log into Mercury (see
-`mercury/kt_bridge.py` and docs/kt-compat.md)."""
+`kt/bridge.py` and docs/kt-compat.md)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from typing import Any
 
 from core.addr import parse_hostport
 from core.errors import ConfigError
-from mercury.client import Client, MercuryClientError
-from mercury.kt_bridge import Bridge, BridgeState, KtBridgeError, Options, import_db
+from kt.bridge import Bridge, BridgeState, KtBridgeError, Options, import_db
+from mercury_client import Client, MercuryClientError
 
 
 def register(sub: Any) -> None:

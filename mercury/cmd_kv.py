@@ -1,4 +1,4 @@
-"""`mercury kv`: read and write keys from the shell through the SDK (`mercury.client`).
+"""`mercury kv`: read and write keys from the shell through the SDK (`mercury_client`).
 
 Exit statuses (also in `mercury kv --help`): 0 done, 2 usage (bad arguments or input
 file), 3 not found, 4 refused (any other 4xx: forbidden, too large, over quota after the
@@ -19,15 +19,7 @@ from typing import Any, BinaryIO
 
 from tqdm import tqdm
 
-from mercury.client import (
-    Client,
-    Gone,
-    MercuryClientError,
-    NotFound,
-    Refused,
-    RetryPolicy,
-    wire,
-)
+from mercury_client import Client, Gone, MercuryClientError, NotFound, Refused, RetryPolicy, wire
 
 OK, USAGE, NOT_FOUND, REFUSED, UNAVAILABLE = 0, 2, 3, 4, 5
 

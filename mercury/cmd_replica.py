@@ -5,9 +5,9 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from core import http_bounds
 from mercury import retention_flags, tls
-from reads.tcp import add_listener_flags
+from net import http_bounds
+from net.tcp import add_listener_flags
 from replicator.client import APPLY_WINDOW
 from replicator.heap import HEAP_KEEP_MB
 

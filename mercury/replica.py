@@ -28,9 +28,10 @@ from typing import Any
 
 import uvicorn
 
-from core import eventloop, http_bounds
+from core import eventloop
 from mercury import logsetup, tls
 from mercury.settings import ReplicaConfig
+from net import http_bounds
 from reads import workermetrics, workers
 from replicator import sched
 from replicator.metrics import (
@@ -153,13 +154,13 @@ class _Server(uvicorn.Server):
         return contextlib.nullcontext()
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
-        """HTTPS on `reads/tlsconn.py`'s transport (TLS on the socket, driven by readiness)
+        """HTTPS on `net/tlsconn.py`'s transport (TLS on the socket, driven by readiness)
         instead of the loop's memory-BIO TLS layer: half its cost per keep-alive request."""
         ctx = self.config.ssl
         if ctx is None or not sockets or os.environ.get("MERCURY_HTTPS_LOOP_TLS") == "1":
             # (the environment variable: the loop's own TLS layer, for bench/tls.py's A/B)
             return await super().startup(sockets)
-        from reads.tlsconn import HANDSHAKE_TIMEOUT_S, MAX_HANDSHAKES, TlsServer
+        from net.tlsconn import HANDSHAKE_TIMEOUT_S, MAX_HANDSHAKES, TlsServer
 
         await self.lifespan.startup()  # (lifespan="off": nothing, kept for uvicorn's order)
         config, loop = self.config, asyncio.get_running_loop()
@@ -193,10 +194,10 @@ async def _read_side(
     read counter (started), and the HTTP listener's config and socket (one of `n` sharing
     the address with SO_REUSEPORT when `n` > 1), under `bounds` (`--http-*`, as the
     root's gateway: each reader process bounds its own connections)."""
+    from mercury.listeners import replica_services
     from reads.fasthttp import fast_read_protocol
     from reads.http_app import create_read_app
     from reads.readstats import ReadStatsService, spool
-    from reads.wiring import replica_services
 
     cfg = config.worker
 
@@ -232,8 +233,8 @@ async def _read_side(
         host=host,
         port=port,
         # Point gets answered in the protocol, everything else through ASGI (reads/fasthttp.py),
-        # under idle/header timeouts and a connection cap (core/http_bounds.py); over
-        # HTTPS too (`_Server.startup` hands the same class to reads/tlsconn.py).
+        # under idle/header timeouts and a connection cap (net/http_bounds.py); over
+        # HTTPS too (`_Server.startup` hands the same class to net/tlsconn.py).
         **http_bounds.uvicorn_options(bounds, fast_read_protocol(store, tokens)),
         access_log=False,
         log_level="warning",

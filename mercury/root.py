@@ -16,17 +16,17 @@ from typing import Any
 
 import uvicorn
 
-from core import http_bounds
 from core.errors import ConfigError
 from core.service import Service
-from core.tlsconf import TlsContexts
 from gateway.app import create_app
 from gateway.fastpath import FastPath
+from gateway.protocol_writer import kt_writer_for
 from gateway.read_tokens import GatewayReadTokens
 from mercury import gctune, logsetup, tls
-from mercury.kt_root_writer import kt_writer_for
 from mercury.settings import RootConfig
 from mercury.unused_wiring import RootUnused
+from net import http_bounds
+from net.tlsconf import TlsContexts
 from store.lock import WriterLock
 from store.retention import RetentionService
 from store.store import Store
@@ -38,18 +38,18 @@ log = logging.getLogger("mercury.root")
 
 def run_root(args: argparse.Namespace) -> int:
     """Run the root until SIGTERM/SIGINT; the open batch is committed before exit."""
-    if args.ha_etcd and not args.ha_await_go:  # a root candidate (mercury/ha_candidate.py)
-        from mercury.ha_candidate import run_candidate
+    if args.ha_etcd and not args.ha_await_go:  # a root candidate (ha/candidate.py)
+        from ha.candidate import run_candidate
 
-        return run_candidate(args)
+        return run_candidate(args, tls.files_from_args(args))
     # Imported here so `mercury --help` does not load the other components.
+    from mercury import listeners as reads_wiring
     from reads import watch as reads_watch
-    from reads import wiring as reads_wiring
     from reads.auth import ReadAuth
     from replicator import wiring as repl_wiring
 
     if args.ha_await_go:  # a candidate's warm root: wait until elected (ha_leader.py)
-        from mercury import ha_leader
+        from ha import leader as ha_leader
 
         ha_leader.wait_for_go(args)
 
@@ -120,7 +120,7 @@ def run_root(args: argparse.Namespace) -> int:
             host=host,
             port=port,
             loop="uvloop",
-            # httptools under idle/header timeouts and a connection cap (core/http_bounds.py)
+            # httptools under idle/header timeouts and a connection cap (net/http_bounds.py)
             **http_bounds.uvicorn_options(bounds),
             access_log=False,
             log_level="warning",

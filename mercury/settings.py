@@ -1,7 +1,7 @@
 """Typed settings of each process, built once from its command line.
 
 The components take frozen dataclasses at their seams (`gateway.settings.Settings`,
-`replicator.wiring.SourceSettings`, `reads.wiring.ListenerSettings`,
+`replicator.wiring.SourceSettings`, `mercury.listeners.ListenerSettings`,
 `store.retention.RetentionPolicy`, `replicator.worker.WorkerConfig`); this module is the
 only place that reads `argparse.Namespace` attributes to build them, and it parses every
 address once, so a bad flag fails before anything starts.
@@ -15,12 +15,12 @@ from dataclasses import asdict, dataclass
 
 from core.addr import parse_hostport
 from core.errors import ConfigError
-from core.tlsconf import TlsFiles
 from gateway.settings import Settings
+from mercury.listeners import ListenerSettings
 from mercury.retention_flags import policy_from_args
 from mercury.tls import files_from_args
-from reads.tcp import listener_limits
-from reads.wiring import ListenerSettings
+from net.tcp import listener_limits
+from net.tlsconf import TlsFiles
 from replicator import sched
 from replicator.heap import HEAP_KEEP_MB
 from replicator.wiring import SourceSettings

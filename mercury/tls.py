@@ -20,7 +20,7 @@ import ssl
 from collections.abc import Callable, Iterable
 
 from core.errors import ConfigError
-from core.tlsconf import TlsContexts, TlsFiles, reload_in_place
+from net.tlsconf import TlsContexts, TlsFiles, reload_in_place
 
 log = logging.getLogger("mercury.tls")
 

@@ -9,7 +9,7 @@ costs tens of times the body in memory and seconds of the read process's event l
 `too_many_items` counts the body's separators first, stopping as soon as the count is
 past what `MAX_BULK_KEYS` keys can have. The read API (`reads/http_app.py`) and the read
 token middleware (`reads/auth.py`) both read get_bulk bodies here: one rule, over the one
-bounded body reader of every HTTP face (`core/asgibody.py`, the gateway's too), and decode
+bounded body reader of every HTTP face (`net/asgibody.py`, the gateway's too), and decode
 them with `decode` (a member named twice in one object is refused, `core/strictjson.py`).
 """
 
@@ -20,9 +20,9 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from core import strictjson
-from core.asgibody import read_body
 from core.errors import BadRequestError, OverloadedError, TooLargeError
 from core.problems import classify
+from net.asgibody import read_body
 from store.format import MAX_KEY
 
 #: Keys one get_bulk may name (`keys` and `keys_b64` together).
@@ -74,7 +74,7 @@ class BodyRefused(Exception):
 async def read(receive: Any, content_length: str | None) -> bytes:
     """The whole body from ASGI `receive`, at most `MAX_BULK_BODY` bytes (refused from its
     Content-Length before reading, else as soon as a chunked body passes the bound; 408
-    after `core.asgibody.BODY_IDLE_TIMEOUT_S` without data)."""
+    after `net.asgibody.BODY_IDLE_TIMEOUT_S` without data)."""
     try:
         return await read_body(receive, content_length, MAX_BULK_BODY, "a get_bulk body")
     except (BadRequestError, TooLargeError, OverloadedError) as err:  # 400/408, 413, 503

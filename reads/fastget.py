@@ -31,7 +31,7 @@ from typing import Any
 
 from prometheus_client import Histogram
 
-from reads import memcached_protocol as mc
+from memcached import protocol as mc
 from reads.fastobserve import BatchedObserve
 from store.format import FLAG_CHUNKED, RECORD_FIXED, RECORD_HEADER, RECORD_TAG, record_crc
 
@@ -115,7 +115,7 @@ class SourcedObserve(BatchedObserve):
 
 class McGet:
     """memcached's commonest request answered whole: called with the bytes a connection
-    received (`reads.tcp.Fast`), it answers a lone `get`/`gets` of one key
+    received (`net.tcp.Fast`), it answers a lone `get`/`gets` of one key
     (`memcached_protocol.lone_get`) from the stored record in one short read transaction
     on `db` of `env`: `END` for a miss, the `VALUE` block and `END` for an inline record
     whose CRC holds (`mc_value`). Anything else — another command, several keys, a partial

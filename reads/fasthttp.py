@@ -107,7 +107,7 @@ class FastReadProtocol(HttpToolsProtocol):
 
     def request_answered(self) -> None:
         """After each answer of the shortcut. The listener always runs this protocol under
-        `core/http_bounds.py`, whose override arms the deadline for the next request head
+        `net/http_bounds.py`, whose override arms the deadline for the next request head
         (closing an idle keep-alive connection): uvicorn's own timer is armed only after
         the answers it writes itself."""
 
@@ -221,6 +221,6 @@ _HEAD_200: list[tuple[object, bytes]] = [(None, b"")]
 def fast_read_protocol(store: Store, tokens: TokenIndex | None = None) -> type[FastReadProtocol]:
     """A `FastReadProtocol` class serving point gets of `store`; with `tokens`
     (`--read-auth`), only for requests whose token may read the key. Served under
-    `core.http_bounds` (its `uvicorn_options` wraps it): the bounds close idle
+    `net.http_bounds` (its `uvicorn_options` wraps it): the bounds close idle
     connections, this class alone never does."""
     return type("BoundFastReadProtocol", (FastReadProtocol,), {"store": store, "tokens": tokens})

@@ -1,5 +1,5 @@
 """What the read API's OpenAPI document (`GET /openapi.json` of a replica, a consumer node,
-`python -m reads.serve`) declares each route answers.
+`python -m mercury.readserve`) declares each route answers.
 
 Built like the root's (`core/openapi.py`): success bodies with their real content types
 and headers, every error status as problem+json with the shared `Problem` schema. Two

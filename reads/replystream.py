@@ -11,13 +11,13 @@ reply is made in two passes:
    one piece, as before. Beyond that nothing is kept: the pass only counts (`Big`: which
    keys hit, so how many).
 2. `stream` (for `Big`): the hits are read again, a piece of about `PIECE_BYTES` (or one
-   value) per short read transaction, and each piece is yielded on its own. `reads.tcp`
+   value) per short read transaction, and each piece is yielded on its own. `net.tcp`
    writes it and asks for the next only while the client takes what it was sent
    (back-pressure), so the connection holds the transport's high-water mark plus a piece.
 
 The count and head are those of the first pass. A hit that has gone by the second pass, or
 fails its CRC there, cannot be answered any more: part of the reply is already out, so the
-connection is dropped (`Cut`, a `reads.tcp.Abort`) — the client sees a cut reply, never a wrong one.
+connection is dropped (`Cut`, a `net.tcp.Abort`) — the client sees a cut reply, never a wrong one.
 The caller's counters (hits, misses) are therefore kept by `stream`'s `done`, called once
 every hit has been read again — when the reply can no longer be cut — so a cut reply
 counts no hits it did not answer.
@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 from core.errors import CRCError
-from reads.tcp import Abort
+from net.tcp import Abort
 from store.reader import Reader
 from store.store import Store
 

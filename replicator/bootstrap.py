@@ -23,7 +23,7 @@ import uuid
 from collections.abc import Callable
 
 from core.errors import CorruptionError, DbIdMismatchError, ProtocolError, SnapshotTransferError
-from core.tlsconf import TlsContexts
+from net.tlsconf import TlsContexts
 from replicator import frames
 from replicator.client import refusal_error
 from replicator.status import StatusBoard

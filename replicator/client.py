@@ -57,7 +57,7 @@ from core.errors import (
     StreamGapError,
 )
 from core.tasks import cancelling
-from core.tlsconf import TlsContexts
+from net.tlsconf import TlsContexts
 from replicator import frames, upstream, wire
 from replicator.divergence import Point, RecentPoints, heartbeat_shows_divergence, holds
 from replicator.heartbeat import RelayedHeartbeat

@@ -47,7 +47,7 @@ from dataclasses import dataclass, field
 from typing import cast
 
 from core.errors import LogRetentionError, MercuryError, ProtocolError
-from core.tlsconf import TlsContexts
+from net.tlsconf import TlsContexts
 from replicator import frames, handshake, notify, wire
 from replicator.heartbeat import HeartbeatSource
 from replicator.metrics import REFUSED

@@ -1,7 +1,7 @@
 """The leadership term a store holds, and the rule a replica applies to its sources.
 
-An HA leader records its term in the replicated `ha.fencing.TERM_DOC` before it
-acknowledges anything (`mercury/ha_leader.py`), so every node's store holds the newest term
+An HA leader records its term in the replicated `store.terms.TERM_DOC` before it
+acknowledges anything (`ha/leader.py`), so every node's store holds the newest term
 it has applied. A source tells a term-aware replica its store's term in WELCOME
 (`frames.OPT_TERM`); a replica that already holds a newer term refuses that source: it is
 a deposed leader still running out its lease, or a node still following one. Following it
@@ -11,8 +11,8 @@ head fall behind and stop as diverged.
 
 from __future__ import annotations
 
-from ha.fencing import TERM_DOC, decode_term
 from store.store import Store
+from store.terms import TERM_DOC, decode_term
 
 
 def store_term(store: Store) -> int:

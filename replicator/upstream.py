@@ -32,6 +32,7 @@ import collections
 import contextlib
 import logging
 import os
+import struct
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any, NamedTuple
@@ -47,8 +48,22 @@ log = logging.getLogger("mercury.replication.upstream")
 #: Read summaries of a node's readers (`reads/readstats.py`'s payload).
 READS = 1
 #: A root candidate's standby: the last seq it durably applied (u64), for semi-synchronous
-#: acknowledgement on the leader (`mercury/ha_standby.py`, `mercury/ha_leader.py`).
+#: acknowledgement on the leader (`ha/standby.py`, `ha/leader.py`).
 APPLIED = 2
+_APPLIED = struct.Struct("<Q")
+
+
+def encode_applied(seq: int) -> bytes:
+    """Payload of an `APPLIED` frame: the last seq a standby durably applied."""
+    return _APPLIED.pack(seq)
+
+
+def decode_applied(payload: bytes) -> int:
+    """The seq in an `APPLIED` payload (ValueError when malformed)."""
+    if len(payload) != _APPLIED.size:
+        raise ValueError(f"APPLIED payload of {len(payload)} bytes")
+    return int(_APPLIED.unpack(payload)[0])
+
 
 #: Frames the client keeps while no upstream-capable source is connected.
 OUTBOX_FRAMES = 1024

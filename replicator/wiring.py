@@ -6,7 +6,7 @@ import uuid
 from dataclasses import dataclass
 
 from core.service import Service
-from core.tlsconf import TlsContexts
+from net.tlsconf import TlsContexts
 from replicator import notify
 from replicator.heartbeat import RootHeartbeat
 from replicator.metrics import APPLIED_SEQ, REPLICATION_LAG

@@ -36,7 +36,7 @@ from core.errors import (
     SnapshotTransferError,
 )
 from core.tasks import cancel_and_wait
-from core.tlsconf import TlsContexts, TlsFiles
+from net.tlsconf import TlsContexts, TlsFiles
 from replicator import bootstrap, frames, heap, notify, sched
 from replicator.client import APPLY_WINDOW, ReplicaClient, ReplicationFailed
 from replicator.heartbeat import RelayedHeartbeat
@@ -78,7 +78,7 @@ class WorkerConfig:
     #: The writer lock's descriptor inherited from the parent (`store.lock.WriterLock`);
     #: None when the worker runs alone and takes the lock itself.
     lock_fd: int | None = None
-    #: `core.tlsconf.TlsFiles` fields: mutual TLS to sources and from replicas (None: off).
+    #: `net.tlsconf.TlsFiles` fields: mutual TLS to sources and from replicas (None: off).
     tls: dict[str, str] | None = None
     #: The parent's pid: the worker dies with it (`core.lifeline`). None when run alone.
     parent_pid: int | None = None

@@ -9,7 +9,7 @@ import pytest
 
 from store.check import check
 from store.store import Store
-from tests.support.procs import Procs
+from testkit.procs import Procs
 
 
 def assert_store_ok(store: Store) -> None:

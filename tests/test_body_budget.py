@@ -1,4 +1,4 @@
-"""`core.asgibody`'s body budget: a body takes each piece from the process's budget as it
+"""`net.asgibody`'s body budget: a body takes each piece from the process's budget as it
 arrives and gives it all back whatever way its reading ends; a piece the budget cannot
 take now refuses its body with a retryable 503, a Content-Length that could never fit is a
 413."""
@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from core import asgibody
-from core.asgibody import read_body
 from core.errors import OverloadedError, RequestTimeoutError, TooLargeError
+from net import asgibody
+from net.asgibody import read_body
 
 
 @pytest.fixture

@@ -1,5 +1,5 @@
 """docker-compose.yml validates with a real Compose implementation and runs the same
-commands as the secure `make run` (mercury/topology.py): every node with its certificate
+commands as the secure `make run` (mercury/dev/topology.py): every node with its certificate
 from the one-shot `certs` service, read tokens on, token-less listeners beyond loopback
 only where --allow-unauthenticated-reads says so; Prometheus scrapes every node over
 HTTPS; the Grafana dashboard charts the metrics of docs/api.md."""
@@ -19,9 +19,9 @@ import pytest
 import yaml
 
 from mercury import tls
-from mercury.topology import SECURE_REPLICA, SECURE_ROOT
-from tests.support.compose import compose_config
-from tests.support.procs import Procs, free_port, run_mercury
+from mercury.dev.topology import SECURE_REPLICA, SECURE_ROOT
+from testkit.compose import compose_config
+from testkit.procs import Procs, free_port, run_mercury
 
 REPO = Path(__file__).resolve().parents[1]
 MERCURY_SERVICES = {"root", "replica-tier1", "replica-tier2", "consumer-node"}

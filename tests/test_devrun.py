@@ -1,4 +1,4 @@
-"""`make run` (mercury/devrun.py): every port from a flag or the environment; a real run on
+"""`make run` (mercury/dev/run.py): every port from a flag or the environment; a real run on
 free ports in a temporary var directory comes up, prints its examples and stops both
 processes on SIGTERM; the secure variant runs end to end."""
 
@@ -12,9 +12,9 @@ from pathlib import Path
 
 import httpx
 
-from mercury.devrun import parse_args
-from mercury.topology import Ports, local
-from tests.support.procs import Procs, free_port, wait_http
+from mercury.dev.run import parse_args
+from mercury.dev.topology import Ports, local
+from testkit.procs import Procs, free_port, wait_http
 
 
 def test_flags_win_over_environment_over_defaults() -> None:
@@ -44,7 +44,7 @@ def test_the_topology_uses_the_given_ports() -> None:
 
 def test_make_run_on_other_ports(tmp_path: Path, procs: Procs) -> None:
     ports = {f.name: free_port() for f in fields(Ports)}
-    argv = [sys.executable, "-m", "mercury.devrun", "--var", str(tmp_path / "var")]
+    argv = [sys.executable, "-m", "mercury.dev", "--var", str(tmp_path / "var")]
     for name, port in ports.items():
         argv += [f"--{name.replace('_', '-')}-port", str(port)]
     run = procs.start(argv, name="devrun")
@@ -73,7 +73,7 @@ def test_secure_make_run_end_to_end(tmp_path: Path, procs: Procs) -> None:
     on the replica (and nothing without it)."""
     ports = {f.name: free_port() for f in fields(Ports)}
     var = tmp_path / "var"
-    argv = [sys.executable, "-m", "mercury.devrun", "--var", str(var), "--secure"]
+    argv = [sys.executable, "-m", "mercury.dev", "--var", str(var), "--secure"]
     for name, port in ports.items():
         argv += [f"--{name.replace('_', '-')}-port", str(port)]
     run = procs.start(argv, name="devrun")

@@ -9,7 +9,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from tests.support.procs import REPO
+from testkit.procs import REPO
 
 PROBE = """
 import asyncio

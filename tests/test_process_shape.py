@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 
 from mercury.cli import build_parser
-from tests.support.procs import Procs, free_port, run_mercury, wait_http
+from testkit.procs import Procs, free_port, run_mercury, wait_http
 
 
 def _leaves(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()) -> list[Any]:

@@ -1,4 +1,4 @@
-"""`core.unsent.to_drop`: the one rule both kinds of listener follow when the answers their
+"""`net.unsent.to_drop`: the one rule both kinds of listener follow when the answers their
 clients have not taken pass the cap."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from core.unsent import Held, to_drop
+from net.unsent import Held, to_drop
 
 
 def test_under_the_cap_nothing_is_dropped() -> None:

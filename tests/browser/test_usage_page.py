@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
+from testkit.procs import Procs
 from tests.gateway.conftest import Root, make_root
-from tests.support.procs import Procs
 
 ARTIFACTS = Path(__file__).resolve().parents[2] / "var" / "artifacts"
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")

@@ -10,9 +10,9 @@ from pathlib import Path
 import httpx
 import pytest
 
+from testkit.procs import Procs
 from tests.gateway.conftest import Root, make_root
 from tests.replicator.nodes import Replica, start_replica
-from tests.support.procs import Procs
 
 
 @dataclass

@@ -10,8 +10,8 @@ import subprocess
 import time
 from pathlib import Path
 
+from testkit.procs import REPO, free_port, mercury_cmd
 from tests.client.conftest import Cluster
-from tests.support.procs import REPO, free_port, mercury_cmd
 
 
 def kv(

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from testkit.procs import REPO
 from tests.client.conftest import Cluster
-from tests.support.procs import REPO
 
 DOC = REPO / "docs" / "client.md"
 BLOCK = re.compile(r"^```(python|sh) run\n(.*?)^```", re.S | re.M)

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from mercury.client import Client, TooLarge
+from mercury_client import Client, TooLarge
 from tests.client.watch_server import Pki, Served, make_pki
 
 

@@ -14,10 +14,10 @@ from typing import Any
 import httpx
 import pytest
 
-from mercury.client import AsyncClient, Client, RetryPolicy, Unavailable, calls
-from mercury.ha_front import Front
+from ha.front import Front
+from mercury_client import AsyncClient, Client, RetryPolicy, Unavailable, calls
+from testkit.procs import Procs, free_port, run_mercury
 from tests.gateway.conftest import Root, make_root
-from tests.support.procs import Procs, free_port, run_mercury
 
 
 class StandbyFront:

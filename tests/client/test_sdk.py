@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from mercury.client import (
+from mercury_client import (
     AsyncClient,
     Client,
     Forbidden,
@@ -187,7 +187,7 @@ def test_without_idempotency_a_cut_write_is_not_retried(cluster: Cluster) -> Non
 
 
 def test_unreachable_node_is_unavailable_after_the_retries(cluster: Cluster) -> None:
-    from tests.support.procs import free_port
+    from testkit.procs import free_port
 
     slept: list[float] = []
     url = f"http://127.0.0.1:{free_port()}"

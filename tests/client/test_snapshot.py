@@ -16,11 +16,11 @@ from pathlib import Path
 import httpx
 import pytest
 
-from mercury.client import AsyncClient, Change, Client, Gone, Snapshot
+from mercury_client import AsyncClient, Change, Client, Gone, Snapshot
+from testkit.procs import REPO, Procs, mercury_cmd
 from tests.client.conftest import Cluster
 from tests.gateway.conftest import make_root
 from tests.replicator.nodes import start_replica
-from tests.support.procs import REPO, Procs, mercury_cmd
 
 #: writes the background producer makes at most (a bound, with the time bound below)
 WRITES = 600

@@ -8,8 +8,8 @@ import email.utils
 from hypothesis import given
 from hypothesis import strategies as st
 
-from mercury.client import errors, wire
-from mercury.client.retry import RetryPolicy, server_wait
+from mercury_client import errors, wire
+from mercury_client.retry import RetryPolicy, server_wait
 
 costs = st.lists(st.integers(min_value=0, max_value=50), max_size=60)
 
@@ -162,7 +162,7 @@ def test_watch_lines() -> None:
 
 
 def test_writes_without_idempotency_retry_only_answers_that_applied_nothing() -> None:
-    from mercury.client.retry import retryable
+    from mercury_client.retry import retryable
 
     assert [s for s in (429, 500, 502, 503, 504, 507) if retryable(s, True)] == [
         429,
@@ -176,7 +176,7 @@ def test_writes_without_idempotency_retry_only_answers_that_applied_nothing() ->
 def test_the_async_client_offers_what_the_blocking_one_does() -> None:
     import inspect
 
-    from mercury.client import AsyncClient, Client
+    from mercury_client import AsyncClient, Client
 
     def api(cls: type) -> dict[str, list[tuple[str, object, object]]]:
         return {
@@ -197,7 +197,7 @@ def test_the_async_client_offers_what_the_blocking_one_does() -> None:
 def test_a_malformed_stream_line_is_a_server_error_not_data() -> None:
     import pytest
 
-    from mercury.client import calls
+    from mercury_client import calls
 
     for bad in ("{oops", "[1, 2]", '"text"'):
         with pytest.raises(errors.ServerError):

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from mercury.client import AsyncClient, Change, Client, Gone, Unavailable
+from mercury_client import AsyncClient, Change, Client, Gone, Unavailable
+from testkit.procs import REPO, mercury_cmd
 from tests.client.watch_server import Pki, Served, WatchApp, make_pki
-from tests.support.procs import REPO, mercury_cmd
 
 EXPECTED = [
     Change(1, "set", b"w/a", b"1"),

@@ -12,7 +12,7 @@ waits until the replica has applied the root's seq (``$MERCURY_ROOT_HTTP``,
 whose answer comes only after that write's commit (the listener answers a connection's
 requests in order).
 
-Requests are parsed with Mercury's own KT parser (`reads/kt_protocol.py`) and forwarded
+Requests are parsed with Mercury's own KT parser (`kt/protocol.py`) and forwarded
 byte for byte; replies are forwarded byte for byte too. A request the parser refuses
 (over 16 MiB, malformed) closes the client's connection, as the listener itself would.
 Loopback only; each connection is bounded by an idle timeout and each wait for the
@@ -37,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 if TYPE_CHECKING:
     import httpx
 
-    from reads import kt_protocol as kt
+    from kt import protocol as kt
 
 IDLE_S = 120.0
 #: Longest wait for the replica to apply a write (then the reply goes out anyway).
@@ -137,7 +137,7 @@ def parse(buf: bytearray) -> tuple[kt.BinaryRequest | kt.HttpRequest, int] | Non
 
 def is_write(req: kt.BinaryRequest | kt.HttpRequest) -> bool:
     """Whether the request goes to the root: KT's writes, and scripts (which may write)."""
-    from reads.kt_server import WRITE_PROCEDURES
+    from kt.server import WRITE_PROCEDURES
 
     if isinstance(req, kt.BinaryRequest):
         return req.magic in (kt.MAGIC_SET_BULK, kt.MAGIC_REMOVE_BULK, kt.MAGIC_PLAY_SCRIPT)
@@ -152,7 +152,7 @@ def load() -> None:
     global kt, httpx
     import httpx
 
-    from reads import kt_protocol as kt
+    from kt import protocol as kt
 
 
 class Shim:

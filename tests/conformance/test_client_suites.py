@@ -35,9 +35,9 @@ from pathlib import Path
 import httpx
 import pytest
 
+from testkit.procs import REPO, Procs, free_port
 from tests.gateway.conftest import Root, make_root
 from tests.replicator.nodes import start_replica
-from tests.support.procs import REPO, Procs, free_port
 
 #: ukt tests passing against Mercury when this figure was recorded (docs/kt-compat.md).
 UKT_PASSED = 29

@@ -12,9 +12,9 @@ from __future__ import annotations
 import socket
 from pathlib import Path
 
+from testkit import metrics
+from testkit.procs import Procs
 from tests.gateway.conftest import make_root
-from tests.support import metrics
-from tests.support.procs import Procs
 
 
 def _request(token: str, body: bytes) -> bytes:

@@ -1,7 +1,7 @@
 """Hostile clients on the KT and memcached listeners: a huge binary get_bulk, idle and
 half-sent requests, more connections than the cap; and on the HTTP read API, bounded by the
 same `--http-*` flags as a replica's (silent sockets, trickled and oversized request heads).
-A real `python -m reads.serve` over a real store, real sockets."""
+A real `python -m mercury.readserve` over a real store, real sockets."""
 
 from __future__ import annotations
 
@@ -18,12 +18,12 @@ from dataclasses import dataclass
 import httpx
 import pytest
 
-from reads import kt_protocol as kt
+from kt import protocol as kt
 from store.ops import DELETE, SET, Op
 from store.store import Store
-from tests.support import metrics
-from tests.support.procs import Procs, anon_rss_mb, free_port, wait_http, wait_port
-from tests.support.sockets import closed_within, endless_head, recv_until
+from testkit import metrics
+from testkit.procs import Procs, anon_rss_mb, free_port, wait_http, wait_port
+from testkit.sockets import closed_within, endless_head, recv_until
 
 
 @dataclass
@@ -45,7 +45,7 @@ StartReads = Callable[..., Ports]
 def start_reads(store: Store, procs: Procs) -> StartReads:
     def start(*flags: str) -> Ports:
         ports = Ports(free_port(), free_port(), free_port())
-        argv = [sys.executable, "-m", "reads.serve", store.path, "--role", "replica"]
+        argv = [sys.executable, "-m", "mercury.readserve", store.path, "--role", "replica"]
         argv += ["--listen", f"127.0.0.1:{ports.http}"]
         argv += ["--kt-listen", f"127.0.0.1:{ports.kt}"]
         argv += ["--memcached-listen", f"127.0.0.1:{ports.mc}", *flags]

@@ -22,10 +22,10 @@ from replicator import frames
 from store import chainhash
 from store import format as fmt
 from store.ops import SET, Op
-from tests.replicator.harness import root_node, status, wait_for, wait_seq
+from testkit import metrics
+from testkit.procs import Procs, free_port, run_mercury, wait_http
+from testkit.replication import root_node, status, wait_for, wait_seq
 from tests.replicator.nodes import start_replica
-from tests.support import metrics
-from tests.support.procs import Procs, free_port, run_mercury, wait_http
 
 
 def _rss_kib(pid: int) -> int:

@@ -10,11 +10,11 @@ from pathlib import Path
 import httpx
 
 from store.store import Store
+from testkit.logged import entries_since
+from testkit.procs import Procs, free_port, run_mercury, wait_http
+from testkit.replication import status, wait_for
 from tests.gateway.conftest import make_root
-from tests.replicator.harness import status, wait_for
 from tests.replicator.nodes import start_replica
-from tests.support.logged import entries_since
-from tests.support.procs import Procs, free_port, run_mercury, wait_http
 
 
 def _bearer(token: str, **more: str) -> dict[str, str]:

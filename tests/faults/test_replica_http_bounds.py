@@ -23,9 +23,12 @@ from pathlib import Path
 import httpx
 import pytest
 
-from core.tlsconf import TlsContexts
+from net.tlsconf import TlsContexts
 from reads import bulkbody
-from tests.replicator.harness import RootNode, wait_seq
+from testkit import metrics
+from testkit.procs import Procs, anon_rss_mb, free_port, wait_http
+from testkit.replication import RootNode, wait_seq
+from testkit.sockets import closed_within, endless_head
 from tests.security.test_tls import (
     Pki,
     https,
@@ -33,9 +36,6 @@ from tests.security.test_tls import (
     tls_flags,
     wait_https,
 )
-from tests.support import metrics
-from tests.support.procs import Procs, anon_rss_mb, free_port, wait_http
-from tests.support.sockets import closed_within, endless_head
 
 IDLE_S = 2  # --http-idle-timeout of these replicas
 CAP = 40  # --http-max-connections

@@ -10,10 +10,10 @@ from pathlib import Path
 from store.check import check
 from store.ops import SET, Op
 from store.store import Store
+from testkit.procs import Procs
+from testkit.replication import RootNode, items, root_node, status, wait_for, wait_seq
 from tests.faults.proxy import FaultProxy, Faults
-from tests.replicator.harness import RootNode, items, root_node, status, wait_for, wait_seq
 from tests.replicator.nodes import restart, start_replica
-from tests.support.procs import Procs
 
 
 def assert_same(root: RootNode, *dirs: Path) -> None:

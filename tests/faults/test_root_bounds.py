@@ -19,11 +19,11 @@ from typing import Any
 
 import pytest
 
-from core.asgibody import read_body
 from core.errors import RequestTimeoutError
+from net.asgibody import read_body
+from testkit import metrics
+from testkit.procs import Procs
 from tests.gateway.conftest import Root, make_root
-from tests.support import metrics
-from tests.support.procs import Procs
 
 
 def _metric(root: Root, name: str, **labels: str) -> float:

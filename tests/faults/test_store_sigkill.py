@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 
 from store.store import Store
+from testkit.procs import REPO
 from tests.conftest import assert_store_ok
 from tests.faults.store_writer import PER_BATCH, K, S, fresh_value, shared_value
-from tests.support.procs import REPO
 
 KILLS = 50
 

@@ -11,8 +11,8 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.support.logged import entries_since
-from tests.support.procs import Procs, free_port, run_mercury, wait_http
+from testkit.logged import entries_since
+from testkit.procs import Procs, free_port, run_mercury, wait_http
 
 _names = itertools.count()
 

@@ -18,10 +18,10 @@ from store import codec
 from store.ops import DELETE
 from store.replica_apply import payload
 from store.store import Store
+from testkit.procs import Procs, free_port, run_mercury, wait_http
+from testkit.replication import status, wait_for
 from tests.gateway.conftest import Root
-from tests.replicator.harness import status, wait_for
 from tests.replicator.nodes import start_replica
-from tests.support.procs import Procs, free_port, run_mercury, wait_http
 
 ACL = "/v1/admin/acl"
 

@@ -14,10 +14,10 @@ from pathlib import Path
 from acl.tokens import hash_token
 from store.docs import ADMIN_HASH
 from store.store import Store
+from testkit.procs import Procs, run_mercury
+from testkit.replication import wait_seq
 from tests.gateway.conftest import Root
-from tests.replicator.harness import wait_seq
 from tests.replicator.nodes import start_replica
-from tests.support.procs import Procs, run_mercury
 
 
 def _rotate(root: Root, token_file: Path, *extra: str):

@@ -10,8 +10,8 @@ from typing import Any
 import httpx
 
 from store.store import Store
+from testkit.procs import Procs
 from tests.gateway.conftest import Root, logged_since
-from tests.support.procs import Procs
 
 
 def _seq(root: Root) -> int:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from testkit.procs import run_mercury
 from tests.gateway.conftest import Root
-from tests.support.procs import run_mercury
 
 DOC = """
 producers:

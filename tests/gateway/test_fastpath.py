@@ -5,8 +5,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from testkit.logged import entries_since
 from tests.gateway.conftest import Root
-from tests.support.logged import entries_since
 
 _SEQ_IN_TEXT = re.compile(r"\bseq (?:is )?(\d+)")
 

@@ -10,7 +10,7 @@ import httpx
 
 from store.check import check
 from store.store import Store
-from tests.support.procs import Procs, run_mercury
+from testkit.procs import Procs, run_mercury
 
 
 def test_sigkill_mid_batch_loses_no_acked_write(root_factory: Any, procs: Procs) -> None:

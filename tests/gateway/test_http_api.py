@@ -12,9 +12,9 @@ from typing import Any
 import httpx
 import msgpack
 
+from testkit import metrics
+from testkit.logged import seqs_since
 from tests.gateway.conftest import Root, logged_since
-from tests.support import metrics
-from tests.support.logged import seqs_since
 
 PROBLEM = "application/problem+json"
 

@@ -6,7 +6,7 @@ import json
 import time
 from typing import Any
 
-from tests.support.procs import run_mercury
+from testkit.procs import run_mercury
 
 
 def test_root_collects_old_log_records_by_its_retention_flags(root_factory: Any) -> None:

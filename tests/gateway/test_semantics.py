@@ -15,7 +15,7 @@ import httpx
 
 from gateway.answers import Answer
 from gateway.idempotency import Hold, Idempotency, fingerprint, store_key
-from mercury.client import Client
+from mercury_client import Client
 from store.store import Store
 from tests.gateway.conftest import Root
 

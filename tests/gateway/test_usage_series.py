@@ -322,7 +322,7 @@ def test_sparkline() -> None:
 
 
 def test_cli_usage_since_with_sparklines(shared_root: Root, tmp_path: Path) -> None:
-    from tests.support.procs import run_mercury
+    from testkit.procs import run_mercury
 
     name, token = shared_root.producer()
     c = shared_root.client(token)
@@ -348,7 +348,7 @@ def test_cli_usage_since_with_sparklines(shared_root: Root, tmp_path: Path) -> N
 
 
 def test_a_replica_holds_the_series_so_a_promoted_root_keeps_it(root: Root) -> None:
-    from tests.replicator.harness import status, wait_for
+    from testkit.replication import status, wait_for
     from tests.replicator.nodes import start_replica
 
     name, token = root.producer()

@@ -16,10 +16,10 @@ from reads import readstats
 from store.ops import SET, Op
 from store.store import Store
 from store.usage import stored_bytes
+from testkit.procs import Procs, run_mercury
+from testkit.replication import wait_for, wait_seq
 from tests.gateway.conftest import make_root
-from tests.replicator.harness import wait_for, wait_seq
 from tests.replicator.nodes import start_replica
-from tests.support.procs import Procs, run_mercury
 
 
 def test_counter_is_bounded_and_says_how_many_reads_it_dropped() -> None:

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.ha.etcdproc import Etcd
-from tests.support.procs import Procs
+from testkit.etcd import Etcd
+from testkit.procs import Procs
 
 
 @pytest.fixture

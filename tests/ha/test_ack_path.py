@@ -31,18 +31,19 @@ import pytest
 from core.errors import ProtocolError
 from gateway.batcher import Batcher
 from ha.errors import NotInSyncError, NotLeaderError
-from mercury.ha_leader import LeaderGate
-from mercury.ha_standby import _ReportingClient, decode_applied, encode_applied
+from ha.leader import LeaderGate
+from ha.standby import _ReportingClient
 from replicator import frames, upstream, wire
 from replicator.heartbeat import RelayedHeartbeat
 from replicator.selection import Selector
 from replicator.status import StatusBoard
+from replicator.upstream import decode_applied, encode_applied
 from store.ops import SET, Op, Result
 from store.store import Store
-from tests.ha.cluster import Cluster, Writers, lost_writes
-from tests.ha.etcdproc import Etcd
-from tests.replicator.harness import RootNode, root_node, wait_for
-from tests.support.procs import Procs
+from testkit.etcd import Etcd
+from testkit.hacluster import Cluster, Writers, lost_writes
+from testkit.procs import Procs
+from testkit.replication import RootNode, root_node, wait_for
 
 
 def _hello(db_id: bytes, options: int, last_seq: int = 0) -> bytes:

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from mercury.cli import build_parser
-from tests.support.compose import compose_config
+from testkit.compose import compose_config
 
 REPO = Path(__file__).resolve().parents[2]
 HA = {"etcd-1", "etcd-2", "etcd-3", "certs-ha", "root-a", "root-b"}

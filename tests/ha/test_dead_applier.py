@@ -1,6 +1,6 @@
 """A standby whose apply thread died must end its session loudly, never wait forever.
 
-The replica client (a standby's, `mercury/ha_standby.py`) hands records to its apply
+The replica client (a standby's, `ha/standby.py`) hands records to its apply
 thread through a queue bounded by `PIPELINE`. When the thread dies on an apply error while
 the reader still holds buffered frames, the reader must not block for ever waiting for
 room in the queue: the standby would stop applying without a word and the leader answer

@@ -1,4 +1,4 @@
-"""`MERCURY_HA=1 make run` (mercury/devrun_ha.py), end to end on free ports: a local etcd,
+"""`MERCURY_HA=1 make run` (mercury/dev/run_ha.py), end to end on free ports: a local etcd,
 two root candidates and a replica come up; a write sent to the standby is redirected to
 the leader and reaches the replica; after the leader's SIGKILL the other candidate leads,
 writes are acknowledged again, the killed one is started again as a standby; SIGTERM
@@ -16,10 +16,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from mercury.devrun import main, parse_args
-from mercury.topology import Ports
-from tests.replicator.harness import wait_for
-from tests.support.procs import Procs, free_port
+from mercury.dev.run import main, parse_args
+from mercury.dev.topology import Ports
+from testkit.procs import Procs, free_port
+from testkit.replication import wait_for
 
 DEADLINE_S = 120.0
 
@@ -61,7 +61,7 @@ def test_ha_with_secure_is_refused_before_anything_starts(
 def test_ha_make_run_fails_over_and_stops(tmp_path: Path, procs: Procs) -> None:
     ports = {f.name: free_port() for f in fields(Ports)}
     var = tmp_path / "var"
-    argv = [sys.executable, "-m", "mercury.devrun", "--ha", "--var", str(var)]
+    argv = [sys.executable, "-m", "mercury.dev", "--ha", "--var", str(var)]
     for name, port in ports.items():
         argv += [f"--{name.replace('_', '-')}-port", str(port)]
     run = procs.start(argv, name="devrun")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 
 from ha.etcd import Etcd as EtcdClient
-from tests.ha.etcdproc import Etcd
+from testkit.etcd import Etcd
 
 
 def test_campaign_lease_and_resign(etcd: Etcd) -> None:

@@ -15,9 +15,9 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from tests.ha.cluster import Cluster, Writers, log_records, lost_writes, start_replica
-from tests.ha.etcdproc import Etcd
-from tests.support.procs import Procs
+from testkit.etcd import Etcd
+from testkit.hacluster import Cluster, Writers, log_records, lost_writes, start_replica
+from testkit.procs import Procs
 
 ROUNDS = 2
 

@@ -14,10 +14,10 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from tests.ha.cluster import Cluster, Writers, log_records, lost_writes
-from tests.ha.etcdproc import Etcd
+from testkit.etcd import Etcd
+from testkit.hacluster import Cluster, Writers, log_records, lost_writes
+from testkit.procs import Procs, free_port
 from tests.ha.faultproxy import FaultProxy
-from tests.support.procs import Procs, free_port
 
 TTL_S = 2
 
@@ -70,7 +70,7 @@ def test_leader_cut_from_etcd_stops_acknowledging_within_its_lease(
 
 
 def _start(cluster: Cluster, proxy: FaultProxy) -> None:
-    from tests.ha.cluster import Node
+    from testkit.hacluster import Node
 
     for i in range(cluster.n):
         cluster.nodes.append(

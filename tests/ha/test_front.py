@@ -14,9 +14,9 @@ from typing import Any
 import httpx
 import pytest
 
-from mercury import ha_front
-from mercury.ha_front import Front
-from tests.support.procs import free_port
+from ha import front as ha_front
+from ha.front import Front
+from testkit.procs import free_port
 
 
 def test_standby_redirects_and_electing_refuses() -> None:

@@ -8,7 +8,6 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from ha.fencing import StaleTermError, TermGuard, decode_term, term_fields
 from ha.lease import LeaseClock, margin_for, renew_interval
 from ha.role import (
     LeaderInfo,
@@ -19,6 +18,7 @@ from ha.role import (
     may_campaign,
 )
 from ha.syncack import SyncTracker
+from store.terms import StaleTermError, TermGuard, decode_term, term_fields
 
 
 def test_deadline_is_send_time_plus_ttl_minus_margin() -> None:

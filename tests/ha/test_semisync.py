@@ -13,10 +13,10 @@ from pathlib import Path
 
 import httpx
 
-from tests.ha.cluster import Cluster
-from tests.ha.etcdproc import Etcd
-from tests.support import metrics
-from tests.support.procs import Procs
+from testkit import metrics
+from testkit.etcd import Etcd
+from testkit.hacluster import Cluster
+from testkit.procs import Procs
 
 
 def test_writes_need_a_standby_in_sync(etcd: Etcd, procs: Procs, tmp_path: Path) -> None:

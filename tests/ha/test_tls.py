@@ -8,9 +8,9 @@ from pathlib import Path
 
 import httpx
 
-from tests.ha.cluster import Cluster, Node
-from tests.ha.etcdproc import Etcd
-from tests.support.procs import Procs, run_mercury
+from testkit.etcd import Etcd
+from testkit.hacluster import Cluster, Node
+from testkit.procs import Procs, run_mercury
 
 
 def test_candidates_over_tls(etcd: Etcd, procs: Procs, tmp_path: Path) -> None:

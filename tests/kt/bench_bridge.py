@@ -14,10 +14,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from mercury import kt_ulog
+from kt import ulog as kt_ulog
+from testkit.procs import Procs
 from tests.gateway.conftest import make_root
 from tests.kt.recorder import ReplayMaster
-from tests.support.procs import Procs
 
 
 def main(n: int) -> None:

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from testkit.procs import Procs
 from tests.client.conftest import Cluster, make_cluster
-from tests.support.procs import Procs
 
 
 @pytest.fixture(scope="module")

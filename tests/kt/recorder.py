@@ -22,7 +22,7 @@ from pathlib import Path
 
 import httpx
 
-from mercury import kt_ulog
+from kt import ulog as kt_ulog
 
 #: (procedure, parameters) sent in order; DB "1" is the second database.
 SCRIPT: list[tuple[str, dict[str, str]]] = [

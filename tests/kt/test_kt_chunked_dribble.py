@@ -1,4 +1,4 @@
-"""A hostile KT client on a real `python -m reads.serve`: a chunked body of 4,095 one-byte
+"""A hostile KT client on a real `python -m mercury.readserve`: a chunked body of 4,095 one-byte
 chunks, then a big chunk's data dribbled two bytes per TCP segment. The listener parses
 each segment's new bytes only, so other clients of the process (memcached and KT on the
 same event loop) keep being answered promptly."""
@@ -13,8 +13,8 @@ import time
 
 from store.ops import SET, Op
 from store.store import Store
-from tests.support.procs import Procs, free_port, wait_port
-from tests.support.sockets import recv_until
+from testkit.procs import Procs, free_port, wait_port
+from testkit.sockets import recv_until
 
 HEAD = b"POST /rpc/void HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
 #: 4,095 one-byte chunks (one under the chunk cap), then a 1 MiB chunk's size line.
@@ -28,7 +28,7 @@ ATTACK_SECONDS = 4.0
 def test_dribbled_many_chunk_body_does_not_starve_other_clients(store: Store, procs: Procs) -> None:
     store.apply([Op(SET, b"k1", b"v1", "t")])
     http, kt_port, mc = free_port(), free_port(), free_port()
-    argv = [sys.executable, "-m", "reads.serve", store.path, "--role", "replica"]
+    argv = [sys.executable, "-m", "mercury.readserve", store.path, "--role", "replica"]
     argv += ["--listen", f"127.0.0.1:{http}", "--kt-listen", f"127.0.0.1:{kt_port}"]
     argv += ["--memcached-listen", f"127.0.0.1:{mc}"]
     p = procs.start(argv, name="reads")

@@ -1,6 +1,6 @@
 """TSV-RPC bodies whose columns are not valid in the `colenc` their Content-Type declares
 (Base64 outside its alphabet or badly padded, `%zz`, `=zz`) are refused with 400 and a
-message naming the encoding, on a real `python -m reads.serve` — never decoded into
+message naming the encoding, on a real `python -m mercury.readserve` — never decoded into
 another key than the client named (which answered `200 num 0`)."""
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ import sys
 
 import pytest
 
-from reads import kt_protocol as kt
+from kt import protocol as kt
 from store.ops import SET, Op
 from store.store import Store
-from tests.support.procs import Procs, free_port, wait_port
+from testkit.procs import Procs, free_port, wait_port
 
 
 def post_tsv(port: int, proc: str, colenc: str, body: bytes) -> tuple[int, bytes, bytes]:
@@ -46,7 +46,7 @@ def post_tsv(port: int, proc: str, colenc: str, body: bytes) -> tuple[int, bytes
 def kt_port(store: Store, procs: Procs) -> int:
     store.apply([Op(SET, b"a/b", b"v1", "t")])
     http, kt = free_port(), free_port()
-    argv = [sys.executable, "-m", "reads.serve", store.path, "--role", "replica"]
+    argv = [sys.executable, "-m", "mercury.readserve", store.path, "--role", "replica"]
     argv += ["--listen", f"127.0.0.1:{http}", "--kt-listen", f"127.0.0.1:{kt}"]
     p = procs.start(argv, name="reads")
     wait_port(http, proc=p)

@@ -6,8 +6,8 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from reads import kt_protocol as kt
-from reads.kt_server import KtHandler
+from kt import protocol as kt
+from kt.server import KtHandler
 from store.ops import SET, Op
 from store.store import Store
 

@@ -1,4 +1,4 @@
-"""KT write semantics over a real store (reads/kt_writes.py), the writer applying each
+"""KT write semantics over a real store (kt/writes.py), the writer applying each
 request as one store transaction; refusal mapping to KT statuses. Process-level tests with
 the gateway are in test_root_writes.py."""
 
@@ -12,14 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from core import errors as e
-from reads.kt_writes import (
-    CONFLICT,
-    DUPLICATE,
-    NO_RECORD,
-    KtWriteFailed,
-    KtWrites,
-    kt_status,
-)
+from kt.writes import CONFLICT, DUPLICATE, NO_RECORD, KtWriteFailed, KtWrites, kt_status
 from store.ops import Op, Result
 from store.store import Store
 
@@ -141,7 +134,7 @@ def test_seize(store: Store) -> None:
 
 def test_kt_writes_need_a_loopback_listener() -> None:
     from core.errors import ConfigError
-    from mercury.kt_root_writer import kt_writer_for
+    from gateway.protocol_writer import kt_writer_for
 
     assert kt_writer_for(None, None) is None
     assert kt_writer_for("p", ("127.0.0.1", 1978)) is not None
@@ -152,7 +145,7 @@ def test_kt_writes_need_a_loopback_listener() -> None:
 
 
 def test_increment_double_keeps_kyoto_cabinets_record(store: Store) -> None:
-    from reads.kt_writes import DECUNIT, NOT_NUMBER
+    from kt.writes import DECUNIT, NOT_NUMBER
 
     w = KtWrites(store, StoreWriter(store))
     assert run(w.increment_double(b"k/d", 1.0, None)) == 1.0
@@ -169,7 +162,7 @@ def test_increment_double_keeps_kyoto_cabinets_record(store: Store) -> None:
 
 @given(st.floats(-1e9, 1e9, allow_nan=False), st.lists(st.floats(-1e6, 1e6, allow_nan=False)))
 def test_add_double_tracks_the_sum(start: float, adds: list[float]) -> None:
-    from reads.kt_writes import DECUNIT, add_double, double_parts
+    from kt.writes import DECUNIT, add_double, double_parts
 
     parts = double_parts(start)
     total = start

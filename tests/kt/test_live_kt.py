@@ -12,9 +12,9 @@ from pathlib import Path
 import httpx
 import pytest
 
+from testkit.procs import Procs, free_port, run_mercury, wait_port
 from tests.client.conftest import Cluster
 from tests.kt.conftest import producer_token_file
-from tests.support.procs import Procs, free_port, run_mercury, wait_port
 
 pytestmark = pytest.mark.skipif(
     shutil.which("ktserver") is None,

@@ -6,8 +6,8 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from reads import memcached_protocol as mc
-from reads.memcached_server import MemcachedHandler
+from memcached import protocol as mc
+from memcached.server import MemcachedHandler
 from store.ops import SET, Op
 from store.store import Store
 

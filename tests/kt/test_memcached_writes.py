@@ -1,5 +1,5 @@
 """memcached writes on the root (`--memcached-producer NAME`): the protocol's semantics over
-a real store (reads/memcached_writes.py, the writer applying each request in one store
+a real store (memcached/writes.py, the writer applying each request in one store
 transaction), then a real root with pymemcache: durable gateway writes, the ACL, flags,
 CAS uniques, noreply ordering, flush_all limited to the producer's keyspaces."""
 
@@ -17,20 +17,14 @@ from pymemcache.client.base import Client
 from pymemcache.exceptions import MemcacheClientError, MemcacheServerError
 
 from core import errors as e
-from reads.memcached_writes import (
-    MemcachedWriteHandler,
-    incr_decr,
-    refusal,
-    split_flags,
-    with_flags,
-)
-from reads.tcp import Wait
+from memcached.writes import MemcachedWriteHandler, incr_decr, refusal, split_flags, with_flags
+from net.tcp import Wait
 from store.ops import SET, Op
 from store.store import Store
+from testkit.procs import Procs, free_port, run_mercury
+from testkit.sockets import converse
 from tests.gateway.conftest import Root, make_root
 from tests.kt.test_kt_writes import StoreWriter
-from tests.support.procs import Procs, free_port, run_mercury
-from tests.support.sockets import converse
 
 # --- pure --------------------------------------------------------------------------------
 

@@ -12,11 +12,11 @@ from pathlib import Path
 import httpx
 import pytest
 
-from mercury import kt_ulog
+from kt import ulog as kt_ulog
+from testkit.procs import Procs
 from tests.client.conftest import Cluster
 from tests.kt.conftest import producer_token_file
 from tests.kt.recorder import SCRIPT, ReplayMaster, load
-from tests.support.procs import Procs
 
 STREAM = Path(__file__).resolve().parents[1] / "data" / "kt" / "stream.bin"
 

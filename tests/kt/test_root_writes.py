@@ -14,9 +14,9 @@ import httpx
 import pytest
 import ukt
 
+from testkit.procs import Procs, free_port
+from testkit.sockets import converse
 from tests.gateway.conftest import Root, make_root
-from tests.support.procs import Procs, free_port
-from tests.support.sockets import converse
 
 NAME = "ktw"
 

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mercury import kt_ulog as u
+from kt import ulog as u
 
 
 @given(st.integers(min_value=0, max_value=(1 << 63) - 1))

@@ -19,8 +19,8 @@ from hypothesis import strategies as st
 from acl.doc import check_document, document_diff
 from acl.model import Acl
 from store.store import Store
+from testkit.procs import Procs
 from tests.gateway.conftest import make_root
-from tests.support.procs import Procs
 
 _names = st.text(alphabet="abcxyz", min_size=1, max_size=3)
 _keyspace = st.text(alphabet="ab/", min_size=1, max_size=4)

@@ -1,5 +1,5 @@
-"""A listener connection's compiled `data_received` (`reads/_fastconn.pyx`) does what the
-pure-Python reference (`reads/fastconn.py`) does: for any sequence of segments and
+"""A listener connection's compiled `data_received` (`net/_fastconn.pyx`) does what the
+pure-Python reference (`net/fastconn.py`) does: for any sequence of segments and
 connection states (busy with a request, bytes buffered, closing, no transport, no
 shortcut, a shortcut answering, declining or raising), the same replies written, the same
 segments handed to the full path, the same failures reported and bytes counted. The real
@@ -13,12 +13,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from reads import fastconn
+from net import fastconn
 
 try:
-    from reads import _fastconn as cy  # type: ignore[attr-defined]
+    from net import _fastconn as cy  # type: ignore[attr-defined]
 except ImportError:  # pragma: no cover - `make build` builds it
-    pytest.skip("reads._fastconn is not built (make build)", allow_module_level=True)
+    pytest.skip("net._fastconn is not built (make build)", allow_module_level=True)
 
 
 class Transport:

@@ -10,8 +10,8 @@ import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
+from memcached import protocol as mc
 from reads import fastget, pointget
-from reads import memcached_protocol as mc
 from store import format as fmt
 
 try:

@@ -14,11 +14,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from core.errors import ReadProtocolError
-from reads import kt_protocol as kt
-from reads import memcached_protocol as mc
-from reads.kt_server import KtHandler
-from reads.memcached_server import MemcachedHandler
-from reads.tcp import Run, Session
+from kt import protocol as kt
+from kt.server import KtHandler
+from memcached import protocol as mc
+from memcached.server import MemcachedHandler
+from net.tcp import Run, Session
 from store.ops import SET, Op
 from store.store import Store
 
@@ -92,7 +92,7 @@ def segments(data: bytes, cuts: list[int]) -> list[bytes]:
 
 
 def feed_session(session: Session, pieces: list[bytes]) -> None:
-    """Feed `pieces` to a session the way `reads.tcp` does: append, run to the end."""
+    """Feed `pieces` to a session the way `net.tcp` does: append, run to the end."""
     buf = bytearray()
     for piece in pieces:
         buf += piece

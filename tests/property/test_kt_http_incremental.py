@@ -16,9 +16,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from core.errors import ReadProtocolError
-from reads import kt_protocol as kt
-from reads.kt_server import KtHandler
-from reads.tcp import drain
+from kt import protocol as kt
+from kt.server import KtHandler
+from net.tcp import drain
 from store.ops import SET, Op
 from store.store import Store
 

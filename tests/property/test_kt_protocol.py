@@ -13,8 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from core.errors import ReadProtocolError
-from reads import kt_protocol as kt
-from reads.kt_server import KtHandler
+from kt import protocol as kt
+from kt.server import KtHandler
 from store.ops import SET, Op
 from store.store import Store
 

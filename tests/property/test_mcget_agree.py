@@ -15,9 +15,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, Histogram
 
+from memcached import protocol as mc
+from memcached.server import MemcachedHandler
 from reads import fastget
-from reads import memcached_protocol as mc
-from reads.memcached_server import MemcachedHandler
 from store import format as fmt
 from store.store import Store
 

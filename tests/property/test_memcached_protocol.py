@@ -9,8 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from core.errors import ReadProtocolError
-from reads import memcached_protocol as mc
-from reads.memcached_server import MemcachedHandler
+from memcached import protocol as mc
+from memcached.server import MemcachedHandler
 from store.ops import SET, Op
 from store.store import Store
 

@@ -1,4 +1,4 @@
-"""Read-side fixtures: a real `python -m reads.serve` process over the test's store."""
+"""Read-side fixtures: a real `python -m mercury.readserve` process over the test's store."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 
 from store.ops import SET, Op
 from store.store import Store
-from tests.support.procs import Procs, free_port, wait_http, wait_port
+from testkit.procs import Procs, free_port, wait_http, wait_port
 
 
 @dataclass
@@ -37,7 +37,7 @@ def start_reads(store: Store, procs: Procs) -> StartReads:
         srv = ReadServer(
             free_port(), free_port() if kt else None, free_port() if memcached else None
         )
-        argv = [sys.executable, "-m", "reads.serve", store.path, "--role", role]
+        argv = [sys.executable, "-m", "mercury.readserve", store.path, "--role", role]
         argv += ["--listen", f"127.0.0.1:{srv.http}"]
         if srv.kt:
             argv += ["--kt-listen", f"127.0.0.1:{srv.kt}"]

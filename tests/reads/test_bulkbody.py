@@ -73,7 +73,7 @@ def test_a_refused_body_is_answered_with_the_read_apis_status(
     content_length: str | None, receive: Any, status: int, detail: str
 ) -> None:
     """`read` refuses with the read API's statuses (BodyRefused), over the one bounded body
-    reader it shares with the gateway (`core/asgibody.py`)."""
+    reader it shares with the gateway (`net/asgibody.py`)."""
     with pytest.raises(bulkbody.BodyRefused) as got:
         asyncio.run(bulkbody.read(receive, content_length))
     assert got.value.status == status

@@ -16,7 +16,7 @@ from core.errors import CRCError
 from store import layout
 from store.ops import SET, Op
 from store.store import Store
-from tests.support.procs import Procs, free_port, wait_http, wait_port
+from testkit.procs import Procs, free_port, wait_http, wait_port
 
 SECRET = b"UNIQUE-VALUE-0123456789"
 
@@ -43,7 +43,7 @@ def test_crc_failure_is_an_error_on_every_protocol(tmp_path: Path, procs: Procs)
     http, kt, mc = free_port(), free_port(), free_port()
     p = procs.start(
         [
-            sys.executable, "-m", "reads.serve", d,
+            sys.executable, "-m", "mercury.readserve", d,
             "--listen", f"127.0.0.1:{http}",
             "--kt-listen", f"127.0.0.1:{kt}",
             "--memcached-listen", f"127.0.0.1:{mc}",

@@ -20,7 +20,7 @@ from core.errors import CRCError
 from store import layout
 from store.ops import SET, Op
 from store.store import Store
-from tests.support.procs import Procs, free_port, wait_http
+from testkit.procs import Procs, free_port, wait_http
 
 BIG = bytes(range(256)) * 64  # 16 KiB: stored in chunks (the shortcut's full path)
 SECRET = b"UNIQUE-VALUE-0123456789"
@@ -98,14 +98,22 @@ def _make_store(path: str) -> None:
         s.get(b"bad")  # `bad` now fails its CRC
 
 
-#: Every server's `--http-idle-timeout` (that the flag reaches `reads.serve` at all is
+#: Every server's `--http-idle-timeout` (that the flag reaches `mercury.readserve` at all is
 #: shown with a 2 s timeout in tests/faults/test_hostile_listeners.py).
 IDLE_S = 5
 
 
 def _start(procs: Procs, path: str, *extra: str) -> int:
     port = free_port()
-    argv = [sys.executable, "-m", "reads.serve", path, "--listen", f"127.0.0.1:{port}", *extra]
+    argv = [
+        sys.executable,
+        "-m",
+        "mercury.readserve",
+        path,
+        "--listen",
+        f"127.0.0.1:{port}",
+        *extra,
+    ]
     argv += ["--http-idle-timeout", str(IDLE_S)]
     p = procs.start(argv, name="reads")
     wait_http(f"http://127.0.0.1:{port}/healthz", proc=p)

@@ -9,7 +9,7 @@ import socket
 import pytest
 import ukt
 
-from reads import kt_protocol as kt
+from kt import protocol as kt
 from store.store import Store
 from tests.reads.conftest import StartReads, put
 

@@ -9,8 +9,8 @@ from pymemcache.client.base import Client
 from pymemcache.exceptions import MemcacheServerError
 
 from store.store import Store
+from testkit.sockets import converse
 from tests.reads.conftest import StartReads, put
-from tests.support.sockets import converse
 
 
 @pytest.fixture

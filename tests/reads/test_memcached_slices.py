@@ -1,6 +1,6 @@
 """A huge pipelined memcached multi-get does not hold the listener's other clients: each
 `get` line is read in slices of keys (`reads.replystream.BULK_SLICE`), the loop serving the
-other connections between slices, as KT's get_bulk is. A real `python -m reads.serve`,
+other connections between slices, as KT's get_bulk is. A real `python -m mercury.readserve`,
 real sockets; the proof is by order (other clients answered while the multi-get is being
 answered), not by a latency threshold."""
 
@@ -10,7 +10,7 @@ import socket
 import threading
 import time
 
-from reads import memcached_protocol as mc
+from memcached import protocol as mc
 from reads.replystream import BULK_SLICE
 from store.store import Store
 from tests.reads.conftest import StartReads, put
@@ -18,7 +18,7 @@ from tests.reads.conftest import StartReads, put
 #: Keys in one `get` line: as many one-byte keys as a command line holds (`x x x ...`,
 #: a key not in the store).
 KEYS_PER_LINE = (mc.MAX_LINE - 8) // 2
-#: Lines pipelined at once: several loop turns' worth of steps (reads.tcp runs 16 a turn).
+#: Lines pipelined at once: several loop turns' worth of steps (net.tcp runs 16 a turn).
 LINES = 48
 
 

@@ -11,8 +11,8 @@ import pytest
 
 from store.ops import SET, Op
 from store.store import Store
+from testkit.procs import Procs
 from tests.reads.conftest import StartReads
-from tests.support.procs import Procs
 
 
 def _rss_anon_kb(pid: int) -> int:

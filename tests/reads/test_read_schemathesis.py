@@ -1,5 +1,5 @@
 """Schemathesis over the read API's /openapi.json — a real `mercury replica` of a real root
-with `--read-auth`, and a `reads.serve` without it: no generated input produces a 5xx, and
+with `--read-auth`, and a `mercury.readserve` without it: no generated input produces a 5xx, and
 every answer is one the document declares (status, content type, headers, body schema)."""
 
 from __future__ import annotations
@@ -11,12 +11,12 @@ import httpx
 
 from store.ops import SET, Op
 from store.store import Store
+from testkit.procs import Procs
+from testkit.replication import wait_for
 from tests.gateway.conftest import Root, make_root
 from tests.reads.conftest import StartReads
-from tests.replicator.harness import wait_for
 from tests.replicator.nodes import start_replica
 from tests.support import openapi_fuzz
-from tests.support.procs import Procs
 
 #: Keys of every shape the reads answer differently: text, bytes that are not UTF-8, a value
 #: over one page (chunked), an empty one.

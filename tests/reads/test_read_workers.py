@@ -18,10 +18,10 @@ import httpx
 from reads.workers import migrate_req
 from store.ops import SET, Op
 from store.store import Store
+from testkit.procs import Procs, alive, free_port, wait_http, wait_port
+from testkit.replication import wait_for
 from tests.gateway.conftest import make_root
-from tests.replicator.harness import wait_for
 from tests.replicator.nodes import start_replica
-from tests.support.procs import Procs, alive, free_port, wait_http, wait_port
 
 
 def _children(pid: int) -> list[int]:
@@ -75,7 +75,7 @@ def test_two_readers_serve_and_a_killed_one_is_restarted(tmp_path: Path, procs: 
     with Store.create(d) as s:
         s.apply([Op(SET, b"k", b"v", "p")])
     http, mc = free_port(), free_port()
-    argv = [sys.executable, "-m", "reads.serve", d, "--listen", f"127.0.0.1:{http}"]
+    argv = [sys.executable, "-m", "mercury.readserve", d, "--listen", f"127.0.0.1:{http}"]
     argv += ["--memcached-listen", f"127.0.0.1:{mc}", "--read-workers", "2"]
     p = procs.start(argv, name="reads")
     url = f"http://127.0.0.1:{http}"

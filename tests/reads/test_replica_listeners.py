@@ -13,7 +13,7 @@ import pytest
 import ukt
 from pymemcache.client.base import Client
 
-from tests.support.procs import Procs, free_port, run_mercury, wait_http, wait_port
+from testkit.procs import Procs, free_port, run_mercury, wait_http, wait_port
 
 
 def _wait_seq(url: str, seq: int, timeout: float = 60.0) -> dict[str, object]:

@@ -23,9 +23,9 @@ from urllib.parse import quote
 import httpx
 import pytest
 
-from mercury.client import Change, Client
+from mercury_client import Change, Client
+from testkit.procs import REPO, Procs, mercury_cmd
 from tests.client.conftest import Cluster, make_cluster
-from tests.support.procs import REPO, Procs, mercury_cmd
 
 Doc = dict[str, Any]
 
@@ -473,7 +473,7 @@ def test_sdk_watch_resumes_across_a_replica_restart_without_loss_or_repeat(
     """The SDK resumes from the last seq it delivered (from_seq inclusive on the node, the
     repeated change skipped by the SDK): across a SIGTERM and restart of the replica it
     serves from, every change arrives exactly once, in order."""
-    from mercury.client import RetryPolicy
+    from mercury_client import RetryPolicy
     from tests.replicator.nodes import restart
 
     (tmp_path / "logs").mkdir()

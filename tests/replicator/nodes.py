@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from subprocess import Popen
 
-from tests.support.procs import Procs, free_port, run_mercury, wait_http
+from testkit.procs import Procs, free_port, run_mercury, wait_http
 
 
 @dataclass

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from replicator.status import read_status
-from tests.replicator.harness import root_node, wait_for, wait_seq
+from testkit.procs import Procs, run_mercury, stat_fields
+from testkit.replication import root_node, wait_for, wait_seq
 from tests.replicator.nodes import start_replica
-from tests.support.procs import Procs, run_mercury, stat_fields
 
 
 def _nice(pid: int) -> int:

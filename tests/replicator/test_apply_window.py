@@ -19,7 +19,7 @@ from replicator.selection import Selector
 from replicator.status import StatusBoard
 from store.ops import SET, Op
 from store.store import Store
-from tests.replicator.harness import RootNode
+from testkit.replication import RootNode
 from tests.replicator.nodes import assert_refused_before_start
 
 #: A window long beside everything else a test waits for: a record it held would show.

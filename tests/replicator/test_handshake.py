@@ -11,9 +11,9 @@ import httpx
 from replicator import frames, wire
 from store.ops import SET, Op
 from store.store import Store
-from tests.replicator.harness import RootNode, root_node, status, wait_for
+from testkit.procs import Procs
+from testkit.replication import RootNode, root_node, status, wait_for
 from tests.replicator.nodes import start_replica
-from tests.support.procs import Procs
 
 
 async def _session(

@@ -19,8 +19,8 @@ from mercury.cli import build_parser
 from mercury.settings import ReplicaConfig
 from replicator.heap import HEAP_KEEP_MB
 from replicator.worker import WorkerConfig
+from testkit.procs import REPO
 from tests.replicator.nodes import assert_refused_before_start
-from tests.support.procs import REPO
 
 
 def _glibc() -> bool:

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from replicator import notify
-from tests.support.procs import REPO
+from testkit.procs import REPO
 
 
 def test_ping_from_another_process_wakes_the_listener(tmp_path: Path) -> None:

@@ -14,7 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from replicator import sched
-from tests.support.procs import REPO
+from testkit.procs import REPO
 
 PROBE = """
 import json, os, subprocess, sys

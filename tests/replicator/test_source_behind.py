@@ -17,7 +17,7 @@ from replicator.selection import Selector
 from replicator.status import StatusBoard
 from store.ops import SET, LogRecord, Op
 from store.store import Store
-from tests.replicator.harness import RootNode
+from testkit.replication import RootNode
 
 
 def _records(root: Store, upto: int) -> list[LogRecord]:

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import uvloop
 
-from tests.replicator.harness import RootNode
+from testkit.replication import RootNode
 
 
 def _read_to_end(s: socket.socket, timeout: float) -> bool:

@@ -16,9 +16,9 @@ from replicator.terms import source_too_old, store_term
 from store.ops import SET, Op
 from store.promotion import promote
 from store.store import Store
-from tests.replicator.harness import root_node, status, wait_seq
+from testkit.procs import Procs
+from testkit.replication import root_node, status, wait_seq
 from tests.replicator.nodes import start_replica
-from tests.support.procs import Procs
 
 
 def _copy_history(src: Store, dst: Store) -> None:

@@ -12,11 +12,11 @@ import httpx
 from replicator.status import read_status
 from store.check import check
 from store.store import Store
-from tests.replicator.harness import contents, items, root_node, status, wait_for, wait_seq
+from testkit import metrics
+from testkit.logged import records
+from testkit.procs import Procs, alive
+from testkit.replication import contents, items, root_node, status, wait_for, wait_seq
 from tests.replicator.nodes import restart, start_replica
-from tests.support import metrics
-from tests.support.logged import records
-from tests.support.procs import Procs, alive
 
 
 def assert_same(root_store: Store, *dirs: Path) -> None:
@@ -149,7 +149,7 @@ def test_replicating_from_itself_is_refused(tmp_path: Path, procs: Procs) -> Non
         wait_seq(a.http, 10)
         procs.terminate(a.proc)
         # Same node, now told to follow its own replication address.
-        from tests.support.procs import free_port
+        from testkit.procs import free_port
 
         http = free_port()
         args = [
@@ -163,7 +163,7 @@ def test_replicating_from_itself_is_refused(tmp_path: Path, procs: Procs) -> Non
             f"127.0.0.1:{a.repl}",
         ]
         p = procs.start_mercury(*args, name="self")
-        from tests.support.procs import wait_http
+        from testkit.procs import wait_http
 
         wait_http(f"http://127.0.0.1:{http}/healthz", proc=p)
         wait_for(

@@ -13,9 +13,9 @@ import pytest
 
 from core.errors import ProtocolError
 from replicator import frames, upstream, wire
-from tests.replicator.harness import RootNode, root_node, wait_for
+from testkit.procs import Procs
+from testkit.replication import RootNode, root_node, wait_for
 from tests.replicator.nodes import start_replica
-from tests.support.procs import Procs
 
 
 class Inbox:

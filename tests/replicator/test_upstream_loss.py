@@ -7,10 +7,10 @@ from pathlib import Path
 
 import httpx
 
+from testkit.procs import Procs
+from testkit.replication import root_node, status, wait_for, wait_seq
 from tests.faults.proxy import FaultProxy
-from tests.replicator.harness import root_node, status, wait_for, wait_seq
 from tests.replicator.nodes import start_replica
-from tests.support.procs import Procs
 
 
 def test_reconnecting_upstream_causes_no_cascading_disconnect(tmp_path: Path, procs: Procs) -> None:

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import httpx
 
-from tests.replicator.harness import status, wait_for
+from testkit.logged import entries_since
+from testkit.procs import Procs, free_port, run_mercury, wait_http
+from testkit.replication import status, wait_for
 from tests.replicator.nodes import start_replica
-from tests.support.logged import entries_since
-from tests.support.procs import Procs, free_port, run_mercury, wait_http
 
 
 def test_put_on_root_is_readable_on_tier_2_and_metrics_are_exported(

@@ -13,9 +13,9 @@ from pathlib import Path
 import httpx
 
 from replicator import frames
-from tests.replicator.harness import status, wait_for
+from testkit.procs import Procs, free_port, run_mercury, wait_http, wait_port
+from testkit.replication import status, wait_for
 from tests.replicator.nodes import start_replica
-from tests.support.procs import Procs, free_port, run_mercury, wait_http, wait_port
 
 
 def _tls_client_hello() -> bytes:

@@ -21,10 +21,10 @@ from typing import Any
 import httpx
 import pytest
 
+from testkit.procs import Procs
+from testkit.replication import wait_for
 from tests.gateway.conftest import Root, make_root
-from tests.replicator.harness import wait_for
 from tests.replicator.nodes import Replica, start_replica
-from tests.support.procs import Procs
 
 NFC = unicodedata.normalize("NFC", "café/")
 NFD = unicodedata.normalize("NFD", "café/")

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from store.lock import StoreLockedError, WriterLock, holder_pid
+from testkit.procs import Procs, free_port, mercury_cmd, run_mercury, wait_http
 from tests.replicator.nodes import start_replica
-from tests.support.procs import Procs, free_port, mercury_cmd, run_mercury, wait_http
 
 
 def _second(*args: str) -> tuple[int, str, float]:

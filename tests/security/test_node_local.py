@@ -13,8 +13,8 @@ from pathlib import Path
 from replicator import frames
 from store import layout
 from store.store import Store
-from tests.support.procs import Procs, free_port, run_mercury, wait_http
-from tests.support.sockets import recv_exact
+from testkit.procs import Procs, free_port, run_mercury, wait_http
+from testkit.sockets import recv_exact
 
 NODE_MARKER = b"node-marker-7b1e0c"
 

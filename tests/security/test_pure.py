@@ -18,8 +18,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from core.errors import ConfigError
-from core.tlsconf import TlsFiles, client_context, server_context
-from mercury import certs, tls
+from mercury import tls
+from net import certs
+from net.tlsconf import TlsFiles, client_context, server_context
 from reads import ranges
 from reads.auth import allowed, narrow
 from store.ops import Value

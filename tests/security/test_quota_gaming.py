@@ -14,8 +14,8 @@ from typing import Any
 import httpx
 import pytest
 
+from testkit.procs import Procs
 from tests.gateway.conftest import Root, make_root
-from tests.support.procs import Procs
 
 
 @pytest.fixture

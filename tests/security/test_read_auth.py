@@ -10,10 +10,10 @@ from pathlib import Path
 
 import httpx
 
+from testkit.procs import Procs, free_port, run_mercury
+from testkit.replication import wait_for
 from tests.gateway.conftest import make_root
-from tests.replicator.harness import wait_for
 from tests.replicator.nodes import start_replica
-from tests.support.procs import Procs, free_port, run_mercury
 
 KEYS = {
     "app/a/1": "a1",

@@ -18,10 +18,10 @@ from typing import Any
 
 import httpx
 
+from testkit.procs import Procs
+from testkit.replication import wait_for
 from tests.gateway.conftest import Root, make_root
-from tests.replicator.harness import wait_for
 from tests.replicator.nodes import start_replica
-from tests.support.procs import Procs
 
 KEYS = ["a/1", "a/2", "b/1", "b/2", "c/1", "c/2", "d/1"]
 

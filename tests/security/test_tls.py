@@ -20,11 +20,11 @@ import httpx
 import pytest
 import trustme
 
-from core.tlsconf import TlsContexts, TlsFiles
+from net.tlsconf import TlsContexts, TlsFiles
 from replicator import frames
-from tests.replicator.harness import RootNode, contents, items, wait_for
-from tests.support import metrics
-from tests.support.procs import Procs, free_port, run_mercury
+from testkit import metrics
+from testkit.procs import Procs, free_port, run_mercury
+from testkit.replication import RootNode, contents, items, wait_for
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""A replica's HTTPS reads on the readiness-driven TLS transport (`reads/tlsconn.py`), with
+"""A replica's HTTPS reads on the readiness-driven TLS transport (`net/tlsconn.py`), with
 real processes, sockets and a CA made per test run: keep-alive and pipelined point gets,
 a request body of many TLS records, a multi-megabyte value to a client that reads it late,
 clients that stall in the handshake or speak plaintext or garbage dropped (and counted)
@@ -22,10 +22,11 @@ from pathlib import Path
 import httpx
 import pytest
 
-from core.tlsconf import TlsContexts, TlsFiles
+from net.tlsconf import TlsContexts, TlsFiles
 from store.ops import SET, Op
+from testkit.procs import Procs, free_port
+from testkit.replication import RootNode, wait_for
 from tests.reads.test_read_workers import _readers
-from tests.replicator.harness import RootNode, wait_for
 from tests.security.test_tls import (
     Pki,
     _der,
@@ -36,7 +37,6 @@ from tests.security.test_tls import (
     tls_flags,
     wait_https,
 )
-from tests.support.procs import Procs, free_port
 
 BIG = bytes(range(256)) * (12 << 10)  # 3 MiB
 

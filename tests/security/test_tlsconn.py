@@ -1,4 +1,4 @@
-"""The readiness-driven TLS transport (`reads/tlsconn.py`) on real sockets and a real
+"""The readiness-driven TLS transport (`net/tlsconn.py`) on real sockets and a real
 uvloop loop (in a thread), with a CA made per test run: echo and keep-alive, a reply of
 many writes to a client that reads late (the kept-bytes and backpressure path), paused
 reading that resumes with bytes already decrypted, a client stalling in its handshake and
@@ -21,8 +21,8 @@ import pytest
 import trustme
 import uvloop
 
-from reads.tlsconn import HANDSHAKE_FAILED, TlsServer
-from tests.support.sockets import recv_exact
+from net.tlsconn import HANDSHAKE_FAILED, TlsServer
+from testkit.sockets import recv_exact
 
 Handler = collections.abc.Callable[["Conn", bytes], None]
 

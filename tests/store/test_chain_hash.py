@@ -21,8 +21,8 @@ from store.ops import SET, Op
 from store.replica_apply import payload
 from store.snapshot import install_snapshot, make_snapshot
 from store.store import Store, read_format_version
+from testkit.procs import run_mercury
 from tests.conftest import assert_store_ok
-from tests.support.procs import run_mercury
 
 
 def _writes(s: Store, n: int, tag: bytes = b"") -> None:

@@ -10,7 +10,7 @@ from acl.tokens import hash_token
 from store.ops import SET, Op
 from store.snapshot import SnapshotInfo
 from store.store import Store
-from tests.support.procs import run_mercury
+from testkit.procs import run_mercury
 
 
 def test_init_writes_a_private_admin_token_and_logs_only_its_hash(tmp_path: Path) -> None:

@@ -18,8 +18,8 @@ from store.layout import BE64
 from store.metrics import CRC_FAILURES
 from store.ops import SET, LogRecord, Op
 from store.store import Store
+from testkit.procs import run_mercury
 from tests.conftest import assert_store_ok
-from tests.support.procs import run_mercury
 
 
 def _flip_in_file(path: str, needle: bytes) -> None:

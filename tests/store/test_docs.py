@@ -18,8 +18,8 @@ from store.layout import K_FORMAT, U32, U64
 from store.ops import SET, Op
 from store.snapshot import install_snapshot, make_snapshot
 from store.store import CURRENT_FORMAT, Store, read_format_version
+from testkit.procs import mercury_cmd
 from tests.conftest import assert_store_ok
-from tests.support.procs import mercury_cmd
 
 
 def _replicate(src: Store, dst: Store) -> None:

@@ -14,7 +14,7 @@ from store import layout
 from store.ops import SET, Op
 from store.snapshot import install_snapshot, make_snapshot
 from store.store import Store
-from tests.support.procs import run_mercury
+from testkit.procs import run_mercury
 
 
 @pytest.fixture(autouse=True)

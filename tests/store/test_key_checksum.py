@@ -15,7 +15,7 @@ from store import layout
 from store.check import check
 from store.ops import SET, Op
 from store.store import CURRENT_FORMAT, Store, read_format_version
-from tests.support.procs import run_mercury
+from testkit.procs import run_mercury
 
 KEYS = [f"key-{i:04d}-UNIQUEKEYBYTES".encode() for i in range(200)]
 

@@ -15,8 +15,8 @@ from migrations.runner import STEPS, migrate, pending
 from store.layout import K_FORMAT, U32
 from store.ops import DELETE, SET, Op
 from store.store import CURRENT_FORMAT, Store, read_format_version
+from testkit.procs import mercury_cmd, run_mercury
 from tests.conftest import assert_store_ok
-from tests.support.procs import mercury_cmd, run_mercury
 
 
 def _noop(mtx: object, progress: object) -> None:

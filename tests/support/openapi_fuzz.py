@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.procs import REPO
+from testkit.procs import REPO
 
 #: Run together on every generated request (one run: the same time as the first alone).
 CHECKS = (

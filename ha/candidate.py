@@ -1,0 +1,405 @@
+"""`mercury root DATA_DIR --ha-etcd URL ...`: a root candidate (docs/ha.md).
+
+One process per candidate node, on one asyncio loop:
+
+- **lease**: an etcd lease of `--lease-ttl-s`, renewed every `ha.lease.renew_interval`;
+  each success moves the acknowledgement deadline (`ha.lease.LeaseClock`) and is passed to
+  the leading root process on its stdin;
+- **election**: the key ``/mercury/<group>/leader``, created if absent and bound to our
+  lease (`ha.etcd.Etcd.create`), polled every `POLL_S`; its create revision is the term;
+- **leader**: the root process itself (`mercury root ... --ha-term T`, the same command
+  line), started once we win; it binds the gateway and replication addresses, and
+  `ha/leader.py` fences, gates acknowledgements and records the term. It dies with
+  this process (PR_SET_PDEATHSIG and its stdin's EOF) and is SIGKILLed at once when we lose
+  the key or the lease deadline passes;
+- **standby**: otherwise `ha/standby.Standby` replicates from the leader and
+  reports its applied seq upstream, while `ha/front.Front` answers on the gateway
+  address (status; 307 to the leader; 503 during an election).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import signal
+import sys
+import time
+
+from core import eventloop, lifeline
+from core.addr import parse_hostport
+from core.errors import MercuryError
+from ha.etcd import Etcd, EtcdError
+from ha.front import Front
+from ha.lease import LeaseClock, margin_for, renew_interval
+from ha.metrics import standby_metrics
+from ha.role import (
+    LeaderInfo,
+    Progress,
+    Role,
+    View,
+    decide,
+    decode_progress,
+    election_key,
+    encode_progress,
+    may_campaign,
+    progress_prefix,
+)
+from ha.standby import Standby
+from net.tlsconf import TlsContexts, TlsFiles, server_context
+from replicator.terms import store_term
+from store import layout
+from store.store import Store
+
+log = logging.getLogger("mercury.ha.candidate")
+
+#: How often the election key is read.
+POLL_S = 0.2
+#: After our root process died while leading, leave the next term to the others this long.
+COOLDOWN_S = 3.0
+
+
+class Candidate:
+    """One root candidate (see the module doc)."""
+
+    def __init__(self, args: argparse.Namespace, files: TlsFiles | None) -> None:
+        self.args = args
+        self.data_dir: str = args.data_dir
+        self.listen = parse_hostport(args.listen, "--listen")
+        scheme = "https" if args.tls_cert else "http"
+        self.url: str = args.advertise_url or f"{scheme}://{args.listen}"
+        self.repl: str = args.advertise_repl or args.repl_listen
+        self.node: str = args.ha_node or self.url
+        self.ttl: int = args.lease_ttl_s
+        self.etcd = Etcd([u for u in args.ha_etcd.split(",") if u])
+        self.key = election_key(args.ha_group)
+        self.clock = LeaseClock(margin_s=margin_for(self.ttl))
+        self.lease: int | None = None
+        self.view = View(Role.ELECTING, None)
+        self.child: asyncio.subprocess.Process | None = None
+        #: a root process with its imports done, waiting to be told it leads
+        self._warm_child: asyncio.subprocess.Process | None = None
+        self.child_term: int | None = None
+        self.standby: Standby | None = None
+        #: mutual TLS to the leader's replication source, HTTPS on the front (None: off)
+        self.tls = TlsContexts(files) if files is not None else None
+        front_ssl = server_context(files, require_client_cert=False) if files else None
+        metrics = standby_metrics(self.data_dir, self._standby_store)
+        self.front = Front(*self.listen, self._status, front_ssl, metrics)
+        self.front_up = False
+        self.stopping = asyncio.Event()
+        self._cooldown_until = 0.0
+        self.progress_key = progress_prefix(args.ha_group) + self.node.encode()
+        self._published: tuple[int | None, Progress] | None = None
+        self._etcd_down_logged = False
+
+    # --- status ----------------------------------------------------------------------
+
+    def _standby_store(self) -> Store | None:
+        sb = self.standby
+        return sb.store if sb is not None else None
+
+    def _status(self) -> tuple[str, int | None, str | None, dict[str, object]]:
+        v = self.view
+        sb = self.standby
+        store = self._standby_store()
+        seq, head = store.head() if store is not None else (None, None)
+        extra: dict[str, object] = {
+            "node": self.node,
+            "seq": seq,
+            "hash_head": head.hex() if head is not None else None,
+            "standby_state": sb.state if sb is not None else None,
+        }
+        leader_url = v.leader.url if v.leader is not None and v.role is Role.STANDBY else None
+        # Won but its root not serving yet (this listener is about to close): not a leader
+        # anyone can write to, so the answer is an election's.
+        role = Role.ELECTING if v.role is Role.LEADER else v.role
+        return role.value, v.term, leader_url, extra
+
+    # --- run -------------------------------------------------------------------------
+
+    async def run(self) -> int:
+        """Campaign, lead or stand by until SIGTERM/SIGINT; then resign."""
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self.stopping.set)
+        log.info(
+            "candidate %s of group %s (etcd %s, lease %ds)",
+            self.node,
+            self.args.ha_group,
+            ",".join(self.etcd.urls),
+            self.ttl,
+        )
+        await self.front.start()
+        self.front_up = True
+        lease = loop.create_task(self._lease_loop(), name="ha-lease")
+        elect = loop.create_task(self._elect_loop(), name="ha-elect")
+        try:
+            await self.stopping.wait()
+        finally:
+            elect.cancel()
+            await asyncio.gather(elect, return_exceptions=True)
+            # The lease keeps being renewed while a leading root commits and answers its
+            # open batch; then it is revoked.
+            await self._stop_child()
+            lease.cancel()
+            await asyncio.gather(lease, return_exceptions=True)
+            await self._shutdown()
+        return 0
+
+    async def _stop_child(self) -> None:
+        if self.child is not None:
+            child, self.child = self.child, None
+            with contextlib.suppress(ProcessLookupError):
+                child.send_signal(signal.SIGTERM)  # commits and answers its open batch
+            try:
+                await asyncio.wait_for(child.wait(), 30)
+            except TimeoutError:
+                child.kill()
+                await child.wait()
+
+    async def _shutdown(self) -> None:
+        await self._stop_child()
+        warm, self._warm_child = self._warm_child, None
+        if warm is not None and warm.returncode is None:
+            assert warm.stdin is not None
+            warm.stdin.close()  # EOF: it exits without opening anything
+            try:
+                await asyncio.wait_for(warm.wait(), 10)
+            except TimeoutError:
+                warm.kill()
+                await warm.wait()
+        if self.lease is not None:
+            with contextlib.suppress(EtcdError):
+                await self.etcd.revoke(self.lease)  # our key goes: the others elect now
+        await self._stop_standby()
+        if self.front_up:
+            await self.front.stop()
+        await self.etcd.close()
+        log.info("candidate stopped")
+
+    # --- lease -----------------------------------------------------------------------
+
+    async def _lease_loop(self) -> None:
+        every = renew_interval(self.ttl)
+        while True:
+            sent = time.monotonic()
+            try:
+                if self.lease is None:
+                    lease, ttl = await self.etcd.grant(self.ttl)
+                    self.lease = lease
+                    self.clock.renewed(sent, ttl)
+                else:
+                    ttl = await self.etcd.keepalive(self.lease)
+                    if ttl <= 0:
+                        log.warning("lease %x expired", self.lease)
+                        self.lease = None
+                        self.clock.lost()
+                    else:
+                        self.clock.renewed(sent, ttl)
+                self._etcd_down_logged = False
+            except EtcdError as err:
+                if not self._etcd_down_logged:
+                    log.warning("lease renewal failed: %s", err)
+                    self._etcd_down_logged = True
+            self._tell_child()
+            now = time.monotonic()
+            if self.child is not None and not self.clock.valid(now):
+                await self._depose("lease deadline passed without renewal")
+            left = self.clock.left(now)
+            await asyncio.sleep(max(0.02, min(every, left) if left > 0 else every))
+
+    def _tell_child(self) -> None:
+        child = self.child
+        if child is not None and child.stdin is not None:
+            with contextlib.suppress(OSError, RuntimeError):
+                child.stdin.write(f"{self.clock.deadline!r}\n".encode())
+
+    # --- election --------------------------------------------------------------------
+
+    async def _elect_loop(self) -> None:
+        while True:
+            try:
+                view = await self._observe()
+            except EtcdError as err:
+                # etcd unreachable: a leader keeps leading only until its deadline (the
+                # lease loop fences it); a standby keeps following what it follows.
+                if not self._etcd_down_logged:
+                    log.warning("election key unreadable: %s", err)
+                    self._etcd_down_logged = True
+                view = self.view
+                if view.role is Role.LEADER and not self.clock.valid(time.monotonic()):
+                    view = View(Role.ELECTING, None)
+            await self._become(view)
+            await asyncio.sleep(POLL_S)
+
+    async def _observe(self) -> View:
+        kv = await self.etcd.get(self.key)
+        leader, key_lease = self._decode(kv)
+        now = time.monotonic()
+        valid = self.clock.valid(now)
+        view = decide(self.node, self.lease, leader, key_lease, valid)
+        mine = self._progress() if view.role is not Role.LEADER else None
+        if mine is not None and self.lease is not None:
+            await self._publish(mine)
+        if (
+            leader is None
+            and mine is not None
+            and self.lease is not None
+            and now >= self._cooldown_until
+            and may_campaign(layout.exists(self.data_dir), valid, mine, await self._others())
+        ):
+            me = LeaderInfo(self.node, self.url, self.repl, 0)
+            won, kv = await self.etcd.create(self.key, me.encode(), self.lease)
+            leader, key_lease = self._decode(kv)
+            view = decide(self.node, self.lease, leader, key_lease, self.clock.valid(now))
+            if won:
+                log.info("won the election: term %d", view.term)
+        return view
+
+    def _progress(self) -> Progress | None:
+        """How far this node's store is (None: no store yet, or one being bootstrapped)."""
+        sb = self.standby
+        if sb is not None and sb.store is not None:
+            return store_term(sb.store), sb.applied
+        if sb is not None and sb.state == "bootstrapping":
+            return None
+        if not layout.exists(self.data_dir):
+            return None
+        # No handle of ours is open on it now (the standby holds none): a short read-only
+        # look (opened and closed without yielding, so the standby cannot open it meanwhile).
+        try:
+            store = Store.open(self.data_dir, readonly=True)
+        except MercuryError as err:
+            log.error("store unreadable: %s", err)
+            return None
+        try:
+            return store_term(store), store.last_seq()
+        finally:
+            store.close()
+
+    async def _publish(self, mine: Progress) -> None:
+        """Tell the other candidates how far this store is (bound to our lease)."""
+        if self._published != (self.lease, mine) and self.lease is not None:
+            await self.etcd.put(self.progress_key, encode_progress(mine), self.lease)
+            self._published = (self.lease, mine)
+
+    async def _others(self) -> list[Progress]:
+        """How far the other live candidates' stores are."""
+        out = []
+        for k, kv in (await self.etcd.prefix(progress_prefix(self.args.ha_group))).items():
+            if k != self.progress_key:
+                with contextlib.suppress(ValueError):
+                    out.append(decode_progress(kv.value))
+        return out
+
+    @staticmethod
+    def _decode(kv: object) -> tuple[LeaderInfo | None, int]:
+        from ha.etcd import KeyValue
+
+        if not isinstance(kv, KeyValue):
+            return None, 0
+        try:
+            return LeaderInfo.decode(kv.value, kv.create_revision), kv.lease
+        except ValueError as err:
+            log.error("%s", err)
+            return None, 0
+
+    async def _become(self, view: View) -> None:
+        if view != self.view:
+            log.info(
+                "role %s, term %s, leader %s",
+                view.role.value,
+                view.term,
+                view.leader.node if view.leader else None,
+            )
+        self.view = view
+        if view.role is Role.LEADER:
+            assert view.term is not None
+            if self.child is None:
+                await self._lead(view.term)
+            return
+        if self.child is not None:
+            await self._depose("another candidate holds the election key")
+        if not self.front_up:
+            await self.front.start()
+            self.front_up = True
+        if layout.exists(self.data_dir):
+            await self._warm()
+        if view.role is Role.STANDBY and view.leader is not None and view.term is not None:
+            src = parse_hostport(view.leader.repl, "leader replication address")
+            sb = self.standby
+            if sb is None or sb.source != src or sb.leader_term != view.term:
+                await self._stop_standby()
+                self.standby = Standby(self.data_dir, src, view.term, self.tls)
+                self.standby.start()
+
+    async def _stop_standby(self) -> None:
+        if self.standby is not None:
+            sb, self.standby = self.standby, None
+            await sb.stop()
+
+    # --- leading ---------------------------------------------------------------------
+
+    async def _warm(self) -> asyncio.subprocess.Process:
+        """The warm root process (started now if there is none or it died)."""
+        w = self._warm_child
+        if w is None or w.returncode is not None:
+            argv = [sys.executable, "-m", "mercury", *sys.argv[1:], "--ha-await-go"]
+            w = self._warm_child = await asyncio.create_subprocess_exec(
+                *argv, stdin=asyncio.subprocess.PIPE, preexec_fn=lifeline.kill_with_parent
+            )
+        return w
+
+    async def _lead(self, term: int) -> None:
+        child = await self._warm()
+        self._warm_child = None
+        await self._stop_standby()  # closes the store and frees the writer lock
+        if self.front_up:
+            await self.front.stop()  # the root's gateway takes the address
+            self.front_up = False
+        assert child.stdin is not None
+        child.stdin.write(f"{term} {self.clock.deadline!r}\n".encode())
+        self.child = child
+        self.child_term = term
+        log.info("leading: root process %d for term %d", child.pid, term)
+        asyncio.get_running_loop().create_task(self._watch_child(child, term))
+
+    async def _watch_child(self, child: asyncio.subprocess.Process, term: int) -> None:
+        code = await child.wait()
+        if self.child is not child:
+            return  # we stopped it ourselves
+        self.child = None
+        log.error("root process of term %d exited with %s; resigning", term, code)
+        self._cooldown_until = time.monotonic() + COOLDOWN_S
+        await self._resign(term)
+
+    async def _resign(self, term: int) -> None:
+        lease, self.lease = self.lease, None
+        self.clock.lost()
+        with contextlib.suppress(EtcdError):
+            await self.etcd.delete_if(self.key, term)
+        if lease is not None:
+            with contextlib.suppress(EtcdError):
+                await self.etcd.revoke(lease)
+        self.view = View(Role.ELECTING, None)
+
+    async def _depose(self, why: str) -> None:
+        """Stop the leading root now: it may be acknowledging without a lease."""
+        child, self.child = self.child, None
+        if child is None:
+            return
+        log.error("deposed (%s): killing root process %d", why, child.pid)
+        with contextlib.suppress(ProcessLookupError):
+            child.kill()
+        await child.wait()
+        if self.child_term is not None:
+            await self._resign(self.child_term)
+
+
+def run_candidate(args: argparse.Namespace, files: TlsFiles | None) -> int:
+    """Run a root candidate until SIGTERM/SIGINT; `files` are its TLS files (None: plain),
+    as the wiring read them from the flags."""
+    eventloop.install()
+    return asyncio.run(Candidate(args, files).run())

@@ -1,0 +1,204 @@
+"""`make run`: a working local deployment on loopback.
+
+Initialises `var/root` on first use, starts the root and one replica (`mercury/dev/topology.py`)
+with every listener, creates the demo producer and a token for it, prints an example command
+for each protocol, and runs until Ctrl-C / SIGTERM, then stops both processes by PID.
+
+Every port is a flag (``python -m mercury.dev --root-port 9080``) or an environment
+variable (``MERCURY_ROOT_PORT=9080 make run``); a flag wins over the environment, which
+wins over the default of `topology.Ports`. ``--var`` (``MERCURY_VAR``) moves the stores
+and logs out of ``var/``.
+
+``--secure`` (``MERCURY_SECURE=1 make run``) runs the secure variant of the topology: it
+makes a CA and the nodes' certificates (`mercury certs`, under ``var/certs``, the CA's key
+in ``var/ca``), serves HTTPS, replicates over mutual TLS, asks every read for a token
+(``--read-auth``), and creates the demo consumer and its read token. Without it, the
+printed examples end with the commands of that secure setup.
+
+``--ha`` (``MERCURY_HA=1 make run``) runs two root candidates on a local etcd instead of
+the one root (`mercury/dev/run_ha.py`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import ssl
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import fields
+from pathlib import Path
+
+from mercury.dev import run_ha
+from mercury.dev.common import (
+    REPO,
+    demo_token,
+    mercury_argv,
+    reader_token,
+    stop_all,
+    stop_requested,
+    wait_http,
+    write_secret,
+)
+from mercury.dev.topology import DEMO_CONSUMER, DEMO_KEYSPACE, DEMO_PRODUCER, Node, Ports, local
+
+
+def parse_args(argv: Sequence[str] | None, env: Mapping[str, str]) -> argparse.Namespace:
+    """Ports and the var directory: each flag defaults to its environment variable
+    (``--root-repl-port`` <- ``MERCURY_ROOT_REPL_PORT``), then to `Ports`' default."""
+    p = argparse.ArgumentParser(prog="python -m mercury.dev", description=__doc__)
+    for f in fields(Ports):
+        env_name = f"MERCURY_{f.name.upper()}_PORT"
+        default = int(env.get(env_name, str(f.default)))
+        p.add_argument(
+            f"--{f.name.replace('_', '-')}-port",
+            dest=f.name,
+            type=int,
+            default=default,
+            help=f"(env {env_name}, default {f.default})",
+        )
+    p.add_argument("--var", default=env.get("MERCURY_VAR", "var"), help="stores and logs")
+    p.add_argument(
+        "--secure",
+        action="store_true",
+        default=env.get("MERCURY_SECURE", "") not in ("", "0"),
+        help="TLS, mutual-TLS replication and read tokens (env MERCURY_SECURE=1)",
+    )
+    p.add_argument(
+        "--ha",
+        action="store_true",
+        default=env.get("MERCURY_HA", "") not in ("", "0"),
+        help="two root candidates elected through a local etcd (env MERCURY_HA=1; "
+        "mercury/dev/run_ha.py)",
+    )
+    return p.parse_args(argv)
+
+
+def _secure_setup(var: str, root: Node, replica: Node) -> str:
+    """The commands of the secure setup, as `--secure` runs them."""
+    gw = f"https://{root.flag('--listen')}"
+    rd = f"https://{replica.flag('--listen')}"
+    admin = f"{root.data_dir}/admin.token"
+    sroot, srep = local(Ports(), var, secure=True)
+    tls_root = " ".join(sroot.argv()[len(root.argv()) :])
+    tls_rep = " ".join(srep.argv()[len(replica.argv()) :])
+    return f"""
+Secure setup (MERCURY_SECURE=1 make run does all of this):
+  # a CA and one certificate per node (the CA's key stays in {var}/ca)
+  .venv/bin/mercury certs {var}/certs --ca-key-dir {var}/ca --node root --node replica
+  # each node with its certificate (HTTPS, mutual-TLS replication) and read tokens
+  .venv/bin/mercury {" ".join(root.argv())} {tls_root}
+  .venv/bin/mercury {" ".join(replica.argv())} {tls_rep}
+  # a consumer for the demo keyspace, and a read token for it (shown once)
+  curl --cacert {var}/certs/ca.crt -X PUT -H "Authorization: Bearer $(cat {admin})" \\
+       -d '{{"keyspaces":["{DEMO_KEYSPACE}"]}}' {gw}/v1/admin/consumers/{DEMO_CONSUMER}
+  SSL_CERT_FILE={var}/certs/ca.crt .venv/bin/mercury acl token create {DEMO_CONSUMER} \\
+       --consumer --label laptop --url {gw} --admin-token-file {admin}
+  # read with it (401 without, 403 outside {DEMO_KEYSPACE})
+  curl --cacert {var}/certs/ca.crt -H "Authorization: Bearer $READ_TOKEN" {rd}/v1/kv/demo/hello
+"""
+
+
+def _examples(token: str, ROOT: Node, REPLICA: Node, var: str, reader: str | None = None) -> str:
+    gw = f"{ROOT.scheme}://{ROOT.flag('--listen')}"
+    rd = f"{REPLICA.scheme}://{REPLICA.flag('--listen')}"
+    kt = REPLICA.flag("--kt-listen")
+    mc_host, mc_port = REPLICA.flag("--memcached-listen").split(":")
+    # Secure: curl trusts the deployment's CA, and reads carry the demo consumer's token.
+    curl = f"curl --cacert {var}/certs/ca.crt" if reader else "curl"
+    rcurl = f'{curl} -H "Authorization: Bearer {reader}"' if reader else curl
+    ca_env = f"SSL_CERT_FILE={var}/certs/ca.crt " if reader else ""
+    mode = (
+        f"""HTTPS and mutual-TLS replication (certificates in {var}/certs), read tokens on.
+Demo consumer '{DEMO_CONSUMER}' reads '{DEMO_KEYSPACE}'; its token is in {var}/reader.token."""
+        if reader
+        else "plain HTTP on loopback."
+    )
+    return f"""
+Mercury is running (root + replica on loopback), {mode}
+Demo producer '{DEMO_PRODUCER}' owns keyspace '{DEMO_KEYSPACE}'.
+Its token is in {var}/demo.token; the admin token in {ROOT.data_dir}/admin.token.
+
+  # write through the gateway (acknowledged after the durable commit of its batch)
+  {curl} -X PUT -H "Authorization: Bearer {token}" --data-binary 'hello world' {gw}/v1/kv/demo/hello
+  {curl} -X POST -H "Authorization: Bearer {token}" -H 'Content-Type: application/json' \\
+       -d '{{"ops":[{{"op":"set","key":"demo/a","value":"1"}},
+                    {{"op":"set","key":"demo/b","value":"2"}}]}}' {gw}/v1/batch
+  # read from the replica (HTTP): point, bulk, range
+  {rcurl} -i {rd}/v1/kv/demo/hello
+  {rcurl} -X POST -H 'Content-Type: application/json' \\
+       -d '{{"keys":["demo/a","demo/b"]}}' {rd}/v1/get_bulk
+  {rcurl} '{rd}/v1/range?prefix=demo/&limit=100'
+  {rcurl} -H 'Accept: application/x-ndjson' '{rd}/v1/range?prefix=demo/'
+  {curl} {rd}/v1/status; {curl} -s {rd}/metrics | grep mercury_replication
+  # Kyoto Tycoon protocol (RESTful and TSV-RPC)
+  curl http://{kt}/demo%2Fhello        # KT REST: a '/' in a key travels as %2F
+  curl -X POST -H 'Content-Type: text/tab-separated-values' --data-binary $'prefix\\tdemo/' http://{kt}/rpc/match_prefix
+  # memcached text protocol
+  .venv/bin/python -c "from pymemcache.client.base import Client; \\
+      print(Client(('{mc_host}', {mc_port})).get_many(['demo/hello', 'demo/a']))"
+  # operators
+  {ca_env}.venv/bin/mercury usage --url {gw} --admin-token-file {ROOT.data_dir}/admin.token
+  .venv/bin/mercury status {ROOT.data_dir}
+{"" if reader else _secure_setup(var, ROOT, REPLICA)}
+Ctrl-C stops both processes.
+"""
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the local deployment until interrupted."""
+    args = parse_args(argv, os.environ)
+    ports = Ports(**{f.name: getattr(args, f.name) for f in fields(Ports)})
+    var = args.var
+    if args.ha:
+        if args.secure:
+            print(
+                "--ha runs plain HTTP on loopback; `docker compose --profile ha up` runs "
+                "candidates with TLS (docs/ha.md)",
+                file=sys.stderr,
+            )
+            return 2
+        os.chdir(REPO)
+        return run_ha.run(ports, var)
+    ROOT, REPLICA = local(ports, var, secure=args.secure)
+    os.chdir(REPO)
+    Path(var).mkdir(parents=True, exist_ok=True)
+    if not Path(ROOT.data_dir, "data.mdb").exists():
+        subprocess.run(mercury_argv("init", ROOT.data_dir), check=True)
+    verify: ssl.SSLContext | bool = True
+    if args.secure:
+        certs = ["certs", f"{var}/certs", "--ca-key-dir", f"{var}/ca"]
+        nodes = ["--node", ROOT.name, "--node", REPLICA.name]
+        subprocess.run(mercury_argv(*certs, *nodes), check=True)
+        verify = ssl.create_default_context(cafile=f"{var}/certs/ca.crt")
+    procs: list[subprocess.Popen[bytes]] = []
+    stopping = stop_requested()
+    try:
+        for node in (ROOT, REPLICA):
+            log = open(f"{var}/{node.name}.log", "ab")  # noqa: SIM115 - handed to the child
+            procs.append(subprocess.Popen(mercury_argv(*node.argv()), stdout=log, stderr=log))
+            log.close()
+            wait_http(f"{node.scheme}://{node.flag('--listen')}/healthz", procs[-1], verify)
+        admin = Path(ROOT.data_dir, "admin.token").read_text().strip()
+        gw = f"{ROOT.scheme}://{ROOT.flag('--listen')}"
+        token = demo_token(gw, admin, verify)
+        write_secret(f"{var}/demo.token", token)
+        reader = None
+        if args.secure:
+            reader = reader_token(gw, admin, verify)
+            write_secret(f"{var}/reader.token", reader)
+        print(_examples(token, ROOT, REPLICA, var, reader), flush=True)
+        while not stopping() and all(p.poll() is None for p in procs):
+            time.sleep(0.5)
+        for p in procs:
+            if p.poll() is not None and not stopping():
+                print(f"a process exited with {p.returncode}; see its log", file=sys.stderr)
+    finally:
+        stop_all(procs)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

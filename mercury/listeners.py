@@ -1,0 +1,115 @@
+"""Read listeners a node runs beside its HTTP server.
+
+The root runs a KT listener for point reads only and a memcached listener (each taking
+writes as one producer when configured); a replica or consumer node runs KT and
+memcached listeners with every read. Each is absent when its address is None. The
+listeners are asyncio servers on the caller's event loop: start them from the process's
+lifespan, stop them before closing the store.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from core.service import Service
+from kt.server import kt_service
+from kt.write_handler import kt_write_service
+from kt.writes import KtWriter
+from memcached.server import memcached_service
+from memcached.writes import memcached_write_service
+from net.tcp import ListenerLimits, TcpService
+from store.store import Store
+
+
+@dataclass(frozen=True, slots=True)
+class ListenerSettings:
+    """Addresses of a node's protocol listeners (None: not started)."""
+
+    kt: tuple[str, int] | None = None
+    memcached: tuple[str, int] | None = None
+    #: Connection cap and timeouts of every listener (`--listener-*` flags).
+    limits: ListenerLimits = field(default_factory=ListenerLimits)
+    #: KT database names accepted besides `0` and the store directory's (`--kt-db-alias`).
+    kt_db_aliases: tuple[bytes, ...] = ()
+    #: memcached flags are the value's last 4 bytes, KT's `opts=f` (`--memcached-flags`).
+    memcached_flags: bool = False
+    #: Listen with SO_REUSEPORT beside other reader processes (`--read-workers`).
+    reuse_port: bool = False
+
+
+def root_services(
+    store: Store,
+    settings: ListenerSettings,
+    kt_writer: KtWriter | None = None,
+    memcached_writer: KtWriter | None = None,
+) -> list[Service]:
+    """Listeners the root runs beside the gateway: KT with point and bulk reads, and with
+    writes through `kt_writer` when given (`--kt-producer`); memcached, with writes through
+    `memcached_writer` when given (`--memcached-producer`)."""
+    out: list[Service] = []
+    if settings.memcached is not None:
+        if memcached_writer is not None:
+            out.append(
+                memcached_write_service(
+                    store,
+                    *settings.memcached,
+                    memcached_writer,
+                    limits=settings.limits,
+                    flags_in_value=settings.memcached_flags,
+                )
+            )
+        else:
+            out.append(
+                memcached_service(
+                    store,
+                    *settings.memcached,
+                    limits=settings.limits,
+                    flags_in_value=settings.memcached_flags,
+                )
+            )
+    if settings.kt is None:
+        return out
+    if kt_writer is not None:
+        return [
+            *out,
+            kt_write_service(
+                store,
+                *settings.kt,
+                kt_writer,
+                limits=settings.limits,
+                db_aliases=settings.kt_db_aliases,
+            ),
+        ]
+    return [
+        *out,
+        kt_service(
+            store,
+            *settings.kt,
+            point_only=True,
+            limits=settings.limits,
+            db_aliases=settings.kt_db_aliases,
+        ),
+    ]
+
+
+def replica_services(store: Store, settings: ListenerSettings) -> list[Service]:
+    """Read listeners of a replica or consumer node (KT, memcached)."""
+    out: list[TcpService] = []
+    if settings.kt is not None:
+        out.append(
+            kt_service(
+                store, *settings.kt, limits=settings.limits, db_aliases=settings.kt_db_aliases
+            )
+        )
+    if settings.memcached is not None:
+        out.append(
+            memcached_service(
+                store,
+                *settings.memcached,
+                limits=settings.limits,
+                flags_in_value=settings.memcached_flags,
+            )
+        )
+    for svc in out:
+        svc.reuse_port = settings.reuse_port
+    return list(out)

@@ -1,0 +1,397 @@
+"""`Client`: the blocking Mercury SDK over httpx (see docs/client.md).
+
+Writes go to the root (`url`); reads (`get`, `range`, `watch`) to `read_url` when given
+(a replica or consumer node), else to the root. Every write carries an Idempotency-Key
+(one per logical write, the same on each retry), so a retry after a cut connection or a
+429/503 never writes twice.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random
+import tempfile
+import time
+from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
+from types import TracebackType
+from typing import Any
+
+import httpx
+
+from mercury_client import calls, wire
+from mercury_client.calls import READ, Call
+from mercury_client.errors import Gone, TooLarge, Unavailable
+from mercury_client.retry import RetryPolicy, retryable
+
+
+class Client:
+    """A connection pool to one root (writes) and optionally one read node.
+
+    `token`: the producer's bearer token (writes, and reads on the root); `read_token`:
+    the bearer sent to `read_url` (none by default, so a producer token never leaves for
+    another node). `verify`: True (system CAs), False, or a CA bundle path; `cert`: a
+    client certificate path, or (cert, key) paths. `timeout`: seconds per network wait.
+    `retries`: tries in all, or a `RetryPolicy`. `idempotent`: send an Idempotency-Key with
+    every write (on by default; without it a write is retried only when the connection was
+    refused, i.e. when the request surely never arrived).
+    """
+
+    def __init__(
+        self,
+        url: str,
+        token: str | None = None,
+        *,
+        read_url: str | None = None,
+        read_token: str | None = None,
+        verify: bool | str = True,
+        cert: str | tuple[str, str] | None = None,
+        timeout: float = 30.0,
+        retries: int | RetryPolicy = 6,
+        idempotent: bool = True,
+        batch_ops: int = wire.DEFAULT_BATCH_OPS,
+        batch_bytes: int = wire.DEFAULT_BATCH_BYTES,
+        rand: Callable[[], float] = random.random,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self.policy = retries if isinstance(retries, RetryPolicy) else RetryPolicy(retries)
+        self.idempotent = idempotent
+        self.batch_ops = batch_ops
+        self.batch_bytes = batch_bytes
+        self._rand = rand
+        self._sleep = sleep
+        tls = calls.ssl_context(verify, cert)
+        auth = {"Authorization": f"Bearer {token}"} if token else {}
+        self._write = httpx.Client(base_url=url, headers=auth, verify=tls, timeout=timeout)
+        if read_url is None:
+            self._read = self._write
+        else:
+            rauth = {"Authorization": f"Bearer {read_token}"} if read_token else {}
+            self._read = httpx.Client(base_url=read_url, headers=rauth, verify=tls, timeout=timeout)
+
+    # --- lifecycle ------------------------------------------------------------------------
+
+    def close(self) -> None:
+        self._write.close()
+        if self._read is not self._write:
+            self._read.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    # --- the one retry loop ---------------------------------------------------------------
+
+    def _idem(self, idempotency_key: str | None) -> str | None:
+        if idempotency_key is not None:
+            return idempotency_key
+        return calls.new_idempotency_key() if self.idempotent else None
+
+    def _send(self, call: Call, *, safe: bool = True, ok404: bool = False) -> httpx.Response:
+        """Send `call`, retrying what may be retried; the answer (2xx, or 404 when
+        `ok404`) or the typed exception. `safe`: repeating the request cannot do harm
+        (reads, writes with an Idempotency-Key)."""
+        http = self._read if call.node == READ else self._write
+        attempt = redirects = 0
+        target = call.path
+        while True:
+            try:
+                r = http.request(call.method, target, headers=call.headers, content=call.content)
+            except httpx.TransportError as err:
+                if not safe and not isinstance(err, httpx.ConnectError):
+                    raise _unavailable(err) from err
+                wait = self.policy.wait(attempt, {}, self._rand)
+                if wait is None:
+                    raise _unavailable(err) from err
+            else:
+                if calls.success(r, ok404):
+                    return r
+                # An HA standby sends a write to its leader: the same request, once more
+                # (the standby applied nothing).
+                location = calls.redirect(r) if redirects < calls.MAX_REDIRECTS else None
+                if location is not None:
+                    target, redirects = location, redirects + 1
+                    continue
+                wait = (
+                    self.policy.wait(attempt, r.headers, self._rand)
+                    if retryable(r.status_code, safe)
+                    else None
+                )
+                if wait is None:
+                    raise calls.error(r)
+            # A retry asks the node again: after a failover it names the new leader.
+            target, redirects = call.path, 0
+            self._sleep(wait)
+            attempt += 1
+
+    # --- keys -----------------------------------------------------------------------------
+
+    def put(
+        self,
+        key: wire.Key,
+        value: str | bytes,
+        *,
+        if_seq: int | None = None,
+        if_absent: bool = False,
+        idempotency_key: str | None = None,
+    ) -> wire.WriteResult:
+        """Write one key; answered after the root's durable commit. `if_seq`: only if the
+        key's current seq is this one; `if_absent`: only if the key is absent (otherwise
+        `PreconditionFailed`, carrying the key's `current_seq`)."""
+        idem = self._idem(idempotency_key)
+        call = calls.put(key, value, idem, calls.condition(if_seq, if_absent))
+        r = self._send(call, safe=idem is not None)
+        return calls.write_result(r)
+
+    def delete(
+        self,
+        key: wire.Key,
+        *,
+        if_seq: int | None = None,
+        idempotency_key: str | None = None,
+    ) -> wire.WriteResult:
+        """Delete one key (status "absent" when it was not there); `if_seq` as for `put`."""
+        idem = self._idem(idempotency_key)
+        call = calls.delete(key, idem, calls.condition(if_seq, False))
+        r = self._send(call, safe=idem is not None)
+        return calls.write_result(r)
+
+    def get(self, key: wire.Key) -> bytes | None:
+        """The value of `key`, or None when it is absent."""
+        r = self._send(calls.get(key), ok404=True)
+        return None if r.status_code == 404 else r.content
+
+    def get_with_seq(self, key: wire.Key) -> wire.Versioned | None:
+        """The value of `key` and the seq of its last change (None when absent): read,
+        then write back with ``put(key, new, if_seq=v.seq)`` for a compare-and-set."""
+        r = self._send(calls.get(key), ok404=True)
+        return None if r.status_code == 404 else calls.versioned(r)
+
+    def get_many(self, keys: Iterable[wire.Key]) -> dict[bytes, bytes | None]:
+        """The values of many keys (None for absent ones), from `read_url`: one
+        ``POST /v1/get_bulk`` per 10,000 keys. Keys come back as bytes."""
+        ks = list(dict.fromkeys(wire.as_bytes(k) for k in keys))
+        out: dict[bytes, bytes | None] = {}
+        for i in range(0, len(ks), calls.BULK_KEYS):
+            part = ks[i : i + calls.BULK_KEYS]
+            r = self._send(calls.get_bulk(part))
+            out.update(calls.bulk_values(part, r.json()))
+        return out
+
+    def batch(
+        self,
+        ops: Iterable[Sequence[Any]],
+        *,
+        idempotency_key: str | None = None,
+        split: bool = True,
+    ) -> wire.BatchResult:
+        """Apply ``("set", key, value)`` / ``("delete", key)`` ops in order.
+
+        Ops are sent in requests of at most `batch_ops` ops and `batch_bytes` key + value
+        bytes; a 413 naming the largest admissible batch (``max_ops``/``max_bytes``) re-cuts
+        the rest to fit. Each request is atomic on the root; a batch that takes several is
+        not (pieces apply in order; on an error the earlier ones stay applied). With
+        ``split=False`` a batch that does not fit one request raises `TooLarge` instead.
+        """
+        wops = [wire.encode_op(op) for op in ops]
+        idem = self._idem(idempotency_key)
+        plan = wire.BatchPlan(wops, idem or "", self.batch_ops, self.batch_bytes)
+        if not split and len(plan.pending) > 1:
+            raise TooLarge(
+                413,
+                "Content Too Large",
+                f"{len(wops)} ops do not fit one request ({self.batch_ops} ops, "
+                f"{self.batch_bytes} bytes)",
+            )
+        total = wire.BatchResult()
+        while (piece := plan.next()) is not None:
+            call = calls.batch(plan.body(piece), plan.key(piece) if idem else None)
+            try:
+                r = self._send(call, safe=idem is not None)
+            except TooLarge as err:
+                if not split or not plan.too_large(err.max_ops, err.max_bytes):
+                    raise
+                continue
+            total.add(r.json(), calls.replayed(r))
+            plan.done()
+        return total
+
+    # --- reads from a replica -------------------------------------------------------------
+
+    def applied_seq(self) -> int:
+        """The log seq the read node has applied (``GET /v1/status``)."""
+        r = self._send(Call(READ, "GET", "/v1/status"))
+        return int(r.json()["seq"])
+
+    def wait_applied(self, seq: int, timeout: float = 30.0) -> None:
+        """Wait until the read node has applied `seq` (e.g. a write's `seq`), so a read
+        there sees that write; `Unavailable` after `timeout` seconds."""
+        deadline = time.monotonic() + timeout
+        while self.applied_seq() < seq:
+            if time.monotonic() > deadline:
+                raise Unavailable(0, "Lagging", f"the read node has not applied seq {seq}")
+            time.sleep(0.02)
+
+    def range(
+        self,
+        prefix: wire.Key | None = None,
+        *,
+        start: wire.Key | None = None,
+        end: wire.Key | None = None,
+        keys_only: bool = False,
+        page_size: int = 1000,
+        stream: bool = False,
+    ) -> Iterator[wire.Item]:
+        """Every key of a prefix, or of ``[start, end)``, in key order (from `read_url`).
+
+        Paged by default: one request per `page_size` keys, each retried on its own, so a
+        dropped connection resumes at the page it was reading. ``stream=True`` reads the
+        whole range as one NDJSON stream (fewer round trips; a dropped stream raises
+        `Unavailable`)."""
+        if stream:
+            yield from self._range_stream(wire.range_query(prefix, start, end, keys_only=keys_only))
+            return
+        cursor: str | None = None
+        while True:
+            q = wire.range_query(
+                prefix, start, end, keys_only=keys_only, limit=page_size, cursor=cursor
+            )
+            doc = self._send(calls.range_page(q)).json()
+            for it in doc["items"]:
+                yield wire.item(it)
+            cursor = doc.get("next_cursor")
+            if not cursor:
+                return
+
+    def _range_stream(self, query: str) -> Iterator[wire.Item]:
+        call = calls.range_stream(query)
+        try:
+            with self._read.stream("GET", call.path, headers=call.headers) as r:
+                if not calls.success(r, False):  # a redirect too: its body is no stream
+                    r.read()
+                    raise calls.error(r)
+                for line in r.iter_lines():
+                    if line.strip():
+                        yield calls.range_item(calls.ndjson(line))
+        except httpx.TransportError as err:
+            raise _unavailable(err) from err
+
+    def watch(
+        self, prefix: wire.Key, *, from_seq: int | None = None
+    ) -> Generator[wire.Change, None, None]:
+        """Changes under `prefix` as they happen (NDJSON from ``GET /v1/watch`` on
+        `read_url`): from now on by default, or from log seq `from_seq` (inclusive). A
+        dropped connection is re-opened where the stream was (the last change or heartbeat
+        seen), without repeating or missing a change; `Gone` when that seq is no longer
+        retained (`follow` recovers from it by itself). Endless: stop iterating (or close
+        the generator) to end it."""
+        for c in self._watch(prefix, wire.Resume(from_seq)):
+            if c is not None:
+                yield c
+
+    def _watch(
+        self, prefix: wire.Key, resume: wire.Resume
+    ) -> Generator[wire.Change | None, None, None]:
+        """The watch loop: each change to deliver, and None after each other line (so a
+        caller can look at `resume` on heartbeats)."""
+        attempt = 0
+        while True:
+            call = calls.watch(prefix, resume.restart())
+            try:
+                with self._read.stream("GET", call.path, headers=call.headers) as r:
+                    if not calls.success(r, False):  # a redirect too: its body is no stream
+                        r.read()
+                        wait = (
+                            self.policy.wait(attempt, r.headers, self._rand)
+                            if retryable(r.status_code, True)
+                            else None
+                        )
+                        if wait is None:
+                            raise calls.error(r)
+                    else:
+                        wait = None
+                        for line in r.iter_lines():
+                            if not line.strip():
+                                continue
+                            attempt = 0  # the stream is alive: failures count afresh
+                            yield calls.watch_line(line, resume)
+                        wait = self.policy.wait(attempt, {}, self._rand)
+            except httpx.TransportError as err:
+                wait = self.policy.wait(attempt, {}, self._rand)
+                if wait is None:
+                    raise _unavailable(err) from err
+            if wait is None:
+                raise Unavailable(0, "Watch ended", "the node closed the watch stream")
+            self._sleep(wait)
+            attempt += 1
+
+    def snapshot(self, prefix: wire.Key, *, page_size: int = 1000) -> wire.Snapshot:
+        """Every key under `prefix` as it was at one log seq of the read node, without
+        holding a read transaction open for the whole read: note the node's seq S, read
+        the range page by page (each page a little later), note the seq E, then fold the
+        changes of (S, E] from a watch over the pages — the result is the prefix exactly
+        at E (`Snapshot.seq`). The pages wait in a temporary file (memory up to 8 MiB).
+        `Gone` only when the node's log retention is shorter than the read took, three
+        times in a row."""
+        err: Gone | None = None
+        for _ in range(wire.SNAPSHOT_TRIES):
+            start = self.applied_seq()
+            # closed by the snapshot's reader (unpack_items), or below on failure
+            spool = tempfile.SpooledTemporaryFile(max_size=wire.SPOOL_MEMORY)  # noqa: SIM115
+            try:
+                for it in self.range(prefix, page_size=page_size):
+                    spool.write(wire.pack_item(it))
+                end = self.applied_seq()
+                overlay = wire.Overlay(end)
+                if end > start:
+                    resume = wire.Resume(start + 1)
+                    with contextlib.closing(self._watch(prefix, resume)) as changes:
+                        for c in changes:
+                            if c is not None:
+                                overlay.add(c)
+                            if resume.complete_through() >= end:
+                                break
+            except Gone as gone:
+                spool.close()
+                err = gone
+                continue
+            except BaseException:
+                spool.close()
+                raise
+            spool.seek(0)
+            return wire.Snapshot(end, overlay.merge(wire.unpack_items(spool)))  # type: ignore[arg-type]
+        assert err is not None
+        raise err
+
+    def follow(
+        self, prefix: wire.Key, *, from_seq: int | None = None
+    ) -> Generator[wire.Snapshot | wire.Change, None, None]:
+        """A consumer's mirror of `prefix`: a `Snapshot` first (unless `from_seq` says
+        where the caller's copy stands), then every change after it; when the watch's
+        position is no longer retained (a long outage, 410), a new `Snapshot` to replace
+        the copy, and the changes after that one — `Gone` only if `snapshot` itself
+        cannot finish (see there). Read each snapshot's items before the next event."""
+        if from_seq is None:
+            snap = self.snapshot(prefix)
+            yield snap
+            from_seq = snap.seq + 1
+        while True:
+            resume = wire.Resume(from_seq)
+            try:
+                for c in self._watch(prefix, resume):
+                    if c is not None:
+                        yield c
+            except Gone:
+                snap = self.snapshot(prefix)
+                yield snap
+                from_seq = snap.seq + 1
+
+
+def _unavailable(err: httpx.TransportError) -> Unavailable:
+    return Unavailable(0, type(err).__name__, str(err) or "connection failed")

@@ -1,0 +1,482 @@
+"""Bounds of every HTTP listener (the root's gateway, a replica's read API and each of its
+read worker processes, the standalone read server `python -m mercury.readserve`): idle and header
+timeouts, a header size cap and a connection cap, over uvicorn's httptools protocol (or a
+subclass of it: the read servers' point-get protocol). In `core` so that `mercury/` and
+`reads/` (which may not import `mercury/`) bound their listeners with the one protocol and
+the one set of ``--http-*`` flags.
+
+uvicorn alone closes an idle keep-alive connection only after it has answered a request on
+it: a socket that connects and sends nothing (or a header line every few seconds) is kept
+for ever, and it counts no connections, so 20,000 idle sockets exhaust the descriptors of
+the process that also runs the store and the replication source (or a replica's reads).
+Here every connection has
+a deadline for its next complete request head (from its opening, then from each response):
+bytes trickling in do not move it. At the connection cap a new connection evicts the
+connection that has waited longest for a request head (an idle one), or else the one whose
+request body has stalled longest (nothing received for `STALLED_BODY_S`), so neither idle
+sockets nor bodies dribbled a byte at a time can lock a producer out; only when every
+connection is busy is the newcomer closed.
+
+A request head is bounded however it arrives: in pieces while the connection waits, in one
+segment (its parsed line and headers are counted), or while an earlier request is still
+being answered (a pipelined head that never ends). And a malformed request behind one
+being answered does not destroy that answer: uvicorn answered 400 at once and closed, so a
+committed PUT's 200 never reached its client; the 400 now follows the answers before it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from prometheus_client import Counter, Gauge
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from core.problems import problem_document
+from net import asgibody
+from net.unsent import Held, to_drop
+
+log = logging.getLogger(__name__)
+
+CONNECTIONS = Gauge("mercury_http_connections", "Open connections of this process's HTTP listener")
+CLOSED = Counter(
+    "mercury_http_connections_closed_total",
+    "Connections this process's HTTP listener closed itself, by reason "
+    "(idle: no request head in time; evicted: idle or with a stalled body at the "
+    "connection cap; refused: at the cap with none such; header_too_large; "
+    "write_timeout: a client that took too little of its answer for too long; "
+    "unsent_cap: over the listener's cap on answer bytes its clients have not taken)",
+    ("reason",),
+)
+
+
+#: A request body that received nothing for this long may be evicted at the cap.
+STALLED_BODY_S = 5.0
+
+
+def too_large_answer(max_header_bytes: int) -> bytes:
+    """The whole 431 answer to a request head over `max_header_bytes`: a problem+json that
+    names the bound, then the connection closes (the rest of the head is never read)."""
+    body = json.dumps(
+        problem_document(
+            431,
+            f"the request head (request line and headers) is over {max_header_bytes} bytes",
+            hint="send smaller headers; the node's bound is --http-max-header-bytes",
+        ),
+        separators=(",", ":"),
+    ).encode()
+    return (
+        b"HTTP/1.1 431 Request Header Fields Too Large\r\n"
+        b"content-type: application/problem+json\r\n"
+        b"content-length: %d\r\nconnection: close\r\n\r\n" % len(body)
+    ) + body
+
+
+class _HeadTooLarge(Exception):
+    """Raised from a parser callback: the head being parsed is over the bound."""
+
+
+@dataclass(frozen=True, slots=True)
+class HttpBounds:
+    """`idle_timeout_s`: longest wait for a complete request head, from the connection's
+    opening or its last response (a keep-alive connection idle that long is closed too).
+    `max_connections`: open connections at most. `max_header_bytes`: the largest request
+    head (request line + headers). `write_timeout_s`: longest a connection's answer may
+    stay over the transport's high-water mark (its client not taking it) before the
+    connection is aborted. `max_unsent_bytes`: answer bytes the listener's clients have not
+    taken, at most, over the connections past their high-water mark.
+    `max_body_bytes_held`: request body bytes the process holds at once while they arrive
+    (`net.asgibody.BodyBudget`)."""
+
+    idle_timeout_s: float = 15.0
+    max_connections: int = 1000
+    max_header_bytes: int = 64 << 10
+    write_timeout_s: float = 60.0
+    max_unsent_bytes: int = 512 << 20
+    max_body_bytes_held: int = 1 << 30
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> HttpBounds:
+        """The bounds from the ``--http-*`` flags (`add_flags`)."""
+        return cls(
+            idle_timeout_s=float(args.http_idle_timeout),
+            max_connections=int(args.http_max_connections),
+            max_header_bytes=int(args.http_max_header_bytes),
+            write_timeout_s=float(args.http_write_timeout),
+            max_unsent_bytes=int(args.http_max_unsent_bytes),
+            max_body_bytes_held=int(args.http_max_body_bytes_held),
+        )
+
+
+def add_flags(p: argparse.ArgumentParser) -> None:
+    """The ``--http-*`` flags of `mercury root`, `mercury replica` and `python -m
+    mercury.readserve` (the same names, defaults and meaning on all: each bounds that process's
+    HTTP listener)."""
+    d = HttpBounds()
+    p.add_argument(
+        "--http-idle-timeout",
+        type=float,
+        default=d.idle_timeout_s,
+        help="close an HTTP connection that sends no complete request head within S "
+        f"seconds of opening or of its last response (default {d.idle_timeout_s:g})",
+    )
+    p.add_argument(
+        "--http-max-connections",
+        type=int,
+        default=d.max_connections,
+        help="open HTTP connections at most (per process); at the cap the longest-idle one "
+        f"is closed (default {d.max_connections})",
+    )
+    p.add_argument(
+        "--http-max-header-bytes",
+        type=int,
+        default=d.max_header_bytes,
+        help=f"largest request head in bytes (default {d.max_header_bytes})",
+    )
+    p.add_argument(
+        "--http-write-timeout",
+        type=float,
+        default=d.write_timeout_s,
+        help="abort an HTTP connection whose client has not taken its answer (the answer's "
+        f"unsent bytes over the high-water mark) for S seconds (default {d.write_timeout_s:g})",
+    )
+    p.add_argument(
+        "--http-max-unsent-bytes",
+        type=int,
+        default=d.max_unsent_bytes,
+        help="answer bytes clients have not taken, at most (per process); past it the "
+        "connections whose clients take nothing are aborted first, the longest waiting "
+        f"first (default {d.max_unsent_bytes})",
+    )
+    p.add_argument(
+        "--http-max-body-bytes-held",
+        type=int,
+        default=d.max_body_bytes_held,
+        help="request body bytes held at once while they arrive (per process); a body whose "
+        "next piece would pass it is answered 503 with Retry-After "
+        f"(default {d.max_body_bytes_held})",
+    )
+
+
+def protocol_class(
+    bounds: HttpBounds, base: type[HttpToolsProtocol] = HttpToolsProtocol
+) -> type[HttpToolsProtocol]:
+    """An httptools protocol class enforcing `bounds` (uvicorn's ``http=`` takes a class)
+    over `base`: uvicorn's own protocol, or a subclass of it (the replica's point-get
+    protocol, `reads.fasthttp`), whose own answers call `request_answered`."""
+    # The connections over their high-water mark, per listener class (the unsent cap).
+    attrs = {"limits": bounds, "unsent": set()}
+    return type(f"Bounded{base.__name__}", (_BoundedProtocol, base), attrs)
+
+
+def uvicorn_options(
+    bounds: HttpBounds, base: type[HttpToolsProtocol] = HttpToolsProtocol
+) -> dict[str, Any]:
+    """`uvicorn.Config`'s ``http`` and ``timeout_keep_alive`` under `bounds`: the bounded
+    protocol over `base`, and uvicorn's own keep-alive timer set to the idle timeout (in
+    whole seconds, at least 1; uvicorn's default would close idle keep-alive connections
+    after 5 s whatever `--http-idle-timeout` says). Also sets the process's request body
+    budget (`net.asgibody.BODIES`): every HTTP listener of a process takes the same flags."""
+    asgibody.BODIES.limit = bounds.max_body_bytes_held
+    return {
+        "http": protocol_class(bounds, base),
+        "timeout_keep_alive": max(1, int(bounds.idle_timeout_s)),
+    }
+
+
+class _BoundedProtocol(HttpToolsProtocol):
+    limits: HttpBounds
+    #: The listener's connections whose transports are over their high-water mark.
+    unsent: set[_BoundedProtocol]
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        #: monotonic time since which this connection waits for a request head, or None
+        #: while a request is being read or answered.
+        self.idle_since: float | None = None
+        self._head_bytes = 0
+        #: a request's head was parsed and its body has not all arrived: bytes received
+        #: now are that body, even after its answer was sent (an early 403 or 413 leaves
+        #: the rest of the body to arrive, which the parser discards), never a head.
+        self._body_pending = False
+        #: One timer per connection, moved lazily (`_idle_expired`): arming a timer per
+        #: request would cost as much as a point get answered in the protocol.
+        self._deadline: asyncio.TimerHandle | None = None
+        #: Counts the waits for a head (a segment that completes one and starts the next is
+        #: not counted into the next head's bytes).
+        self._waits = 0
+        #: The parser is inside a request head (from its first byte to its last).
+        self._in_head = False
+        #: Bytes of the head being parsed, as parsed (line and headers) and as received
+        #: while another request is answered.
+        self._parsed_head = 0
+        self._ahead_bytes = 0
+        #: When this connection last received a byte of a request body.
+        self._body_at = 0.0
+        #: A 400 for a malformed request that waits for the answers before it.
+        self._deferred: bytes | None = None
+        #: Since when the transport is over its high-water mark (None: under it), with its
+        #: unsent bytes then, and the timer of `write_timeout_s`.
+        self._write_paused_at: float | None = None
+        self._paused_size = 0
+        self._write_timer: asyncio.TimerHandle | None = None
+
+    # -- connection ----------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        if len(self.connections) > self.limits.max_connections:
+            victim = self._longest_idle()
+            if victim is None:
+                CLOSED.labels("refused").inc()
+                self.connections.discard(self)
+                transport.close()
+                return
+            CLOSED.labels("evicted").inc()
+            victim.close_now()
+        CONNECTIONS.set(len(self.connections))
+        self._await_head()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._cancel_deadline()
+        self._writable()
+        self.idle_since = None
+        super().connection_lost(exc)
+        CONNECTIONS.set(len(self.connections))
+
+    def close_now(self) -> None:
+        """Close this connection (it is idle, or its request's body stalled: nothing it
+        sent was acted on, so no answer of it is lost)."""
+        self._cancel_deadline()
+        self.idle_since = None
+        self.connections.discard(self)
+        if not self.transport.is_closing():
+            self.transport.close()
+
+    def abort_now(self, reason: str) -> None:
+        """Drop this connection and whatever of its answer its client has not taken."""
+        CLOSED.labels(reason).inc()
+        self._cancel_deadline()
+        self._writable()
+        self.idle_since = None
+        self.connections.discard(self)
+        self.transport.abort()
+
+    # -- answers the client does not take -------------------------------------------------
+    # An answer is written to the transport whole (a value of up to 25 MiB, a get_bulk's
+    # JSON): a client that never reads would hold it for as long as it keeps the
+    # connection open, and a thousand of them the process's memory. The transport says when
+    # its buffer passes the high-water mark and when it is back under the low one.
+
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        if self._write_paused_at is not None or self.transport.is_closing():
+            return
+        self._write_paused_at = time.monotonic()
+        self._paused_size = self.transport.get_write_buffer_size()
+        self.unsent.add(self)
+        if self._write_timer is None:
+            # One timer per connection, moved lazily (`_write_expired`), like the idle
+            # deadline: a streamed answer pauses and resumes many times a second.
+            self._write_timer = self.loop.call_later(
+                self.limits.write_timeout_s, self._write_expired
+            )
+        self._hold_unsent_cap()
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        self._write_paused_at = None
+        self.unsent.discard(self)
+
+    def _writable(self) -> None:
+        self._write_paused_at = None
+        self.unsent.discard(self)
+        if self._write_timer is not None:
+            self._write_timer.cancel()
+            self._write_timer = None
+
+    def _write_expired(self) -> None:
+        self._write_timer = None
+        since = self._write_paused_at
+        if since is None:
+            return  # taken since: the next pause arms it again
+        left = since + self.limits.write_timeout_s - time.monotonic()
+        if left > 0:  # paused again after the timer was armed
+            self._write_timer = self.loop.call_later(left, self._write_expired)
+            return
+        # Also when closing: a transport closed with unsent bytes keeps them until taken.
+        self.abort_now("write_timeout")
+
+    def _hold_unsent_cap(self) -> None:
+        """Past `max_unsent_bytes` over the listener's paused connections, abort some
+        (`net.unsent`)."""
+        held = [
+            Held(c, c.transport.get_write_buffer_size(), c._write_paused_at or 0.0, c._paused_size)
+            for c in self.unsent
+        ]
+        for h in to_drop(held, self.limits.max_unsent_bytes):
+            log.info(
+                "HTTP listener: aborting a connection holding %d bytes its client has not "
+                "taken (over the cap of %d)",
+                h.unsent,
+                self.limits.max_unsent_bytes,
+            )
+            h.conn.abort_now("unsent_cap")
+
+    # -- request heads -------------------------------------------------------------------
+
+    def data_received(self, data: bytes) -> None:
+        if self._deferred is not None:
+            return  # a malformed request was read: nothing after it is a request
+        waits = self._waits
+        waiting = self.idle_since is not None and not self._body_pending
+        in_head = self._in_head  # a head already begun: this segment continues it
+        if self._body_pending:
+            self._body_at = time.monotonic()
+        super().data_received(data)
+        if self.transport.is_closing():
+            return
+        if waiting and self.idle_since is not None and waits == self._waits:
+            # still no complete head (bytes after a head answered within this segment
+            # are not counted: at most one segment, as when a pipelined head follows)
+            self._head_bytes += len(data)
+            if self._head_bytes > self.limits.max_header_bytes:
+                self._too_large()
+        elif not waiting and in_head and self._in_head:
+            # a head that began while another request is answered (a watch stream): no
+            # wait counts it, so its bytes do (from the segment after the one it began
+            # in, which may also hold the end of a body: at most one segment uncounted)
+            self._ahead_bytes += len(data)
+            if self._ahead_bytes > self.limits.max_header_bytes:
+                self._too_large()
+
+    def on_message_begin(self) -> None:
+        self._in_head = True
+        self._parsed_head = 0
+        self._ahead_bytes = 0
+        super().on_message_begin()
+
+    def on_url(self, url: bytes) -> None:
+        self._count_head(len(url))
+        super().on_url(url)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._count_head(len(name) + len(value) + 4)
+        super().on_header(name, value)
+
+    def on_headers_complete(self) -> None:
+        self.idle_since = None  # the deadline, if armed, finds no wait and lapses
+        self._in_head = False
+        self._body_pending = True
+        self._body_at = time.monotonic()
+        super().on_headers_complete()
+
+    def on_message_complete(self) -> None:
+        self._body_pending = False
+        super().on_message_complete()
+
+    def send_400_response(self, msg: str) -> None:
+        """uvicorn's answer to a request it cannot parse (or to a head over the bound,
+        raised from a callback): after the answers of the requests before it, never
+        instead of them."""
+        if self.transport.is_closing():
+            return
+        if self._parsed_head > self.limits.max_header_bytes:
+            self._too_large()
+            return
+        cycle = getattr(self, "cycle", None)
+        if (cycle is not None and not cycle.response_complete) or self.pipeline:
+            body = msg.encode("ascii", "replace")
+            self._deferred = (
+                b"HTTP/1.1 400 Bad Request\r\ncontent-type: text/plain; charset=utf-8\r\n"
+                b"content-length: "
+                + str(len(body)).encode()
+                + b"\r\nconnection: close\r\n\r\n"
+                + body
+            )
+            return
+        super().send_400_response(msg)
+
+    def on_response_complete(self) -> None:
+        pipelined = bool(self.pipeline)  # a request already read starts now: not idle
+        super().on_response_complete()
+        if self.transport.is_closing():
+            return
+        if self._deferred is not None and not pipelined:
+            # the last request before the malformed one is answered (with one pipelined,
+            # super() has just started it: its answer comes first)
+            self.transport.write(self._deferred)
+            self.close_now()
+            return
+        if not pipelined:
+            self._await_head()
+
+    def request_answered(self) -> None:
+        """A request answered by the protocol itself, outside uvicorn's request-response
+        cycle (`reads.fasthttp`'s point gets): the connection now waits for its next head,
+        under the same deadline as after any other answer (it stands for that subclass's
+        own keep-alive timer)."""
+        if not self.transport.is_closing():
+            self._await_head()
+
+    # -- helpers -------------------------------------------------------------------------
+
+    def _count_head(self, n: int) -> None:
+        self._parsed_head += n
+        if self._parsed_head > self.limits.max_header_bytes:
+            raise _HeadTooLarge  # uvicorn's parser error path: `send_400_response`
+
+    def _too_large(self) -> None:
+        CLOSED.labels("header_too_large").inc()
+        self.transport.write(too_large_answer(self.limits.max_header_bytes))
+        self.close_now()
+
+    def _await_head(self) -> None:
+        self.idle_since = time.monotonic()
+        self._head_bytes = 0
+        self._waits += 1
+        if self._deadline is None:
+            self._deadline = self.loop.call_later(self.limits.idle_timeout_s, self._idle_expired)
+
+    def _idle_expired(self) -> None:
+        self._deadline = None
+        since = self.idle_since
+        if since is None or self.transport.is_closing():
+            return  # a request is being read or answered: its answer starts a new wait
+        left = since + self.limits.idle_timeout_s - time.monotonic()
+        if left > 0:  # the wait started after this timer was armed
+            self._deadline = self.loop.call_later(left, self._idle_expired)
+            return
+        CLOSED.labels("idle").inc()
+        self.close_now()
+
+    def _cancel_deadline(self) -> None:
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None
+
+    def _longest_idle(self) -> _BoundedProtocol | None:
+        """The connection to evict at the cap: the one idle longest, else the one whose
+        request body has received nothing for longest (at least `STALLED_BODY_S`); None
+        when every other connection is busy."""
+        best: _BoundedProtocol | None = None
+        stalled: _BoundedProtocol | None = None
+        cutoff = time.monotonic() - STALLED_BODY_S
+        for c in self.connections:
+            if c is self or not isinstance(c, _BoundedProtocol):
+                continue
+            if c.idle_since is not None:
+                if best is None or c.idle_since < (best.idle_since or 0.0):
+                    best = c
+            elif (
+                c._body_pending
+                and c._body_at < cutoff
+                and (stalled is None or c._body_at < stalled._body_at)
+            ):
+                stalled = c
+        return best if best is not None else stalled

@@ -1,0 +1,688 @@
+"""A small asyncio TCP server base for the protocol listeners (KT, memcached).
+
+Built on `asyncio.Protocol` callbacks rather than streams: a request is parsed and answered
+inside `data_received`, with no coroutine switch, which is most of a small read's cost.
+
+Each connection keeps a buffer and a `Session` (per-connection protocol state). The
+session's `run(buf)` is a generator: each step does a bounded slice of work (one small
+request, or a slice of a big one) and yields the reply bytes ready so far; it returns —
+True to close — once the buffer holds no complete request. The connection runs a few steps
+per loop turn and schedules the rest with `call_soon`, so one connection's huge request
+(a binary get_bulk of a million keys) never holds the event loop: every other connection
+is served between its slices. Replies are written in request order, so pipelining works.
+While a request is being worked on, the connection stops reading once its buffer is large.
+Back-pressure: a connection's transport buffers at most `WRITE_HIGH_WATER` bytes of
+replies the client has not taken; above it (asyncio's `pause_writing`) the run is not
+stepped and nothing is read until the buffer drains (`resume_writing`). A reply is
+produced only as it is taken: a run yields a big reply in pieces (`reads/replystream.py`),
+so what a connection holds is bounded by the high-water mark, one turn's bytes and one
+piece (a piece is at most one value plus a little), whatever its request asks for.
+
+Limits (`ListenerLimits`, one per listener): a connection cap (at it, a newcomer evicts the
+connection idle the longest — no request in progress, nothing left to write — and only when
+none is idle is the newcomer refused with the protocol's busy reply, if any; a listener
+whose busy reply depends on the protocol the client speaks — KT: HTTP or binary on one
+port — holds the refused connection, outside the count, up to `REFUSE_WAIT` for its first
+byte, `MAX_REFUSING` of them at most, others answered at once), a header timeout (a
+request's head must arrive within it from its first byte), a body timeout (the whole
+request within it), an idle timeout (no request for that long), and a write timeout (a
+client that reads none of its replies for that long). One sweep per second checks every
+connection and samples the bytes queued for writing; metrics
+`mercury_listener_connections{listener}`,
+`mercury_listener_refused_total{listener, reason}` (what was refused, evicted or closed and
+why) and `mercury_listener_write_queued_bytes{listener}` /
+`mercury_listener_write_queued_max_bytes{listener}`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import socket
+import time
+from collections.abc import Callable, Generator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+from net import fastconn
+from net.metrics import (
+    LISTENER_CONNECTIONS,
+    LISTENER_HELD_REFUSED,
+    LISTENER_QUEUED,
+    LISTENER_QUEUED_MAX,
+    LISTENER_REFUSED,
+    READ_ERRORS,
+)
+from net.unsent import Held, to_drop
+
+log = logging.getLogger(__name__)
+
+#: Replies (small requests) a connection answers per loop turn before the others go; a
+#: slice of a big request (a step yielding b"") always ends the turn.
+STEPS_PER_TURN = 16
+#: Reply bytes a connection hands its transport per turn (then backpressure can act).
+TURN_BYTES = 256 << 10
+#: Reply bytes a transport buffers before the connection stops producing more (asyncio
+#: calls `pause_writing` above it, `resume_writing` once it is down to `WRITE_LOW_WATER`).
+WRITE_HIGH_WATER = 256 << 10
+WRITE_LOW_WATER = 64 << 10
+#: While a request is being worked on, stop reading once this much is buffered.
+MAX_BUFFER_WHILE_BUSY = 1 << 20
+#: A connection buffering more than this counts against its listener's
+#: `max_buffered_bytes` (smaller buffers are bounded by the connection cap alone).
+BIG_BUFFER = 1 << 20
+#: How often every connection's timeouts are checked.
+SWEEP_SECONDS = 1.0
+#: How long a connection refused at the cap is held for its first byte when its busy reply
+#: depends on it (`TcpService.busy_reply_to`); the header timeout when that is shorter.
+REFUSE_WAIT = 1.0
+#: Refused connections held at once for their first byte; beyond it one is answered at
+#: once, as one that sent nothing would be.
+MAX_REFUSING = 64
+
+#: A session's run: yields reply bytes (b"" = a slice of work done, nothing to send yet),
+#: returns True when the connection must close after what was written.
+Run = Generator[bytes, None, bool]
+
+
+class Abort(Exception):
+    """Raised by a session's run to drop its connection at once — not a bug (no traceback):
+    part of a reply went out and the rest cannot be sent (`reads.replystream.Cut`).
+    `reason` labels `mercury_read_errors_total`."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+class Wait(bytes):
+    """An empty step of a session's run that waits for `future` (a write's commit): the
+    connection resumes the run once the future is done, not on the next loop turn."""
+
+    future: asyncio.Future[Any]
+
+    def __new__(cls, future: asyncio.Future[Any]) -> Wait:
+        w = super().__new__(cls, b"")
+        w.future = future
+        return w
+
+
+class Session(Protocol):
+    """A connection's protocol state."""
+
+    def run(self, buf: bytearray) -> Run:
+        """Answer the complete requests at the front of `buf`, deleting them."""
+        ...
+
+    def phase(self, buf: bytearray) -> str:
+        """Where the partial request in `buf` is: "header" or "body" (for the timeouts)."""
+        ...
+
+
+#: The busy reply to a connection refused at the cap, given the first byte it sent (None:
+#: nothing within `REFUSE_WAIT`); None: close without a reply.
+BusyReplyTo = Callable[[int | None], "bytes | None"]
+
+#: A session's optional shortcut (its attribute `fast`): the reply to `data` when `data`,
+#: received on an idle connection with nothing buffered, is exactly one small request the
+#: session answers at once (a memcached `get` line); None sends it the usual way.
+Fast = Callable[[bytes], "bytes | None"]
+
+
+@dataclass(frozen=True)
+class ListenerLimits:
+    """Bounds of one TCP listener (flags `--listener-*`; see docs/reads.md)."""
+
+    max_connections: int = 1024
+    idle_timeout: float = 300.0
+    header_timeout: float = 10.0
+    body_timeout: float = 60.0
+    #: Reply bytes not taken by the client for this long close the connection.
+    write_timeout: float = 60.0
+    #: Reply bytes the listener's clients have not taken, at most (over the connections
+    #: past their high-water mark): a piece can be a whole value of up to 25 MiB.
+    max_unsent_bytes: int = 512 << 20
+    #: Request bytes the listener's connections buffer, at most (over those buffering more
+    #: than `BIG_BUFFER`): a memcached `set` may carry 32 MiB, a KT body 16 MiB.
+    max_buffered_bytes: int = 512 << 20
+
+
+def add_listener_flags(p: argparse.ArgumentParser) -> None:
+    """The `--listener-*` flags bounding the KT and memcached listeners."""
+    d = ListenerLimits()
+    p.add_argument(
+        "--listener-max-connections",
+        type=int,
+        default=d.max_connections,
+        metavar="N",
+        help=f"connections each KT/memcached listener serves at once; at the cap a newcomer "
+        f"evicts the longest-idle one, or is refused when none is idle "
+        f"(default {d.max_connections})",
+    )
+    for name, what in (
+        ("idle", "with no request in progress"),
+        ("header", "for a request's head (HTTP headers, binary header, command line)"),
+        ("body", "for a whole request (its body)"),
+        ("write", "for a client to take any of its replies"),
+    ):
+        default = getattr(d, f"{name}_timeout")
+        p.add_argument(
+            f"--listener-{name}-timeout-s",
+            type=float,
+            default=default,
+            metavar="S",
+            help=f"KT/memcached: close a connection after S seconds {what} (default {default:g})",
+        )
+    p.add_argument(
+        "--listener-max-unsent-bytes",
+        type=int,
+        default=d.max_unsent_bytes,
+        metavar="B",
+        help="KT/memcached: reply bytes each listener's clients have not taken, at most; "
+        "past it the connections whose clients take nothing are closed first, the longest "
+        f"waiting first (default {d.max_unsent_bytes})",
+    )
+    p.add_argument(
+        "--listener-max-buffered-bytes",
+        type=int,
+        default=d.max_buffered_bytes,
+        metavar="B",
+        help="KT/memcached: request bytes each listener's connections buffer, at most; past "
+        "it the connections whose partial request began longest ago are closed first "
+        f"(default {d.max_buffered_bytes})",
+    )
+
+
+def listener_limits(args: argparse.Namespace) -> ListenerLimits:
+    """`ListenerLimits` from the flags `add_listener_flags` added to the parser."""
+    return ListenerLimits(
+        max_connections=int(args.listener_max_connections),
+        idle_timeout=float(args.listener_idle_timeout_s),
+        header_timeout=float(args.listener_header_timeout_s),
+        body_timeout=float(args.listener_body_timeout_s),
+        write_timeout=float(args.listener_write_timeout_s),
+        max_unsent_bytes=int(args.listener_max_unsent_bytes),
+        max_buffered_bytes=int(args.listener_max_buffered_bytes),
+    )
+
+
+if TYPE_CHECKING:
+    _ConnBase = fastconn.ConnBase
+else:
+    _ConnBase = fastconn.BASE
+
+
+class _Conn(_ConnBase, asyncio.Protocol):
+    """One connection. `data_received` is `net/fastconn.py`'s (compiled when built): a
+    whole request on an idle connection goes to the session's shortcut, the rest to
+    `received_more`."""
+
+    transport: asyncio.Transport | None
+    fast: Fast | None
+    work: Run | None
+
+    def __init__(self, service: TcpService) -> None:
+        super().__init__()
+        self.service = service
+        self.session = service.make_session()
+        self.fast = getattr(self.session, "fast", None)
+        self.write_paused_at: float | None = None
+        #: Reply bytes the transport held when it passed its high-water mark.
+        self.paused_size = 0
+        self.scheduled = False
+        self.waiting: asyncio.Future[Any] | None = None
+        now = time.monotonic()
+        self.active_at = now  # last byte received or request answered
+        self.request_at = now  # first byte of the partial request in `buf`
+        self.received = 0  # bytes received in all
+        self.partial_id = -1  # `received - len(buf)` when the partial request began
+        self.reading = True
+        #: While refused at the cap and held for its first byte: the wait's timer.
+        self.refusing: asyncio.TimerHandle | None = None
+        #: Closed by a limit: its transport goes a loop turn later (`connection_lost`), and
+        #: until then no other limit counts it again.
+        self.aborted = False
+
+    def abort(self) -> None:
+        """Close now, dropping unsent replies and buffered requests (a limit's close)."""
+        self.aborted = True
+        if self.transport is not None:
+            self.transport.abort()
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # uvloop's transports implement asyncio.Transport without subclassing it
+        t: asyncio.Transport = transport  # type: ignore[assignment]
+        svc = self.service
+        if len(svc.conns) >= svc.limits.max_connections:
+            svc.drop_closed()
+        if len(svc.conns) >= svc.limits.max_connections:
+            victim = svc.longest_idle()
+            if victim is None:  # every place is in use: refuse the newcomer
+                svc.refuse("max_connections")
+                reply = svc.busy_reply
+                if svc.busy_reply_to is not None:
+                    if len(svc.refusing) < MAX_REFUSING:
+                        self._hold_refused(t)
+                        return
+                    # Too many held already: answered at once, as one that sent nothing
+                    # (an HTTP client still gets its 503; only a binary one reads it wrong).
+                    reply = svc.busy_reply_to(None)
+                if reply:
+                    t.write(reply)
+                t.close()
+                return
+            svc.refuse("evicted")  # an idle socket must never lock a working client out
+            victim.evict()
+        self.transport = t
+        t.set_write_buffer_limits(high=WRITE_HIGH_WATER, low=WRITE_LOW_WATER)
+        svc.conns.add(self)
+        LISTENER_CONNECTIONS.labels(svc.name).inc()
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def _hold_refused(self, t: asyncio.Transport) -> None:
+        """Refused at the cap: wait (outside the count) up to `REFUSE_WAIT` for the first
+        byte, which chooses the busy reply (`TcpService.busy_reply_to`)."""
+        svc = self.service
+        self.transport = t
+        self.fast = None  # every byte goes to received_more, which answers the refusal
+        svc.hold_refused(self)
+        wait = min(REFUSE_WAIT, svc.limits.header_timeout)
+        self.refusing = asyncio.get_running_loop().call_later(wait, self._answer_refused, None)
+
+    def _answer_refused(self, first: int | None) -> None:
+        """Send a held refused connection its busy reply (by `first`, its first byte, or
+        None when none came in time) and close it."""
+        if self.refusing is not None:
+            self.refusing.cancel()
+            self.refusing = None
+        svc = self.service
+        svc.release_refused(self)
+        t = self.transport
+        if t is None or t.is_closing():
+            return
+        assert svc.busy_reply_to is not None
+        reply = svc.busy_reply_to(first)
+        if reply:
+            t.write(reply)
+        t.close()
+
+    def idle(self) -> bool:
+        """No request in progress (none being answered, none partly received) and nothing
+        left to write: closing it now loses the client nothing."""
+        t = self.transport
+        return (
+            t is not None
+            and not t.is_closing()
+            and self.work is None
+            and self.waiting is None
+            and not self.buf
+            and self.write_paused_at is None
+            and t.get_write_buffer_size() == 0
+        )
+
+    def evict(self) -> None:
+        """Close this idle connection to make room (it leaves the count at once)."""
+        svc = self.service
+        if self in svc.conns:
+            svc.conns.discard(self)
+            LISTENER_CONNECTIONS.labels(svc.name).dec()
+        if self.transport is not None:
+            self.transport.close()
+
+    def fast_failed(self) -> None:
+        # As in _drive: a bug costs one connection, never the listener.
+        log.exception("%s listener: request failed; closing", self.service.name)
+        READ_ERRORS.labels(self.service.name, "internal").inc()
+        if self.transport is not None:
+            self.transport.close()
+
+    def received_more(self, data: bytes) -> None:
+        if self.refusing is not None:
+            self._answer_refused(data[0])  # refused at the cap: its first byte is here
+            return
+        self.buf += data
+        if len(self.buf) > BIG_BUFFER:
+            self.service.note_buffered(self)
+            if self.transport is None or self.transport.is_closing():
+                return  # closed for the listener's buffer bound
+        if self.work is None:
+            self.work = self.session.run(self.buf)
+            self._drive()
+        elif len(self.buf) > MAX_BUFFER_WHILE_BUSY:
+            self._pause_reading()
+
+    def _wait_done(self, _fut: asyncio.Future[Any]) -> None:
+        self.waiting = None
+        if self.write_paused_at is None:
+            self._schedule()
+
+    def _drive(self) -> None:
+        self.scheduled = False
+        if self.waiting is not None:
+            return  # the run waits for a future; _wait_done resumes it
+        if self.write_paused_at is not None:
+            return  # the client has not taken what it has: resume_writing resumes the run
+        t = self.transport
+        work = self.work
+        if t is None or t.is_closing() or work is None:
+            return
+        out: list[bytes] = []
+        close = False
+        try:
+            size = 0
+            for _ in range(STEPS_PER_TURN):
+                chunk = next(work)
+                if isinstance(chunk, Wait) and not chunk.future.done():
+                    self.waiting = chunk.future
+                    chunk.future.add_done_callback(self._wait_done)
+                    break  # resumed by _wait_done
+                if not chunk:
+                    break  # a slice of a big request: other connections go first
+                out.append(chunk)
+                size += len(chunk)
+                if size >= TURN_BYTES:
+                    break  # and no more replies than this ahead of the transport
+        except StopIteration as stop:
+            self.work = None
+            close = bool(stop.value)
+        except Abort as stop:
+            log.warning("%s listener: dropping a connection: %s", self.service.name, stop)
+            READ_ERRORS.labels(self.service.name, stop.reason).inc()
+            self.work = None
+            t.abort()  # a cut reply must not pass for a whole one: no graceful end
+            return
+        except Exception:
+            # A bug must cost one connection, never the listener or the process.
+            log.exception("%s listener: request failed; closing the connection", self.service.name)
+            READ_ERRORS.labels(self.service.name, "internal").inc()
+            self.work = None
+            t.close()
+            return
+        if out:
+            t.write(b"".join(out))
+        if close:
+            t.close()
+            return
+        if self.work is not None:
+            # More to do: let every other connection run first.
+            if self.write_paused_at is None:
+                self._schedule()
+            return
+        self._idle_again()
+
+    def _schedule(self) -> None:
+        if not self.scheduled:
+            self.scheduled = True
+            asyncio.get_running_loop().call_soon(self._drive)
+
+    def _idle_again(self) -> None:
+        """The buffer holds no complete request: note when a partial one began, read on."""
+        now = time.monotonic()
+        if not self.buf:
+            self.active_at = now
+        else:
+            pid = self.received - len(self.buf)
+            if pid != self.partial_id:  # a new request began since the last check
+                self.partial_id = pid
+                self.request_at = now
+        if self.write_paused_at is None:
+            self._resume_reading()
+
+    def _pause_reading(self) -> None:
+        if self.reading and self.transport is not None:
+            self.reading = False
+            self.transport.pause_reading()
+
+    def _resume_reading(self) -> None:
+        if not self.reading and self.transport is not None and not self.transport.is_closing():
+            self.reading = True
+            self.transport.resume_reading()
+
+    def pause_writing(self) -> None:
+        self.write_paused_at = time.monotonic()
+        self._pause_reading()
+        if self.transport is not None:
+            self.paused_size = self.transport.get_write_buffer_size()
+            self.service.unsent.add(self)
+            self.service.hold_unsent_cap()
+
+    def resume_writing(self) -> None:
+        self.write_paused_at = None
+        self.service.unsent.discard(self)
+        if self.transport is None or self.transport.is_closing():
+            return
+        if self.work is not None:
+            self._schedule()
+        else:
+            self._resume_reading()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.service.unsent.discard(self)
+        self.service.forget_buffered(self)
+        if self.refusing is not None:
+            self.refusing.cancel()
+            self.refusing = None
+            self.service.release_refused(self)
+        if self in self.service.conns:
+            self.service.conns.discard(self)
+            LISTENER_CONNECTIONS.labels(self.service.name).dec()
+        self.transport = None
+        self.work = None
+        self.buf = bytearray()
+
+    def expired(self, now: float) -> str | None:
+        """The timeout this connection has run out of, or None."""
+        lim = self.service.limits
+        if self.write_paused_at is not None:
+            return "write_timeout" if now - self.write_paused_at > lim.write_timeout else None
+        if self.work is not None:
+            return None  # the server is working on it
+        if self.buf:
+            if self.session.phase(self.buf) == "header":
+                return "header_timeout" if now - self.request_at > lim.header_timeout else None
+            return "body_timeout" if now - self.request_at > lim.body_timeout else None
+        return "idle_timeout" if now - self.active_at > lim.idle_timeout else None
+
+
+class TcpService:
+    """Listen on host:port; each connection gets a fresh `Session` from `make_session()`.
+
+    `busy_reply`: bytes sent to a connection refused over the cap (None: just close).
+    `busy_reply_to`, instead, when the reply depends on the protocol the client speaks: a
+    refused connection is held outside the count for its first byte (up to `REFUSE_WAIT`,
+    `MAX_REFUSING` at once; beyond that it is answered at once as if it sent nothing) and
+    answered `busy_reply_to(that byte)` (None when none came in time). Implements
+    `core.service.Service`.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        host: str,
+        port: int,
+        make_session: Callable[[], Session],
+        *,
+        limits: ListenerLimits | None = None,
+        busy_reply: bytes | None = None,
+        busy_reply_to: BusyReplyTo | None = None,
+    ) -> None:
+        self.name = name
+        self.host = host
+        self.port = port
+        self.make_session = make_session
+        self.limits = limits or ListenerLimits()
+        self.busy_reply = busy_reply
+        self.busy_reply_to = busy_reply_to
+        self.conns: set[_Conn] = set()
+        #: Connections whose transports are past their high-water mark (the unsent cap).
+        self.unsent: set[_Conn] = set()
+        #: Connections that buffered more than `BIG_BUFFER`, with the bytes last counted
+        #: for each, and their sum (`note_buffered`): a running total, made exact whenever
+        #: it says the bound is passed.
+        self.buffering: dict[_Conn, int] = {}
+        self.buffered = 0
+        #: Connections refused at the cap, held for their first byte (not in `conns`).
+        self.refusing: set[_Conn] = set()
+        #: Bind with SO_REUSEPORT, one of several reader processes on this address
+        #: (`--read-workers`, reads/workers.py).
+        self.reuse_port = False
+        self._server: asyncio.Server | None = None
+        self._sweeper: asyncio.TimerHandle | None = None
+
+    def hold_refused(self, c: _Conn) -> None:
+        """`c`, refused at the cap, waits for its first byte (counted in the gauge)."""
+        self.refusing.add(c)
+        LISTENER_HELD_REFUSED.labels(self.name).inc()
+
+    def release_refused(self, c: _Conn) -> None:
+        """`c` no longer waits: answered or gone (once, whichever comes first)."""
+        if c in self.refusing:
+            self.refusing.discard(c)
+            LISTENER_HELD_REFUSED.labels(self.name).dec()
+
+    @property
+    def connections(self) -> int:
+        """Connections open now."""
+        return len(self.conns)
+
+    def refuse(self, reason: str) -> None:
+        """Count one connection refused or closed by a limit."""
+        LISTENER_REFUSED.labels(self.name, reason).inc()
+
+    def hold_unsent_cap(self) -> None:
+        """Past `max_unsent_bytes` over the connections past their high-water mark, close
+        some (`net.unsent`); their unsent replies are dropped."""
+        held = [
+            Held(c, c.transport.get_write_buffer_size(), c.write_paused_at or 0.0, c.paused_size)
+            for c in self.unsent
+            if c.transport is not None and not c.aborted
+        ]
+        for h in to_drop(held, self.limits.max_unsent_bytes):
+            self.unsent.discard(h.conn)
+            self.refuse("unsent_cap")
+            log.info(
+                "%s listener: closing a connection holding %d reply bytes its client has not "
+                "taken (over the cap of %d)",
+                self.name,
+                h.unsent,
+                self.limits.max_unsent_bytes,
+            )
+            h.conn.abort()
+
+    def note_buffered(self, conn: _Conn) -> None:
+        """`conn` buffers more than `BIG_BUFFER`: count it, and past `max_buffered_bytes`
+        close connections, the one whose partial request began longest ago first (a client
+        sending most of a big request and then stopping would hold it until the body
+        timeout; many of them, the process's memory). Their buffers are dropped."""
+        n = len(conn.buf)
+        self.buffered += n - self.buffering.get(conn, 0)
+        self.buffering[conn] = n
+        cap = self.limits.max_buffered_bytes
+        if self.buffered <= cap:
+            return
+        # Exact now: buffers consumed since they were counted count what they hold.
+        live = {c: len(c.buf) for c in self.buffering if c.transport is not None and not c.aborted}
+        self.buffering = {c: k for c, k in live.items() if k > BIG_BUFFER}
+        self.buffered = sum(self.buffering.values())
+        for c in sorted(self.buffering, key=lambda c: c.request_at):
+            if self.buffered <= cap:
+                break
+            self.refuse("buffer_cap")
+            log.info(
+                "%s listener: closing a connection buffering %d request bytes (over the cap of %d)",
+                self.name,
+                self.buffering[c],
+                cap,
+            )
+            self.forget_buffered(c)
+            c.abort()
+
+    def forget_buffered(self, conn: _Conn) -> None:
+        self.buffered -= self.buffering.pop(conn, 0)
+
+    async def start(self) -> None:
+        """Bind and listen; returns once connections are accepted."""
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(
+            lambda: _Conn(self),
+            self.host,
+            self.port,
+            reuse_address=True,
+            reuse_port=self.reuse_port or None,
+        )
+        if self.port == 0:
+            self.port = self._server.sockets[0].getsockname()[1]
+        self._sweeper = loop.call_later(SWEEP_SECONDS, self._sweep)
+
+    def drop_closed(self) -> None:
+        """Take connections already closing with nothing left to write (the client hung
+        up; only their `connection_lost` is still to come, a loop callback later) out of
+        the count, so a client that closes a connection and opens another at the cap is
+        not refused for the one it closed. One still writing stays (the sweep's write
+        timeout bounds it)."""
+        for c in list(self.conns):
+            t = c.transport
+            if t is None or (t.is_closing() and t.get_write_buffer_size() == 0):
+                self.conns.discard(c)
+                LISTENER_CONNECTIONS.labels(self.name).dec()
+
+    def longest_idle(self) -> _Conn | None:
+        """The idle connection (`_Conn.idle`) with the oldest activity, or None."""
+        best: _Conn | None = None
+        for c in self.conns:
+            if c.idle() and (best is None or c.active_at < best.active_at):
+                best = c
+        return best
+
+    def _sweep(self) -> None:
+        now = time.monotonic()
+        queued = biggest = 0
+        for c in list(self.conns):
+            if c.aborted:
+                continue  # closed by a limit already, counted there
+            reason = c.expired(now)
+            if reason is not None and c.transport is not None:
+                self.refuse(reason)
+                log.info("%s listener: closing a connection (%s)", self.name, reason)
+                c.abort()  # unsent replies to a slow reader are dropped too
+            elif c.transport is not None:
+                n = c.transport.get_write_buffer_size()
+                queued += n
+                biggest = max(biggest, n)
+        LISTENER_QUEUED.labels(self.name).set(queued)
+        LISTENER_QUEUED_MAX.labels(self.name).set(biggest)
+        self._sweeper = asyncio.get_running_loop().call_later(SWEEP_SECONDS, self._sweep)
+
+    async def stop(self) -> None:
+        """Stop listening and close every open connection."""
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            self._sweeper = None
+        if self._server is None:
+            return
+        self._server.close()
+        for c in list(self.refusing):
+            if c.transport is not None:
+                c.transport.close()
+        for c in list(self.conns):
+            if c.transport is not None:
+                c.transport.close()
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(self._server.wait_closed(), 5)
+        self._server = None
+
+
+def drain(run: Run) -> tuple[bytes, bool]:
+    """Run a session step to its end at once: (all reply bytes, close). For tests and
+    tools that call a handler directly, without a connection."""
+    out: list[bytes] = []
+    while True:
+        try:
+            out.append(next(run))
+        except StopIteration as stop:
+            return b"".join(out), bool(stop.value)
