@@ -1,1 +1,1 @@
-"""mercury.dev."""
+"""`make run`: the local topologies (plain, secure, HA) and what they share."""
