@@ -3,24 +3,39 @@ gateway/_usagecount.pyx, reads/_fastget.pyx, net/_fastconn.pyx);
 everything else is pure Python. The store codec links libdeflate (CRC-32), zlib (CRC-32
 combination), libsodium (BLAKE2b) and OpenSSL's libcrypto (SHA-256), the read fast path
 libdeflate: Debian packages libdeflate-dev, zlib1g-dev, libsodium-dev and libssl-dev (`make
-build` installs them when missing and run as root)."""
+build` installs them when missing and run as root).
 
-from Cython.Build import cythonize
+`core/compiled.py` registers the same modules with their pure twins; tests/test_compiled.py
+checks that this list, that registry and the tree's ``_*.pyx`` files are one set."""
+
 from setuptools import Extension, setup
 
-setup(
-    ext_modules=cythonize(
-        [
-            Extension(
-                "store._codec",
-                ["store/_codec.pyx"],
-                libraries=["sodium", "crypto", "z", "deflate"],
-            ),
-            Extension("gateway._jsonops", ["gateway/_jsonops.pyx"]),
-            Extension("gateway._usagecount", ["gateway/_usagecount.pyx"]),
-            Extension("reads._fastget", ["reads/_fastget.pyx"], libraries=["deflate"]),
-            Extension("net._fastconn", ["net/_fastconn.pyx"]),
-        ],
-        compiler_directives={"language_level": "3", "boundscheck": False, "wraparound": False},
+#: Every compiled module (dotted name, built from the ``.pyx`` of that path) and the C
+#: libraries it links.
+EXTENSIONS: dict[str, list[str]] = {
+    "store._codec": ["sodium", "crypto", "z", "deflate"],
+    "gateway._jsonops": [],
+    "gateway._usagecount": [],
+    "reads._fastget": ["deflate"],
+    "net._fastconn": [],
+}
+
+
+def extensions() -> list[Extension]:
+    return [
+        Extension(name, [name.replace(".", "/") + ".pyx"], libraries=libs)
+        for name, libs in EXTENSIONS.items()
+    ]
+
+
+# Run as a script by `setup.py build_ext` and by pip's build backend; imported, it only
+# lists `EXTENSIONS` (Cython is needed to build, not to read the list).
+if __name__ == "__main__":
+    from Cython.Build import cythonize
+
+    setup(
+        ext_modules=cythonize(
+            extensions(),
+            compiler_directives={"language_level": "3", "boundscheck": False, "wraparound": False},
+        )
     )
-)

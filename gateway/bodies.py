@@ -10,7 +10,6 @@ import base64
 import binascii
 import json
 import math
-import os
 import re
 from collections.abc import Callable
 from typing import Any
@@ -19,19 +18,17 @@ from urllib.parse import unquote_to_bytes
 import msgpack
 import orjson
 
-from core import strictjson
+from core import compiled, strictjson
 from core.errors import BadRequestError, TooLargeError
 from store.ops import DELETE, SET, Op
 
-#: The compiled decoder of common JSON batch bodies (`gateway/_jsonops.pyx`), or None under
-#: ``MERCURY_PURE=1`` or before `make build`; `batch_body_ops` falls back to the reference.
-_fast_json: Callable[[bytes, str, int, int, int], tuple[list[Op], int] | None] | None = None
-if os.environ.get("MERCURY_PURE") != "1":
-    try:
-        from gateway._jsonops import decode_json_ops as _fast_json
-    except ImportError:  # pragma: no cover - only before `make build`
-        if os.environ.get("MERCURY_REQUIRE_CYTHON") == "1":
-            raise
+#: The compiled decoder of common JSON batch bodies (`gateway/_jsonops.pyx`), or None where
+#: its pure twin serves (`core/compiled.py`: ``MERCURY_PURE=1``, or before `make build`);
+#: `batch_body_ops` then takes the reference.
+_jsonops = compiled.load("gateway._jsonops")
+_fast_json: Callable[[bytes, str, int, int, int], tuple[list[Op], int] | None] | None = (
+    None if _jsonops is None else _jsonops.decode_json_ops
+)
 
 MSGPACK = "application/msgpack"
 _new = tuple.__new__

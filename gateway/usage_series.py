@@ -37,7 +37,6 @@ This module is pure apart from the store reads it is handed (`load`): counting
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -49,20 +48,17 @@ from typing import Protocol, TypeVar
 
 import orjson
 
+from core import compiled
 from store.ops import Op, Result, Status
 from store.store import Store
 
-#: The compiled per-request counting (`gateway/_usagecount.pyx`), or None under
-#: ``MERCURY_PURE=1`` or before `make build`; `_count_one_py` is its reference.
+#: The compiled per-request counting (`gateway/_usagecount.pyx`), or None where its pure
+#: twin `_count_one_py` serves (`core/compiled.py`: ``MERCURY_PURE=1``, or before
+#: `make build`).
+_usagecount = compiled.load("gateway._usagecount")
 _fast_count: (
     Callable[[list[Op], list[Result], object, object, object], tuple[int, int, int, int]] | None
-) = None
-if os.environ.get("MERCURY_PURE") != "1":
-    try:
-        from gateway._usagecount import count_one as _fast_count
-    except ImportError:  # pragma: no cover - only before `make build`
-        if os.environ.get("MERCURY_REQUIRE_CYTHON") == "1":
-            raise
+) = None if _usagecount is None else _usagecount.count_one
 
 #: Columns of one slot row after its index (minute or hour).
 COLS = ("writes", "bytes_written", "deletes", "duplicates", "held", "refused_429", "refused_413")

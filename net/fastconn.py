@@ -14,9 +14,10 @@ A subclass (`net.tcp._Conn`) sets the attributes and implements `received_more` 
 
 from __future__ import annotations
 
-import os
 import time
 from typing import Any
+
+from core import compiled
 
 
 class ConnBase:
@@ -64,15 +65,9 @@ class ConnBase:
 
 
 def _load() -> type[ConnBase]:
-    if os.environ.get("MERCURY_PURE") == "1":
-        return ConnBase  # the whole node on the pure-Python references (tests)
-    try:
-        from net import _fastconn  # type: ignore[attr-defined]
-    except ImportError:  # not built (`make build`): the reference serves, slower
-        if os.environ.get("MERCURY_REQUIRE_CYTHON") == "1":
-            raise
-        return ConnBase
-    return _fastconn.ConnBase  # type: ignore[no-any-return]
+    """The compiled class, or the reference where it serves (`core/compiled.py`)."""
+    built = compiled.load("net._fastconn")
+    return ConnBase if built is None else built.ConnBase
 
 
 #: The base `net.tcp` connections derive from: compiled when built, else the reference.

@@ -20,7 +20,6 @@ the failure (`CRCError`, counted): a bad value is never served.
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 import weakref
@@ -31,6 +30,7 @@ from typing import Any
 
 from prometheus_client import Histogram
 
+from core import compiled
 from memcached import protocol as mc
 from reads.fastobserve import BatchedObserve
 from store.format import FLAG_CHUNKED, RECORD_FIXED, RECORD_HEADER, RECORD_TAG, record_crc
@@ -265,16 +265,8 @@ def http_get(
 
 
 def _load() -> ModuleType:
-    this = sys.modules[__name__]
-    if os.environ.get("MERCURY_PURE") == "1":
-        return this  # the whole node on the pure-Python references (tests)
-    try:
-        from reads import _fastget  # type: ignore[attr-defined]
-    except ImportError:  # not built (`make build`): the reference serves, slower
-        if os.environ.get("MERCURY_REQUIRE_CYTHON") == "1":
-            raise
-        return this
-    return _fastget  # type: ignore[no-any-return]
+    """The compiled module, or this one where the reference serves (`core/compiled.py`)."""
+    return compiled.load("reads._fastget") or sys.modules[__name__]
 
 
 #: The implementation the servers call: the compiled module when built, else this one.

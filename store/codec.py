@@ -1,5 +1,6 @@
 """The codec in use: the Cython build of `store/_codec.pyx`, or the pure-Python reference
-`store/format.py` when ``MERCURY_PURE=1`` (or when the extension is not built).
+`store/format.py` (with `applyloop`, `replay` and `crccombine`) when ``MERCURY_PURE=1`` or
+the extension is not built (`core/compiled.py` decides, as for every compiled module).
 
 Everything outside the store imports codec functions from here, never from either
 implementation directly, so one switch moves the whole process.
@@ -7,11 +8,11 @@ implementation directly, so one switch moves the whole process.
 
 from __future__ import annotations
 
-import os
 import zlib
 from collections.abc import Callable
 from typing import Any
 
+from core import compiled
 from store import applyloop as _loop
 from store import crccombine as _crccombine
 from store import format as _ref
@@ -35,25 +36,8 @@ apply_ops: Callable[..., Any]
 scan_entries: Callable[..., bytes]
 apply_entries: Callable[..., bytes | None]
 
-if os.environ.get("MERCURY_PURE") == "1":
-    _impl: Any = _ref
-    crc32 = zlib.crc32
-    crc32_combine = _crccombine.crc32_combine
-    IMPLEMENTATION = "python"
-else:
-    try:
-        from store import _codec as _impl
-
-        crc32 = _impl.crc32
-        crc32_combine = _impl.crc32_combine
-        IMPLEMENTATION = "cython"
-    except ImportError:  # pragma: no cover - only before `make build`
-        if os.environ.get("MERCURY_REQUIRE_CYTHON") == "1":
-            raise
-        _impl = _ref
-        crc32 = zlib.crc32
-        crc32_combine = _crccombine.crc32_combine
-        IMPLEMENTATION = "python"
+_impl: Any  # the module whose functions are bound above (`store._codec` or `store.format`)
+IMPLEMENTATION = "python" if compiled.load("store._codec") is None else "cython"
 
 
 def use(implementation: str) -> None:
@@ -63,8 +47,7 @@ def use(implementation: str) -> None:
     global encode_record, decode_record_header, record_value, encode_entry, chain
     global pack_entries, unpack_entries, decode_entries, apply_ops, scan_entries, apply_entries
     if implementation == "cython":
-        from store import _codec
-
+        _codec = compiled.require("store._codec")
         _impl, crc32, crc32_combine = _codec, _codec.crc32, _codec.crc32_combine
     elif implementation == "python":
         _impl, crc32, crc32_combine = _ref, zlib.crc32, _crccombine.crc32_combine
