@@ -22,7 +22,7 @@ import httpx
 
 from store.store import Store
 from testkit.logged import records
-from testkit.procs import Procs, free_port, run_mercury
+from testkit.procs import Procs, free_port, run_mercury, wait_for
 
 DEADLINE_S = 60.0
 
@@ -230,6 +230,11 @@ class Writers:
         self.pins = pins
         #: (monotonic time acknowledged, key, value, node that acknowledged)
         self.acked: list[tuple[float, str, bytes, str]] = []
+        #: key -> monotonic time the acknowledged request was sent. The node acknowledged it
+        #: between this and the time in `acked`; unlike that one, it cannot come out late
+        #: when this thread is scheduled late, so a bound on when a node may still
+        #: acknowledge is checked against it.
+        self.sent: dict[str, float] = {}
         self.errors: dict[str, int] = {}
         self._stop = threading.Event()
         self._lock = threading.Lock()
@@ -257,6 +262,7 @@ class Writers:
                 key = f"k/w{w}/{i}"
                 value = f"{w}:{i}:{time.time_ns()}".encode()
                 while not self._stop.is_set():
+                    sent_at = time.monotonic()
                     try:
                         r = c.put(f"{nodes[target].url}/v1/kv/{key}", content=value)
                     except httpx.HTTPError as err:
@@ -267,6 +273,7 @@ class Writers:
                     if r.status_code == 200:
                         with self._lock:
                             self.acked.append((time.monotonic(), key, value, nodes[target].name))
+                            self.sent[key] = sent_at
                         break
                     if r.status_code == 307:
                         loc = r.headers["location"]
@@ -284,6 +291,30 @@ class Writers:
     def _count(self, what: str) -> None:
         with self._lock:
             self.errors[what] = self.errors.get(what, 0) + 1
+
+    def wait_acks(
+        self,
+        count: int,
+        *,
+        by: Node | None = None,
+        after: float | None = None,
+        timeout: float = DEADLINE_S,
+    ) -> None:
+        """Wait until `count` writes are acknowledged (by node `by`; after monotonic time
+        `after`): writes in flight where a test would have paused "to let them write"."""
+
+        def n() -> int:
+            with self._lock:
+                return sum(
+                    1
+                    for a in self.acked
+                    if (by is None or a[3] == by.name) and (after is None or a[0] > after)
+                )
+
+        try:
+            wait_for(lambda: n() >= count, timeout, f"{count} acknowledged writes")
+        except TimeoutError as err:
+            raise AssertionError(f"{err}: {n()} so far, errors {self.errors}") from None
 
     def first_ack_after(
         self, t0: float, timeout: float = DEADLINE_S, not_by: Node | None = None

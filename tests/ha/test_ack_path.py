@@ -42,8 +42,8 @@ from store.ops import SET, Op, Result
 from store.store import Store
 from testkit.etcd import Etcd
 from testkit.hacluster import Cluster, Writers, lost_writes
-from testkit.procs import Procs
-from testkit.replication import RootNode, root_node, wait_for
+from testkit.procs import Procs, async_wait_for
+from testkit.replication import RootNode, root_node
 
 
 def _hello(db_id: bytes, options: int, last_seq: int = 0) -> bytes:
@@ -74,12 +74,18 @@ def _write(store: Store, batches: int, prefix: str) -> None:
 
 
 async def _records_until(
-    port: int, db_id: bytes, options: int, until: threading.Event, target: list[int]
+    port: int,
+    db_id: bytes,
+    options: int,
+    until: threading.Event,
+    target: list[int],
+    got: list[tuple[int, int, bytes]] | None = None,
 ) -> list[tuple[int, int, bytes]]:
     """Stream from seq 1 with `options` until `until` is set and the records reached
-    `target[0]`; (first seq, last seq, hash head) of every record received."""
+    `target[0]`; (first seq, last seq, hash head) of every record received, appended to
+    `got` as they arrive."""
     reader, writer = await asyncio.open_connection("127.0.0.1", port, limit=16 << 20)
-    got: list[tuple[int, int, bytes]] = []
+    got = [] if got is None else got
     try:
         await wire.send(writer, _hello(db_id, options))
         ftype, _flags, _ = await upstream.read_welcome(reader)
@@ -126,23 +132,37 @@ def test_a_stream_held_back_by_the_horizon_gets_nothing_past_it(tmp_path: Path) 
     with root_node(str(tmp_path / "root")) as root:
         _write(root.store, 10, "a")
         horizon = [root.store.read_log(1, max_records=4)[-1].last_seq]
-        root.source.horizon = lambda: horizon[0]
+        consulted = [0]  # times the stream looked at the horizon
+
+        def at_horizon() -> int:
+            consulted[0] += 1
+            return horizon[0]
+
+        root.source.horizon = at_horizon
         first_part = horizon[0]
         moved = threading.Event()
         target = [root.store.last_seq()]
+        got: list[tuple[int, int, bytes]] = []
 
         async def session() -> list[tuple[int, int, bytes]]:
-            task = asyncio.ensure_future(_records_until(root.port, _db_id(root), 0, moved, target))
-            await asyncio.sleep(1.0)  # streams what the horizon allows, then waits
+            task = asyncio.ensure_future(
+                _records_until(root.port, _db_id(root), 0, moved, target, got)
+            )
+            # Streams what the horizon allows, then waits.
+            await async_wait_for(lambda: len(got) >= 4, 30, "the records up to the horizon")
+            seen = consulted[0]
             _write(root.store, 3, "b")  # commits wake it: still held back
-            await asyncio.sleep(0.5)
+            # The stream looked at the horizon twice since: the second time after a read
+            # that began once the commits were in, so it had them and held them back.
+            await async_wait_for(lambda: consulted[0] >= seen + 2, 30, "the stream's next turns")
+            assert len(got) == 4 and got[-1][1] == first_part, got  # nothing past it
             target[0] = root.store.last_seq()
             horizon[0] = target[0]
             moved.set()
             root._loop.call_soon_threadsafe(root.source.wake_held)
             return await task
 
-        got = asyncio.run(session())
+        asyncio.run(session())
         assert got[3][1] == first_part  # the first four records came before the move
         _assert_is_the_log(root.store, got, target[0])
 
@@ -169,13 +189,17 @@ def test_upstream_frames_are_dispatched_however_their_bytes_are_cut(tmp_path: Pa
                 cuts = [0, 1, 5, 9, 10, 11, 30, 31, len(data) - 1, len(data)]
                 for a, b in itertools.pairwise(cuts):
                     await wire.send(writer, data[a:b])
-                    await asyncio.sleep(0.02)  # each piece its own segment
-                await asyncio.sleep(0.3)
+                    # Deliberate: a pause so each piece reaches the source as a read of its
+                    # own (the cut bytes are what is tested). Pieces that still arrive
+                    # together only make the case easier; they cannot fail it.
+                    await asyncio.sleep(0.02)
+                # Connected until everything is dispatched (a close could cut it short).
+                await async_wait_for(lambda: len(inbox.got) >= len(payloads), 10, "every frame")
             finally:
                 await wire.close(writer)
 
         asyncio.run(send())
-        wait_for(lambda: inbox.got == payloads, 10, "every frame, in order")
+        assert inbox.got == payloads  # every frame, in order
 
 
 def test_a_frame_failing_its_crc_ends_the_connection_undispatched(tmp_path: Path) -> None:
@@ -300,7 +324,7 @@ def test_one_report_answers_every_batch_it_confirms_at_once_in_commit_order(
         assert [f.done() for f in futs] == [True] * 4 + [False] * 2
         _report(gate, seqs[-1])
         assert all(f.done() for f in futs)
-        await asyncio.sleep(0)
+        await asyncio.sleep(0)  # one loop turn: the futures' done callbacks run
         assert order == list(range(6))  # commit order
         assert [(await f)[0].seq for f in futs] == seqs
         await b.close()
@@ -351,7 +375,10 @@ def test_close_waits_until_every_committed_batch_is_answered(store: Store) -> No
         futs = [_put(b, i) for i in range(3)]
         await _committed(b, 3)
         closing = asyncio.ensure_future(b.close())
-        await asyncio.sleep(0.2)
+        # Nothing is left to commit, so the whole of a close that did not wait would run on
+        # this loop (no worker thread, no timer): a few turns, far fewer than these.
+        for _ in range(50):
+            await asyncio.sleep(0)
         assert not closing.done()  # it would have left writers waiting forever
         _report(gate, store.last_seq())
         async with asyncio.timeout(30):
@@ -370,9 +397,7 @@ def test_every_acknowledged_write_is_on_the_standby_when_the_leader_dies(
     standby = next(n for n in cluster.nodes if n is not leader)
     # Pinned to the leader: many batches in flight, several confirmed by one report.
     with Writers(cluster, 16, pins=[leader]) as writers:
-        deadline = time.monotonic() + 60
-        while len(writers.acked) < 400 and time.monotonic() < deadline:
-            time.sleep(0.05)
+        writers.wait_acks(400)
         cluster.kill(leader)  # mid-stream: answers were going out as reports came in
     acked = list(writers.acked)
     assert len(acked) >= 400, writers.errors

@@ -12,12 +12,13 @@ failover times.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from pathlib import Path
 
 from testkit.etcd import Etcd
 from testkit.hacluster import Cluster, Writers, log_records, lost_writes, start_replica
-from testkit.procs import Procs
+from testkit.procs import Procs, wait_for
 
 ROUNDS = 2
 
@@ -31,7 +32,9 @@ def test_sigkill_leader_under_writers_loses_nothing(
     failovers = []
     with Writers(cluster, 8) as writers:
         for _ in range(ROUNDS):
-            time.sleep(1.0)
+            # The kill lands mid-stream: once the writers are acknowledged again, not
+            # after a pause a loaded machine may spend before their first answer.
+            writers.wait_acks(len(writers.acked) + 50)
             old = cluster.wait_leader()
             cluster.kill(old)
             t0 = time.monotonic()
@@ -40,18 +43,19 @@ def test_sigkill_leader_under_writers_loses_nothing(
             assert new is not old
             cluster.start_node(old)  # rejoins as a standby
             cluster.wait_standbys(2)
-        time.sleep(0.5)
+        # Writes acknowledged with the restarted node back as a standby, before they stop.
+        writers.wait_acks(20, after=time.monotonic())
     seq, head = cluster.wait_converged()
     # The replica follows whichever candidate leads, without a gap or a bootstrap: it never
     # got a record a failover undid (leaders stream replicas only what standbys confirmed).
-    deadline = time.monotonic() + 60
-    rst: dict[str, object] = {}
-    while time.monotonic() < deadline:
+
+    def replica_head() -> tuple[object, object]:
         rst = replica.status() or {}
-        if (rst.get("seq"), rst.get("hash_head")) == (seq, head):
-            break
-        time.sleep(0.1)
-    assert (rst.get("seq"), rst.get("hash_head")) == (seq, head), rst
+        return rst.get("seq"), rst.get("hash_head")
+
+    with contextlib.suppress(TimeoutError):
+        wait_for(lambda: replica_head() == (seq, head), 60, "the replica at the leader's head")
+    assert replica_head() == (seq, head), replica.status()
     log = (tmp_path / "logs").glob("replica-*.log")
     text = "".join(p.read_text(errors="replace") for p in log)
     assert text.count("installed snapshot") == 1, "the replica bootstrapped again"

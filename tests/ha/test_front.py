@@ -16,7 +16,7 @@ import pytest
 
 from ha import front as ha_front
 from ha.front import Front
-from testkit.procs import free_port
+from testkit.procs import free_port, wait_for
 
 
 def test_standby_redirects_and_electing_refuses() -> None:
@@ -74,6 +74,9 @@ def _exchange(port: int, data: bytes, *, then: bytes = b"") -> bytes:
         s.settimeout(15)
         s.sendall(data)
         if then:
+            # Deliberate: the rest of the body comes late, so the front has the head and
+            # part of the body when it answers (the case under test). A rest that still
+            # arrives in time only makes it easier; it cannot fail it.
             time.sleep(0.2)
             with contextlib.suppress(OSError):  # the answer may already be on its way
                 s.sendall(then)
@@ -98,14 +101,15 @@ def test_refusals_are_answered_and_large_bodies_do_not_reset_the_307(
 
     done = threading.Event()
     started = threading.Event()
+    fronts: list[Front] = []
 
     def serve() -> None:
         async def main() -> None:
             front = Front("127.0.0.1", port, status)
             await front.start()
+            fronts.append(front)
             started.set()
-            while not done.is_set():
-                await asyncio.sleep(0.05)
+            await asyncio.to_thread(done.wait)
             await front.stop()
 
         asyncio.run(main())
@@ -118,7 +122,7 @@ def test_refusals_are_answered_and_large_bodies_do_not_reset_the_307(
         # retry, not a bare close
         held = [socket.create_connection(("127.0.0.1", port), 10) for _ in range(2)]
         try:
-            time.sleep(0.3)
+            wait_for(lambda: len(fronts[0]._conns) == 2, 10, "both connections accepted")
             reply = _exchange(port, b"GET /v1/status HTTP/1.1\r\nHost: x\r\n\r\n")
             assert reply.startswith(b"HTTP/1.1 503") and b"Retry-After: 1" in reply, reply[:300]
         finally:

@@ -8,7 +8,6 @@ writes are acknowledged again.
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import httpx
@@ -16,7 +15,7 @@ import httpx
 from testkit import metrics
 from testkit.etcd import Etcd
 from testkit.hacluster import Cluster
-from testkit.procs import Procs
+from testkit.procs import Procs, wait_for
 
 
 def test_writes_need_a_standby_in_sync(etcd: Etcd, procs: Procs, tmp_path: Path) -> None:
@@ -32,16 +31,15 @@ def test_writes_need_a_standby_in_sync(etcd: Etcd, procs: Procs, tmp_path: Path)
     assert put("a").status_code == 200
     st = leader.status()
     assert st is not None and st["role"] == "leader" and st["standbys_in_sync"] == 2
+
     # a standby's /metrics are its own: what it applied, not a redirect to the leader's
-    deadline = time.monotonic() + 10
-    while True:
+    def applied() -> dict[str, float] | None:
         r = httpx.get(f"{standbys[0].url}/metrics", timeout=5)
         assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
         got = metrics.unlabelled(r.text)
-        if got.get("mercury_replication_applied_records_total", 0) >= 1:
-            break
-        assert time.monotonic() < deadline, r.text
-        time.sleep(0.2)
+        return got if got.get("mercury_replication_applied_records_total", 0) >= 1 else None
+
+    got = wait_for(applied, 10, "the standby's metrics counting the applied record")
     assert got["mercury_replication_applied_seq"] >= 1
     assert got["mercury_replication_apply_commits_total"] >= 1
     assert got["mercury_replication_lag_seconds"] >= 0  # a number: it streams
