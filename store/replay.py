@@ -3,10 +3,13 @@
 
 Two passes over a record's decompressed payload, neither building an `Entry` per change:
 
-- `scan_entries` checks every entry is one a store accepts — numbered from the record's
-  first seq, a known op, a key of 1..MAX_KEY bytes (an op-3 document name too), a value
-  of at most MAX_VALUE bytes and none for a delete, inside the payload, as many as the
-  header says — and folds each into the hash chain. It needs nothing but the bytes (the
+- `scan_entries` holds the rules every entry of a received record must meet, and is
+  their one home: the compiled twin mirrors them, and a replica's store applies nothing
+  that has not passed them (`replica_apply`, which names a refused record's seq in an
+  `InvalidRecordError`). Every entry is numbered from the record's first seq, has a known
+  op, a key of 1..MAX_KEY bytes (an op-3 document name too), a value of at most MAX_VALUE
+  bytes and none for a delete, lies inside the payload, and there are as many as the
+  header says; each is folded into the hash chain. It needs nothing but the bytes (the
   Cython twin runs it without the GIL on large records).
 - `apply_entries` then applies them inside the caller's write transaction through the
   bound ``get``/``put``/``delete`` of the data sub-database, a `Rare` for chunked values
