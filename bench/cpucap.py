@@ -20,6 +20,8 @@ import contextlib
 import os
 from pathlib import Path
 
+from bench import procstat
+
 V1 = Path("/sys/fs/cgroup/cpu")
 V2 = Path("/sys/fs/cgroup")
 
@@ -102,6 +104,6 @@ class CpuCap:
 
 def pin(pid: int, cpus: set[int]) -> None:
     """Pin every thread of process `pid` to `cpus` (threads it starts later inherit it)."""
-    for task in os.listdir(f"/proc/{pid}/task"):
-        with contextlib.suppress(ProcessLookupError):
-            os.sched_setaffinity(int(task), cpus)
+    for tid in procstat.threads(pid):
+        with contextlib.suppress(ProcessLookupError):  # the thread ended meanwhile
+            os.sched_setaffinity(tid, cpus)

@@ -57,7 +57,7 @@ from starlette.responses import Response
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from bench.procstat import cpu_seconds  # noqa: E402
+from bench.procstat import cpu_seconds, write_bytes  # noqa: E402
 from testkit.procs import (  # noqa: E402
     free_port,
     mercury_cmd,
@@ -516,13 +516,6 @@ def server_p99_ms(before: dict[float, float], after: dict[float, float]) -> floa
         if n >= 0.99 * total:
             return round(le * 1000, 1)
     return None
-
-
-def write_bytes(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/io").read_text().splitlines():
-        if line.startswith("write_bytes:"):
-            return int(line.split()[1])
-    return 0
 
 
 # --- scenarios -----------------------------------------------------------------------------------

@@ -37,6 +37,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:  # run as a script: bench/ is not an installed package
+    sys.path.insert(0, str(REPO))
+
+from bench import procstat  # noqa: E402
+
 PARAMS = Path("/sys/module/page_reporting/parameters")
 ORDER = PARAMS / "page_reporting_order"
 #: Free blocks of at least 2**order pages are reported; the buddy allocator's largest block
@@ -89,12 +95,6 @@ def reporting_held() -> Iterator[None]:
         signal.signal(signal.SIGTERM, prev)
 
 
-def meminfo() -> dict[str, int]:
-    """/proc/meminfo's sizes, in bytes, by name."""
-    with open("/proc/meminfo") as f:
-        return {ln.split(":")[0]: int(ln.split()[1]) * 1024 for ln in f if ln.split()[1].isdigit()}
-
-
 def warm_free_memory(margin: int = WARM_MARGIN) -> dict[str, float]:
     """Touch the guest's free memory (all but `margin`) once and free it again: with
     reporting held, the pages the host had taken back are the guest's again, so what the
@@ -103,7 +103,7 @@ def warm_free_memory(margin: int = WARM_MARGIN) -> dict[str, float]:
     t0 = time.monotonic()
     maps: list[mmap.mmap] = []
     try:
-        while meminfo().get("MemFree", 0) > margin + WARM_STEP:
+        while procstat.free_memory() > margin + WARM_STEP:
             m = mmap.mmap(-1, WARM_STEP)
             maps.append(m)
             try:

@@ -102,28 +102,6 @@ def stop(p: subprocess.Popen[bytes]) -> None:
             p.wait(5)
 
 
-def children(pid: int) -> list[int]:
-    """The child processes of `pid` now, by PID (/proc)."""
-    kids: list[int] = []
-    for task in os.listdir(f"/proc/{pid}/task"):
-        kids += [int(x) for x in Path(f"/proc/{pid}/task/{task}/children").read_text().split()]
-    return kids
-
-
-def cpu_seconds(pid: int) -> float:
-    """User+system CPU seconds of `pid` and its descendants alive now (/proc)."""
-    total = 0.0
-    todo = [pid]
-    while todo:
-        p = todo.pop()
-        try:
-            total += procstat.cpu_seconds(p)
-            todo += children(p)
-        except (FileNotFoundError, ProcessLookupError, IndexError):
-            continue
-    return total
-
-
 def run_load(
     loadgen: str,
     mode: str,
@@ -322,10 +300,12 @@ def main(argv: list[str] | None = None) -> int:
         for _ in range(args.rounds):
             for t in targets:
                 for kind, n in (("many", args.conns), ("one", 1)):
-                    c0 = cpu_seconds(t.pid)
+                    c0 = procstat.tree_cpu_seconds(t.pid)
                     r = run_load(loadgen, t.mode, t.port, n, args.seconds, t.paths, args.client_cpu)
                     # CPU per request: what a core costs per read, whatever else runs.
-                    r["server_cpu_us"] = round((cpu_seconds(t.pid) - c0) * 1e6 / r["requests"], 1)
+                    r["server_cpu_us"] = round(
+                        (procstat.tree_cpu_seconds(t.pid) - c0) * 1e6 / r["requests"], 1
+                    )
                     results[t.name][kind].append(r)
         for p in procs:
             stop(p)
@@ -440,7 +420,7 @@ def measure_capped_scaling(
             p, ts = mercury(tmp, keys, args.value_bytes, None, workers=n)
             caps: list[cpucap.CpuCap] = []
             try:
-                pids = [p.pid, *sorted(children(p.pid))]  # reader 0 starts only readers
+                pids = [p.pid, *sorted(procstat.children(p.pid))]  # reader 0 starts only readers
                 for i, pid in enumerate(pids):
                     cpucap.pin(pid, {cpus[i] if n > 1 else args.server_cpu})
                     caps.append(cpucap.CpuCap(f"reader{i}", cores))
@@ -494,9 +474,9 @@ def measure_scaling(
             try:
                 time.sleep(1.0)  # the readers' start-up CPU spent before the measured window
                 for t in ts:
-                    c0 = cpu_seconds(p.pid)
+                    c0 = procstat.tree_cpu_seconds(p.pid)
                     r = run_load(loadgen, t.mode, t.port, args.conns, args.seconds, t.paths, None)
-                    cpu = cpu_seconds(p.pid) - c0
+                    cpu = procstat.tree_cpu_seconds(p.pid) - c0
                     r["server_cpu_s"] = round(cpu, 2)
                     r["per_server_cpu_s"] = round(r["requests"] / cpu) if cpu else None
                     rows.setdefault(f"{t.mode}_{n}w", []).append(r)

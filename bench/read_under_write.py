@@ -69,7 +69,14 @@ if str(REPO) not in sys.path:
 
 from bench import guestmem  # noqa: E402
 from bench.gateway_write import Conn  # noqa: E402  (one keep-alive HTTP/1.1 client for every bench)
-from bench.procstat import context_switches, cpu_seconds, minor_faults, read_calls  # noqa: E402
+from bench.procstat import (  # noqa: E402
+    children,
+    context_switches,
+    cpu_seconds,
+    minor_faults,
+    read_calls,
+    unwritten_page_cache,
+)
 from testkit.procs import (  # noqa: E402
     free_port,
     mercury_cmd,
@@ -266,8 +273,7 @@ def settle_page_cache(drop: bool) -> float:
     t0 = time.monotonic()
     os.sync()
     while time.monotonic() - t0 < SETTLE_LIMIT:
-        mem = guestmem.meminfo()
-        if mem.get("Dirty", 0) + mem.get("Writeback", 0) < SETTLED_BYTES:
+        if unwritten_page_cache() < SETTLED_BYTES:
             break
         time.sleep(0.1)
     if drop:
@@ -291,15 +297,6 @@ def fill_page_cache(where: Path, gb: float) -> None:
                 left -= len(block)
         i += 1
     os.sync()
-
-
-def children(pid: int) -> list[int]:
-    """Child process ids of `pid` (Linux /proc)."""
-    out: list[int] = []
-    for task in os.listdir(f"/proc/{pid}/task"):
-        with open(f"/proc/{pid}/task/{task}/children") as f:
-            out += [int(x) for x in f.read().split()]
-    return out
 
 
 # --- the two systems -------------------------------------------------------------------------

@@ -25,17 +25,24 @@ import json
 import os
 import random
 import shutil
+import sys
 import tempfile
 import time
 from collections.abc import Callable
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import lmdb
 
-from store import codec
-from store.ops import SET, Op
-from store.store import Store
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:  # run as a script: bench/ is not an installed package
+    sys.path.insert(0, str(REPO))
+
+from bench import procstat  # noqa: E402
+from store import codec  # noqa: E402
+from store.ops import SET, Op  # noqa: E402
+from store.store import Store  # noqa: E402
 
 VALUE = 100
 MAP = 16 << 30
@@ -43,11 +50,7 @@ MAP = 16 << 30
 
 def write_bytes() -> int:
     """Bytes this process has caused to be written to storage so far."""
-    with open("/proc/self/io") as f:
-        for line in f:
-            if line.startswith("write_bytes:"):
-                return int(line.split()[1])
-    raise RuntimeError("no write_bytes in /proc/self/io")
+    return procstat.write_bytes(os.getpid())
 
 
 def keys_for(n: int) -> list[bytes]:
