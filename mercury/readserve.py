@@ -19,13 +19,13 @@ from collections.abc import Sequence
 from typing import Any
 
 import uvicorn
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from core import eventloop
 from core.addr import parse_hostport
 from mercury.listeners import ListenerSettings, replica_services, root_services
 from net import http_bounds
 from net.tcp import TcpService, add_listener_flags, listener_limits
+from net.uvicorn_http import HttpProtocol
 from reads import workermetrics, workers
 from reads.auth import AclTokenIndex, ReadAuth
 from reads.fasthttp import fast_read_protocol
@@ -94,7 +94,7 @@ async def serve(args: argparse.Namespace) -> None:
             s.reuse_port = n > 1
         await s.start()
     host, port = parse_hostport(args.listen, "--listen")
-    base = HttpToolsProtocol if args.no_fast_path else fast_read_protocol(store, tokens)
+    base = HttpProtocol if args.no_fast_path else fast_read_protocol(store, tokens)
     sock = workers.listen_socket(host, port, reuse_port=n > 1)
     config = uvicorn.Config(
         asgi,

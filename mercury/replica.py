@@ -160,25 +160,8 @@ class _Server(uvicorn.Server):
         if ctx is None or not sockets or os.environ.get("MERCURY_HTTPS_LOOP_TLS") == "1":
             # (the environment variable: the loop's own TLS layer, for bench/tls.py's A/B)
             return await super().startup(sockets)
-        from net.tlsconn import HANDSHAKE_TIMEOUT_S, MAX_HANDSHAKES, TlsServer
-
-        await self.lifespan.startup()  # (lifespan="off": nothing, kept for uvicorn's order)
-        config, loop = self.config, asyncio.get_running_loop()
-
-        def create_protocol() -> asyncio.Protocol:
-            return config.http_protocol_class(  # type: ignore[call-arg]
-                config=config, server_state=self.server_state, app_state=self.lifespan.state
-            )
-
-        # As many handshakes in progress as the listener takes connections (`--http-max-
-        # connections`): a flood of peers that never finish theirs evicts its own oldest.
-        limits = getattr(config.http_protocol_class, "limits", None)
-        cap = limits.max_connections if limits is not None else MAX_HANDSHAKES
-        servers = [
-            TlsServer(loop, create_protocol, s, ctx, HANDSHAKE_TIMEOUT_S, cap) for s in sockets
-        ]
-        self.servers = servers  # type: ignore[assignment]
-        self.started = True
+        # As many handshakes in progress as the listener takes connections (net/http_bounds.py)
+        await http_bounds.start_tls(self, sockets, ctx)
 
 
 def _forward_hup(sup: WorkerSupervisor, pool: workers.ReaderPool | None) -> None:

@@ -30,16 +30,20 @@ import argparse
 import asyncio
 import json
 import logging
+import socket
+import ssl
 import time
 from dataclasses import dataclass
 from typing import Any
 
+import uvicorn
 from prometheus_client import Counter, Gauge
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from core.problems import problem_document
-from net import asgibody
+from net import asgibody, uvicorn_http
+from net.budget import HTTP_LABELS, Budget, Deadlines, Reason
 from net.unsent import Held, to_drop
+from net.uvicorn_http import HttpProtocol
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +61,10 @@ CLOSED = Counter(
 
 #: A request body that received nothing for this long may be evicted at the cap.
 STALLED_BODY_S = 5.0
+
+
+def _count(reason: Reason) -> None:
+    CLOSED.labels(HTTP_LABELS[reason]).inc()
 
 
 def too_large_answer(max_header_bytes: int) -> bytes:
@@ -112,6 +120,15 @@ class HttpBounds:
             max_body_bytes_held=int(args.http_max_body_bytes_held),
         )
 
+    def deadlines(self) -> Deadlines:
+        """The listener's clocks (`net.budget`): the head clock starts when a connection
+        begins to wait for a request (its opening, or its last answer), so the head and
+        idle deadlines are one; a body has no deadline, one that makes no progress for
+        `STALLED_BODY_S` may be evicted at the cap."""
+        return Deadlines(
+            head=self.idle_timeout_s, write=self.write_timeout_s, stalled_body=STALLED_BODY_S
+        )
+
 
 def add_flags(p: argparse.ArgumentParser) -> None:
     """The ``--http-*`` flags of `mercury root`, `mercury replica` and `python -m
@@ -164,19 +181,24 @@ def add_flags(p: argparse.ArgumentParser) -> None:
 
 
 def protocol_class(
-    bounds: HttpBounds, base: type[HttpToolsProtocol] = HttpToolsProtocol
-) -> type[HttpToolsProtocol]:
+    bounds: HttpBounds, base: type[HttpProtocol] = HttpProtocol
+) -> type[HttpProtocol]:
     """An httptools protocol class enforcing `bounds` (uvicorn's ``http=`` takes a class)
-    over `base`: uvicorn's own protocol, or a subclass of it (the replica's point-get
-    protocol, `reads.fasthttp`), whose own answers call `request_answered`."""
-    # The connections over their high-water mark, per listener class (the unsent cap).
-    attrs = {"limits": bounds, "unsent": set()}
+    over `base`: `net.uvicorn_http`'s protocol, or a subclass of it (the replica's
+    point-get protocol, `reads.fasthttp`). One class per listener: its connection budget
+    and the connections over their high-water mark (the unsent cap) are the class's."""
+    d = bounds.deadlines()
+    budget: Budget[_BoundedProtocol] = Budget(
+        bounds.max_connections,
+        _count,
+        on_size=CONNECTIONS.set,
+        stalled_body=d.stalled_body,
+    )
+    attrs = {"limits": bounds, "deadlines": d, "budget": budget, "unsent": set()}
     return type(f"Bounded{base.__name__}", (_BoundedProtocol, base), attrs)
 
 
-def uvicorn_options(
-    bounds: HttpBounds, base: type[HttpToolsProtocol] = HttpToolsProtocol
-) -> dict[str, Any]:
+def uvicorn_options(bounds: HttpBounds, base: type[HttpProtocol] = HttpProtocol) -> dict[str, Any]:
     """`uvicorn.Config`'s ``http`` and ``timeout_keep_alive`` under `bounds`: the bounded
     protocol over `base`, and uvicorn's own keep-alive timer set to the idle timeout (in
     whole seconds, at least 1; uvicorn's default would close idle keep-alive connections
@@ -189,22 +211,39 @@ def uvicorn_options(
     }
 
 
-class _BoundedProtocol(HttpToolsProtocol):
+async def start_tls(
+    server: uvicorn.Server, sockets: list[socket.socket], context: ssl.SSLContext
+) -> None:
+    """Start `server` (its config's protocol bounded here) on `net.tlsconn`'s transport,
+    with as many handshakes in progress as the listener takes connections
+    (`--http-max-connections`): a flood of peers that never finish theirs evicts its own
+    oldest."""
+    from net.tlsconn import HANDSHAKE_TIMEOUT_S, MAX_HANDSHAKES
+
+    limits = getattr(uvicorn_http.protocol_class(server.config), "limits", None)
+    cap = limits.max_connections if isinstance(limits, HttpBounds) else MAX_HANDSHAKES
+    await uvicorn_http.start_tls_server(server, sockets, context, HANDSHAKE_TIMEOUT_S, cap)
+
+
+class _BoundedProtocol(HttpProtocol):
     limits: HttpBounds
+    deadlines: Deadlines
+    #: The listener's connections (`net.budget`): the cap and who is evicted at it.
+    budget: Budget[_BoundedProtocol]
     #: The listener's connections whose transports are over their high-water mark.
     unsent: set[_BoundedProtocol]
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         #: monotonic time since which this connection waits for a request head, or None
-        #: while a request is being read or answered.
-        self.idle_since: float | None = None
+        #: while a request is being read or answered (the head clock, `Deadlines.head`).
+        self.waiting_since: float | None = None
         self._head_bytes = 0
         #: a request's head was parsed and its body has not all arrived: bytes received
         #: now are that body, even after its answer was sent (an early 403 or 413 leaves
         #: the rest of the body to arrive, which the parser discards), never a head.
         self._body_pending = False
-        #: One timer per connection, moved lazily (`_idle_expired`): arming a timer per
+        #: One timer per connection, moved lazily (`_head_expired`): arming a timer per
         #: request would cost as much as a point get answered in the protocol.
         self._deadline: asyncio.TimerHandle | None = None
         #: Counts the waits for a head (a segment that completes one and starts the next is
@@ -221,50 +260,62 @@ class _BoundedProtocol(HttpToolsProtocol):
         #: A 400 for a malformed request that waits for the answers before it.
         self._deferred: bytes | None = None
         #: Since when the transport is over its high-water mark (None: under it), with its
-        #: unsent bytes then, and the timer of `write_timeout_s`.
+        #: unsent bytes then, and the timer of the write deadline.
         self._write_paused_at: float | None = None
         self._paused_size = 0
         self._write_timer: asyncio.TimerHandle | None = None
+
+    # -- the budget's view (`net.budget.Member`) ------------------------------------------
+
+    def idle_since(self) -> float | None:
+        # Waiting for a head, even one arriving in pieces: nothing it sent is acted on.
+        return self.waiting_since
+
+    def stalled_since(self) -> float | None:
+        return self._body_at if self._body_pending and self.waiting_since is None else None
+
+    def gone(self) -> bool:
+        t = self.transport
+        return t.is_closing() and t.get_write_buffer_size() == 0
+
+    def evict(self) -> None:
+        self.close_now()
 
     # -- connection ----------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
-        if len(self.connections) > self.limits.max_connections:
-            victim = self._longest_idle()
-            if victim is None:
-                CLOSED.labels("refused").inc()
-                self.connections.discard(self)
-                transport.close()
-                return
-            CLOSED.labels("evicted").inc()
-            victim.close_now()
-        CONNECTIONS.set(len(self.connections))
+        if not self.budget.admit(self):
+            self.forget()
+            transport.close()
+            return
         self._await_head()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel_deadline()
         self._writable()
-        self.idle_since = None
+        self.waiting_since = None
         super().connection_lost(exc)
-        CONNECTIONS.set(len(self.connections))
+        self.budget.leave(self)
 
     def close_now(self) -> None:
         """Close this connection (it is idle, or its request's body stalled: nothing it
         sent was acted on, so no answer of it is lost)."""
         self._cancel_deadline()
-        self.idle_since = None
-        self.connections.discard(self)
+        self.waiting_since = None
+        self.budget.leave(self)
+        self.forget()
         if not self.transport.is_closing():
             self.transport.close()
 
-    def abort_now(self, reason: str) -> None:
+    def abort_now(self, reason: Reason) -> None:
         """Drop this connection and whatever of its answer its client has not taken."""
-        CLOSED.labels(reason).inc()
+        _count(reason)
         self._cancel_deadline()
         self._writable()
-        self.idle_since = None
-        self.connections.discard(self)
+        self.waiting_since = None
+        self.budget.leave(self)
+        self.forget()
         self.transport.abort()
 
     # -- answers the client does not take -------------------------------------------------
@@ -281,10 +332,10 @@ class _BoundedProtocol(HttpToolsProtocol):
         self._paused_size = self.transport.get_write_buffer_size()
         self.unsent.add(self)
         if self._write_timer is None:
-            # One timer per connection, moved lazily (`_write_expired`), like the idle
+            # One timer per connection, moved lazily (`_write_expired`), like the head
             # deadline: a streamed answer pauses and resumes many times a second.
             self._write_timer = self.loop.call_later(
-                self.limits.write_timeout_s, self._write_expired
+                self.deadlines.due(Reason.WRITE, 0.0), self._write_expired
             )
         self._hold_unsent_cap()
 
@@ -305,12 +356,12 @@ class _BoundedProtocol(HttpToolsProtocol):
         since = self._write_paused_at
         if since is None:
             return  # taken since: the next pause arms it again
-        left = since + self.limits.write_timeout_s - time.monotonic()
+        left = self.deadlines.due(Reason.WRITE, since) - time.monotonic()
         if left > 0:  # paused again after the timer was armed
             self._write_timer = self.loop.call_later(left, self._write_expired)
             return
         # Also when closing: a transport closed with unsent bytes keeps them until taken.
-        self.abort_now("write_timeout")
+        self.abort_now(Reason.WRITE)
 
     def _hold_unsent_cap(self) -> None:
         """Past `max_unsent_bytes` over the listener's paused connections, abort some
@@ -326,7 +377,7 @@ class _BoundedProtocol(HttpToolsProtocol):
                 h.unsent,
                 self.limits.max_unsent_bytes,
             )
-            h.conn.abort_now("unsent_cap")
+            h.conn.abort_now(Reason.UNSENT_CAP)
 
     # -- request heads -------------------------------------------------------------------
 
@@ -334,14 +385,14 @@ class _BoundedProtocol(HttpToolsProtocol):
         if self._deferred is not None:
             return  # a malformed request was read: nothing after it is a request
         waits = self._waits
-        waiting = self.idle_since is not None and not self._body_pending
+        waiting = self.waiting_since is not None and not self._body_pending
         in_head = self._in_head  # a head already begun: this segment continues it
         if self._body_pending:
             self._body_at = time.monotonic()
         super().data_received(data)
         if self.transport.is_closing():
             return
-        if waiting and self.idle_since is not None and waits == self._waits:
+        if waiting and self.waiting_since is not None and waits == self._waits:
             # still no complete head (bytes after a head answered within this segment
             # are not counted: at most one segment, as when a pipelined head follows)
             self._head_bytes += len(data)
@@ -355,42 +406,35 @@ class _BoundedProtocol(HttpToolsProtocol):
             if self._ahead_bytes > self.limits.max_header_bytes:
                 self._too_large()
 
-    def on_message_begin(self) -> None:
+    def head_begun(self) -> None:
         self._in_head = True
         self._parsed_head = 0
         self._ahead_bytes = 0
-        super().on_message_begin()
 
-    def on_url(self, url: bytes) -> None:
-        self._count_head(len(url))
-        super().on_url(url)
+    def head_bytes(self, n: int) -> None:
+        self._parsed_head += n
+        if self._parsed_head > self.limits.max_header_bytes:
+            raise _HeadTooLarge  # the parser's error path: `malformed`
 
-    def on_header(self, name: bytes, value: bytes) -> None:
-        self._count_head(len(name) + len(value) + 4)
-        super().on_header(name, value)
-
-    def on_headers_complete(self) -> None:
-        self.idle_since = None  # the deadline, if armed, finds no wait and lapses
+    def head_done(self) -> None:
+        self.waiting_since = None  # the deadline, if armed, finds no wait and lapses
         self._in_head = False
         self._body_pending = True
         self._body_at = time.monotonic()
-        super().on_headers_complete()
 
-    def on_message_complete(self) -> None:
+    def message_done(self) -> None:
         self._body_pending = False
-        super().on_message_complete()
 
-    def send_400_response(self, msg: str) -> None:
+    def malformed(self, msg: str) -> bool:
         """uvicorn's answer to a request it cannot parse (or to a head over the bound,
         raised from a callback): after the answers of the requests before it, never
         instead of them."""
         if self.transport.is_closing():
-            return
+            return True
         if self._parsed_head > self.limits.max_header_bytes:
             self._too_large()
-            return
-        cycle = getattr(self, "cycle", None)
-        if (cycle is not None and not cycle.response_complete) or self.pipeline:
+            return True
+        if self.answering():
             body = msg.encode("ascii", "replace")
             self._deferred = (
                 b"HTTP/1.1 400 Bad Request\r\ncontent-type: text/plain; charset=utf-8\r\n"
@@ -399,17 +443,15 @@ class _BoundedProtocol(HttpToolsProtocol):
                 + b"\r\nconnection: close\r\n\r\n"
                 + body
             )
-            return
-        super().send_400_response(msg)
+            return True
+        return False
 
-    def on_response_complete(self) -> None:
-        pipelined = bool(self.pipeline)  # a request already read starts now: not idle
-        super().on_response_complete()
+    def response_done(self, pipelined: bool) -> None:
         if self.transport.is_closing():
             return
         if self._deferred is not None and not pipelined:
             # the last request before the malformed one is answered (with one pipelined,
-            # super() has just started it: its answer comes first)
+            # uvicorn has just started it: its answer comes first)
             self.transport.write(self._deferred)
             self.close_now()
             return
@@ -426,57 +468,33 @@ class _BoundedProtocol(HttpToolsProtocol):
 
     # -- helpers -------------------------------------------------------------------------
 
-    def _count_head(self, n: int) -> None:
-        self._parsed_head += n
-        if self._parsed_head > self.limits.max_header_bytes:
-            raise _HeadTooLarge  # uvicorn's parser error path: `send_400_response`
-
     def _too_large(self) -> None:
-        CLOSED.labels("header_too_large").inc()
+        _count(Reason.HEADER_TOO_LARGE)
         self.transport.write(too_large_answer(self.limits.max_header_bytes))
         self.close_now()
 
     def _await_head(self) -> None:
-        self.idle_since = time.monotonic()
+        self.waiting_since = time.monotonic()
         self._head_bytes = 0
         self._waits += 1
         if self._deadline is None:
-            self._deadline = self.loop.call_later(self.limits.idle_timeout_s, self._idle_expired)
+            self._deadline = self.loop.call_later(
+                self.deadlines.due(Reason.HEAD, 0.0), self._head_expired
+            )
 
-    def _idle_expired(self) -> None:
+    def _head_expired(self) -> None:
         self._deadline = None
-        since = self.idle_since
+        since = self.waiting_since
         if since is None or self.transport.is_closing():
             return  # a request is being read or answered: its answer starts a new wait
-        left = since + self.limits.idle_timeout_s - time.monotonic()
+        left = self.deadlines.due(Reason.HEAD, since) - time.monotonic()
         if left > 0:  # the wait started after this timer was armed
-            self._deadline = self.loop.call_later(left, self._idle_expired)
+            self._deadline = self.loop.call_later(left, self._head_expired)
             return
-        CLOSED.labels("idle").inc()
+        _count(Reason.HEAD)
         self.close_now()
 
     def _cancel_deadline(self) -> None:
         if self._deadline is not None:
             self._deadline.cancel()
             self._deadline = None
-
-    def _longest_idle(self) -> _BoundedProtocol | None:
-        """The connection to evict at the cap: the one idle longest, else the one whose
-        request body has received nothing for longest (at least `STALLED_BODY_S`); None
-        when every other connection is busy."""
-        best: _BoundedProtocol | None = None
-        stalled: _BoundedProtocol | None = None
-        cutoff = time.monotonic() - STALLED_BODY_S
-        for c in self.connections:
-            if c is self or not isinstance(c, _BoundedProtocol):
-                continue
-            if c.idle_since is not None:
-                if best is None or c.idle_since < (best.idle_since or 0.0):
-                    best = c
-            elif (
-                c._body_pending
-                and c._body_at < cutoff
-                and (stalled is None or c._body_at < stalled._body_at)
-            ):
-                stalled = c
-        return best if best is not None else stalled

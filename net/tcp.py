@@ -18,7 +18,8 @@ produced only as it is taken: a run yields a big reply in pieces (`reads/replyst
 so what a connection holds is bounded by the high-water mark, one turn's bytes and one
 piece (a piece is at most one value plus a little), whatever its request asks for.
 
-Limits (`ListenerLimits`, one per listener): a connection cap (at it, a newcomer evicts the
+Limits (`ListenerLimits`, one per listener; the cap and the deadlines are `net/budget.py`'s,
+the rules every listener applies): a connection cap (at it, a newcomer evicts the
 connection idle the longest — no request in progress, nothing left to write — and only when
 none is idle is the newcomer refused with the protocol's busy reply, if any; a listener
 whose busy reply depends on the protocol the client speaks — KT: HTTP or binary on one
@@ -47,6 +48,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from net import fastconn
+from net.budget import TCP_LABELS, Budget, Deadlines, Reason
 from net.metrics import (
     LISTENER_CONNECTIONS,
     LISTENER_HELD_REFUSED,
@@ -147,6 +149,17 @@ class ListenerLimits:
     #: Request bytes the listener's connections buffer, at most (over those buffering more
     #: than `BIG_BUFFER`): a memcached `set` may carry 32 MiB, a KT body 16 MiB.
     max_buffered_bytes: int = 512 << 20
+
+    def deadlines(self) -> Deadlines:
+        """The listener's clocks (`net.budget`): the head clock starts at a request's first
+        byte, the body clock too (the whole request within it); a body that makes no
+        progress is bounded by those alone (no `stalled_body` eviction at the cap)."""
+        return Deadlines(
+            head=self.header_timeout,
+            body=self.body_timeout,
+            idle=self.idle_timeout,
+            write=self.write_timeout,
+        )
 
 
 def add_listener_flags(p: argparse.ArgumentParser) -> None:
@@ -255,30 +268,23 @@ class _Conn(_ConnBase, asyncio.Protocol):
         # uvloop's transports implement asyncio.Transport without subclassing it
         t: asyncio.Transport = transport  # type: ignore[assignment]
         svc = self.service
-        if len(svc.conns) >= svc.limits.max_connections:
-            svc.drop_closed()
-        if len(svc.conns) >= svc.limits.max_connections:
-            victim = svc.longest_idle()
-            if victim is None:  # every place is in use: refuse the newcomer
-                svc.refuse("max_connections")
-                reply = svc.busy_reply
-                if svc.busy_reply_to is not None:
-                    if len(svc.refusing) < MAX_REFUSING:
-                        self._hold_refused(t)
-                        return
-                    # Too many held already: answered at once, as one that sent nothing
-                    # (an HTTP client still gets its 503; only a binary one reads it wrong).
-                    reply = svc.busy_reply_to(None)
-                if reply:
-                    t.write(reply)
-                t.close()
-                return
-            svc.refuse("evicted")  # an idle socket must never lock a working client out
-            victim.evict()
+        # At the cap: the closed ones leave, else the longest idle is evicted (an idle
+        # socket must never lock a working client out), else the newcomer is refused.
+        if not svc.budget.admit(self):
+            reply = svc.busy_reply
+            if svc.busy_reply_to is not None:
+                if len(svc.refusing) < MAX_REFUSING:
+                    self._hold_refused(t)
+                    return
+                # Too many held already: answered at once, as one that sent nothing
+                # (an HTTP client still gets its 503; only a binary one reads it wrong).
+                reply = svc.busy_reply_to(None)
+            if reply:
+                t.write(reply)
+            t.close()
+            return
         self.transport = t
         t.set_write_buffer_limits(high=WRITE_HIGH_WATER, low=WRITE_LOW_WATER)
-        svc.conns.add(self)
-        LISTENER_CONNECTIONS.labels(svc.name).inc()
         sock = transport.get_extra_info("socket")
         if sock is not None:
             with contextlib.suppress(OSError):
@@ -311,6 +317,8 @@ class _Conn(_ConnBase, asyncio.Protocol):
             t.write(reply)
         t.close()
 
+    # -- the budget's view (`net.budget.Member`) ------------------------------------------
+
     def idle(self) -> bool:
         """No request in progress (none being answered, none partly received) and nothing
         left to write: closing it now loses the client nothing."""
@@ -325,12 +333,18 @@ class _Conn(_ConnBase, asyncio.Protocol):
             and t.get_write_buffer_size() == 0
         )
 
+    def idle_since(self) -> float | None:
+        return self.active_at if self.idle() else None
+
+    def stalled_since(self) -> float | None:
+        return None  # partial requests: the head and body clocks and the buffer cap
+
+    def gone(self) -> bool:
+        t = self.transport
+        return t is None or (t.is_closing() and t.get_write_buffer_size() == 0)
+
     def evict(self) -> None:
-        """Close this idle connection to make room (it leaves the count at once)."""
-        svc = self.service
-        if self in svc.conns:
-            svc.conns.discard(self)
-            LISTENER_CONNECTIONS.labels(svc.name).dec()
+        """Close this idle connection to make room (it has left the count already)."""
         if self.transport is not None:
             self.transport.close()
 
@@ -468,25 +482,29 @@ class _Conn(_ConnBase, asyncio.Protocol):
             self.refusing.cancel()
             self.refusing = None
             self.service.release_refused(self)
-        if self in self.service.conns:
-            self.service.conns.discard(self)
-            LISTENER_CONNECTIONS.labels(self.service.name).dec()
+        self.service.budget.leave(self)
         self.transport = None
         self.work = None
         self.buf = bytearray()
 
-    def expired(self, now: float) -> str | None:
-        """The timeout this connection has run out of, or None."""
-        lim = self.service.limits
-        if self.write_paused_at is not None:
-            return "write_timeout" if now - self.write_paused_at > lim.write_timeout else None
-        if self.work is not None:
-            return None  # the server is working on it
+    def expired(self, now: float) -> Reason | None:
+        """The deadline this connection has run out of (`net.budget.Deadlines`), or None."""
+        head = body = idle = None
         if self.buf:
             if self.session.phase(self.buf) == "header":
-                return "header_timeout" if now - self.request_at > lim.header_timeout else None
-            return "body_timeout" if now - self.request_at > lim.body_timeout else None
-        return "idle_timeout" if now - self.active_at > lim.idle_timeout else None
+                head = self.request_at
+            else:
+                body = self.request_at
+        else:
+            idle = self.active_at
+        return self.service.deadlines.overdue(
+            now,
+            write_paused_at=self.write_paused_at,
+            working=self.work is not None,  # the server is working on it
+            head_since=head,
+            body_since=body,
+            idle_since=idle,
+        )
 
 
 class TcpService:
@@ -518,7 +536,15 @@ class TcpService:
         self.limits = limits or ListenerLimits()
         self.busy_reply = busy_reply
         self.busy_reply_to = busy_reply_to
-        self.conns: set[_Conn] = set()
+        self.deadlines = self.limits.deadlines()
+        gauge = LISTENER_CONNECTIONS.labels(name)
+        #: The listener's connections (`net.budget`): the cap and who is evicted at it.
+        self.budget: Budget[_Conn] = Budget(
+            self.limits.max_connections,
+            self.refuse,
+            on_size=gauge.set,
+            stalled_body=self.deadlines.stalled_body,
+        )
         #: Connections whose transports are past their high-water mark (the unsent cap).
         self.unsent: set[_Conn] = set()
         #: Connections that buffered more than `BIG_BUFFER`, with the bytes last counted
@@ -546,13 +572,18 @@ class TcpService:
             LISTENER_HELD_REFUSED.labels(self.name).dec()
 
     @property
+    def conns(self) -> dict[_Conn, None]:
+        """The connections counted now (the budget's members)."""
+        return self.budget.members
+
+    @property
     def connections(self) -> int:
         """Connections open now."""
-        return len(self.conns)
+        return len(self.budget)
 
-    def refuse(self, reason: str) -> None:
+    def refuse(self, reason: Reason) -> None:
         """Count one connection refused or closed by a limit."""
-        LISTENER_REFUSED.labels(self.name, reason).inc()
+        LISTENER_REFUSED.labels(self.name, TCP_LABELS[reason]).inc()
 
     def hold_unsent_cap(self) -> None:
         """Past `max_unsent_bytes` over the connections past their high-water mark, close
@@ -564,7 +595,7 @@ class TcpService:
         ]
         for h in to_drop(held, self.limits.max_unsent_bytes):
             self.unsent.discard(h.conn)
-            self.refuse("unsent_cap")
+            self.refuse(Reason.UNSENT_CAP)
             log.info(
                 "%s listener: closing a connection holding %d reply bytes its client has not "
                 "taken (over the cap of %d)",
@@ -592,7 +623,7 @@ class TcpService:
         for c in sorted(self.buffering, key=lambda c: c.request_at):
             if self.buffered <= cap:
                 break
-            self.refuse("buffer_cap")
+            self.refuse(Reason.BUFFER_CAP)
             log.info(
                 "%s listener: closing a connection buffering %d request bytes (over the cap of %d)",
                 self.name,
@@ -619,26 +650,6 @@ class TcpService:
             self.port = self._server.sockets[0].getsockname()[1]
         self._sweeper = loop.call_later(SWEEP_SECONDS, self._sweep)
 
-    def drop_closed(self) -> None:
-        """Take connections already closing with nothing left to write (the client hung
-        up; only their `connection_lost` is still to come, a loop callback later) out of
-        the count, so a client that closes a connection and opens another at the cap is
-        not refused for the one it closed. One still writing stays (the sweep's write
-        timeout bounds it)."""
-        for c in list(self.conns):
-            t = c.transport
-            if t is None or (t.is_closing() and t.get_write_buffer_size() == 0):
-                self.conns.discard(c)
-                LISTENER_CONNECTIONS.labels(self.name).dec()
-
-    def longest_idle(self) -> _Conn | None:
-        """The idle connection (`_Conn.idle`) with the oldest activity, or None."""
-        best: _Conn | None = None
-        for c in self.conns:
-            if c.idle() and (best is None or c.active_at < best.active_at):
-                best = c
-        return best
-
     def _sweep(self) -> None:
         now = time.monotonic()
         queued = biggest = 0
@@ -648,7 +659,7 @@ class TcpService:
             reason = c.expired(now)
             if reason is not None and c.transport is not None:
                 self.refuse(reason)
-                log.info("%s listener: closing a connection (%s)", self.name, reason)
+                log.info("%s listener: closing a connection (%s)", self.name, TCP_LABELS[reason])
                 c.abort()  # unsent replies to a slow reader are dropped too
             elif c.transport is not None:
                 n = c.transport.get_write_buffer_size()

@@ -46,6 +46,8 @@ from typing import Any
 
 from prometheus_client import Counter
 
+from net.budget import TLS_LABELS, Budget, Reason
+
 log = logging.getLogger(__name__)
 
 HANDSHAKE_FAILED = Counter(
@@ -373,8 +375,14 @@ class TlsTransport(asyncio.Transport):
         return self._protocol
 
 
+def _count(reason: Reason) -> None:
+    HANDSHAKE_FAILED.labels(TLS_LABELS[reason]).inc()
+
+
 class _Handshake:
-    """Drives one accepted connection's handshake, then starts its transport."""
+    """Drives one accepted connection's handshake, then starts its transport. A member of
+    its server's handshake budget (`net.budget.Member`): idle from its accept, as nothing
+    it sent has been acted on, so the oldest goes first."""
 
     __slots__ = ("fd", "server", "sock", "timer", "waiting")
 
@@ -385,6 +393,18 @@ class _Handshake:
         loop = server.loop
         self.timer = loop.call_later(server.handshake_timeout, self._timeout)
         self.waiting: str | None = None  # "r" or "w": the callback registered
+
+    def idle_since(self) -> float | None:
+        return 0.0  # (a fifo budget: the oldest admitted goes)
+
+    def stalled_since(self) -> float | None:
+        return None
+
+    def gone(self) -> bool:
+        return False  # it leaves its budget whenever it ends
+
+    def evict(self) -> None:
+        self._fail("evicted", None, counted=True)
 
     def step(self) -> None:
         loop = self.server.loop
@@ -401,7 +421,7 @@ class _Handshake:
             return
         self._unwait()
         self.timer.cancel()
-        self.server.handshaking.pop(self, None)
+        self.server.handshakes.leave(self)
         if self.server.closed:
             self.sock.close()
             return
@@ -453,15 +473,18 @@ class _Handshake:
         self.waiting = None
 
     def _timeout(self) -> None:
-        self._fail("timeout", None)
+        _count(Reason.HEAD)
+        self._fail("timeout", None, counted=True)
 
-    def _fail(self, reason: str | None, err: BaseException | None) -> None:
-        """Close the connection; `reason` None: the server is closing (not counted)."""
+    def _fail(self, reason: str | None, err: BaseException | None, counted: bool = False) -> None:
+        """Close the connection; `reason` None: the server is closing (not counted);
+        `counted`: counted by the budget's rules already."""
         self._unwait()
         self.timer.cancel()
-        self.server.handshaking.pop(self, None)
+        self.server.handshakes.leave(self)
         if reason is not None:
-            HANDSHAKE_FAILED.labels(reason).inc()
+            if not counted:
+                HANDSHAKE_FAILED.labels(reason).inc()
             log.debug("TLS handshake dropped (%s): %r", reason, err)
         with contextlib.suppress(OSError):
             self.sock.close()
@@ -487,8 +510,11 @@ class TlsServer:
         self.sock = sock
         self.context = context
         self.handshake_timeout = handshake_timeout
-        #: connections in their handshake, oldest first (a dict keeps insertion order)
-        self.handshaking: dict[_Handshake, None] = {}
+        #: Connections in their handshake (`net.budget`): at `max_handshakes`, a new one
+        #: evicts the one waiting longest, so a flood of peers that connect and do not
+        #: finish cannot lock newcomers out for the whole handshake timeout (each holds a
+        #: descriptor and OpenSSL's state).
+        self.handshakes: Budget[_Handshake] = Budget(max_handshakes, _count, fifo=True)
         self.max_handshakes = max_handshakes
         self.transports: set[TlsTransport] = set()
         self.closed = False
@@ -498,6 +524,11 @@ class TlsServer:
         context.options |= ssl.OP_NO_RENEGOTIATION
         sock.setblocking(False)
         loop.add_reader(sock.fileno(), self._accept)
+
+    @property
+    def handshaking(self) -> dict[_Handshake, None]:
+        """Connections in their handshake, oldest first."""
+        return self.handshakes.members
 
     @property
     def sockets(self) -> tuple[socket.socket, ...]:
@@ -526,13 +557,8 @@ class TlsServer:
                 log.debug("TLS listener: wrap failed: %r", err)
                 raw.close()
                 continue
-            if len(self.handshaking) >= self.max_handshakes:
-                # Full of peers that connected and did not finish (a handshake flood holds
-                # a descriptor and OpenSSL's state each): the one waiting longest goes, so
-                # a flood cannot lock newcomers out for the whole handshake timeout.
-                next(iter(self.handshaking))._fail("evicted", None)
             h = _Handshake(self, tls)
-            self.handshaking[h] = None
+            self.handshakes.admit(h)  # (fifo: never refused, the oldest goes)
             h.step()
 
     def _watch(self) -> None:

@@ -18,20 +18,15 @@ may read the key; every refusal (401, 403) is the ASGI middleware's own answer.
 
 from __future__ import annotations
 
-import asyncio
-import logging
 import time
-from typing import Any
 
-from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
-
+from net.uvicorn_http import STATUS_LINE, HttpProtocol
 from reads import fastget, pointget, readstats
 from reads.auth import TokenIndex, allowed, bearer
 from store.format import MAX_KEY
 from store.layout import K_LAST_SEQ
 from store.store import Store
 
-log = logging.getLogger(__name__)
 _KV = pointget.KV_PREFIX
 _OBSERVE = pointget.OBSERVE
 _http_value = fastget.HTTP_VALUE
@@ -42,124 +37,50 @@ _http_get = fastget.HTTP_GET
 _SLOW_HEADERS = frozenset((b"content-length", b"transfer-encoding", b"expect", b"upgrade"))
 
 
-class _Answered:
-    """Stands for the request-response cycle of a request answered by the shortcut: the
-    base protocol's later callbacks (`on_body`, `on_message_complete`, `connection_lost`,
-    `shutdown`) see a complete response and leave it alone."""
-
-    response_complete = True
-    disconnected = False
-    keep_alive = True
-
-    class message_event:  # mirrors the cycle's attribute
-        @staticmethod
-        def set() -> None:
-            return None
-
-
-_ANSWERED: Any = _Answered()
-
-
-class FastReadProtocol(HttpToolsProtocol):
-    """uvicorn's httptools protocol with the point-get shortcut (module docstring). A
+class FastReadProtocol(HttpProtocol):
+    """uvicorn's httptools protocol (through `net.uvicorn_http`, which writes the answers
+    made here, under uvicorn's rules) with the point-get shortcut (module docstring). A
     subclass per server binds the store (`fast_read_protocol`)."""
 
     store: Store
     tokens: TokenIndex | None = None
-    #: The parser is inside a request (from its first byte to its end): segments then go
-    #: to it, never to the pre-parse.
-    _in_message = False
+    answers_heads = True
 
-    def data_received(self, data: bytes) -> None:
-        if not self._in_message and self.tokens is None:
-            # A whole plain point get in one segment between requests: answered before
-            # the parser sees it (`fastget.http_request` accepts only requests the parser
-            # takes and that need nothing but the key); any doubt goes to the parser.
-            got = _http_request(data, MAX_KEY)
-            if got is not None and self._answer_plain(got[0], got[1]):
-                return
-        super().data_received(data)
-
-    def _answer_plain(self, key: bytes, head_only: bool) -> bool:
-        """Answer a pre-parsed keep-alive point get that hits an inline value; False (the
-        parser then takes the request) for anything else."""
-        cycle = self.cycle
-        if (cycle is not None and not cycle.response_complete) or self.pipeline:
-            return False
-        transport: asyncio.Transport = self.transport
-        if self.flow.write_paused or transport.is_closing():
-            return False
+    def answer_segment(self, data: bytes) -> bytes | None:
+        """A whole plain keep-alive point get in one segment between requests that hits an
+        inline value: answered before the parser sees it (`fastget.http_request` accepts
+        only requests the parser takes and that need nothing but the key); any doubt
+        (None) goes to the parser."""
+        if self.tokens is not None:
+            return None
+        got = _http_request(data, MAX_KEY)
+        if got is None:
+            return None
+        key, head_only = got
         t0 = time.perf_counter()
         store = self.store
         reply = _http_get(
             store.env, store.dbs.data, store.dbs.meta, K_LAST_SEQ, self._head_200(), key, head_only
         )
         if reply is None:
-            return False
+            return None
         readstats.note_read(key)
         _OBSERVE(time.perf_counter() - t0)
-        self._unset_keepalive_if_required()  # as uvicorn's data_received does first
-        transport.write(reply)
-        self.cycle = _ANSWERED
-        self.server_state.total_requests += 1
-        self.request_answered()
-        return True
+        return reply
 
-    def request_answered(self) -> None:
-        """After each answer of the shortcut. The listener always runs this protocol under
-        `net/http_bounds.py`, whose override arms the deadline for the next request head
-        (closing an idle keep-alive connection): uvicorn's own timer is armed only after
-        the answers it writes itself."""
-
-    def on_message_begin(self) -> None:
-        self._in_message = True
-        # uvicorn builds the request's ASGI scope here; a point get answered by the
-        # shortcut never needs one, so it is built in on_headers_complete when it is.
-        self.url = b""
-        self.expect_100_continue = False
-        self.headers = []
-
-    def on_headers_complete(self) -> None:
-        if self._shortcut():
-            return
-        url, headers, expect = self.url, self.headers, self.expect_100_continue
-        super().on_message_begin()  # the scope, as uvicorn makes it (it resets these three)
-        self.url, self.expect_100_continue = url, expect
-        self.headers = self.scope["headers"] = headers
-        super().on_headers_complete()
-
-    def on_message_complete(self) -> None:
-        self._in_message = False
-        if self.cycle is not _ANSWERED:
-            super().on_message_complete()
-
-    def _shortcut(self) -> bool:
-        try:
-            return self._answer()
-        except Exception:
-            # Never uvicorn's 400 for our failure (an exception out of a parser callback
-            # is taken for a malformed request): the ASGI path answers it as it would.
-            log.exception("point-get shortcut failed; answering through ASGI")
-            return False
-
-    def _answer(self) -> bool:
-        url: bytes = self.url
+    def answer_head(
+        self, method: bytes, url: bytes, headers: list[tuple[bytes, bytes]], keep_alive: bool
+    ) -> bytes | None:
+        """The answer to a plain point get whose head the parser completed (None: the ASGI
+        app answers it)."""
         if not url.startswith(_KV) or b"?" in url or b"#" in url:
-            return False
-        cycle = self.cycle
-        if (cycle is not None and not cycle.response_complete) or self.pipeline:
-            return False  # an earlier request of this connection is still being answered
-        if self.flow.write_paused or self.transport.is_closing():
-            return False  # the client is not taking replies: the cycle waits for it
-        parser = self.parser
-        method = parser.get_method()
+            return None
         if method != b"GET" and method != b"HEAD":
-            return False
-        headers: list[tuple[bytes, bytes]] = self.headers
+            return None
         inm: bytes | None = None
         for name, value in headers:
             if name in _SLOW_HEADERS:
-                return False
+                return None
             if name == b"if-none-match" and inm is None:
                 inm = value
         key = pointget.key_of(url)
@@ -167,8 +88,7 @@ class FastReadProtocol(HttpToolsProtocol):
             token = bearer({"headers": headers})
             spaces = self.tokens.keyspaces(token) if token is not None else None
             if spaces is None or not allowed(spaces, key):
-                return False  # the middleware answers the refusal
-        keep_alive = parser.get_http_version() != "1.0" and parser.should_keep_alive()
+                return None  # the middleware answers the refusal
         head_only = method == b"HEAD"
         reply = None
         if inm is None and 1 <= len(key) <= MAX_KEY:
@@ -184,7 +104,7 @@ class FastReadProtocol(HttpToolsProtocol):
         if reply is None:
             status, reply_headers, body = pointget.point_get(self.store, key, inm, head_only)
             out = [STATUS_LINE[status]]
-            for name, value in self.server_state.default_headers:
+            for name, value in self.default_headers():
                 out += (name, b": ", value, b"\r\n")
             for name, value in reply_headers:
                 out += (name, b": ", value, b"\r\n")
@@ -193,20 +113,12 @@ class FastReadProtocol(HttpToolsProtocol):
             out.append(b"\r\n")
             out.append(body)
             reply = b"".join(out)
-        transport: asyncio.Transport = self.transport
-        transport.write(reply)
-        self.cycle = _ANSWERED
-        self.server_state.total_requests += 1
-        if not keep_alive:
-            transport.close()
-        else:
-            self.request_answered()
-        return True
+        return reply
 
     def _head_200(self) -> bytes:
         """uvicorn's status line of a 200 and its default headers (`date` changes every
         second: uvicorn then puts a new list in `server_state`)."""
-        defaults = self.server_state.default_headers
+        defaults = self.default_headers()
         cached = _HEAD_200[0]
         if cached[0] is not defaults:
             head = STATUS_LINE[200] + b"".join(n + b": " + v + b"\r\n" for n, v in defaults)
@@ -222,5 +134,6 @@ def fast_read_protocol(store: Store, tokens: TokenIndex | None = None) -> type[F
     """A `FastReadProtocol` class serving point gets of `store`; with `tokens`
     (`--read-auth`), only for requests whose token may read the key. Served under
     `net.http_bounds` (its `uvicorn_options` wraps it): the bounds close idle
-    connections, this class alone never does."""
+    connections (its `request_answered` arms the deadline for the next request head after
+    each answer made here), this class alone never does."""
     return type("BoundFastReadProtocol", (FastReadProtocol,), {"store": store, "tokens": tokens})

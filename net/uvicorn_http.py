@@ -1,0 +1,289 @@
+"""Every use of uvicorn's internals, in one place, for one tested range of uvicorn.
+
+The HTTP listeners (the root's gateway, a replica's read API, `python -m mercury.readserve`)
+run uvicorn's httptools protocol, but need more than its public interface: bounds on the
+request head and a deadline for it (`net/http_bounds.py`), point gets answered inside the
+protocol (`reads/fasthttp.py`), HTTPS on `net/tlsconn.py`'s transport. All of that reaches
+into uvicorn's private `HttpToolsProtocol` (its parser callbacks, its request-response
+`cycle`, its `pipeline`, its `flow` control, its keep-alive timer, its `server_state`) and
+into `uvicorn.Server.startup`. Those are not an interface uvicorn keeps: a minor release
+may rename any of them, and a listener would then misbehave quietly (a deadline never
+armed, an answer written twice). So they are touched here only, and this module refuses
+to load under a uvicorn outside `TESTED_RANGE` (the range `pyproject.toml` pins): moving
+to a new uvicorn is reading its httptools protocol against this file, then widening both.
+
+What the others see is `HttpProtocol`, uvicorn's protocol with named hooks (`head_begun`,
+`head_bytes`, `head_done`, `message_done`, `malformed`, `response_done`,
+`request_answered`) and questions (`answering`, `write_paused`), plus, for a subclass that
+answers some requests itself, `answer_segment` and `answer_head`. Its `transport` and
+`loop` are the connection's, as on any asyncio protocol.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import socket
+import ssl
+from typing import Any
+
+import uvicorn
+
+#: The uvicorn versions this module was checked against (as pinned in pyproject.toml).
+TESTED_RANGE = ">=0.55,<0.56"
+_LOWEST = (0, 55)
+_BELOW = (0, 56)
+
+
+class UnsupportedUvicorn(ImportError):
+    """uvicorn's version is outside the range this module's use of its internals was tested
+    with."""
+
+
+def check_version(version: str) -> None:
+    """Raise `UnsupportedUvicorn` unless `version` (uvicorn's ``__version__``) is in
+    `TESTED_RANGE`."""
+    m = re.match(r"(\d+)\.(\d+)", version)
+    got = (int(m.group(1)), int(m.group(2))) if m else None
+    if got is None or not _LOWEST <= got < _BELOW:
+        raise UnsupportedUvicorn(
+            f"Mercury's HTTP listeners need uvicorn {TESTED_RANGE} (net.uvicorn_http uses "
+            f"uvicorn's private httptools protocol, tested with that range only), but uvicorn "
+            f"{version} is installed: install 'uvicorn[standard]{TESTED_RANGE}', or check "
+            "net/uvicorn_http.py against the new uvicorn and widen TESTED_RANGE and the pin"
+        )
+
+
+check_version(uvicorn.__version__)
+
+# Only now: under another version these may not even exist.
+from uvicorn.protocols.http.httptools_impl import (  # noqa: E402
+    STATUS_LINE as _STATUS_LINE,
+)
+from uvicorn.protocols.http.httptools_impl import (  # noqa: E402
+    HttpToolsProtocol,
+)
+
+log = logging.getLogger(__name__)
+
+#: uvicorn's status lines (b"HTTP/1.1 200 OK\r\n"), by status: answers made outside its
+#: request-response cycle use the very bytes it writes.
+STATUS_LINE: dict[int, bytes] = _STATUS_LINE
+
+
+class _Answered:
+    """Stands for the request-response cycle of a request the protocol answered itself:
+    uvicorn's later callbacks (`on_body`, `on_message_complete`, `connection_lost`,
+    `shutdown`) see a complete response and leave it alone."""
+
+    response_complete = True
+    disconnected = False
+    keep_alive = True
+
+    class message_event:  # mirrors the cycle's attribute
+        @staticmethod
+        def set() -> None:
+            return None
+
+
+_ANSWERED: Any = _Answered()
+
+
+class HttpProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol with named hooks (module docstring). The hooks do
+    nothing here; `net.http_bounds` overrides them to bound the connection, a subclass
+    setting `answers_heads` (`reads.fasthttp`) answers requests itself."""
+
+    transport: asyncio.Transport
+    loop: asyncio.AbstractEventLoop
+    #: `answer_segment` and `answer_head` may answer requests; uvicorn then builds a
+    #: request's ASGI scope only once its head is complete and not answered here.
+    answers_heads = False
+    #: The parser is inside a request (from its first byte to its end): segments then go
+    #: to it, never to `answer_segment`.
+    _in_message = False
+
+    # -- hooks (for the subclasses) --------------------------------------------------------
+
+    def head_begun(self) -> None:
+        """The parser met the first byte of a request."""
+
+    def head_bytes(self, n: int) -> None:
+        """`n` bytes of the request head were parsed (its target, or a header line). An
+        exception raised here is taken for a malformed request (`malformed`)."""
+
+    def head_done(self) -> None:
+        """The request's head is complete (its body, if any, is to come)."""
+
+    def message_done(self) -> None:
+        """The whole request (head and body) was received."""
+
+    def malformed(self, msg: str) -> bool:
+        """uvicorn is about to answer 400 (`msg`) and close; True: handled here instead."""
+        return False
+
+    def response_done(self, pipelined: bool) -> None:
+        """uvicorn finished an answer (`pipelined`: a request already read starts now)."""
+
+    def request_answered(self) -> None:
+        """A request was answered by this protocol itself (`answer_segment`, `answer_head`)
+        and the connection stays open."""
+
+    def answer_segment(self, data: bytes) -> bytes | None:
+        """With `answers_heads`: the whole answer to `data`, a segment received between
+        requests with nothing being answered, when it is exactly one request answered
+        here; None sends it to the parser."""
+        return None
+
+    def answer_head(
+        self, method: bytes, url: bytes, headers: list[tuple[bytes, bytes]], keep_alive: bool
+    ) -> bytes | None:
+        """With `answers_heads`: the whole answer to the request whose head is complete
+        (nothing of the connection's being answered), or None for uvicorn's cycle."""
+        return None
+
+    # -- questions ---------------------------------------------------------------------
+
+    def answering(self) -> bool:
+        """An earlier request of this connection is still being answered, or read and
+        queued behind one (pipelined)."""
+        cycle = self.cycle
+        return (cycle is not None and not cycle.response_complete) or bool(self.pipeline)
+
+    def write_paused(self) -> bool:
+        """The transport is over its high-water mark (the client is not taking answers)."""
+        return bool(self.flow.write_paused)
+
+    def default_headers(self) -> list[tuple[bytes, bytes]]:
+        """The server's default answer headers (`date`, `server`): a new list each time
+        `date` changes."""
+        return self.server_state.default_headers
+
+    def forget(self) -> None:
+        """Take this connection out of uvicorn's own set (closed or refused by the bounds;
+        uvicorn's shutdown no longer waits for it)."""
+        self.connections.discard(self)
+
+    # -- uvicorn's callbacks, through the hooks ---------------------------------------------
+
+    def data_received(self, data: bytes) -> None:
+        if self.answers_heads and not self._in_message:
+            if self.answering() or self.flow.write_paused or self.transport.is_closing():
+                reply = None
+            else:
+                reply = self.answer_segment(data)
+            if reply is not None:
+                self._unset_keepalive_if_required()  # as uvicorn's data_received does first
+                self.transport.write(reply)
+                self._answered_here()
+                self.request_answered()
+                return
+        super().data_received(data)
+
+    def send_400_response(self, msg: str) -> None:
+        if not self.malformed(msg):
+            super().send_400_response(msg)
+
+    def on_message_begin(self) -> None:
+        self.head_begun()
+        if not self.answers_heads:
+            super().on_message_begin()
+            return
+        self._in_message = True
+        # uvicorn builds the request's ASGI scope here; a request answered in the protocol
+        # never needs one, so it is built in on_headers_complete when it is.
+        self.url = b""
+        self.expect_100_continue = False
+        self.headers = []
+
+    def on_url(self, url: bytes) -> None:
+        self.head_bytes(len(url))
+        super().on_url(url)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self.head_bytes(len(name) + len(value) + 4)
+        super().on_header(name, value)
+
+    def on_headers_complete(self) -> None:
+        self.head_done()
+        if self.answers_heads:
+            if self._answer_head():
+                return
+            url, headers, expect = self.url, self.headers, self.expect_100_continue
+            super().on_message_begin()  # the scope, as uvicorn makes it (it resets these)
+            self.url, self.expect_100_continue = url, expect
+            self.headers = self.scope["headers"] = headers
+        super().on_headers_complete()
+
+    def on_message_complete(self) -> None:
+        self.message_done()
+        self._in_message = False
+        if self.cycle is not _ANSWERED:
+            super().on_message_complete()
+
+    def on_response_complete(self) -> None:
+        pipelined = bool(self.pipeline)  # a request already read starts now
+        super().on_response_complete()
+        self.response_done(pipelined)
+
+    # -- answers made here ----------------------------------------------------------------
+
+    def _answer_head(self) -> bool:
+        if self.answering() or self.flow.write_paused or self.transport.is_closing():
+            return False  # the cycle answers in order, and waits for a slow client
+        parser = self.parser
+        keep_alive = parser.get_http_version() != "1.0" and parser.should_keep_alive()
+        try:
+            reply = self.answer_head(parser.get_method(), self.url, self.headers, keep_alive)
+        except Exception:
+            # Never uvicorn's 400 for our failure (an exception out of a parser callback
+            # is taken for a malformed request): the ASGI path answers it as it would.
+            log.exception("answering a request in the protocol failed; answering through ASGI")
+            return False
+        if reply is None:
+            return False
+        self.transport.write(reply)
+        self._answered_here()
+        if not keep_alive:
+            self.transport.close()
+        else:
+            self.request_answered()
+        return True
+
+    def _answered_here(self) -> None:
+        self.cycle = _ANSWERED
+        self.server_state.total_requests += 1
+
+
+async def start_tls_server(
+    server: uvicorn.Server,
+    sockets: list[socket.socket],
+    context: ssl.SSLContext,
+    handshake_timeout: float,
+    max_handshakes: int,
+) -> None:
+    """`uvicorn.Server.startup` serving `sockets` over `net.tlsconn.TlsServer` (TLS on the
+    socket, driven by readiness) instead of the loop's TLS layer: what uvicorn's own
+    startup does, with that server in place of `loop.create_server`'s."""
+    from net.tlsconn import TlsServer
+
+    await server.lifespan.startup()  # (lifespan="off": nothing, kept for uvicorn's order)
+    config, loop = server.config, asyncio.get_running_loop()
+
+    def create_protocol() -> asyncio.Protocol:
+        return config.http_protocol_class(  # type: ignore[call-arg]
+            config=config, server_state=server.server_state, app_state=server.lifespan.state
+        )
+
+    tls = [
+        TlsServer(loop, create_protocol, s, context, handshake_timeout, max_handshakes)
+        for s in sockets
+    ]
+    server.servers = tls  # type: ignore[assignment]
+    server.started = True
+
+
+def protocol_class(config: uvicorn.Config) -> type[asyncio.Protocol]:
+    """The HTTP protocol class a loaded `config` serves with (its ``http=``)."""
+    return config.http_protocol_class
