@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from testkit.procs import Procs
+from testkit.wait import wait_until
 from tests.gateway.conftest import Root, make_root
 
 ARTIFACTS = Path(__file__).resolve().parents[2] / "var" / "artifacts"
@@ -132,14 +133,17 @@ def test_usage_page_lists_the_keys_nobody_reads(
     c = root.client(token)
     for i in range(10):
         assert c.put(f"/v1/kv/{name}/k{i}", content=b"v" * 30).status_code == 200
-    time.sleep(1.5)  # older than the 1-second window the page is asked for below
+    # Deliberate: every key must be older than the 1-second window the page is asked for.
+    time.sleep(1.5)
     for i in (2, 7):
         assert c.get(f"/v1/kv/{name}/k{i}").status_code == 200
     days = 1 / 86400
-    wait_for_unused = time.monotonic() + 20
-    while len(c.get("/v1/usage/unused", params={"days": days}).json()["keys"]) != 8:
-        assert time.monotonic() < wait_for_unused, "the root's reads never reached its ledger"
-        time.sleep(0.1)
+    wait_until(
+        lambda: len(c.get("/v1/usage/unused", params={"days": days}).json()["keys"]) == 8,
+        20,
+        "the root's reads in its ledger",
+        interval=0.1,
+    )
 
     browser.get(root.url + "/usage")
     browser.find_element(By.ID, "token").send_keys(root.admin_token)

@@ -18,8 +18,10 @@ from store import codec
 from store.ops import DELETE
 from store.replica_apply import payload
 from store.store import Store
+from testkit import metrics
 from testkit.procs import Procs, free_port, run_mercury, wait_http
 from testkit.replication import status, wait_for
+from testkit.wait import wait_until
 from tests.gateway.conftest import Root
 from tests.replicator.nodes import start_replica
 
@@ -162,6 +164,8 @@ def test_tokens_have_labels_expiry_last_use_and_revocation_is_immediate(root: Ro
         200,
         201,
     )
+    # Deliberate: the test must cross the token's 2-second lifetime (counted from its
+    # creation, answered before this sleep starts), so it is surely past once this ends.
     time.sleep(2.2)
     r = root.client(short["token"]).put(f"/v1/kv/{name}/s", content=b"w")
     assert r.status_code == 401 and "expired" in r.text
@@ -232,9 +236,7 @@ def test_delete_with_purge_removes_its_keys_through_the_log(root: Root) -> None:
     try:
         # Purge once the writer is really writing (a write answered 200), not after a
         # fixed pause: on a loaded machine its first answer may take longer than any pause.
-        deadline = time.monotonic() + 30
-        while 200 not in statuses and t.is_alive() and time.monotonic() < deadline:
-            time.sleep(0.01)
+        wait_until(lambda: 200 in statuses or not t.is_alive(), 30, "the writer's first 200")
         r = a.delete(f"/v1/admin/producers/{name}", params={"purge": "true"})
     finally:
         stop.set()
@@ -274,14 +276,25 @@ def test_a_write_whose_body_outlasts_the_revocation_is_refused_not_left_behind_a
     c = root.client(tok)
     for i in range(5):
         assert c.put(f"/v1/kv/{name}/m{i}", content=b"v").status_code == 200
+    # The slow PUT carries a token of its own, so its `last_used` tells when the root has
+    # authenticated it: a purge that began before that would refuse it at its headers,
+    # and the test would pass without ever having a body outlast a revocation.
+    r = a.post(f"/v1/admin/producers/{name}/tokens", json={"label": "slow"})
+    assert r.status_code == 201, r.text
+    slow_id, slow_tok = r.json()["token_id"], r.json()["token"]
     host, port = root.url.removeprefix("http://").split(":")
     with socket.create_connection((host, int(port)), 10) as slow:
         head = (
-            f"PUT /v1/kv/{name}/a-late HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {tok}\r\n"
-            "Content-Length: 4\r\n\r\nab"
+            f"PUT /v1/kv/{name}/a-late HTTP/1.1\r\nHost: x\r\n"
+            f"Authorization: Bearer {slow_tok}\r\nContent-Length: 4\r\n\r\nab"
         )
         slow.sendall(head.encode())
-        time.sleep(0.3)  # the headers are read and authenticated
+
+        def authenticated() -> bool:
+            listed = a.get(f"/v1/admin/producers/{name}/tokens").json()["tokens"]
+            return any(t["token_id"] == slow_id and t["last_used"] for t in listed)
+
+        wait_until(authenticated, 30, "the slow PUT's headers authenticated")
         purge: list[httpx.Response] = []
 
         def run_purge() -> None:
@@ -294,13 +307,13 @@ def test_a_write_whose_body_outlasts_the_revocation_is_refused_not_left_behind_a
 
         t = threading.Thread(target=run_purge)
         t.start()
+
         # Once the purge's first delete (m0) committed, its cursor is past "a-late".
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
+        def m0_deleted() -> bool:
             with Store.open(str(root.data_dir), readonly=True) as st, st.reader() as rd:
-                if rd.get(f"{name}/m0".encode()) is None:
-                    break
-            time.sleep(0.01)
+                return rd.get(f"{name}/m0".encode()) is None
+
+        wait_until(m0_deleted, 30, "the purge's first delete committed")
         slow.sendall(b"cd")
         slow.settimeout(30)
         reply = slow.recv(65536)
@@ -317,7 +330,10 @@ def test_a_write_held_by_its_quota_through_a_whole_purge_is_refused(root: Root) 
     """A PUT held by its rate quota while the purge runs and removes the producer: when
     the hold ended the fence was already lifted, and the write went in under a producer
     that no longer exists."""
-    name, tok = root.producer(quota={"ops_per_s": 0.5, "burst": 1, "max_delay_ms": 5000})
+    # One op per 5 s: the second PUT is held ~5 s for its token, far longer than a purge
+    # of one key takes, so the purge starts and ends inside the hold.
+    quota = {"ops_per_s": 0.2, "burst": 1, "max_delay_ms": 10000}
+    name, tok = root.producer(quota=quota)
     c = root.client(tok)
     assert c.put(f"/v1/kv/{name}/a", content=b"v").status_code == 200  # the burst spent
     held: list[httpx.Response] = []
@@ -327,11 +343,18 @@ def test_a_write_held_by_its_quota_through_a_whole_purge_is_refused(root: Root) 
             auth = {"Authorization": f"Bearer {tok}"}
             held.append(w.put(f"/v1/kv/{name}/b", content=b"v", headers=auth))
 
+    def held_ops() -> float:
+        text = root.client().get("/metrics").text
+        return metrics.value(text, "mercury_quota_ops_total", producer=name, outcome="held")
+
     t = threading.Thread(target=put_held)
     t.start()
-    time.sleep(0.5)  # admitted, held ~2 s for its token
+    # Purge only once the PUT is authenticated and held by its quota: a purge that came
+    # first would refuse it at its token (401 too), and the test would prove nothing.
+    wait_until(held_ops, 30, "the second PUT held by its quota")
     r = root.admin().delete(f"/v1/admin/producers/{name}", params={"purge": "true"})
     assert r.status_code == 200 and r.json()["purged"] == 1, r.text
+    assert not held, ("the PUT left its hold before the purge ended", held)
     t.join(30)
     assert held and held[0].status_code == 401, held
     root.procs.terminate(root.proc)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-import time
 from typing import Any
 
 import httpx
@@ -11,6 +10,7 @@ import httpx
 from store.check import check
 from store.store import Store
 from testkit.procs import Procs, run_mercury
+from testkit.wait import wait_until
 
 
 def test_sigkill_mid_batch_loses_no_acked_write(root_factory: Any, procs: Procs) -> None:
@@ -51,11 +51,9 @@ def test_sigkill_mid_batch_loses_no_acked_write(root_factory: Any, procs: Procs)
     for t in threads:
         t.start()
     # Kill mid-stream once the writers have many answers (a fixed pause may pass before
-    # they have any on a loaded machine), then a little later so writes are in flight.
-    deadline = time.monotonic() + 60
-    while len(acked) <= 50 and time.monotonic() < deadline:
-        time.sleep(0.05)
-    time.sleep(0.2)
+    # they have any on a loaded machine). The eight writers never pause, so writes are in
+    # flight (in the open batch, being committed, being answered) whenever the kill lands.
+    wait_until(lambda: len(acked) > 50, 60, "more than 50 acknowledged writes")
     procs.kill(root.proc)
     stop.set()
     for t in threads:

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import json
-import time
 from typing import Any
 
 from testkit.procs import run_mercury
+from testkit.wait import wait_until
 
 
 def test_root_collects_old_log_records_by_its_retention_flags(root_factory: Any) -> None:
@@ -24,13 +24,12 @@ def test_root_collects_old_log_records_by_its_retention_flags(root_factory: Any)
     c = root.client(token)
     for i in range(60):
         assert c.put(f"/v1/kv/r/{i}", content=b"v%d" % i).status_code == 200
-    deadline = time.monotonic() + 20
-    st: dict[str, Any] = {}
-    while time.monotonic() < deadline:
-        st = json.loads(run_mercury("status", "--json", str(root.data_dir)).stdout)
-        if st["log_first_seq"] > 1:
-            break
-        time.sleep(0.3)
+
+    def collected() -> dict[str, Any] | None:
+        st: dict[str, Any] = json.loads(run_mercury("status", "--json", str(root.data_dir)).stdout)
+        return st if st["log_first_seq"] > 1 else None
+
+    st = wait_until(collected, 20, "the root's log collected", interval=0.3)
     # the 60 writes, and the usage series' documents when a minute closed meanwhile
     assert st["seq"] >= 60 and c.get(f"/v1/usage/{_name}").json()["writes"] == 60
     # collected, but never below the floor

@@ -72,7 +72,7 @@ def test_ledger_lists_exactly_the_keys_not_read_and_persists_them(tmp_path: Path
         keys = [b"p/k%02d" % i for i in range(20)]
         _write(store, keys)
         _write(store, [b"q/other"], owner="q")
-        time.sleep(0.05)
+        time.sleep(0.05)  # deliberate: every key older than the 20 ms window asked below
         ledger = ur.ReadLedger(store, readstats.key_hash)
         ledger.meta.since -= 3600  # tracked for an hour: the window is complete
         read = keys[::3]
@@ -247,7 +247,7 @@ def test_reads_on_a_tier_2_replica_reach_the_root_through_tier_1(
         t1 = start_replica(procs, tmp_path / "t1", [repl_port], name="t1")
         t2 = start_replica(procs, tmp_path / "t2", [t1.repl], name="t2")
         wait_seq(t2.http, r.json()["seq"])
-        time.sleep(1.2)
+        time.sleep(1.2)  # deliberate: every key is now older than the 1-second window below
         assert httpx.get(f"http://127.0.0.1:{t2.http}/v1/kv/{name}/k1").status_code == 200
 
         def unused() -> list[str]:
