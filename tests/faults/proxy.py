@@ -142,9 +142,9 @@ class FaultProxy:
             nframes += 1
             if f.blackhole_after is not None and nframes > f.blackhole_after:
                 self._count("blackhole")
-                await asyncio.sleep(3600)
+                await asyncio.sleep(3600)  # the fault itself: nothing passes any more
             if f.delay:
-                await asyncio.sleep(f.delay)
+                await asyncio.sleep(f.delay)  # the fault itself: a slow link
             if h.type == frames.SNAPSHOT:
                 snapshot_raw = True  # the file bytes follow unframed
             if h.type == frames.RECORD:

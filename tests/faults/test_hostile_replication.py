@@ -13,6 +13,7 @@ import threading
 import time
 import uuid
 from pathlib import Path
+from typing import BinaryIO
 
 import httpx
 import pytest
@@ -34,6 +35,21 @@ def _rss_kib(pid: int) -> int:
             if line.startswith("VmRSS:"):
                 return int(line.split()[1])
     raise AssertionError("no VmRSS")
+
+
+def _retry_window() -> None:
+    """A deliberate pause, for what must not happen (another connection, another error):
+    only giving it time shows it does not. Reconnects back off from 0.1 s, doubling, so a
+    node that still retried would do so several times in 2 s. A correct node passes however
+    long the pause really lasts; only how surely a regression is caught depends on it."""
+    time.sleep(2.0)
+
+
+def _frame_type(f: BinaryIO) -> int:
+    """Read one whole frame from `f`; its type."""
+    ftype, _flags, length, _crc = frames.HEADER.unpack(f.read(frames.HEADER_SIZE))
+    f.read(length)
+    return int(ftype)
 
 
 def _closed_within(sock: socket.socket, seconds: float) -> bool:
@@ -113,19 +129,27 @@ def test_a_stream_client_that_hangs_up_is_a_disconnect_not_an_error(
     ("Unhandled exception in client_connected_cb")."""
     _pid, gw, repl = _start_root(procs, tmp_path / "root")
     db_id = uuid.UUID(httpx.get(f"http://127.0.0.1:{gw}/v1/status").json()["db_id"]).bytes
-    for _ in range(3):
+    root_log = next(procs.log_dir.glob("root-*.log"))
+    for i in range(3):
         with socket.create_connection(("127.0.0.1", repl), 5) as s:
             hello = frames.Hello(1, 1, 0x01, os.urandom(16), db_id, 0, 0, 0, frames.ZERO_SHA)
             s.sendall(frames.encode_hello(hello))
-            s.settimeout(5)
-            assert s.recv(200)  # the welcome
-            time.sleep(0.3)
+            s.settimeout(10)
+            with s.makefile("rb") as f:
+                assert _frame_type(f) == frames.WELCOME
+                # Its first heartbeat: the stream is caught up and waits for the next one.
+                while _frame_type(f) != frames.HEARTBEAT:
+                    pass
             # A reset: the source's transport closes on its read side, before its writer
             # next writes (the hang-up of a replica killed mid-stream).
             s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-        time.sleep(1.5)  # the source's next heartbeat meets the closed transport
+
+        # The source's next heartbeat meets the closed transport: a hang-up, logged as one.
+        def logged(n: int = i + 1) -> bool:
+            return root_log.read_text(errors="replace").count("disconnected") >= n
+
+        wait_for(logged, 30, f"hang-up {i + 1} logged")
     logs = procs.logs()
-    assert "disconnected" in logs, logs[-3000:]
     assert "client_connected_cb" not in logs and "Traceback" not in logs, logs[-3000:]
 
 
@@ -209,7 +233,7 @@ def test_replica_of_a_root_restored_from_an_older_copy_stops_as_diverged(
         assert _metric(r.http, "mercury_replication_diverged") == 1.0
         # Terminal: no more retries, and reads keep being served.
         errors = st["replication_errors"]
-        time.sleep(2.0)
+        _retry_window()
         st2 = status(r.http)
         assert st2["replication_state"] == "diverged"
         assert st2["replication_errors"] == errors
@@ -286,7 +310,7 @@ def test_chain_below_a_root_restored_to_the_same_seq_stops_as_diverged_without_a
         assert root.store.head()[0] == 70  # nothing was written to get there
         # Terminal on both, no flapping: B stays diverged and stops reconnecting to A.
         errors = status(b.http)["replication_errors"]
-        time.sleep(2.0)
+        _retry_window()
         for r in (a, b):
             assert status(r.http)["replication_state"] == "diverged"
         assert status(b.http)["replication_errors"] == errors
@@ -382,7 +406,7 @@ def test_record_with_an_oversized_key_stops_replication_with_a_named_error(
         assert "invalid log record at seq 21" in st["replication_error"], st
         assert "600 bytes" in st["replication_error"], st
         seen = forger.connections
-        time.sleep(2.0)
+        _retry_window()
         assert forger.connections == seen, "the worker keeps reconnecting"
         assert r.proc.poll() is None
         assert status(r.http)["replication_state"] == "failed"

@@ -42,7 +42,7 @@ def test_sigkill_writer_50_times_store_always_consistent(tmp_path: Path) -> None
             line = p.stdout.readline().decode()
             assert line, f"writer ended before its first commit: {out!r}"
             out += line
-        time.sleep(rnd.uniform(0, 0.05))
+        time.sleep(rnd.uniform(0, 0.05))  # deliberate: the kill lands at a random point
         os.kill(p.pid, signal.SIGKILL)
         out += p.stdout.read().decode()
         p.stdout.close()

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from store.lock import StoreLockedError, WriterLock, holder_pid
-from testkit.procs import Procs, free_port, mercury_cmd, run_mercury, wait_http
+from testkit.procs import Procs, free_port, mercury_cmd, run_mercury, wait_for, wait_http
 from tests.replicator.nodes import start_replica
 
 
@@ -69,12 +69,12 @@ def test_second_replica_refused_while_the_first_and_its_worker_hold_the_lock(
     with pytest.raises(StoreLockedError, match=f"pid {r.proc.pid}"):
         WriterLock.acquire(str(r.data_dir)).release()
     procs.kill(r.proc)  # the kernel kills the worker with it and frees the lock
-    deadline = time.monotonic() + 20
-    while True:
+
+    def acquired() -> bool:
         try:
             WriterLock.acquire(str(r.data_dir)).release()
-            break
         except StoreLockedError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.1)
+            return False
+        return True
+
+    wait_for(acquired, 20, "the lock freed")

@@ -14,17 +14,20 @@ from replicator.heartbeat import RelayedHeartbeat
 from replicator.selection import Selector
 from replicator.status import StatusBoard
 from store.store import Store
+from testkit.procs import async_wait_for
 
 
 async def _lying_source(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-    """Accept any HELLO with a WELCOME naming a db id of its own, then stay silent."""
+    """Accept any HELLO with a WELCOME naming a db id of its own, then stay silent until
+    the replica hangs up."""
     try:
         await wire.read_frame(reader)
         welcome = frames.Welcome(
             frames.PROTOCOL_VERSION, uuid.uuid4().bytes, uuid.uuid4().bytes, 10, 1, 1000
         )
         await wire.send(writer, frames.encode_welcome(welcome))
-        await asyncio.sleep(5)
+        async with asyncio.timeout(30):
+            await reader.read()  # silent: the next thing is the replica's close
     finally:
         await wire.close(writer)
 
@@ -53,7 +56,8 @@ def test_a_welcome_with_another_db_id_is_refused(tmp_path: Path) -> None:
             relay=RelayedHeartbeat(),
         )
         task = asyncio.create_task(client.run())
-        await asyncio.sleep(2.0)
+        # Refused twice: after the first refusal it came back, and was refused again.
+        await async_wait_for(lambda: board.status.errors.get("refused", 0) >= 2, 30, "two refusals")
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
         server.close()
@@ -63,7 +67,7 @@ def test_a_welcome_with_another_db_id_is_refused(tmp_path: Path) -> None:
 
     try:
         board = asyncio.run(run())
-        assert board.status.errors.get("refused", 0) >= 1, board.status.errors
+        assert board.status.errors.get("refused", 0) >= 2, board.status.errors
         assert "not following it" in (board.status.error or "")
         assert store.last_seq() == 0
     finally:

@@ -139,6 +139,8 @@ def test_https_point_gets_keep_alive_pipelined_and_large(replica: Replica) -> No
     # it, the transport keeps the rest and sends it as the client reads.
     with replica.connect() as s:
         s.sendall(get("big"))
+        # Deliberate: the client not reading is the case under test. A server slow to
+        # answer only shortens the pause it sees; the answer must be whole either way.
         time.sleep(1.0)
         f = s.makefile("rb")
         assert read_response(f) == (200, BIG)

@@ -9,6 +9,7 @@ from mercury.retention_flags import add_arguments, policy_from_args
 from store.ops import SET, Op
 from store.retention import RetentionPolicy, RetentionService
 from store.store import Store
+from testkit.procs import async_wait_for
 
 
 def test_service_collects_by_count_and_keeps_the_floor(store: Store) -> None:
@@ -20,11 +21,10 @@ def test_service_collects_by_count_and_keeps_the_floor(store: Store) -> None:
 
     async def run() -> None:
         await svc.start()
-        for _ in range(100):
-            if store.log_bounds()[0] == 21:
-                break
-            await asyncio.sleep(0.01)
-        await svc.stop()
+        try:
+            await async_wait_for(lambda: store.log_bounds()[0] >= 21, 30, "the log collected")
+        finally:
+            await svc.stop()
 
     asyncio.run(run())
     assert store.log_bounds()[0] == 21  # 10 entries kept: the floor wins over keep_entries=5
