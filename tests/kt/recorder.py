@@ -138,7 +138,7 @@ class ReplayMaster:
                     conn.sendall(kt_ulog.encode_entry(e.ts, e.message))
                     last = e.ts
                     if self.pace:
-                        time.sleep(self.pace)
+                        time.sleep(self.pace)  # deliberate: a master that trickles its log
                     if self.stopped.is_set():
                         return
                 deadline = time.monotonic() + 120  # bounded: a test never waits longer
@@ -146,7 +146,7 @@ class ReplayMaster:
                     conn.sendall(bytes([kt_ulog.MAGIC_NOP]) + struct.pack(">Q", last))
                     if conn.recv(1) != bytes([kt_ulog.MAGIC_REPLICATION]):
                         return
-                    time.sleep(0.1)
+                    time.sleep(0.1)  # deliberate: a live master's NOP heartbeat interval
             except OSError:
                 return
 

@@ -6,7 +6,6 @@ same event loop) keep being answered promptly."""
 from __future__ import annotations
 
 import socket
-import statistics
 import sys
 import threading
 import time
@@ -48,10 +47,10 @@ def test_dribbled_many_chunk_body_does_not_starve_other_clients(store: Store, pr
             while sent[i] < SEGMENTS and time.monotonic() < deadline and not stop.is_set():
                 s.send(b"yy")
                 sent[i] += 1
-                time.sleep(0.0005)
+                time.sleep(0.0005)  # deliberate: the dribble, one tiny segment at a time
 
     threads = [threading.Thread(target=attack, args=(i,), daemon=True) for i in range(ATTACKERS)]
-    latencies: dict[str, list[float]] = {"memcached": [], "kt": []}
+    rounds = 0
     try:
         with (
             socket.create_connection(("127.0.0.1", mc), 10) as m,
@@ -64,24 +63,19 @@ def test_dribbled_many_chunk_body_does_not_starve_other_clients(store: Store, pr
             started.wait()
             t0 = time.monotonic()
             while any(t.is_alive() for t in threads) and time.monotonic() - t0 < 30:
-                a = time.monotonic()
                 m.sendall(b"get k1\r\n")
                 assert recv_until(m, b"END\r\n", None) == b"VALUE k1 0 2\r\nv1\r\nEND\r\n"
-                b = time.monotonic()
                 k.sendall(b"GET /k1 HTTP/1.1\r\nHost: x\r\n\r\n")
                 assert recv_until(k, b"\r\n\r\nv1", None).startswith(b"HTTP/1.1 200 OK")
-                c = time.monotonic()
-                latencies["memcached"].append(b - a)
-                latencies["kt"].append(c - b)
-                time.sleep(0.01)
+                rounds += 1
+                time.sleep(0.01)  # deliberate: a steady client's pace, not a flood of our own
     finally:
         stop.set()
         for t in threads:
             t.join(10)
     assert min(sent) > SEGMENTS // 10, f"the attackers sent only {sent} segments"
-    report = {n: round(statistics.median(v) * 1000, 2) for n, v in latencies.items()}
-    # Generous bounds: before the fix each segment re-scanned 4,095 chunk lines, the event
-    # loop was busy doing so, fewer than 20 rounds got through and their medians were over
-    # 100 ms (a fraction of a millisecond after it).
-    assert all(len(v) >= 20 for v in latencies.values()), report
-    assert max(report.values()) < 30, f"median ms while attacked: {report}"
+    # While the attack lasts (2 to 4 s), a client pacing itself at 10 ms gets some 300
+    # rounds answered. With each segment re-scanning the 4,095 chunk lines (the bug), the
+    # event loop was busy doing so and fewer than 20 rounds got through; 60 stays far from
+    # both. (How fast each answer is under attack is a benchmark's question.)
+    assert rounds >= 60, f"{rounds} rounds answered while attacked"
