@@ -35,7 +35,7 @@ def _pieces(*chunks: bytes, stall: bool = False) -> Any:
             chunk = next(it)
         except StopIteration:
             if stall:
-                await asyncio.sleep(60)
+                await asyncio.sleep(60)  # the client goes silent (the idle timeout ends it)
             return {"type": "http.disconnect"}
         return {"type": "http.request", "body": chunk, "more_body": True}
 
@@ -63,7 +63,7 @@ def test_a_body_holds_what_has_arrived_and_gives_it_back(
             return {"type": "http.request", "body": b"", "more_body": False}
 
         first = asyncio.create_task(read_body(receive, "600", 10_000, "body"))
-        await asyncio.sleep(0)
+        await asyncio.sleep(0)  # one loop turn: it takes the 600 bytes and waits for more
         assert budget.held == 600  # what arrived
         # A head announcing 600 more takes nothing; its bytes find the budget short.
         with pytest.raises(OverloadedError) as err:  # 600 + 600 > 1000: retry later
@@ -81,12 +81,12 @@ def test_a_body_holds_what_has_arrived_and_gives_it_back(
 def test_a_head_alone_takes_nothing(budget: asgibody.BodyBudget) -> None:
     async def main() -> None:
         async def never() -> MutableMapping[str, Any]:
-            await asyncio.sleep(60)
+            await asyncio.sleep(60)  # a client that sends nothing (cancelled below)
             raise AssertionError("not reached")
 
         # Announcing the whole budget and sending nothing holds nothing: others are served.
         waiting = asyncio.create_task(read_body(never, "1000", 10_000, "body"))
-        await asyncio.sleep(0)
+        await asyncio.sleep(0)  # one loop turn: it has the head and waits for a body
         assert budget.held == 0
         assert await read_body(_whole(b"w" * 1000), "1000", 10_000, "body") == b"w" * 1000
         waiting.cancel()

@@ -6,6 +6,7 @@ HTTPS; the Grafana dashboard charts the metrics of docs/api.md."""
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import re
@@ -21,7 +22,7 @@ import yaml
 from mercury import tls
 from mercury.dev.topology import SECURE_REPLICA, SECURE_ROOT
 from testkit.compose import compose_config
-from testkit.procs import Procs, free_port, run_mercury
+from testkit.procs import Procs, free_port, run_mercury, wait_for
 
 REPO = Path(__file__).resolve().parents[1]
 MERCURY_SERVICES = {"root", "replica-tier1", "replica-tier2", "consumer-node"}
@@ -267,8 +268,7 @@ def test_the_compose_commands_run_a_secure_tree(
                     f"{url[name]}/v1/kv/app/x", headers={"Authorization": f"Bearer {reader}"}
                 )
 
-            deadline = time.monotonic() + 120
-            while read().status_code != 200 and time.monotonic() < deadline:
-                time.sleep(0.2)
+            with contextlib.suppress(TimeoutError):
+                wait_for(lambda: read().status_code == 200, 120, f"the write on {name}")
             assert read().content == b"42", name
             assert c.get(f"{url[name]}/v1/kv/app/x").status_code == 401, name

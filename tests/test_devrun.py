@@ -4,9 +4,9 @@ processes on SIGTERM; the secure variant runs end to end."""
 
 from __future__ import annotations
 
+import contextlib
 import ssl
 import sys
-import time
 from dataclasses import fields
 from pathlib import Path
 
@@ -14,7 +14,7 @@ import httpx
 
 from mercury.dev.run import parse_args
 from mercury.dev.topology import Ports, local
-from testkit.procs import Procs, free_port, wait_http
+from testkit.procs import Procs, free_port, wait_for, wait_http
 
 
 def test_flags_win_over_environment_over_defaults() -> None:
@@ -51,9 +51,7 @@ def test_make_run_on_other_ports(tmp_path: Path, procs: Procs) -> None:
     wait_http(f"http://127.0.0.1:{ports['root']}/healthz", timeout=120, proc=run)
     wait_http(f"http://127.0.0.1:{ports['replica']}/healthz", timeout=120, proc=run)
     log = next(procs.log_dir.glob("devrun-*.log"))
-    deadline = time.monotonic() + 60
-    while "Mercury is running" not in log.read_text() and time.monotonic() < deadline:
-        time.sleep(0.2)
+    wait_for(lambda: "Mercury is running" in log.read_text(), 60, "the banner")
     text = log.read_text()
     assert f"http://127.0.0.1:{ports['root']}/v1/kv/demo/hello" in text, text
     assert f"('127.0.0.1', {ports['replica_memcached']})" in text
@@ -77,16 +75,13 @@ def test_secure_make_run_end_to_end(tmp_path: Path, procs: Procs) -> None:
     for name, port in ports.items():
         argv += [f"--{name.replace('_', '-')}-port", str(port)]
     run = procs.start(argv, name="devrun")
-    log = next(iter(procs.log_dir.glob("devrun-*.log")), None)
-    deadline = time.monotonic() + 180
-    while time.monotonic() < deadline:
+
+    def banner() -> str | None:
         assert run.poll() is None, "make run exited"
-        log = next(iter(procs.log_dir.glob("devrun-*.log")), None)
-        if log is not None and "Mercury is running" in log.read_text():
-            break
-        time.sleep(0.3)
-    assert log is not None
-    text = log.read_text()
+        text = "".join(f.read_text() for f in procs.log_dir.glob("devrun-*.log"))
+        return text if "Mercury is running" in text else None
+
+    text = wait_for(banner, 180, "the banner")
     assert "read tokens on" in text and "--cacert" in text, text
     ca = ssl.create_default_context(cafile=str(var / "certs" / "ca.crt"))
     assert (var / "ca" / "ca.key").exists() and not (var / "certs" / "ca.key").exists()
@@ -109,9 +104,9 @@ def test_secure_make_run_end_to_end(tmp_path: Path, procs: Procs) -> None:
     def read() -> httpx.Response:
         return httpx.get(f"{replica}/v1/kv/demo/hello", headers=auth, verify=ca, timeout=5)
 
-    deadline = time.monotonic() + 60
-    while read().status_code != 200 and time.monotonic() < deadline:
-        time.sleep(0.2)  # the write reaches the replica over mutual TLS
+    # The write reaches the replica over mutual TLS.
+    with contextlib.suppress(TimeoutError):
+        wait_for(lambda: read().status_code == 200, 60, "the write on the replica")
     assert read().content == b"hello"
     assert httpx.get(f"{replica}/v1/kv/demo/hello", verify=ca, timeout=5).status_code == 401
     assert (

@@ -11,12 +11,14 @@ from core.tasks import cancel_and_wait, cancelling
 def test_a_task_that_swallows_one_cancellation_is_still_stopped() -> None:
     swallowed = 0
     seen_cancelling: list[bool] = []
+    running = asyncio.Event()
 
     async def stubborn() -> None:
         nonlocal swallowed
+        running.set()
         while True:
             try:
-                await asyncio.sleep(0.01)
+                await asyncio.sleep(0.01)  # its operation
             except asyncio.CancelledError:
                 swallowed += 1
                 seen_cancelling.append(cancelling())
@@ -26,7 +28,7 @@ def test_a_task_that_swallows_one_cancellation_is_still_stopped() -> None:
 
     async def main() -> None:
         task = asyncio.ensure_future(stubborn())
-        await asyncio.sleep(0.02)
+        await running.wait()  # inside its operation: a cancellation now is one it swallows
         await asyncio.wait_for(cancel_and_wait(task, every_s=0.05), 5)
         assert task.done() and task.cancelled()
 
