@@ -22,7 +22,8 @@ import httpx
 
 from store.store import Store
 from testkit.logged import records
-from testkit.procs import Procs, free_port, run_mercury, wait_for
+from testkit.procs import Procs, free_port, run_mercury
+from testkit.wait import wait_until
 
 DEADLINE_S = 60.0
 
@@ -312,7 +313,7 @@ class Writers:
                 )
 
         try:
-            wait_for(lambda: n() >= count, timeout, f"{count} acknowledged writes")
+            wait_until(lambda: n() >= count, timeout, f"{count} acknowledged writes")
         except TimeoutError as err:
             raise AssertionError(f"{err}: {n()} so far, errors {self.errors}") from None
 

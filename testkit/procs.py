@@ -6,7 +6,6 @@ forgets one still has it killed by the `procs` fixture's teardown.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import os
 import signal
@@ -14,15 +13,12 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import TypeVar
 
 import httpx
 
 REPO = Path(__file__).resolve().parents[1]
-
-T = TypeVar("T")
 
 
 # Ports handed to the processes a test starts. Not bind(0): the kernel takes those from the
@@ -104,46 +100,6 @@ def wait_http(url: str, timeout: float = 20.0, proc: subprocess.Popen[bytes] | N
                 return
         time.sleep(0.05)
     raise TimeoutError(f"{url} did not answer 200 after {timeout}s")
-
-
-def wait_for(
-    cond: Callable[[], T | None],
-    timeout: float = 30.0,
-    what: str = "condition",
-    *,
-    every: float = 0.02,
-) -> T:
-    """Poll `cond` every `every` seconds until it returns something truthy, and return
-    that; TimeoutError naming `what` after `timeout` seconds. What a test waits on instead
-    of a pause: it goes on as soon as the condition holds, and a loaded machine only makes
-    it wait longer, never fail."""
-    deadline = time.monotonic() + timeout
-    while True:
-        got = cond()
-        if got:
-            return got
-        if time.monotonic() >= deadline:
-            raise TimeoutError(f"{what} not reached after {timeout}s")
-        time.sleep(every)
-
-
-async def async_wait_for(
-    cond: Callable[[], T | None],
-    timeout: float = 30.0,
-    what: str = "condition",
-    *,
-    every: float = 0.005,
-) -> T:
-    """`wait_for` inside an event loop: the loop runs on between checks (the condition is
-    usually something a task or a callback of that loop brings about)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        got = cond()
-        if got:
-            return got
-        if time.monotonic() >= deadline:
-            raise TimeoutError(f"{what} not reached after {timeout}s")
-        await asyncio.sleep(every)
 
 
 def mercury_cmd(*args: str) -> list[str]:

@@ -22,7 +22,8 @@ import yaml
 from mercury import tls
 from mercury.dev.topology import SECURE_REPLICA, SECURE_ROOT
 from testkit.compose import compose_config
-from testkit.procs import Procs, free_port, run_mercury, wait_for
+from testkit.procs import Procs, free_port, run_mercury
+from testkit.wait import wait_until
 
 REPO = Path(__file__).resolve().parents[1]
 MERCURY_SERVICES = {"root", "replica-tier1", "replica-tier2", "consumer-node"}
@@ -269,6 +270,6 @@ def test_the_compose_commands_run_a_secure_tree(
                 )
 
             with contextlib.suppress(TimeoutError):
-                wait_for(lambda: read().status_code == 200, 120, f"the write on {name}")
+                wait_until(lambda: read().status_code == 200, 120, f"the write on {name}")
             assert read().content == b"42", name
             assert c.get(f"{url[name]}/v1/kv/app/x").status_code == 401, name

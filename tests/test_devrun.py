@@ -14,7 +14,8 @@ import httpx
 
 from mercury.dev.run import parse_args
 from mercury.dev.topology import Ports, local
-from testkit.procs import Procs, free_port, wait_for, wait_http
+from testkit.procs import Procs, free_port, wait_http
+from testkit.wait import wait_until
 
 
 def test_flags_win_over_environment_over_defaults() -> None:
@@ -51,7 +52,7 @@ def test_make_run_on_other_ports(tmp_path: Path, procs: Procs) -> None:
     wait_http(f"http://127.0.0.1:{ports['root']}/healthz", timeout=120, proc=run)
     wait_http(f"http://127.0.0.1:{ports['replica']}/healthz", timeout=120, proc=run)
     log = next(procs.log_dir.glob("devrun-*.log"))
-    wait_for(lambda: "Mercury is running" in log.read_text(), 60, "the banner")
+    wait_until(lambda: "Mercury is running" in log.read_text(), 60, "the banner")
     text = log.read_text()
     assert f"http://127.0.0.1:{ports['root']}/v1/kv/demo/hello" in text, text
     assert f"('127.0.0.1', {ports['replica_memcached']})" in text
@@ -81,7 +82,7 @@ def test_secure_make_run_end_to_end(tmp_path: Path, procs: Procs) -> None:
         text = "".join(f.read_text() for f in procs.log_dir.glob("devrun-*.log"))
         return text if "Mercury is running" in text else None
 
-    text = wait_for(banner, 180, "the banner")
+    text = wait_until(banner, 180, "the banner")
     assert "read tokens on" in text and "--cacert" in text, text
     ca = ssl.create_default_context(cafile=str(var / "certs" / "ca.crt"))
     assert (var / "ca" / "ca.key").exists() and not (var / "certs" / "ca.key").exists()
@@ -106,7 +107,7 @@ def test_secure_make_run_end_to_end(tmp_path: Path, procs: Procs) -> None:
 
     # The write reaches the replica over mutual TLS.
     with contextlib.suppress(TimeoutError):
-        wait_for(lambda: read().status_code == 200, 60, "the write on the replica")
+        wait_until(lambda: read().status_code == 200, 60, "the write on the replica")
     assert read().content == b"hello"
     assert httpx.get(f"{replica}/v1/kv/demo/hello", verify=ca, timeout=5).status_code == 401
     assert (

@@ -42,8 +42,9 @@ from store.ops import SET, Op, Result
 from store.store import Store
 from testkit.etcd import Etcd
 from testkit.hacluster import Cluster, Writers, lost_writes
-from testkit.procs import Procs, async_wait_for
+from testkit.procs import Procs
 from testkit.replication import RootNode, root_node
+from testkit.wait import wait_until_async
 
 
 def _hello(db_id: bytes, options: int, last_seq: int = 0) -> bytes:
@@ -149,12 +150,12 @@ def test_a_stream_held_back_by_the_horizon_gets_nothing_past_it(tmp_path: Path) 
                 _records_until(root.port, _db_id(root), 0, moved, target, got)
             )
             # Streams what the horizon allows, then waits.
-            await async_wait_for(lambda: len(got) >= 4, 30, "the records up to the horizon")
+            await wait_until_async(lambda: len(got) >= 4, 30, "the records up to the horizon")
             seen = consulted[0]
             _write(root.store, 3, "b")  # commits wake it: still held back
             # The stream looked at the horizon twice since: the second time after a read
             # that began once the commits were in, so it had them and held them back.
-            await async_wait_for(lambda: consulted[0] >= seen + 2, 30, "the stream's next turns")
+            await wait_until_async(lambda: consulted[0] >= seen + 2, 30, "the stream's next turns")
             assert len(got) == 4 and got[-1][1] == first_part, got  # nothing past it
             target[0] = root.store.last_seq()
             horizon[0] = target[0]
@@ -194,7 +195,7 @@ def test_upstream_frames_are_dispatched_however_their_bytes_are_cut(tmp_path: Pa
                     # together only make the case easier; they cannot fail it.
                     await asyncio.sleep(0.02)
                 # Connected until everything is dispatched (a close could cut it short).
-                await async_wait_for(lambda: len(inbox.got) >= len(payloads), 10, "every frame")
+                await wait_until_async(lambda: len(inbox.got) >= len(payloads), 10, "every frame")
             finally:
                 await wire.close(writer)
 
@@ -276,9 +277,7 @@ def _report(gate: LeaderGate, seq: int) -> None:
 
 async def _committed(b: Batcher, n: int) -> None:
     """Wait until `n` batches are committed and waiting for the gate."""
-    async with asyncio.timeout(30):
-        while len(b._unacked) < n:
-            await asyncio.sleep(0.005)
+    await wait_until_async(lambda: len(b._unacked) >= n, 30, f"{n} batches committed")
 
 
 def _gated(store: Store, gate: LeaderGate) -> Batcher:

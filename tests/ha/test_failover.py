@@ -18,7 +18,8 @@ from pathlib import Path
 
 from testkit.etcd import Etcd
 from testkit.hacluster import Cluster, Writers, log_records, lost_writes, start_replica
-from testkit.procs import Procs, wait_for
+from testkit.procs import Procs
+from testkit.wait import wait_until
 
 ROUNDS = 2
 
@@ -54,7 +55,7 @@ def test_sigkill_leader_under_writers_loses_nothing(
         return rst.get("seq"), rst.get("hash_head")
 
     with contextlib.suppress(TimeoutError):
-        wait_for(lambda: replica_head() == (seq, head), 60, "the replica at the leader's head")
+        wait_until(lambda: replica_head() == (seq, head), 60, "the replica at the leader's head")
     assert replica_head() == (seq, head), replica.status()
     log = (tmp_path / "logs").glob("replica-*.log")
     text = "".join(p.read_text(errors="replace") for p in log)

@@ -16,7 +16,8 @@ import pytest
 
 from ha import front as ha_front
 from ha.front import Front
-from testkit.procs import free_port, wait_for
+from testkit.procs import free_port
+from testkit.wait import wait_until
 
 
 def test_standby_redirects_and_electing_refuses() -> None:
@@ -122,7 +123,7 @@ def test_refusals_are_answered_and_large_bodies_do_not_reset_the_307(
         # retry, not a bare close
         held = [socket.create_connection(("127.0.0.1", port), 10) for _ in range(2)]
         try:
-            wait_for(lambda: len(fronts[0]._conns) == 2, 10, "both connections accepted")
+            wait_until(lambda: len(fronts[0]._conns) == 2, 10, "both connections accepted")
             reply = _exchange(port, b"GET /v1/status HTTP/1.1\r\nHost: x\r\n\r\n")
             assert reply.startswith(b"HTTP/1.1 503") and b"Retry-After: 1" in reply, reply[:300]
         finally:

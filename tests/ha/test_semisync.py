@@ -15,7 +15,8 @@ import httpx
 from testkit import metrics
 from testkit.etcd import Etcd
 from testkit.hacluster import Cluster
-from testkit.procs import Procs, wait_for
+from testkit.procs import Procs
+from testkit.wait import wait_until
 
 
 def test_writes_need_a_standby_in_sync(etcd: Etcd, procs: Procs, tmp_path: Path) -> None:
@@ -39,7 +40,7 @@ def test_writes_need_a_standby_in_sync(etcd: Etcd, procs: Procs, tmp_path: Path)
         got = metrics.unlabelled(r.text)
         return got if got.get("mercury_replication_applied_records_total", 0) >= 1 else None
 
-    got = wait_for(applied, 10, "the standby's metrics counting the applied record")
+    got = wait_until(applied, 10, "the standby's metrics counting the applied record")
     assert got["mercury_replication_applied_seq"] >= 1
     assert got["mercury_replication_apply_commits_total"] >= 1
     assert got["mercury_replication_lag_seconds"] >= 0  # a number: it streams

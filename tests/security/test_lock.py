@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from store.lock import StoreLockedError, WriterLock, holder_pid
-from testkit.procs import Procs, free_port, mercury_cmd, run_mercury, wait_for, wait_http
+from testkit.procs import Procs, free_port, mercury_cmd, run_mercury, wait_http
+from testkit.wait import wait_until
 from tests.replicator.nodes import start_replica
 
 
@@ -77,4 +78,4 @@ def test_second_replica_refused_while_the_first_and_its_worker_hold_the_lock(
             return False
         return True
 
-    wait_for(acquired, 20, "the lock freed")
+    wait_until(acquired, 20, "the lock freed")

@@ -14,7 +14,7 @@ from replicator.heartbeat import RelayedHeartbeat
 from replicator.selection import Selector
 from replicator.status import StatusBoard
 from store.store import Store
-from testkit.procs import async_wait_for
+from testkit.wait import wait_until_async
 
 
 async def _lying_source(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -57,7 +57,9 @@ def test_a_welcome_with_another_db_id_is_refused(tmp_path: Path) -> None:
         )
         task = asyncio.create_task(client.run())
         # Refused twice: after the first refusal it came back, and was refused again.
-        await async_wait_for(lambda: board.status.errors.get("refused", 0) >= 2, 30, "two refusals")
+        await wait_until_async(
+            lambda: board.status.errors.get("refused", 0) >= 2, 30, "two refusals"
+        )
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
         server.close()

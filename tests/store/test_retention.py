@@ -9,7 +9,7 @@ from mercury.retention_flags import add_arguments, policy_from_args
 from store.ops import SET, Op
 from store.retention import RetentionPolicy, RetentionService
 from store.store import Store
-from testkit.procs import async_wait_for
+from testkit.wait import wait_until_async
 
 
 def test_service_collects_by_count_and_keeps_the_floor(store: Store) -> None:
@@ -22,7 +22,7 @@ def test_service_collects_by_count_and_keeps_the_floor(store: Store) -> None:
     async def run() -> None:
         await svc.start()
         try:
-            await async_wait_for(lambda: store.log_bounds()[0] >= 21, 30, "the log collected")
+            await wait_until_async(lambda: store.log_bounds()[0] >= 21, 30, "the log collected")
         finally:
             await svc.stop()
 
