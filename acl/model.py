@@ -186,19 +186,9 @@ def validate_producer(p: Producer) -> None:
             raise BadRequestError(f"guard max_deletes_per_batch of {ks!r} must be >= 0")
 
 
-#: Owner kinds in the token index.
+#: Token holder kinds (`acl.principals.Principal.kind`).
 PRODUCER = "producer"
 CONSUMER = "consumer"
-
-
-@dataclass(frozen=True, slots=True)
-class TokenOwner:
-    """Who a token belongs to: kind (PRODUCER/CONSUMER), name, token id, expiry (µs)."""
-
-    kind: str
-    name: str
-    token_id: str
-    expires_us: int | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -305,20 +295,6 @@ class Acl:
         if c is None:
             raise NotFoundError(f"no consumer {name!r}", consumer=name)
         return c
-
-    def token_index(self) -> dict[str, TokenOwner]:
-        """token hash -> its owner, for per-request lookup."""
-        out = {
-            t.hash: TokenOwner(CONSUMER, c.name, tid, t.expires_us)
-            for c in self.consumers.values()
-            for tid, t in c.tokens.items()
-        }
-        out.update(
-            (t.hash, TokenOwner(PRODUCER, p.name, tid, t.expires_us))
-            for p in self.producers.values()
-            for tid, t in p.tokens.items()
-        )
-        return out
 
     def document(self) -> dict[str, Any]:
         """The ACL as one document without secrets: what `GET /v1/admin/acl` shows and
@@ -458,13 +434,3 @@ def producer_from_config(name: str, d: dict[str, Any]) -> Producer:
     )
     validate_producer(p)
     return p
-
-
-def find_token(index: dict[str, TokenOwner], token: str) -> TokenOwner | None:
-    """The owner of `token`, or None.
-
-    The lookup is by the token's SHA-256: its timing depends on the digest, never on the
-    secret's bytes, so it leaks nothing an attacker can use (the admin token, a single
-    hash, is compared with `hmac.compare_digest` instead).
-    """
-    return index.get(hash_token(token))

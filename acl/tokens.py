@@ -1,4 +1,5 @@
-"""Bearer tokens: generated at random, stored only as hashes, compared in constant time.
+"""Bearer tokens: generated at random, stored only as hashes (`acl.principals` resolves
+them).
 
 A token is ``mct_`` + 43 URL-safe characters (256 random bits). Its stored form is the hex
 SHA-256 of the whole token: with 256 bits of entropy a slow KDF adds nothing, and a fast hash
@@ -8,7 +9,6 @@ keeps per-request auth cheap.
 from __future__ import annotations
 
 import hashlib
-import hmac
 import secrets
 
 PREFIX = "mct_"
@@ -22,8 +22,3 @@ def new_token() -> str:
 def hash_token(token: str) -> str:
     """The stored form of `token`."""
     return hashlib.sha256(token.encode("utf-8", "surrogatepass")).hexdigest()
-
-
-def matches(token: str, stored_hash: str) -> bool:
-    """Whether `token` hashes to `stored_hash`, compared in constant time."""
-    return hmac.compare_digest(hash_token(token), stored_hash)

@@ -1,25 +1,32 @@
 """Who is calling and where they may write: bearer tokens and keyspace checks.
 
-Pure lookups over the ACL's token index (hashes only, constant-time comparison); rebuilt
-by `Auth.rebuild` whenever the ACL changes, so a revoked token fails on the next request.
-An expired token fails like an unknown one. A consumer token is for reading on replicas:
-the gateway refuses it (403). The time each token was last used is kept in memory (no
-store write per request): it says when this root process last saw the token.
+A header resolves to its principal by `acl.principals` (the one resolver every surface
+uses), rebuilt by `Auth.rebuild` whenever the ACL changes, so a revoked token fails on the
+next request. What the gateway allows is its own: an expired token fails like an unknown
+one (401, worded apart); a consumer token is for reading on replicas, so the gateway
+refuses it (403). The time each token was last used is kept in memory (no store write per
+request): it says when this root process last saw the token.
 """
 
 from __future__ import annotations
 
-import hmac
 import time
+from collections.abc import Callable
 
-from acl.model import CONSUMER, Acl, Producer, find_token
-from acl.tokens import hash_token
+from acl.model import CONSUMER, Acl, Producer
+from acl.principals import ADMIN as ADMIN_KIND
+from acl.principals import Principal, Refusal, TokenResolver
 from core.errors import AuthError, ForbiddenError
 from store.docs import ADMIN_HASH
 from store.ops import Op
 from store.store import Store
 
 ADMIN = "\x00admin"  # never a producer name (names cannot hold NUL)
+
+
+def wall_us() -> int:
+    """Now, in µs since the epoch: the clock tokens' expiry and last use are read on."""
+    return time.time_ns() // 1000
 
 
 def load_admin_hash(store: Store) -> str | None:
@@ -32,43 +39,57 @@ def load_admin_hash(store: Store) -> str | None:
 class Auth:
     """Tokens and keyspaces of the current ACL, plus the admin token's hash."""
 
-    def __init__(self, acl: Acl, admin_hash: str | None) -> None:
-        self.admin_hash = admin_hash
+    def __init__(
+        self, acl: Acl, admin_hash: str | None, clock: Callable[[], int] = wall_us
+    ) -> None:
         self.acl = acl
-        self._index = acl.token_index()
+        #: µs since the epoch; the root's reads (gateway/read_tokens.py) read it too
+        self.clock = clock
+        self.principals = TokenResolver(None, admin_hash)  # its tokens: rebuild(acl) below
         self._prefixes: dict[str, tuple[bytes, ...]] = {}
         #: token id -> µs of its last successful use by this process
         self.last_used: dict[str, int] = {}
         self.rebuild(acl)
 
+    @property
+    def admin_hash(self) -> str | None:
+        """The admin token's hash (None: no admin token)."""
+        return self.principals.admin_hash
+
+    @admin_hash.setter
+    def admin_hash(self, admin_hash: str | None) -> None:
+        # Set when the admin token rotates: refused from the next request on.
+        self.principals = self.principals.with_admin_hash(admin_hash)
+
     def rebuild(self, acl: Acl) -> None:
         """Use `acl` from now on (next request)."""
         self.acl = acl
-        self._index = acl.token_index()
+        self.principals = TokenResolver(acl, self.principals.admin_hash)
         self._prefixes = {n: p.prefixes() for n, p in acl.producers.items()}
-        live = {o.token_id for o in self._index.values()}
+        live = {t for p in acl.producers.values() for t in p.tokens}
+        live.update(t for c in acl.consumers.values() for t in c.tokens)
         self.last_used = {t: us for t, us in self.last_used.items() if t in live}
 
     def authenticate(self, authorization: str | None) -> str:
         """Producer name (or ADMIN) of a ``Bearer`` header; AuthError when unknown."""
-        if not authorization or not authorization[:7].lower() == "bearer ":
+        now = self.clock()
+        who = self.principals.resolve(authorization, now)
+        if who is Refusal.MISSING:
             raise AuthError("missing bearer token", hint='send "Authorization: Bearer <token>"')
-        token = authorization[7:].strip()
-        hit = find_token(self._index, token)
-        if hit is not None:
-            now = time.time_ns() // 1000
-            if hit.expires_us is not None and now >= hit.expires_us:
-                raise AuthError("expired token", hint="ask the admin for a new token")
-            self.last_used[hit.token_id] = now
-            if hit.kind == CONSUMER:
-                raise ForbiddenError(
-                    f"token of consumer {hit.name!r}: consumer tokens read from replicas",
-                    hint="use a producer token to write",
-                )
-            return hit.name
-        if self.admin_hash is not None and hmac.compare_digest(hash_token(token), self.admin_hash):
+        if who is Refusal.EXPIRED:
+            raise AuthError("expired token", hint="ask the admin for a new token")
+        if not isinstance(who, Principal):
+            raise AuthError("unknown or revoked token")
+        if who.kind == ADMIN_KIND:
             return ADMIN
-        raise AuthError("unknown or revoked token")
+        if who.token_id is not None:
+            self.last_used[who.token_id] = now
+        if who.kind == CONSUMER:
+            raise ForbiddenError(
+                f"token of consumer {who.name!r}: consumer tokens read from replicas",
+                hint="use a producer token to write",
+            )
+        return who.name
 
     def require_admin(self, authorization: str | None) -> None:
         """Raise unless the caller holds the admin token."""

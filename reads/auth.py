@@ -35,8 +35,8 @@ from urllib.parse import parse_qsl, quote, quote_from_bytes, unquote_to_bytes
 from pydantic import ValidationError
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from acl.model import DOC_NAME, Acl, Consumer, Producer
-from acl.tokens import hash_token
+from acl.model import DOC_NAME, Acl
+from acl.principals import Principal, TokenResolver, bearer_token
 from core.problems import PROBLEM_JSON
 from reads import bulkbody
 from reads.problems import problem_body
@@ -53,53 +53,44 @@ class TokenIndex(Protocol):
         """The token's keyspaces; None when the token is unknown or expired."""
 
 
+def wall_us() -> int:
+    """Now, in µs since the epoch: the clock tokens' expiry is read on."""
+    return time.time_ns() // 1000
+
+
 class AclTokenIndex:
     """Tokens of the replicated ACL document in `store` (producers read their own
-    keyspaces, consumers theirs); rebuilt when the document's version changes."""
+    keyspaces, consumers theirs), resolved by `acl.principals`; rebuilt when the
+    document's version changes. The admin token reads nothing here: it is the root's."""
 
-    def __init__(self, store: Store, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, store: Store, clock: Callable[[], int] = wall_us) -> None:
         self.store = store
+        #: µs since the epoch
         self.clock = clock
         self._version = -1
-        self._index: dict[str, tuple[tuple[bytes, ...], int | None]] = {}
+        self._resolver = TokenResolver()
 
     def _refresh(self) -> None:
         doc = self.store.get_doc(DOC_NAME)
         version = 0 if doc is None else doc.seq
         if version == self._version:
             return
-        index: dict[str, tuple[tuple[bytes, ...], int | None]] = {}
-        if doc is not None:
-            acl = Acl.from_json(json.loads(doc.body))
-            holders: list[Consumer | Producer] = [
-                *acl.consumers.values(),
-                *acl.producers.values(),
-            ]
-            for h in holders:
-                spaces = tuple(k.encode() for k in h.keyspaces)
-                for info in h.tokens.values():
-                    index[info.hash] = (spaces, info.expires_us)
-        self._index, self._version = index, version
+        acl = Acl.from_json(json.loads(doc.body)) if doc is not None else None
+        self._resolver, self._version = TokenResolver(acl), version
 
     def keyspaces(self, token: str) -> tuple[bytes, ...] | None:
         """See `TokenIndex`."""
         self._refresh()
-        found = self._index.get(hash_token(token))
-        if found is None:
-            return None
-        spaces, expires_us = found
-        if expires_us is not None and self.clock() * 1e6 >= expires_us:
-            return None
-        return spaces
+        who = self._resolver.resolve_token(token, self.clock())
+        return who.keyspaces if isinstance(who, Principal) else None
 
 
 def bearer(scope: Scope) -> str | None:
-    """The bearer token of a request, if any."""
+    """The bearer token of a request, if any (the first ``Authorization`` header, read by
+    the one parser, `acl.principals.bearer_token`); "" for a header naming no token."""
     for name, value in scope.get("headers", ()):
         if name == b"authorization":
-            scheme, _, token = bytes(value).decode("latin-1").partition(" ")
-            if scheme.lower() == "bearer" and token.strip():
-                return token.strip()
+            return bearer_token(bytes(value))
     return None
 
 
