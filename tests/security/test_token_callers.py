@@ -22,7 +22,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from starlette.applications import Starlette
 
-from acl.model import CONSUMER, DOC_NAME, PRODUCER, Acl, Consumer, Producer
+from acl.model import CONSUMER, DOC_NAME, Acl, Consumer, Producer
 from acl.principals import ADMIN as ADMIN_KIND
 from acl.principals import Principal, Refusal, TokenResolver
 from acl.tokens import hash_token
@@ -31,7 +31,7 @@ from gateway.auth import ADMIN
 from gateway.read_tokens import GatewayReadTokens
 from gateway.settings import Settings
 from gateway.writes import Gateway
-from reads.auth import AclTokenIndex, ReadAuth, TokenIndex
+from reads.auth import AclTokenIndex, ReadAuth, TokenIndex, bearer
 from reads.ranges import READ_KEYSPACES
 from store.docs import ADMIN_HASH
 from store.store import Store
@@ -99,9 +99,9 @@ def _gateway(c: Callers, header: str | None) -> tuple[str, str]:
         return "403", err.message
 
 
-def _middleware(index: TokenIndex, header: bytes | None) -> tuple[int, Any]:
+def _middleware(index: TokenIndex, header: bytes | None, *more: bytes) -> tuple[int, Any]:
     """The status `ReadAuth` answers for a whole-keyspace range (200: passed on), and the
-    keyspaces it passed on with the request."""
+    keyspaces it passed on with the request; `more`: further Authorization headers."""
     seen: list[Any] = []
     sent: list[MutableMapping[str, Any]] = []
 
@@ -117,6 +117,7 @@ def _middleware(index: TokenIndex, header: bytes | None) -> tuple[int, Any]:
         sent.append(msg)
 
     headers = [(b"host", b"x")] + ([(b"authorization", header)] if header is not None else [])
+    headers += [(b"authorization", h) for h in more]
     scope = {
         "type": "http",
         "method": "GET",
@@ -215,4 +216,16 @@ def test_each_token_resolves_as_documented(callers: Callers) -> None:
     callers.now = EXPIRES_US - 1
     assert _gateway(callers, h["expiring"]) == ("ok", "p")
     assert _middleware(callers.replica, raw["expiring-consumer"]) == (200, (b"app/a/",))
-    assert PRODUCER == "producer"  # the kinds callers compare against
+
+
+def test_the_first_authorization_header_is_the_one_read(callers: Callers) -> None:
+    """Authorization is not a list header: of several, every surface reads the first, as
+    the gateway always did (the read middleware once took the first Bearer one)."""
+    callers.now = 0
+    good = f"Bearer {TOKENS['producer']}".encode()
+    for first in (b"Basic x", b"Bearer ", b"Bearer mct_never-issued"):
+        headers = [(b"authorization", first), (b"authorization", good)]
+        assert bearer({"headers": headers}) == bearer({"headers": headers[:1]})
+        assert _gateway(callers, first.decode())[0] == "401"
+        assert _middleware(callers.replica, first, good) == (401, None)
+    assert _middleware(callers.replica, good, b"Basic x") == (200, (b"app/", b"shared/"))
