@@ -56,6 +56,17 @@ def bounded_root(tmp_path: Path, procs: Procs) -> Iterator[Root]:
     r.close_clients()
 
 
+def _recv_head(s: socket.socket) -> bytes:
+    """An answer's head (through its blank line), as it comes on `s` (10 s at most)."""
+    s.settimeout(10)
+    got = b""
+    while b"\r\n\r\n" not in got:
+        chunk = s.recv(4096)
+        assert chunk, f"closed before an answer's head: {got!r}"
+        got += chunk
+    return got
+
+
 def _connect_many(url: str, n: int) -> list[socket.socket]:
     host, port = url.removeprefix("http://").split(":")
     socks = []
@@ -92,11 +103,10 @@ def test_idle_sockets_neither_lock_out_a_producer_nor_stay_open(bounded_root: Ro
 def test_a_trickled_request_head_is_closed_at_the_deadline(bounded_root: Root) -> None:
     """Bytes arriving every half second do not move the deadline for a complete head."""
     (s,) = _connect_many(bounded_root.url, 1)
-    t0 = time.monotonic()
     closed = False
     try:
         s.sendall(b"GET /healthz HTTP/1.1\r\n")
-        for i in range(30):  # at most 15 s
+        for i in range(30):  # a header line every 0.5 s at most (the client's pace): 15 s
             try:
                 s.sendall(f"x-slow-{i}: y\r\n".encode())
             except OSError:
@@ -110,7 +120,6 @@ def test_a_trickled_request_head_is_closed_at_the_deadline(bounded_root: Root) -
     finally:
         s.close()
     assert closed
-    assert time.monotonic() - t0 < 12  # the 2 s deadline, with room for a loaded machine
     assert _metric(bounded_root, "mercury_http_connections_closed_total", reason="idle") >= 1
 
 
@@ -202,7 +211,7 @@ def test_a_pipelined_head_behind_a_stream_is_bounded(bounded_root: Root) -> None
             f"GET /v1/watch?prefix={name}/ HTTP/1.1\r\nHost: x\r\n"
             f"Authorization: Bearer {tok}\r\n\r\n".encode()
         )
-        time.sleep(0.5)  # the stream is open
+        assert _recv_head(s).startswith(b"HTTP/1.1 200 ")  # the stream is open
         s.sendall(b"GET /healthz HTTP/1.1\r\nx-big: ")
         sent = 0
         closed = False
@@ -234,7 +243,8 @@ def test_dribbled_bodies_at_the_cap_do_not_lock_out_a_producer(
                     f"PUT /v1/kv/{name}/slow{i} HTTP/1.1\r\nHost: x\r\n"
                     f"Authorization: Bearer {tok}\r\nContent-Length: 100\r\n\r\nx".encode()
                 )
-            time.sleep(6.5)  # past the stall bound (5 s) with nothing more sent
+            # The hostile clients' stall: past the stall bound (5 s) with nothing more sent.
+            time.sleep(6.5)
             for h in held[:2]:  # two keep dribbling: they are not the stalled longest
                 h.sendall(b"x")
             r = root.client(tok).put(f"/v1/kv/{name}/good", content=b"v")
@@ -260,10 +270,9 @@ def test_a_stalled_body_is_answered_408() -> None:
             await asyncio.sleep(60)  # the client never sends the rest
             raise AssertionError("not reached")
 
-        t0 = time.monotonic()
+        # (had it waited for the rest, the receive would fail the test instead)
         with pytest.raises(RequestTimeoutError, match="after 3 bytes"):
             await read_body(receive, None, 1 << 20, "body", idle_timeout_s=0.2)
-        assert time.monotonic() - t0 < 30
 
     asyncio.run(main())
 

@@ -176,7 +176,11 @@ def test_a_reply_of_many_writes_reaches_a_client_that_reads_late(
 
     with serving(server_ctx, big) as srv, connect(srv.port, client_ctx) as c:
         c.sendall(b"go")
-        time.sleep(0.5)  # the server's writes pile up
+        # the server's writes pile up: the protocol is told to pause
+        deadline = time.monotonic() + 10
+        while not (srv.conns and srv.conns[0].paused_writing):
+            assert time.monotonic() < deadline, "writing never paused"
+            time.sleep(0.01)
         conn = srv.conns[0]
         assert conn.paused_writing == 1
         assert conn.transport.get_write_buffer_size() > 0
