@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -11,6 +10,7 @@ import httpx
 import pytest
 
 from testkit.procs import Procs
+from testkit.wait import wait_until
 from tests.gateway.conftest import Root, make_root
 from tests.replicator.nodes import Replica, start_replica
 
@@ -29,12 +29,11 @@ class Cluster:
     def caught_up(self, timeout: float = 30.0) -> None:
         """Wait until the replica applied everything the root committed."""
         want = httpx.get(self.root.url + "/v1/status", timeout=5).json()["seq"]
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if httpx.get(self.read_url + "/v1/status", timeout=5).json()["seq"] >= want:
-                return
-            time.sleep(0.05)
-        raise TimeoutError(f"replica did not reach seq {want} in {timeout}s")
+        wait_until(
+            lambda: httpx.get(self.read_url + "/v1/status", timeout=5).json()["seq"] >= want,
+            timeout,
+            f"replica at seq {want}",
+        )
 
 
 def make_cluster(procs: Procs, base: Path) -> Cluster:

@@ -130,7 +130,7 @@ def test_429_is_retried_after_the_servers_retry_after(cluster: Cluster) -> None:
 
     def sleep(s: float) -> None:
         waits.append(s)
-        time.sleep(s)
+        time.sleep(s)  # deliberate: the SDK really waits out the Retry-After
 
     with Client(cluster.root.url, token, sleep=sleep) as c:
         c.put(f"{name}/a", "1")

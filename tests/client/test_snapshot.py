@@ -18,6 +18,7 @@ import pytest
 
 from mercury_client import AsyncClient, Change, Client, Gone, Snapshot
 from testkit.procs import REPO, Procs, mercury_cmd
+from testkit.wait import wait_until
 from tests.client.conftest import Cluster
 from tests.gateway.conftest import make_root
 from tests.replicator.nodes import start_replica
@@ -67,8 +68,11 @@ class Producer:
 
     def __enter__(self) -> Producer:
         self.thread.start()
-        while len(self.log) < 10 and self.thread.is_alive():  # under way
-            time.sleep(0.05)
+        wait_until(
+            lambda: len(self.log) >= 10 or not self.thread.is_alive(),
+            WRITE_SECONDS,
+            "the producer under way",
+        )
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -141,13 +145,13 @@ def gc_cluster(tmp_path: Path) -> Iterator[Cluster]:
 
 def _gone(c: Cluster, prefix: str, seq: int) -> None:
     """Wait until the replica answers a watch from `seq` with 410."""
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        r = httpx.get(f"{c.read_url}/v1/watch?prefix={prefix}&from_seq={seq}", timeout=10)
-        if r.status_code == 410:
-            return
-        time.sleep(0.2)
-    raise AssertionError("the replica never collected the log")
+    url = f"{c.read_url}/v1/watch?prefix={prefix}&from_seq={seq}"
+    wait_until(
+        lambda: httpx.get(url, timeout=10).status_code == 410,
+        30,
+        "the replica's log collected",
+        interval=0.2,
+    )
 
 
 def test_follow_recovers_from_gone_with_a_snapshot(gc_cluster: Cluster) -> None:

@@ -9,7 +9,6 @@ import asyncio
 import itertools
 import json
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,6 +16,7 @@ import pytest
 
 from mercury_client import AsyncClient, Change, Client, Gone, Unavailable
 from testkit.procs import REPO, mercury_cmd
+from testkit.wait import wait_until
 from tests.client.watch_server import Pki, Served, WatchApp, make_pki
 
 EXPECTED = [
@@ -134,11 +134,11 @@ def test_cli_watch_prints_json_lines_over_mutual_tls(
         try:
             # after the changes the server streams heartbeats, then ends; the CLI would
             # reconnect and go on: stop it by its PID once the lines are there
-            deadline = time.monotonic() + 30
-            while time.monotonic() < deadline and p.poll() is None:
-                if len(out.read_bytes().splitlines()) >= len(EXPECTED):
-                    break
-                time.sleep(0.05)
+            wait_until(
+                lambda: p.poll() is not None or len(out.read_bytes().splitlines()) >= len(EXPECTED),
+                30,
+                "the CLI's lines",
+            )
         finally:
             p.terminate()
             p.wait(10)

@@ -16,13 +16,14 @@ import socket
 import ssl
 import subprocess
 import threading
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl, unquote_to_bytes
 
 import uvicorn
+
+from testkit.wait import wait_until
 
 Scope = dict[str, Any]
 
@@ -135,7 +136,7 @@ class WatchApp:
             await send({"type": "http.response.body", "body": _line(doc), "more_body": True})
             sent += 1
         for _ in range(self.heartbeats):
-            await asyncio.sleep(0.02)
+            await asyncio.sleep(0.02)  # deliberate: a live stream's heartbeats come apart
             await send(
                 {
                     "type": "http.response.body",
@@ -191,11 +192,7 @@ class Served:
             target=self.server.run, kwargs={"sockets": [sock]}, daemon=True
         )
         self._thread.start()
-        deadline = time.monotonic() + 10
-        while not self.server.started:
-            if time.monotonic() > deadline:
-                raise TimeoutError("the watch server did not start")
-            time.sleep(0.02)
+        wait_until(lambda: self.server.started, 10, "the watch server started")
 
     def stop(self) -> None:
         self.server.should_exit = True

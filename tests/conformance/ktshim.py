@@ -198,6 +198,8 @@ class Shim:
         while self.waiting:
             self.applied = (await self.http.get(self.read_status)).json()["seq"]
             self.changed.set()
+            # The replica tells its seq only when asked: this is the poll's pace (the
+            # waiting writes wake on `changed`, never on this sleep).
             await asyncio.sleep(0.002)
 
     async def handle(self, cr: asyncio.StreamReader, cw: asyncio.StreamWriter) -> None:

@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-import time
 from pathlib import Path
 
 import httpx
 import pytest
 
 from testkit.procs import Procs, free_port, run_mercury, wait_port
+from testkit.wait import wait_until
 from tests.client.conftest import Cluster
 from tests.kt.conftest import producer_token_file
 
@@ -73,14 +73,16 @@ def under(c: Cluster, prefix: str) -> dict[str, str]:
 
 
 def eventually(c: Cluster, prefix: str, want: dict[str, str], timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    got: dict[str, str] = {}
-    while time.monotonic() < deadline:
-        got = under(c, prefix)
-        if got == want:
-            return
-        time.sleep(0.1)
-    assert got == want
+    seen: list[dict[str, str]] = []
+
+    def same() -> bool:
+        seen.append(under(c, prefix))
+        return seen[-1] == want
+
+    try:
+        wait_until(same, timeout, f"{prefix} as the ktserver has it", interval=0.1)
+    except TimeoutError:
+        assert seen[-1] == want  # the difference, shown
 
 
 def test_import_then_follow_a_real_ktserver(

@@ -5,7 +5,6 @@ root's own KT listener serves point reads only."""
 from __future__ import annotations
 
 import socket
-import time
 from pathlib import Path
 
 import httpx
@@ -14,16 +13,15 @@ import ukt
 from pymemcache.client.base import Client
 
 from testkit.procs import Procs, free_port, run_mercury, wait_http, wait_port
+from testkit.wait import wait_until
 
 
 def _wait_seq(url: str, seq: int, timeout: float = 60.0) -> dict[str, object]:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    def reached() -> dict[str, object] | None:
         st: dict[str, object] = httpx.get(url + "/v1/status", timeout=5).json()
-        if isinstance(st["seq"], int) and st["seq"] >= seq:
-            return st
-        time.sleep(0.05)
-    raise TimeoutError(f"{url} did not reach seq {seq}")
+        return st if isinstance(st["seq"], int) and st["seq"] >= seq else None
+
+    return wait_until(reached, timeout, f"{url} at seq {seq}")
 
 
 def test_gateway_writes_are_served_by_a_replica_over_every_protocol(

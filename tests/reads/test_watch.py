@@ -24,7 +24,9 @@ import httpx
 import pytest
 
 from mercury_client import Change, Client
+from testkit import metrics
 from testkit.procs import REPO, Procs, mercury_cmd
+from testkit.wait import wait_until, wait_until_async
 from tests.client.conftest import Cluster, make_cluster
 
 Doc = dict[str, Any]
@@ -100,6 +102,21 @@ def _brief(lines: list[Doc]) -> list[Doc]:
 
 def n_changes(n: int) -> Callable[[list[Doc]], bool]:
     return lambda ls: sum(1 for d in ls if "op" in d) >= n
+
+
+def _live_raw(s: socket.socket) -> None:
+    """Read a raw watch response up to its first heartbeat (the stream follows the hub)."""
+    got = b""
+    while not (b'"heartbeat"' in got and got.endswith(b"\r\n")):
+        chunk = s.recv(4096)
+        assert chunk, f"closed before the first heartbeat: {got!r}"
+        got += chunk
+
+
+def _ended_slow(c: Cluster) -> float:
+    """Watch streams the read node cut off for falling behind."""
+    text = httpx.get(c.read_url + "/metrics", timeout=10).text
+    return metrics.value(text, "mercury_watch_ended_total", reason="slow")
 
 
 @pytest.fixture(scope="module")
@@ -233,18 +250,25 @@ def test_watchers_joining_during_writes_miss_and_repeat_nothing(
     t = threading.Thread(target=produce, daemon=True)
     t.start()
     streams: list[Stream] = []
+
+    def written(n: int) -> Callable[[], bool]:
+        return lambda: len(seqs) > n or not t.is_alive()
+
     try:
-        for _ in range(5):
-            time.sleep(0.1)
+        for n in range(10, 60, 10):
+            # each stream opens after ten more writes (or once the producer is done)
+            wait_until(written(n), 120, f"{n} writes")
             streams.append(Stream(cluster.read_url, "j/", from_seq=seqs[len(seqs) // 2]).follow())
         t.join(120)
         assert not t.is_alive()
+        # A last change after everything: a stream delivers in seq order, so once it has
+        # this one, anything repeated at its join would have come before it.
+        end = _batch(cluster.root.url, token, [{"op": "set", "key": "j/zz-end", "value": "1"}])
         for s in streams:
             start = s.from_seq
             assert start is not None
-            want = [q for q in seqs if q >= start]
-            s.read_until(n_changes(len(want)), 60)
-            time.sleep(0.2)  # anything repeated after the last one would show now
+            want = [q for q in seqs if q >= start] + [end["seq"]]
+            s.read_until(lambda ls: any(d.get("key") == "j/zz-end" for d in ls), 60)
             assert [d["seq"] for d in s.changes()] == want
     finally:
         stop.set()
@@ -293,7 +317,9 @@ def test_a_stalled_watcher_is_cut_off_without_hurting_another(
     value = b"v" * (1 << 20)
     n = 40  # 40 MiB: far beyond a watcher's 4 MiB queue plus the socket buffers
     try:
-        time.sleep(0.5)  # the stalled stream has joined the hub
+        # Write only once both raw streams follow the hub (their first heartbeat).
+        _live_raw(stalled)
+        _live_raw(dead)
         for i in range(n):
             writer.put(f"w/big/{i}", value)
         healthy.read_until(n_changes(n), timeout=120)
@@ -311,7 +337,11 @@ def test_a_stalled_watcher_is_cut_off_without_hurting_another(
         assert b"fell too far behind" in buf, buf[-300:]
         assert buf.count(b'"op":"set"') < n, "the stalled watcher got everything"
         assert b"resume_from_seq" in buf
-        time.sleep(12)  # past the grace after the cut-off
+        # Both cut-offs happened while the writes above were handed out; then, deliberately,
+        # `dead` reads nothing for longer than the 10 s grace a cut-off stream gets to take
+        # its last line, so it is the node that must end it.
+        wait_until(lambda: _ended_slow(cluster) >= 2, 30, "both streams cut off")
+        time.sleep(12)
         dead.settimeout(30)
         total, t_end = 0, time.monotonic() + 60
         while time.monotonic() < t_end:
@@ -326,8 +356,7 @@ def test_a_stalled_watcher_is_cut_off_without_hurting_another(
             raise AssertionError("the stalled stream was never closed")
         assert total < n * (1 << 20), "the stalled stream got everything"
         assert httpx.get(cluster.read_url + "/healthz", timeout=10).status_code == 200
-        metrics = httpx.get(cluster.read_url + "/metrics", timeout=10).text
-        assert 'mercury_watch_ended_total{reason="slow"} 2.0' in metrics
+        assert _ended_slow(cluster) == 2
     finally:
         stalled.close()
         dead.close()
@@ -356,12 +385,9 @@ def test_cli_kv_watch_against_a_real_replica(
     with out.open("wb") as f, (tmp_path / "watch.err").open("wb") as err:
         p = subprocess.Popen(mercury_cmd(*argv), stdout=f, stderr=err, cwd=REPO)
         try:
-            deadline = time.monotonic() + 30
-            while time.monotonic() < deadline and len(out.read_bytes().splitlines()) < 1:
-                time.sleep(0.05)
+            wait_until(lambda: len(out.read_bytes().splitlines()) >= 1, 30, "the first line")
             s2 = writer.put("w/cli/b", b"y").seq
-            while time.monotonic() < deadline and len(out.read_bytes().splitlines()) < 2:
-                time.sleep(0.05)
+            wait_until(lambda: len(out.read_bytes().splitlines()) >= 2, 30, "the second line")
         finally:
             p.terminate()
             p.wait(10)
@@ -397,13 +423,12 @@ def test_410_after_log_gc_and_sigterm_with_open_streams(tmp_path: Path) -> None:
         auth = {root.url: token, c.read_url: None}
         for url in (root.url, c.read_url):
             hdr = {"Authorization": f"Bearer {auth[url]}"} if auth[url] else {}
-            deadline = time.monotonic() + 30
-            while True:
+
+            def gone(url: str = url, hdr: dict[str, str] = hdr) -> httpx.Response | None:
                 r = httpx.get(url + "/v1/watch?prefix=g/&from_seq=1", headers=hdr, timeout=10)
-                if r.status_code == 410 or time.monotonic() > deadline:
-                    break
-                time.sleep(0.2)
-            assert r.status_code == 410, r.text
+                return r if r.status_code == 410 else None
+
+            r = wait_until(gone, 30, f"seq 1 collected on {url}", interval=0.2)
             doc = r.json()
             assert r.headers["content-type"].startswith("application/problem+json")
             assert doc["log_first_seq"] > 1
@@ -498,9 +523,7 @@ def test_sdk_watch_resumes_across_a_replica_restart_without_loss_or_repeat(
         sent: list[int] = []
         with Client(c.root.url, token) as w:
             sent += [w.put(f"r/{i}", b"x").seq for i in range(20)]
-            deadline = time.monotonic() + 30
-            while len(got) < 5 and time.monotonic() < deadline:
-                time.sleep(0.02)
+            wait_until(lambda: len(got) >= 5, 30, "the first changes watched")
             Procs.terminate(c.replica.proc)
             sent += [w.put(f"r/{i}", b"y").seq for i in range(20, 40)]
             c.replica = restart(procs, c.replica)
@@ -573,7 +596,9 @@ def test_a_cut_off_names_the_first_change_it_did_not_send(tmp_path: Path) -> Non
             seqs = []
             for i in range(10):  # ~60-byte lines: the 300-byte queue overflows
                 seqs.append(await asyncio.to_thread(_put, store, f"k/{i}"))
-                await asyncio.sleep(0.05)  # the hub hands each commit out
+                # The hub hands each commit out on its own (the queue then holds the
+                # oldest change when it overflows), not several in one chunk.
+                await wait_until_async(lambda: hub.next_seq > seqs[-1], 10, f"k/{i} handed out")
             assert hub.cut_off == 1
             lines = [json.loads(x) async for chunk in gen for x in chunk.splitlines()]
             sent = [d["seq"] for d in lines if "op" in d]
