@@ -257,7 +257,8 @@ class Writers:
         i = 0
         target = 0
         # 307s are followed here, not by httpx: it drops the Authorization header on a
-        # redirect to another origin (another candidate's port), as browsers do.
+        # redirect to another origin (another candidate's port), as browsers do. The
+        # pauses below are a client's before it retries, not waits for anything.
         with httpx.Client(timeout=5.0, headers=headers) as c:
             while not self._stop.is_set():
                 key = f"k/w{w}/{i}"
