@@ -7,10 +7,10 @@ import json
 import os
 import signal
 import subprocess
-import time
 from pathlib import Path
 
 from testkit.procs import REPO, free_port, mercury_cmd
+from testkit.wait import wait_until
 from tests.client.conftest import Cluster
 
 
@@ -132,14 +132,14 @@ def test_import_resumes_after_sigkill_without_writing_twice(
     with (tmp_path / "import.log").open("wb") as log:
         p = subprocess.Popen(mercury_cmd(*argv), stdout=log, stderr=log, cwd=REPO)
         try:
-            deadline = time.monotonic() + 60
-            while time.monotonic() < deadline and p.poll() is None:
-                if (
-                    ckpt.exists()
-                    and json.loads(ckpt.read_text() or "{}").get("records_done", 0) >= 100
-                ):
-                    break
-                time.sleep(0.02)
+
+            def midway() -> bool:
+                if p.poll() is not None:
+                    return True  # ended early: the assertions below say how
+                done = json.loads(ckpt.read_text() or "{}") if ckpt.exists() else {}
+                return bool(done.get("records_done", 0) >= 100)
+
+            wait_until(midway, 60, "100 records imported")
         finally:
             if p.poll() is None:
                 os.kill(p.pid, signal.SIGKILL)

@@ -143,7 +143,7 @@ def test_unused_keys_end_to_end_through_a_replica(
         repl_port = int(root.args[root.args.index("--repl-listen") + 1].rsplit(":", 1)[1])
         rep = start_replica(procs, tmp_path / "replica", [repl_port], name="replica")
         wait_seq(rep.http, r.json()["seq"])  # caught up (without reading a key)
-        time.sleep(1.2)  # every key is now older than the 1-second window below
+        time.sleep(1.2)  # deliberate: every key is now older than the 1-second window below
         read = [keys[0], keys[5], keys[7]]
         assert c.get(f"/v1/kv/{keys[7]}").status_code == 200  # on the root's gateway
         assert httpx.get(f"http://127.0.0.1:{rep.http}/v1/kv/{keys[0]}").status_code == 200
