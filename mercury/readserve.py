@@ -23,7 +23,7 @@ import uvicorn
 from core import eventloop
 from core.addr import parse_hostport
 from mercury.listeners import ListenerSettings, replica_services, root_services
-from net import http_bounds
+from net import http_bounds, uvicorn_http
 from net.tcp import TcpService, add_listener_flags, listener_limits
 from net.uvicorn_http import HttpProtocol
 from reads import workermetrics, workers
@@ -106,7 +106,7 @@ async def serve(args: argparse.Namespace) -> None:
         # idle/header timeouts, a header size cap and a connection cap, as on a replica
         **http_bounds.uvicorn_options(http_bounds.HttpBounds.from_args(args), base),
     )
-    server = _Server(config)
+    server = uvicorn_http.Server(config)  # our loop handlers set `should_exit`
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -142,14 +142,6 @@ async def serve(args: argparse.Namespace) -> None:
             with contextlib.suppress(Exception):
                 await s.stop()
         store.close()
-
-
-class _Server(uvicorn.Server):
-    """uvicorn without its own signal capture (which re-raises SIGTERM after serving and so
-    would skip our cleanup); this module's loop handlers set `should_exit` instead."""
-
-    def capture_signals(self) -> contextlib.AbstractContextManager[None]:  # type: ignore[override]
-        return contextlib.nullcontext()
 
 
 class NoopWrapper:

@@ -31,7 +31,7 @@ import uvicorn
 from core import eventloop
 from mercury import logsetup, tls
 from mercury.settings import ReplicaConfig
-from net import http_bounds
+from net import http_bounds, uvicorn_http
 from reads import workermetrics, workers
 from replicator import sched
 from replicator.metrics import (
@@ -147,21 +147,16 @@ def replica_status(data_dir: str) -> dict[str, object]:
     }
 
 
-class _Server(uvicorn.Server):
-    """uvicorn without its own signal capture: our loop handlers set `should_exit`."""
+class _Server(uvicorn_http.Server):
+    """uvicorn without its own signal capture (our loop handlers set `should_exit`), and
+    HTTPS on `net/tlsconn.py`'s transport (TLS on the socket, driven by readiness) instead
+    of the loop's memory-BIO TLS layer: half its cost per keep-alive request."""
 
-    def capture_signals(self) -> contextlib.AbstractContextManager[None]:  # type: ignore[override]
-        return contextlib.nullcontext()
-
-    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
-        """HTTPS on `net/tlsconn.py`'s transport (TLS on the socket, driven by readiness)
-        instead of the loop's memory-BIO TLS layer: half its cost per keep-alive request."""
-        ctx = self.config.ssl
-        if ctx is None or not sockets or os.environ.get("MERCURY_HTTPS_LOOP_TLS") == "1":
-            # (the environment variable: the loop's own TLS layer, for bench/tls.py's A/B)
-            return await super().startup(sockets)
-        # As many handshakes in progress as the listener takes connections (net/http_bounds.py)
-        await http_bounds.start_tls(self, sockets, ctx)
+    def tls_listener(self) -> uvicorn_http.TlsStart | None:
+        if os.environ.get("MERCURY_HTTPS_LOOP_TLS") == "1":
+            return None  # the loop's own TLS layer, for bench/tls.py's A/B
+        # As many handshakes in progress as the listener takes connections
+        return http_bounds.start_tls
 
 
 def _forward_hup(sup: WorkerSupervisor, pool: workers.ReaderPool | None) -> None:

@@ -1,9 +1,12 @@
 """Bounds of every HTTP listener (the root's gateway, a replica's read API and each of its
 read worker processes, the standalone read server `python -m mercury.readserve`): idle and header
-timeouts, a header size cap and a connection cap, over uvicorn's httptools protocol (or a
-subclass of it: the read servers' point-get protocol). In `core` so that `mercury/` and
-`reads/` (which may not import `mercury/`) bound their listeners with the one protocol and
-the one set of ``--http-*`` flags.
+timeouts, a header size cap and a connection cap, over uvicorn's httptools protocol as
+`net/uvicorn_http.py` presents it (or a subclass of it: the read servers' point-get
+protocol). In `net` so that `mercury/` and `reads/` (which may not import `mercury/`) bound
+their listeners with the one protocol and the one set of ``--http-*`` flags. The cap, who is
+evicted at it and the deadlines are `net/budget.py`'s, the rules the KT/memcached listeners
+and TLS handshakes follow too; what is HTTP's own is here: what idle means for a connection
+(waiting for a request head, even one arriving in pieces), the head size bound, the 431.
 
 uvicorn alone closes an idle keep-alive connection only after it has answered a request on
 it: a socket that connects and sends nothing (or a header line every few seconds) is kept

@@ -6,26 +6,30 @@ request head and a deadline for it (`net/http_bounds.py`), point gets answered i
 protocol (`reads/fasthttp.py`), HTTPS on `net/tlsconn.py`'s transport. All of that reaches
 into uvicorn's private `HttpToolsProtocol` (its parser callbacks, its request-response
 `cycle`, its `pipeline`, its `flow` control, its keep-alive timer, its `server_state`) and
-into `uvicorn.Server.startup`. Those are not an interface uvicorn keeps: a minor release
-may rename any of them, and a listener would then misbehave quietly (a deadline never
-armed, an answer written twice). So they are touched here only, and this module refuses
-to load under a uvicorn outside `TESTED_RANGE` (the range `pyproject.toml` pins): moving
-to a new uvicorn is reading its httptools protocol against this file, then widening both.
+into `uvicorn.Server` (its signal capture, its `startup`). Those are not an interface
+uvicorn keeps: a minor release may rename any of them, and a listener would then misbehave
+quietly (a deadline never armed, an answer written twice). So they are touched here only,
+and this module refuses to load under a uvicorn outside `TESTED_RANGE` (the range
+`pyproject.toml` pins): moving to a new uvicorn is reading its httptools protocol and its
+server against this file, then widening both.
 
 What the others see is `HttpProtocol`, uvicorn's protocol with named hooks (`head_begun`,
 `head_bytes`, `head_done`, `message_done`, `malformed`, `response_done`,
 `request_answered`) and questions (`answering`, `write_paused`), plus, for a subclass that
 answers some requests itself, `answer_segment` and `answer_head`. Its `transport` and
-`loop` are the connection's, as on any asyncio protocol.
+`loop` are the connection's, as on any asyncio protocol. And `Server`, uvicorn's server
+leaving the signals to its caller, with HTTPS on a transport of the caller's choice.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import re
 import socket
 import ssl
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import uvicorn
@@ -254,6 +258,32 @@ class HttpProtocol(HttpToolsProtocol):
     def _answered_here(self) -> None:
         self.cycle = _ANSWERED
         self.server_state.total_requests += 1
+
+
+#: Starts a server's HTTPS listener on `sockets` with `context` (`Server.tls_listener`).
+TlsStart = Callable[["Server", list[socket.socket], ssl.SSLContext], Awaitable[None]]
+
+
+class Server(uvicorn.Server):
+    """uvicorn's server without its own signal capture (it re-raises SIGTERM after serving,
+    which would skip the caller's cleanup: the caller's loop handlers set `should_exit`
+    instead), serving HTTPS through `tls_listener` when that names one."""
+
+    def capture_signals(self) -> contextlib.AbstractContextManager[None]:  # type: ignore[override]
+        return contextlib.nullcontext()
+
+    def tls_listener(self) -> TlsStart | None:
+        """What starts the HTTPS listener instead of the loop's TLS layer (None: the
+        loop's, as uvicorn does)."""
+        return None
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        ctx = self.config.ssl
+        start = self.tls_listener() if ctx is not None and sockets else None
+        if start is None or ctx is None or not sockets:
+            await super().startup(sockets)
+            return
+        await start(self, sockets, ctx)
 
 
 async def start_tls_server(
