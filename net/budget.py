@@ -3,8 +3,9 @@
 Three kinds of connection hold a descriptor and memory for as long as a peer keeps them
 open: the HTTP listeners' (`net/http_bounds.py`, over uvicorn's protocol), the KT and
 memcached listeners' (`net/tcp.py`), and TLS handshakes not yet finished (`net/tlsconn.py`).
-Each listener has one `Budget`: its cap, and who goes when a newcomer finds it full. The
-rule is one for all:
+Each listener has one `Budget`: its cap, and who goes when a newcomer finds it full (an
+HTTPS listener has two: its handshakes, capped at its connection cap, and the connections
+whose handshake is done, which then enter the HTTP listener's). The rule is one for all:
 
 - a connection already closing with nothing left to write (its client hung up; only its
   `connection_lost` is still to come) no longer counts, so a client that closes and
