@@ -205,7 +205,8 @@ def test_watch_without_from_seq_starts_now(cluster: Cluster) -> None:
         stop = threading.Event()
 
         def write_after() -> None:
-            # the stream opens inside next(): keep writing until it has seen one
+            # the stream opens inside next(): keep writing until it has seen one (the
+            # 0.5 s between writes is a pace, not a synchronisation: the stop ends it)
             with Client(cluster.root.url, token) as w:
                 for i in range(120):
                     if stop.wait(0.5):
