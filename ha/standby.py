@@ -34,11 +34,13 @@ from core.errors import (
 from core.tasks import cancel_and_wait
 from net.tlsconf import TlsContexts
 from replicator import bootstrap, frames, upstream, wire
-from replicator.client import ReplicaClient, ReplicationFailed, open_source
+from replicator.client import ReplicaClient, ReplicationFailed
 from replicator.heartbeat import RelayedHeartbeat
 from replicator.selection import Selector
 from replicator.status import StatusBoard
+from replicator.tcp import TcpTransport
 from replicator.terms import store_term
+from replicator.transport import Transport
 from store import layout
 from store.lock import WriterLock
 from store.ops import LogRecord
@@ -72,11 +74,18 @@ class _ReportingClient(ReplicaClient):
 
 
 async def history_matches(
-    host: str, port: int, store: Store, node_id: bytes, tls: TlsContexts | None = None
+    host: str,
+    port: int,
+    store: Store,
+    node_id: bytes,
+    tls: TlsContexts | None = None,
+    *,
+    transport: Transport | None = None,
 ) -> bool:
     """Whether this store's history is a prefix of the source's (False: diverged, or the
-    source no longer holds what this store would continue from). OSError/TimeoutError/
-    ProtocolError when the source cannot be asked."""
+    source no longer holds what this store would continue from), asked over `transport`
+    (None: TCP, with mutual TLS when `tls`). OSError/TimeoutError/ProtocolError when the
+    source cannot be asked."""
     seq, _head = store.head()
     if seq == 0:
         return True
@@ -98,11 +107,13 @@ async def history_matches(
         0,
         frames.ZERO_SHA,
     )
+    transport = transport or TcpTransport(tls)
     async with asyncio.timeout(PROBE_TIMEOUT_S):
-        reader, writer = await open_source(host, port, tls, limit=16 << 20)
+        link = await transport.connect(host, port, timeout=None)
         try:
-            await wire.send(writer, frames.encode_hello(hello))
-            ftype, body = await wire.read_frame(reader)
+            await link.send(frames.encode_hello(hello))
+            ftype, _, raw, _ = await link.recv()
+            body = bytes(raw)
             if ftype == frames.REFUSE:
                 refusal = frames.decode_refuse(body)
                 log.warning("history probe refused by %s:%d: %s", host, port, refusal.message)
@@ -124,9 +135,9 @@ async def history_matches(
             if mine is None:
                 return True  # nothing to compare: the chain check on apply decides
             while True:
-                ftype, body = await wire.read_frame(reader)
+                ftype, _, raw, _ = await link.recv()
                 if ftype == frames.RECORD:
-                    theirs = wire.parse_record(body)
+                    theirs = wire.parse_record(bytes(raw))
                     same = (theirs.first_seq, theirs.num_entries, theirs.hash_head) == (
                         mine.first_seq,
                         mine.num_entries,
@@ -143,7 +154,7 @@ async def history_matches(
                 if ftype == frames.REFUSE:
                     return False
         finally:
-            await wire.close(writer)
+            await link.close()
 
 
 def move_aside(data_dir: str) -> str:

@@ -12,31 +12,25 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import fcntl
 import json
 import logging
 import os
-import socket
-import ssl
-import struct
 import uuid
-from collections.abc import Callable
 
-from core.errors import CorruptionError, DbIdMismatchError, ProtocolError, SnapshotTransferError
+from core.errors import CorruptionError, DbIdMismatchError, ProtocolError
 from net.tlsconf import TlsContexts
 from replicator import frames
 from replicator.client import refusal_error
 from replicator.status import StatusBoard
+from replicator.tcp import TcpTransport
+from replicator.transport import PeerClosed, Transport
 from store import layout
 from store.snapshot import SnapshotInfo, install_snapshot
 from store.store import CURRENT_FORMAT, Store
 
 log = logging.getLogger("mercury.replication.bootstrap")
 
-_CHUNK = 1 << 20
-_F_SETPIPE_SZ = 1031  # fcntl.F_SETPIPE_SZ, Linux; Python < 3.10 lacks the name
 CONNECT_TIMEOUT = 5.0
-_SOCK_BUF = 4 << 20
 #: No byte for this long (and no WAIT frame: those come every second) = a dead source.
 IDLE_TIMEOUT = 30.0
 
@@ -92,85 +86,29 @@ async def fetch(
     db_id: bytes,
     board: StatusBoard,
     tls: TlsContexts | None = None,
+    transport: Transport | None = None,
 ) -> frames.SnapshotOffer:
-    """Download (or finish downloading) a snapshot from `host:port` into DATA_DIR/.bootstrap.
+    """Download (or finish downloading) a snapshot from `host:port` into DATA_DIR/.bootstrap,
+    over `transport` (None: TCP, with mutual TLS when `tls`).
 
-    The transfer runs on a blocking socket in a worker thread (receive straight into a
-    buffer, write to the file): asyncio's stream machinery would cost most of the
-    throughput, and nothing else shares this connection. Raises SnapshotTransferError when
-    the transfer is cut (call again to resume), the source's RefusedError subclasses, and
-    OSError when it is unreachable.
+    The link is a bulk one (`Transport.connect(bulk=True)`): over TCP a blocking socket
+    driven from worker threads, the snapshot's bytes spliced into the file (asyncio's
+    stream machinery would cost most of the throughput, and nothing else shares this
+    connection). Raises SnapshotTransferError when the transfer is cut (call again to
+    resume), the source's RefusedError subclasses, and OSError when it is unreachable.
     """
-    loop = asyncio.get_running_loop()
-
-    def state(name: str) -> None:
-        loop.call_soon_threadsafe(lambda: board.update(state=name, source=f"{host}:{port}"))
-
-    ctx = tls.client if tls is not None else None
-    return await asyncio.to_thread(
-        _fetch_blocking, host, port, data_dir, node_id, db_id, state, ctx
-    )
-
-
-def _connect(host: str, port: int, ctx: ssl.SSLContext | None = None) -> socket.socket:
-    """A TCP connection with a large receive buffer, set before connecting so that the
-    window scale is negotiated for it (a bulk transfer is window-bound otherwise); with
-    `ctx`, mutual TLS (the source must present a certificate signed by our CA)."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, _SOCK_BUF)
-        sock.settimeout(CONNECT_TIMEOUT)
-        sock.connect((host, port))
-        if ctx is not None:
-            sock = ctx.wrap_socket(sock, server_hostname=host)
-    except BaseException:
-        sock.close()
-        raise
-    return sock
-
-
-def _recv_exact(sock: socket.socket, n: int) -> bytes:
-    buf = bytearray(n)
-    view = memoryview(buf)
-    got = 0
-    while got < n:
-        k = sock.recv_into(view[got:])
-        if k == 0:
-            raise ProtocolError("connection closed by the source")
-        got += k
-    return bytes(buf)
-
-
-def _read_frame(sock: socket.socket) -> tuple[int, bytes]:
-    raw = _recv_exact(sock, frames.HEADER_SIZE)
-    try:
-        h = frames.decode_header(raw)
-    except ValueError as err:
-        raise ProtocolError(f"bad frame header: {err}") from err
-    body = _recv_exact(sock, h.length) if h.length else b""
-    if not frames.check_body(raw, body):
-        raise ProtocolError(f"frame of type {h.type} fails its CRC")
-    return h.type, body
-
-
-def _fetch_blocking(
-    host: str,
-    port: int,
-    data_dir: str,
-    node_id: bytes,
-    db_id: bytes,
-    state: Callable[[str], None],
-    ctx: ssl.SSLContext | None = None,
-) -> frames.SnapshotOffer:
+    transport = transport or TcpTransport(tls)
     part, meta = _paths(data_dir)
-    layout.make_data_dir(data_dir)  # 0700 before any of the store's bytes arrive
-    os.makedirs(bootstrap_dir(data_dir), exist_ok=True)
+    await asyncio.to_thread(_prepare, data_dir)
     offer, have = held(data_dir)
     if offer is not None and have == offer.size:
         return offer
-    with _connect(host, port, ctx) as sock:
-        sock.settimeout(IDLE_TIMEOUT)
+
+    def state(name: str) -> None:
+        board.update(state=name, source=f"{host}:{port}")
+
+    link = await transport.connect(host, port, timeout=CONNECT_TIMEOUT, bulk=True)
+    try:
         hello = frames.Hello(
             frames.PROTOCOL_VERSION,
             frames.MODE_SNAPSHOT,
@@ -182,9 +120,13 @@ def _fetch_blocking(
             have if offer is not None else 0,
             offer.sha256 if offer is not None else frames.ZERO_SHA,
         )
-        sock.sendall(frames.encode_hello(hello))
+        await link.send(frames.encode_hello(hello), IDLE_TIMEOUT)
         while True:
-            ftype, body = _read_frame(sock)
+            try:
+                ftype, _, raw, _ = await link.recv(IDLE_TIMEOUT)
+            except PeerClosed as err:
+                raise ProtocolError("connection closed by the source") from err
+            body = bytes(raw)
             if ftype == frames.REFUSE:
                 raise refusal_error(frames.decode_refuse(body))
             if ftype == frames.WAIT:
@@ -229,82 +171,17 @@ def _fetch_blocking(
         fd = os.open(part, flags, 0o600)
         try:
             os.lseek(fd, new.offset, os.SEEK_SET)
-            _receive(sock, fd, new.size - new.offset)
+            await link.recv_file(fd, new.size - new.offset, idle_timeout=IDLE_TIMEOUT)
         finally:
             os.close(fd)
         return new._replace(offset=0)
+    finally:
+        await link.close()
 
 
-def _receive(sock: socket.socket, fd: int, count: int) -> None:
-    """Move `count` bytes from `sock` to file `fd` at its position.
-
-    Linux: splice socket -> pipe -> file, so the bytes never enter user space (this is
-    what brings a transfer close to `cp`); elsewhere, recv_into a buffer and write.
-    Raises SnapshotTransferError when the peer closes early or stalls.
-    """
-    left = count
-    if isinstance(sock, ssl.SSLSocket):
-        _receive_tls(sock, fd, count)
-        return
-    # Blocking fd (splice needs it) with a kernel receive timeout for stall detection.
-    sock.setblocking(True)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, struct.pack("ll", int(IDLE_TIMEOUT), 0))
-    if hasattr(os, "splice"):
-        r, w = os.pipe()
-        try:
-            with contextlib.suppress(OSError):
-                fcntl.fcntl(w, _F_SETPIPE_SZ, _CHUNK)
-            while left:
-                try:
-                    k = os.splice(sock.fileno(), w, min(_CHUNK, left))
-                except BlockingIOError as err:
-                    raise SnapshotTransferError("snapshot transfer stalled") from err
-                if k == 0:
-                    break
-                moved = 0
-                while moved < k:
-                    moved += os.splice(r, fd, k - moved)
-                left -= k
-        finally:
-            os.close(r)
-            os.close(w)
-    else:
-        buf = bytearray(_CHUNK)
-        view = memoryview(buf)
-        while left:
-            try:
-                k = sock.recv_into(view[: min(_CHUNK, left)])
-            except (TimeoutError, BlockingIOError) as err:
-                raise SnapshotTransferError("snapshot transfer stalled") from err
-            if k == 0:
-                break
-            os.write(fd, view[:k])
-            left -= k
-    if left:
-        raise SnapshotTransferError(
-            f"snapshot transfer cut with {left} bytes to go", hint="retry resumes it"
-        )
-
-
-def _receive_tls(sock: ssl.SSLSocket, fd: int, count: int) -> None:
-    """`_receive` over TLS: the bytes must be decrypted in user space, so no splice."""
-    sock.settimeout(IDLE_TIMEOUT)
-    buf = bytearray(_CHUNK)
-    view = memoryview(buf)
-    left = count
-    while left:
-        try:
-            k = sock.recv_into(view[: min(_CHUNK, left)])
-        except TimeoutError as err:
-            raise SnapshotTransferError("snapshot transfer stalled") from err
-        if k == 0:
-            break
-        os.write(fd, view[:k])
-        left -= k
-    if left:
-        raise SnapshotTransferError(
-            f"snapshot transfer cut with {left} bytes to go", hint="retry resumes it"
-        )
+def _prepare(data_dir: str) -> None:
+    layout.make_data_dir(data_dir)  # 0700 before any of the store's bytes arrive
+    os.makedirs(bootstrap_dir(data_dir), exist_ok=True)
 
 
 def install(data_dir: str, offer: frames.SnapshotOffer) -> Store:

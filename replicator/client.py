@@ -40,7 +40,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 from core.errors import (
     BootstrapNeededError,
@@ -64,7 +64,9 @@ from replicator.heartbeat import RelayedHeartbeat
 from replicator.pacing import CommitPacer
 from replicator.selection import Selector
 from replicator.status import StatusBoard
+from replicator.tcp import TcpTransport
 from replicator.terms import source_too_old, store_term
+from replicator.transport import Link, Transport
 from store.ops import LogRecord
 from store.store import Store
 
@@ -137,18 +139,6 @@ def refusal_error(r: frames.Refuse) -> RefusedError:
     return cls(f"source refused: {r.message}", code=r.code)
 
 
-async def open_source(
-    host: str, port: int, tls: TlsContexts | None, limit: int = 1 << 16
-) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-    """A connection to a source: mutual TLS with the current client context when `tls`
-    (the source must present a certificate signed by our CA), else plain TCP."""
-    if tls is None:
-        return await asyncio.open_connection(host, port, limit=limit)
-    return await asyncio.open_connection(
-        host, port, limit=limit, ssl=tls.client, server_hostname=host
-    )
-
-
 def check_welcome(welcome: frames.Welcome, db_id: bytes) -> None:
     """Refuse a source that welcomed us with another store's db id (a source checks ours
     too, but a replica never trusts the other end to have done so)."""
@@ -160,7 +150,8 @@ def check_welcome(welcome: frames.Welcome, db_id: bytes) -> None:
 
 
 class ReplicaClient:
-    """Keeps `store` following the first healthy of `selector.sources`."""
+    """Keeps `store` following the first healthy of `selector.sources`, over `transport`
+    (None: TCP, with mutual TLS when `tls`)."""
 
     def __init__(
         self,
@@ -175,8 +166,10 @@ class ReplicaClient:
         tls: TlsContexts | None = None,
         outbox: upstream.UpstreamOutbox | None = None,
         apply_window: float = 0.0,
+        transport: Transport | None = None,
     ) -> None:
         self.store = store
+        self.transport: Transport = transport or TcpTransport(tls)
         #: While the stream is heavy, the least time between the starts of two commits of
         #: the apply thread (seconds; 0: commit what is queued at once): records arriving
         #: meanwhile join one group, up to WINDOW_BYTES (`pacing.CommitPacer`). A light
@@ -206,8 +199,6 @@ class ReplicaClient:
         #: The seq last looked up in the log and what was found (one read per seq:
         #: heartbeats repeat it).
         self._looked_up: tuple[int, Point | None] = (-1, None)
-        #: The session's frame reader once the stream started (None between sessions).
-        self._frames: wire.FrameReader | None = None
         board.update(applied_seq=seq)
 
     async def run(self) -> None:
@@ -292,16 +283,13 @@ class ReplicaClient:
         self.board.update(state="connecting", source=self._source)
         self.applied = self.store.last_seq()
         self._applied_us = self._commit_time_us(self.applied)
-        # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancellation that
-        # races with a refused connect (core/tasks.py).
-        async with asyncio.timeout(CONNECT_TIMEOUT):
-            reader, writer = await open_source(host, port, self.tls, limit=READ_LIMIT)
+        link = await self.transport.connect(host, port, timeout=CONNECT_TIMEOUT)
         try:
             opts = frames.OPT_TERM | frames.OPT_HEADS
             opts |= frames.OPT_UPSTREAM if self.outbox is not None else 0
-            await wire.send(writer, self._hello(opts))
-            async with asyncio.timeout(CONNECT_TIMEOUT):
-                ftype, flags, body = await upstream.read_welcome(reader)
+            await link.send(self._hello(opts))
+            ftype, flags, body, _ = await link.recv(CONNECT_TIMEOUT)
+            body = bytes(body)
             if ftype == frames.REFUSE:
                 raise self._refusal(frames.decode_refuse(body))
             if ftype != frames.WELCOME:
@@ -319,10 +307,10 @@ class ReplicaClient:
             log.info("streaming from %s:%d at seq %d", host, port, self.applied + 1)
             probe = None
             if self.selector.index > 0 and self.failback > 0:
-                probe = asyncio.ensure_future(self._probe_preferred(reader))
-            pump = upstream.pump_while(self.outbox, flags, writer)
+                probe = asyncio.ensure_future(self._probe_preferred(link))
+            pump = upstream.pump_while(self.outbox, flags, link)
             try:
-                await self._stream(reader, writer)
+                await self._stream(link)
             finally:
                 if pump is not None:
                     pump.cancel()
@@ -336,9 +324,9 @@ class ReplicaClient:
                     if back is not None:
                         raise _Failback(back)
         finally:
-            await wire.close(writer)
+            await link.close()
 
-    async def _probe_preferred(self, reader: asyncio.StreamReader) -> int:
+    async def _probe_preferred(self, link: Link) -> int:
         """While streaming from a fallback source, every `failback` seconds check the
         sources listed before it; when one is healthy — it accepts us, is at least as far
         along, and relays a fresh root heartbeat — end the session to move back to it."""
@@ -348,60 +336,51 @@ class ReplicaClient:
                 host, port = self.selector.sources[i]
                 with contextlib.suppress(OSError, TimeoutError, ProtocolError, ValueError):
                     if await self._healthy(host, port):
-                        self._end_stream(reader)  # _session then raises _Failback
+                        link.end_reading()  # _session then raises _Failback
                         return i
 
     async def _healthy(self, host: str, port: int) -> bool:
-        async with asyncio.timeout(CONNECT_TIMEOUT):
-            reader, writer = await open_source(host, port, self.tls)
+        link = await self.transport.connect(host, port, timeout=CONNECT_TIMEOUT)
         try:
-            await wire.send(writer, self._hello(frames.OPT_NEWEST_ONLY | frames.OPT_TERM))
+            await link.send(self._hello(frames.OPT_NEWEST_ONLY | frames.OPT_TERM))
             async with asyncio.timeout(PROBE_TIMEOUT):
-                ftype, body = await wire.read_frame(reader)
+                ftype, _, body, _ = await link.recv()
                 if ftype != frames.WELCOME:
                     return False
-                welcome = frames.decode_welcome(body)
+                welcome = frames.decode_welcome(bytes(body))
                 if welcome.db_id != self._db_id or welcome.head_seq < self.applied:
                     return False
                 if source_too_old(welcome.term, store_term(self.store)):
                     return False
                 while True:
-                    ftype, body = await wire.read_frame(reader)
+                    ftype, _, body, _ = await link.recv()
                     if ftype == frames.HEARTBEAT:
-                        hb = frames.decode_heartbeat(body)
+                        hb = frames.decode_heartbeat(bytes(body))
+                        # The root's wall clock against ours: a heartbeat's time is wall time.
                         age_us = time.time_ns() // 1000 - hb.time_us
                         return age_us <= hb.interval_ms * 1000 + 1_000_000
         finally:
-            await wire.close(writer)
+            await link.close()
 
-    def _end_stream(self, reader: asyncio.StreamReader) -> None:
-        """End the session's stream: its next frame read raises."""
-        reader.feed_eof()
-        if self._frames is not None:
-            self._frames.feed_eof()
-
-    async def _stream(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _stream(self, link: Link) -> None:
         """Read frames and apply them in a pipeline: while one batch commits in the apply
-        thread, the loop already reads and checks the next ones (bounded read-ahead).
-        Frames are read by a `wire.FrameReader` that takes the connection over from the
-        handshake's stream reader (no stream buffer copies)."""
-        frames_in = self._frames = wire.take_over(reader, writer, READ_LIMIT)
+        thread, the loop already reads and checks the next ones (bounded read-ahead: over
+        TCP, frames are received straight into their buffers, no stream buffer copies)."""
+        link.read_ahead(READ_LIMIT)
         applier = _ApplyThread(
             self.store,
             asyncio.get_running_loop(),
             self._applied,
             self._heartbeat,
-            frames_in,
+            _EndReading(link),
             self._counted,
             self.apply_window,
         )
         failure: BaseException | None = None
         try:
-            await self._read_loop(frames_in, applier)
+            await self._read_loop(link, applier)
         except BaseException as err:  # re-raised below, after the applier has settled
             failure = err
-        finally:
-            self._frames = None
         if isinstance(failure, asyncio.CancelledError):
             applier.drop_pending()  # stopping: the next session streams them again
         # Any other failure (a gap, a repeat, a broken or lost connection, staleness) is
@@ -470,16 +449,17 @@ class ReplicaClient:
             hb_time_us=hb.time_us, hb_seq=hb.seq, hb_interval_ms=hb.interval_ms, known_us=known
         )
 
-    async def _read_loop(self, reader: wire.FrameReader, applier: _ApplyThread) -> None:
+    async def _read_loop(self, link: Link, applier: _ApplyThread) -> None:
+        # The loop's clock (a simulation's virtual one runs these sessions too).
+        clock = asyncio.get_running_loop().time
         received = self.applied
-        fresh_at = time.monotonic()
+        fresh_at = clock()
         while True:
-            left = self.staleness - (time.monotonic() - fresh_at)
+            left = self.staleness - (clock() - fresh_at)
             if left <= 0:
                 raise _Stale()
             try:
-                async with asyncio.timeout(left):  # no task per frame, unlike wait_for
-                    ftype, body = await reader.read_frame()
+                ftype, _, body, record_ok = await link.recv(left)
             except TimeoutError:
                 raise _Stale() from None
             if ftype == frames.RECORD:
@@ -494,9 +474,9 @@ class ReplicaClient:
                         seq=received,
                     )
                 received = rec.last_seq
-                fresh_at = time.monotonic()
+                fresh_at = clock()
                 self.selector.progressed()
-                await applier.put(rec, crc_checked=reader.record_crc_ok)
+                await applier.put(rec, crc_checked=record_ok)
             elif ftype == frames.HEARTBEAT:
                 hb = frames.decode_heartbeat(bytes(body))
                 self._check_head(hb)
@@ -508,7 +488,7 @@ class ReplicaClient:
                         seq=received,
                     )
                 if self.relay.update(hb):  # relayed downstream at once
-                    fresh_at = time.monotonic()
+                    fresh_at = clock()
                     self.selector.progressed()
                 await applier.put(hb)
             elif ftype == frames.REFUSE:
@@ -619,6 +599,24 @@ class _Stale(Exception):
     """No new record nor new heartbeat for the staleness period."""
 
 
+class _Reader(Protocol):
+    """What the apply thread ends when it fails: the session's reading."""
+
+    def feed_eof(self) -> None: ...
+
+
+class _EndReading:
+    """A link's `end_reading` as the apply thread calls it."""
+
+    __slots__ = ("link",)
+
+    def __init__(self, link: Link) -> None:
+        self.link = link
+
+    def feed_eof(self) -> None:
+        self.link.end_reading()
+
+
 class _ApplyThread:
     """Applies a session's records in order in its own thread.
 
@@ -634,7 +632,7 @@ class _ApplyThread:
         loop: asyncio.AbstractEventLoop,
         on_applied: Callable[[LogRecord], None],
         on_heartbeat: Callable[[frames.Heartbeat], None],
-        reader: wire.FrameReader,
+        reader: _Reader,
         on_group: Callable[[list[LogRecord], int, float], None],
         window: float = 0.0,
     ) -> None:

@@ -36,22 +36,20 @@ import contextlib
 import glob
 import logging
 import os
-import socket
-import ssl
 import threading
 import time
 import uuid
-from asyncio import sslproto
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import cast
 
 from core.errors import LogRetentionError, MercuryError, ProtocolError
 from net.tlsconf import TlsContexts
-from replicator import frames, handshake, notify, wire
+from replicator import frames, handshake, notify
 from replicator.heartbeat import HeartbeatSource
 from replicator.metrics import REFUSED
+from replicator.tcp import TcpTransport
 from replicator.terms import store_term
+from replicator.transport import Link, LinkRefused, Listener, Transport
 from replicator.upstream import Origin, UpstreamRouter
 from store import snapshot
 from store.ops import LogRecord
@@ -68,17 +66,12 @@ HELLO_TIMEOUT = 10.0
 #: and frees its bootstrap slot: a replica that asks for a snapshot and never reads must
 #: not block every other one.
 STALL_TIMEOUT = 30.0
-#: Bytes per sendfile call; each must go out within the stall timeout.
-_STALL_BLOCK = 4 << 20
 #: Connections served at once (streams, bootstraps and handshakes); more are closed at once.
 MAX_CONNECTIONS = 256
 #: A kept snapshot is reused for new bootstraps while younger than this.
 SNAPSHOT_MAX_AGE = 300.0
-_FILE_BLOCK = 1 << 20
 #: A replica's first frame must be a HELLO (92 bytes): anything else closes at its header.
 _FIRST_FRAME = frozenset({frames.HELLO})
-#: StreamReader buffer of a TLS connection (asyncio's default for plaintext ones).
-_STREAM_LIMIT = 1 << 16
 #: Frames smaller than this are joined into one write of at least this size: one TLS
 #: record run and one system call for many small log records instead of one each.
 _COALESCE = 64 << 10
@@ -101,7 +94,8 @@ class BootstrapStats:
 
 
 class ReplicationSource:
-    """Serves the log of `store` on `host:port` (port 0 picks a free one; see `port`)."""
+    """Serves the log of `store` on `host:port` (port 0 picks a free one; see `port`) over
+    `transport` (None: TCP, with mutual TLS when `tls`)."""
 
     name = "replication-source"
 
@@ -120,8 +114,10 @@ class ReplicationSource:
         hello_timeout: float = HELLO_TIMEOUT,
         tls: TlsContexts | None = None,
         upstream: UpstreamRouter | None = None,
+        transport: Transport | None = None,
     ) -> None:
         self.store = store
+        self.transport: Transport = transport or TcpTransport(tls, handshake_timeout=hello_timeout)
         #: Reads UPSTREAM frames of clients that offer them (None: never offered).
         self.upstream = upstream
         #: On an HA leader: the highest seq its standbys confirmed. Replicas other than
@@ -163,13 +159,9 @@ class ReplicationSource:
         #: The streams `horizon` holds back (plain replicas of an HA leader): a standby's
         #: report moves the horizon and wakes these only.
         self._held: set[asyncio.Event] = set()
+        #: The tasks of the connections admitted (streams, bootstraps and handshakes).
         self._conns: set[asyncio.Task[None]] = set()
-        self._accepting: set[asyncio.Task[None]] = set()
-        #: Every connection's own transport from the moment it is accepted until its
-        #: handler ends: `stop` aborts the ones a handler never got to (accepted as the
-        #: listener closed, their handler task not yet run).
-        self._transports: set[asyncio.Transport] = set()
-        self._server: asyncio.Server | None = None
+        self._listener: Listener | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._wake_listener: notify.WakeListener | None = None
         self._poll_task: asyncio.Task[None] | None = None
@@ -185,44 +177,21 @@ class ReplicationSource:
         self.store.add_commit_listener(self._on_commit_threadsafe)
         self._wake_listener = notify.WakeListener(self.store.path, self.wake)
         self._wake_listener.start()
-        if self.tls is None:
-            self._server = await self._loop.create_server(
-                lambda: _PlainAccept(self), self.host, self.port
-            )
-        else:
-            self._server = await self._loop.create_server(
-                lambda: _TlsAccept(self), self.host, self.port
-            )
-        self.port = self._server.sockets[0].getsockname()[1]
+        self._listener = await self.transport.listen(self.host, self.port, self._handle)
+        self.port = self._listener.address[1]
         self._poll_task = self._loop.create_task(self._poll())
         log.info("replication source listening on %s:%d", self.host, self.port)
 
     async def stop(self) -> None:
-        """Stop listening and close every connection."""
+        """Stop listening and close every connection (the listener cancels every
+        connection's task, also one accepted as it closed)."""
         self._closing = True
-        if self._server is not None:
-            # asyncio's own loop makes a transport for an accepted socket one loop turn
-            # after the accept, and drops the socket unclosed when the server was closed in
-            # between (CPython gh-109564): stop accepting, let the turn run, then close.
-            # (uvloop makes the transport at the accept; its `remove_reader` is a no-op.)
-            for sock in self._server.sockets:
-                asyncio.get_running_loop().remove_reader(sock.fileno())
-            await asyncio.sleep(0)
-            self._server.close()
+        if self._poll_task is not None:
+            self._poll_task.cancel()
         if self._wake_listener is not None:
             self._wake_listener.stop()
-        pending = [*self._conns, *self._accepting]  # TLS ones may not have been admitted yet
-        for t in [*pending, *([self._poll_task] if self._poll_task else [])]:
-            t.cancel()
-        for t in pending:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await t
-        for transport in self._transports:
-            transport.abort()
-        self._transports.clear()
-        if self._server is not None:
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(self._server.wait_closed(), 2)
+        if self._listener is not None:
+            await self._listener.close()
 
     def stop_as_diverged(self, seq: int, head: bytes, why: str) -> None:
         """This node's replication stopped as diverged, holding hash head `head` at `seq`
@@ -325,65 +294,49 @@ class ReplicationSource:
         log.warning("refused replica %s: %d connections open (the cap)", peer, self.max_connections)
         return False
 
-    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        """A plaintext connection (no `tls`)."""
+    async def _handle(self, link: Link) -> None:
+        """One connection, from its acceptance (before the transport's own handshake)."""
         task = asyncio.current_task()
         assert task is not None
-        peer = writer.get_extra_info("peername")
+        peer = link.address
         if not self._admit(peer):
-            self._transports.discard(writer.transport)
-            await wire.close(writer)
+            await link.close()
             return
         self._conns.add(task)
         try:
-            await self._serve(reader, writer, peer)
-        finally:
-            self._conns.discard(task)
-            self._transports.discard(writer.transport)
-            await wire.close(writer)
-
-    async def _handle_tls(self, transport: asyncio.Transport, hs: _Handshake) -> None:
-        """A connection to a TLS source: TLS was put on it when it was accepted."""
-        task = asyncio.current_task()
-        assert task is not None
-        peer = transport.get_extra_info("peername")
-        if not self._admit(peer):
-            self._transports.discard(transport)
-            transport.abort()
-            return
-        self._conns.add(task)
-        try:
-            pair = await self._start_tls(transport, hs, peer)
-            if pair is None:
-                return
-            reader, writer = pair
             try:
-                await self._serve(reader, writer, peer)
+                await link.handshake(self.hello_timeout)
+            except LinkRefused as err:
+                self._refused(err.reason)
+                log.warning(
+                    "refused replica %s: TLS handshake failed (%s: %s)",
+                    peer,
+                    err.reason,
+                    err.detail,
+                )
+                return
+            try:
+                await self._serve(link, peer)
             finally:
-                await wire.close(writer)
+                await link.close()
         except asyncio.CancelledError:
-            transport.abort()
+            link.abort()
         finally:
             self._conns.discard(task)
-            self._transports.discard(transport)
 
-    async def _serve(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, peer: object
-    ) -> None:
+    async def _serve(self, link: Link, peer: str) -> None:
         """Handshake, then a stream or a snapshot transfer; every ending is logged."""
         try:
-            ftype, body = await asyncio.wait_for(
-                wire.read_frame(reader, _FIRST_FRAME), self.hello_timeout
-            )
+            ftype, _flags, body, _ok = await link.recv(self.hello_timeout, _FIRST_FRAME)
             if ftype != frames.HELLO:
                 raise ProtocolError(f"expected HELLO, got frame type {ftype}")
-            hello = frames.decode_hello(body)
+            hello = frames.decode_hello(bytes(body))
             refusal = self._refusal(hello)
             if refusal is not None:
                 code, message = refusal
                 self._refused(_REFUSAL_REASONS.get(code, "protocol"))
                 log.warning("refused replica %s: %s", peer, message)
-                await wire.send(writer, frames.encode_refuse(code, message))
+                await link.send(frames.encode_refuse(code, message))
                 return
             first, _base = self.store.log_bounds()
             upstream = (
@@ -391,8 +344,7 @@ class ReplicationSource:
                 and hello.mode == frames.MODE_STREAM
                 and bool(hello.options & frames.OPT_UPSTREAM)
             )
-            await wire.send(
-                writer,
+            await link.send(
                 frames.encode_welcome(
                     frames.Welcome(
                         frames.PROTOCOL_VERSION,
@@ -407,14 +359,12 @@ class ReplicationSource:
                 ),
             )
             if hello.mode == frames.MODE_SNAPSHOT:
-                await self._send_snapshot(hello, reader, writer)
+                await self._send_snapshot(hello, link)
             elif upstream and self.upstream is not None:
-                origin = Origin(hello.client_id, str(peer))
-                await self.upstream.serve_beside(
-                    reader, origin, self._stream(hello, writer), writer
-                )
+                origin = Origin(hello.client_id, peer)
+                await self.upstream.serve_beside(link, origin, self._stream(hello, link))
             else:
-                await self._stream(hello, writer)
+                await self._stream(hello, link)
         except (ProtocolError, ValueError) as err:
             log.info("replica %s: %s", peer, err)
         except TimeoutError:
@@ -429,7 +379,7 @@ class ReplicationSource:
         except RuntimeError as err:
             # uvloop refuses a write to a transport the peer has closed with RuntimeError
             # ("the handler is closed"), not a ConnectionError: the same routine ending.
-            if not writer.transport.is_closing():
+            if not link.closing():
                 raise
             log.info("replica %s disconnected: %s", peer, err)
         except MercuryError as err:  # e.g. a corrupt log record: this stream cannot go on
@@ -440,33 +390,6 @@ class ReplicationSource:
     def _refused(self, reason: str) -> None:
         REFUSED.inc(reason)
         self.on_refused(reason)
-
-    async def _start_tls(
-        self, transport: asyncio.Transport, hs: _Handshake, peer: object
-    ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter] | None:
-        """Wait for the TLS handshake (mutual: the peer's certificate must be signed by our
-        CA); streams over it, or None (logged, counted, no frame sent) when it failed."""
-        try:
-            await asyncio.wait_for(asyncio.shield(hs.done), self.hello_timeout + 1)
-        except TimeoutError:
-            reason = "tls_timeout"
-            detail = f"no TLS handshake within {self.hello_timeout:g}s"
-        except ssl.SSLError as err:
-            reason = tls_refusal_reason(err)
-            detail = f"{err.reason or err}"
-        except (ConnectionError, OSError) as err:
-            # The TLS layer aborts a handshake past its timeout itself.
-            timed_out = isinstance(err, ConnectionAbortedError) and "longer" in str(err)
-            reason, detail = ("tls_timeout" if timed_out else "tls_failed"), str(err) or repr(err)
-        else:
-            tls_transport = hs.app.tls_transport
-            assert tls_transport is not None
-            loop = asyncio.get_running_loop()
-            return hs.reader, asyncio.StreamWriter(tls_transport, hs.app, hs.reader, loop)
-        self._refused(reason)
-        log.warning("refused replica %s: TLS handshake failed (%s: %s)", peer, reason, detail)
-        transport.abort()  # nothing to say to a peer we cannot trust
-        return None
 
     def _refusal(self, hello: frames.Hello) -> tuple[int, str] | None:
         """The refusal for `hello`, or None to accept it (see `handshake.decide`)."""
@@ -480,7 +403,7 @@ class ReplicationSource:
             diverged=self._diverged,
         )
 
-    async def _stream(self, hello: frames.Hello, writer: asyncio.StreamWriter) -> None:
+    async def _stream(self, hello: frames.Hello, link: Link) -> None:
         pos = self.store.last_seq() + 1 if hello.newest_only else hello.last_seq + 1
         stop = hello.stop_seq or None
         ev = asyncio.Event()
@@ -489,15 +412,17 @@ class ReplicationSource:
         if held:
             self._held.add(ev)
         interval = self.heartbeat.interval_ms / 1000
-        last_hb_at = 0.0
+        # The loop's clock (a simulation's virtual one runs these streams too).
+        clock = asyncio.get_running_loop().time
+        last_hb_at = -interval
         last_hb: frames.Heartbeat | None = None
         heads = bool(hello.options & frames.OPT_HEADS)
         try:
             while True:
                 ev.clear()
                 if self._diverged is not None:
-                    writer.write(frames.encode_refuse(frames.REFUSE_DIVERGED, self._diverged))
-                    await self._drain(writer)
+                    link.write(frames.encode_refuse(frames.REFUSE_DIVERGED, self._diverged))
+                    await self._drain(link)
                     return
                 # What was committed last is at hand (`_Tail`); older records are read
                 # in a worker thread. A read that took everything the store held then
@@ -512,8 +437,8 @@ class ReplicationSource:
                         )
                     except LogRetentionError as err:
                         # GC overtook a slow client: it must bootstrap.
-                        writer.write(frames.encode_refuse(frames.REFUSE_BOOTSTRAP, str(err)))
-                        await self._drain(writer)
+                        link.write(frames.encode_refuse(frames.REFUSE_BOOTSTRAP, str(err)))
+                        await self._drain(link)
                         return
                     more = len(recs) >= READ_RECORDS or sum(len(r.payload) for r in recs) >= (
                         READ_BYTES
@@ -521,19 +446,19 @@ class ReplicationSource:
                 if self.horizon is not None and held:
                     confirmed = self.horizon()
                     recs = [r for r in recs if r.last_seq <= confirmed]
-                out = _Coalescer(writer)
+                out = _Coalescer(link)
                 for rec in recs:
                     out.write(frames.encode_record(rec.header, rec.payload))
                     pos = rec.last_seq + 1
                     if stop is not None and rec.last_seq >= stop:
                         out.write(frames.encode_end(rec.last_seq))
                         out.flush()
-                        await self._drain(writer)
+                        await self._drain(link)
                         return
                 out.flush()
                 if recs:
-                    await self._drain(writer)
-                now = time.monotonic()
+                    await self._drain(link)
+                now = clock()
                 hb = self.heartbeat.current()
                 due = now - last_hb_at >= interval
                 newer = (
@@ -542,18 +467,18 @@ class ReplicationSource:
                     and (last_hb is None or hb.time_us > last_hb.time_us)
                 )
                 if hb is not None and (due or newer):
-                    writer.write(frames.encode_heartbeat(hb._replace(sent_seq=pos - 1), heads))
-                    await self._drain(writer)
+                    link.write(frames.encode_heartbeat(hb._replace(sent_seq=pos - 1), heads))
+                    await self._drain(link)
                     last_hb, last_hb_at = hb, now
                 if recs and more:
                     continue  # more is there already; only a read that took all waits
-                timeout = max(0.0, interval - (time.monotonic() - last_hb_at))
+                timeout = max(0.0, interval - (clock() - last_hb_at))
                 # Caught up: the next commit's records are written from `_tail_arrived`
                 # while this task sleeps (one turn of the loop sooner). Not for a stream
                 # the horizon holds back, nor one that ends at `stop`.
                 caught = None
                 if stop is None and not (held and self.horizon is not None):
-                    caught = self._caught[ev] = _Caught(pos, writer)
+                    caught = self._caught[ev] = _Caught(pos, link)
                 try:
                     async with asyncio.timeout(timeout):  # no task per wait, unlike wait_for
                         await ev.wait()
@@ -568,19 +493,16 @@ class ReplicationSource:
             self._held.discard(ev)
             self._caught.pop(ev, None)
 
-    async def _drain(self, writer: asyncio.StreamWriter) -> None:
+    async def _drain(self, link: Link) -> None:
         """Wait for the send buffer to drain; TimeoutError (the stream ends, the replica
         reconnects and resumes) when the replica takes nothing for the stall timeout."""
-        async with asyncio.timeout(self.stall_timeout):
-            await writer.drain()
+        await link.drain(self.stall_timeout)
 
     # --- bootstrap -------------------------------------------------------------------
 
-    async def _send_snapshot(
-        self, hello: frames.Hello, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
-    ) -> None:
+    async def _send_snapshot(self, hello: frames.Hello, link: Link) -> None:
         token = object()
-        peer = writer.get_extra_info("peername")
+        peer = link.address
         self._queue.append(token)
         try:
             while True:
@@ -596,9 +518,7 @@ class ReplicationSource:
                             ", ".join(f"{p} ({n} bytes sent)" for p, n in self._holders.values())
                             or "nobody",
                         )
-                    await asyncio.wait_for(
-                        wire.send(writer, frames.encode_wait(pos)), self.stall_timeout
-                    )
+                    await link.send(frames.encode_wait(pos), self.stall_timeout)
         finally:
             self._queue.remove(token)
         self._holders[token] = (peer, 0)
@@ -617,18 +537,13 @@ class ReplicationSource:
                 bytes.fromhex(info.sha256),
                 offset,
             )
-            sock = writer.get_extra_info("socket")
-            if sock is not None:  # a bulk transfer: let the kernel queue more of it
-                with contextlib.suppress(OSError):
-                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 << 20)
-            await wire.send(writer, frames.encode_snapshot(offer))
+            await link.send(frames.encode_snapshot(offer))
 
             def progress(n: int) -> None:
                 self._holders[token] = (peer, n)
 
             try:
-                sent = await send_file(
-                    writer,
+                sent = await link.send_file(
                     path,
                     offset,
                     info.size - offset,
@@ -645,7 +560,7 @@ class ReplicationSource:
                     self._holders[token][1],
                     info.size - offset,
                 )
-                writer.transport.abort()  # unsent bytes would hold the socket open
+                link.abort()  # unsent bytes would hold the socket open
                 return
             self.stats.bytes_sent += sent
             self.stats.served += 1
@@ -676,57 +591,6 @@ class ReplicationSource:
             self._snapshot = (path, info, time.monotonic())
             log.info("made snapshot at seq %d (%d bytes)", info.seq, info.size)
             return path, info
-
-
-async def send_file(
-    writer: asyncio.StreamWriter,
-    path: str,
-    offset: int,
-    count: int,
-    *,
-    stall_timeout: float = STALL_TIMEOUT,
-    progress: Callable[[int], None] = lambda _n: None,
-) -> int:
-    """Send `count` bytes of file `path` from `offset`: zero-copy sendfile where the loop
-    has it (asyncio, plain TCP), else 1 MiB reads written with backpressure (uvloop, on
-    the root; TLS).
-
-    Sent in blocks, each of which must leave within `stall_timeout` seconds (TimeoutError
-    otherwise: the peer stopped reading); `progress` gets the bytes sent after each block.
-    """
-    loop = asyncio.get_running_loop()
-    done = 0
-    # Over TLS the bytes must be encrypted in user space: no sendfile.
-    tls = writer.get_extra_info("sslcontext") is not None
-    with open(path, "rb") as f:
-        try:
-            if tls:
-                raise asyncio.SendfileNotAvailableError("TLS transport")
-            while done < count:
-                n = min(_STALL_BLOCK, count - done)
-                sent = await asyncio.wait_for(
-                    loop.sendfile(writer.transport, f, offset + done, n, fallback=False),
-                    stall_timeout,
-                )
-                done += int(sent)
-                progress(done)
-                if not sent:
-                    break
-            await asyncio.wait_for(writer.drain(), stall_timeout)
-            return done
-        except (NotImplementedError, asyncio.SendfileNotAvailableError):
-            pass
-        f.seek(offset + done)
-        left = count - done
-        while left:
-            block = f.read(min(_FILE_BLOCK, left))
-            if not block:
-                break
-            writer.write(block)
-            await asyncio.wait_for(writer.drain(), stall_timeout)
-            left -= len(block)
-            progress(count - left)
-        return count - left
 
 
 class _Tail:
@@ -771,26 +635,26 @@ class _Tail:
 
 
 class _Caught:
-    """A caught-up stream waiting for the next commit: where it is, and its writer."""
+    """A caught-up stream waiting for the next commit: where it is, and its link."""
 
-    __slots__ = ("pos", "writer")
+    __slots__ = ("link", "pos")
 
-    def __init__(self, pos: int, writer: asyncio.StreamWriter) -> None:
+    def __init__(self, pos: int, link: Link) -> None:
         self.pos = pos
-        self.writer = writer
+        self.link = link
 
     def send(self, recs: list[LogRecord]) -> None:
         """Write the records of `recs` from `pos` on, when they continue it and the link
         takes what it gets (otherwise the stream's task sends them, with backpressure)."""
-        transport = self.writer.transport
-        if transport.is_closing() or transport.get_write_buffer_size() >= _COALESCE:
+        link = self.link
+        if link.closing() or link.backlog() >= _COALESCE:
             return
         todo = [r for r in recs if r.last_seq >= self.pos]
         if not todo or todo[0].first_seq > self.pos:
             return
         if sum(len(r.payload) for r in todo) > READ_BYTES:
             return  # a large commit is the task's, which drains as it writes
-        out = _Coalescer(self.writer)
+        out = _Coalescer(link)
         for rec in todo:
             out.write(frames.encode_record(rec.header, rec.payload))
             self.pos = rec.last_seq + 1
@@ -801,17 +665,17 @@ class _Coalescer:
     """Joins small frames into writes of at least `_COALESCE` bytes (large ones go as they
     are, after what was pending): the frames keep their order."""
 
-    __slots__ = ("pending", "size", "writer")
+    __slots__ = ("link", "pending", "size")
 
-    def __init__(self, writer: asyncio.StreamWriter) -> None:
-        self.writer = writer
+    def __init__(self, link: Link) -> None:
+        self.link = link
         self.pending: list[bytes] = []
         self.size = 0
 
     def write(self, frame: bytes) -> None:
         if len(frame) >= _COALESCE:
             self.flush()
-            self.writer.write(frame)
+            self.link.write(frame)
             return
         self.pending.append(frame)
         self.size += len(frame)
@@ -820,79 +684,9 @@ class _Coalescer:
 
     def flush(self) -> None:
         if self.pending:
-            self.writer.write(b"".join(self.pending))
+            self.link.write(b"".join(self.pending))
             self.pending.clear()
             self.size = 0
-
-
-class _PlainAccept(asyncio.StreamReaderProtocol):
-    """A plaintext connection: `asyncio.start_server`'s protocol, which also registers the
-    transport with the source the moment it is accepted (see `ReplicationSource.stop`)."""
-
-    def __init__(self, source: ReplicationSource) -> None:
-        super().__init__(asyncio.StreamReader(limit=_STREAM_LIMIT), source._handle)
-        self.source = source
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        # A stream transport (uvloop's are not asyncio.Transport subclasses).
-        self.source._transports.add(cast(asyncio.Transport, transport))
-        super().connection_made(transport)
-
-
-class _TlsAccept(asyncio.Protocol):
-    """Puts TLS on a new connection before anything is read from it.
-
-    The TLS layer is installed in `connection_made`, synchronously: uvloop starts reading
-    right after that call (a `pause_reading` there does not hold), so a later
-    `loop.start_tls` could lose the peer's ClientHello to this protocol and the handshake
-    would hang. `asyncio.sslproto.SSLProtocol` runs on uvloop's transports as on asyncio's.
-    """
-
-    def __init__(self, source: ReplicationSource) -> None:
-        self.source = source
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert self.source.tls is not None
-        loop = asyncio.get_running_loop()
-        # A stream transport (uvloop's are not asyncio.Transport subclasses).
-        stream = cast(asyncio.Transport, transport)
-        reader = asyncio.StreamReader(limit=_STREAM_LIMIT)
-        app = _TlsStream(reader)
-        waiter: asyncio.Future[None] = loop.create_future()
-        layer = sslproto.SSLProtocol(
-            loop,
-            app,
-            self.source.tls.server,
-            waiter,
-            server_side=True,
-            # A float works (asyncio compares it to elapsed seconds); the stub says int.
-            ssl_handshake_timeout=self.source.hello_timeout,  # type: ignore[arg-type]
-        )
-        self.source._transports.add(stream)
-        stream.set_protocol(layer)
-        layer.connection_made(stream)
-        task = loop.create_task(self.source._handle_tls(stream, _Handshake(reader, app, waiter)))
-        self.source._accepting.add(task)  # a reference until it runs (then `_conns` holds it)
-        task.add_done_callback(self.source._accepting.discard)
-
-
-class _TlsStream(asyncio.StreamReaderProtocol):
-    """The stream protocol under TLS; remembers the TLS transport it is given."""
-
-    tls_transport: asyncio.Transport | None = None
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.tls_transport = cast(asyncio.Transport, transport)
-        super().connection_made(transport)
-
-
-@dataclass
-class _Handshake:
-    """A TLS handshake under way: its stream ends and the future it completes."""
-
-    reader: asyncio.StreamReader
-    app: _TlsStream
-    done: asyncio.Future[None]
 
 
 _REFUSAL_REASONS = {
@@ -903,27 +697,6 @@ _REFUSAL_REASONS = {
     frames.REFUSE_NOT_READY: "not_ready",
     frames.REFUSE_DIVERGED: "diverged",
 }
-
-#: OpenSSL's reasons for a server-side handshake failure, by what the peer did.
-_PLAINTEXT = frozenset(
-    {"WRONG_VERSION_NUMBER", "HTTP_REQUEST", "HTTPS_PROXY_REQUEST", "UNKNOWN_PROTOCOL",
-     "RECORD_LAYER_FAILURE", "PACKET_LENGTH_TOO_LONG", "UNEXPECTED_RECORD"}
-)  # fmt: skip
-_NO_CERT = frozenset({"PEER_DID_NOT_RETURN_A_CERTIFICATE", "NO_CERTIFICATE_RETURNED"})
-
-
-def tls_refusal_reason(err: ssl.SSLError) -> str:
-    """The `mercury_repl_refused_total` reason for a failed server-side handshake."""
-    if isinstance(err, ssl.SSLCertVerificationError):
-        return "untrusted_certificate"
-    reason = err.reason or ""
-    if reason in _PLAINTEXT:
-        return "plaintext"
-    if reason in _NO_CERT:
-        return "no_certificate"
-    if "CERTIFICATE" in reason or "UNKNOWN_CA" in reason:
-        return "untrusted_certificate"
-    return "tls_failed"
 
 
 def _uuid_bytes(db_id: str) -> bytes:

@@ -20,9 +20,9 @@ it streams from, and the source dispatches each one by kind to a registered hand
   must not lose state re-send it in full when a link comes up (`UpstreamOutbox.on_connect`).
 
 Handlers run on the source's event loop (on the root: the gateway's), called from the
-transport's callback as each frame's bytes arrive (a standby's APPLIED report gates the
-root's acknowledgements: no task wake-up in between), so they must be cheap: fold the
-payload into memory and let a batch or a timer persist it.
+transport's callback as each frame's bytes arrive (`Link.push`; a standby's APPLIED
+report gates the root's acknowledgements: no task wake-up in between), so they must be
+cheap: fold the payload into memory and let a batch or a timer persist it.
 """
 
 from __future__ import annotations
@@ -35,12 +35,14 @@ import os
 import struct
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 from prometheus_client import Counter
 
 from core.errors import ProtocolError
 from replicator import frames
+from replicator.tcp import read_stream_frame
+from replicator.transport import Frame, Link, PeerClosed
 
 log = logging.getLogger("mercury.replication.upstream")
 
@@ -131,40 +133,23 @@ class UpstreamRouter:
         except Exception:
             log.exception("upstream handler of kind %d failed on a frame from %s", kind, origin[1])
 
-    async def read_frames(self, reader: asyncio.StreamReader, origin: Origin) -> None:
-        """Dispatch UPSTREAM frames until the client closes (returns) or sends anything
-        else or a bad frame (ProtocolError: the connection is closed)."""
-        while True:
-            if reader.at_eof():
-                return
-            try:
-                _, body = await _read(reader, _UPSTREAM_ONLY)
-            except _Eof:
-                return
-            try:
-                kind, payload = frames.decode_upstream(body)
-            except ValueError as err:
-                raise ProtocolError(str(err)) from err
-            self.dispatch(origin, kind, payload)
+    def _frame(self, origin: Origin, frame: Frame) -> None:
+        """One UPSTREAM frame from `origin` (ProtocolError, ending the link, when its body
+        is not one)."""
+        try:
+            kind, payload = frames.decode_upstream(bytes(frame.body))
+        except ValueError as err:
+            raise ProtocolError(str(err)) from err
+        self.dispatch(origin, kind, payload)
 
-    async def serve_beside(
-        self,
-        reader: asyncio.StreamReader,
-        origin: Origin,
-        stream: Awaitable[None],
-        writer: asyncio.StreamWriter | None = None,
-    ) -> None:
+    async def serve_beside(self, link: Link, origin: Origin, stream: Awaitable[None]) -> None:
         """Run `stream` (the source's sending side) and the upstream reader together until
         either ends: a client that closed or sent a bad frame ends its stream too.
 
-        With `writer` (the connection's), the reading side is taken over from `reader` by a
-        protocol that dispatches each frame as its bytes arrive (`_Dispatcher`); without,
-        a task reads them from `reader`."""
+        The link's reading is switched to `Link.push`: each frame is dispatched as its
+        bytes arrive, in the transport's callback."""
         sending = asyncio.ensure_future(stream)
-        if writer is not None:
-            reading: asyncio.Future[None] = _Dispatcher.take_over(self, origin, reader, writer)
-        else:
-            reading = asyncio.ensure_future(self.read_frames(reader, origin))
+        reading = link.push(lambda f: self._frame(origin, f), _UPSTREAM_ONLY)
         try:
             await asyncio.wait({sending, reading}, return_when=asyncio.FIRST_COMPLETED)
         finally:
@@ -175,106 +160,6 @@ class UpstreamRouter:
             err = t.exception() if t.done() and not t.cancelled() else None
             if err is not None:
                 raise err
-
-
-class _Dispatcher(asyncio.Protocol):
-    """The reading side of a source's connection once its stream started: UPSTREAM frames
-    are parsed and dispatched in the transport's callback, as their bytes arrive. A task
-    reading them was woken one turn of the loop later, and on an HA leader (whose loop
-    serves every writer) a standby's APPLIED report gates acknowledgements. Frame headers
-    are checked (type, bound) before a body is buffered; a bad frame ends the connection.
-    The stream protocol the transport had keeps the writer's flow control."""
-
-    def __init__(
-        self, router: UpstreamRouter, origin: Origin, old: asyncio.BaseProtocol | None
-    ) -> None:
-        self.router = router
-        self.origin = origin
-        self._old = old
-        self._buf = bytearray()
-        self._need = frames.HEADER_SIZE  # bytes the next step waits for
-        self._header: bytes | None = None
-        #: Done when the client closed (None) or sent something wrong (ProtocolError).
-        self.done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-
-    @classmethod
-    def take_over(
-        cls,
-        router: UpstreamRouter,
-        origin: Origin,
-        reader: asyncio.StreamReader,
-        writer: asyncio.StreamWriter,
-    ) -> asyncio.Future[None]:
-        """Move the connection's reading onto a new dispatcher: bytes `reader` already
-        holds are dispatched first. Returns its `done` future."""
-        transport: Any = writer.transport  # a ReadTransport too (a socket or TLS one)
-        d = cls(router, origin, transport.get_protocol())
-        held = bytes(getattr(reader, "_buffer", b""))
-        transport.set_protocol(d)
-        d._transport = transport
-        transport.resume_reading()  # in case the stream reader had paused it
-        if held:
-            d.data_received(held)
-        if reader.at_eof() or getattr(reader, "_eof", False):
-            d._finish(None)
-        return d.done
-
-    _transport: Any = None
-
-    def data_received(self, data: bytes) -> None:
-        if self.done.done():
-            return
-        self._buf += data
-        while len(self._buf) >= self._need:
-            if self._header is None:
-                raw = bytes(self._buf[: frames.HEADER_SIZE])
-                try:
-                    h = frames.decode_header(raw, _UPSTREAM_ONLY)
-                except ValueError as err:
-                    self._finish(ProtocolError(f"bad frame header: {err}"))
-                    return
-                self._header = raw
-                self._need = frames.HEADER_SIZE + h.length
-                continue
-            header, body = self._header, bytes(self._buf[frames.HEADER_SIZE : self._need])
-            del self._buf[: self._need]
-            self._header, self._need = None, frames.HEADER_SIZE
-            if not frames.check_body(header, body):
-                self._finish(ProtocolError(f"frame of type {header[0]} fails its CRC"))
-                return
-            try:
-                kind, payload = frames.decode_upstream(body)
-            except ValueError as err:
-                self._finish(ProtocolError(str(err)))
-                return
-            self.router.dispatch(self.origin, kind, payload)
-
-    def eof_received(self) -> bool | None:
-        self._finish(None if not self._buf else ProtocolError("connection closed mid-frame"))
-        return None  # the transport closes
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self._finish(None)
-        if self._old is not None:
-            self._old.connection_lost(exc)
-
-    def pause_writing(self) -> None:
-        if self._old is not None:
-            self._old.pause_writing()
-
-    def resume_writing(self) -> None:
-        if self._old is not None:
-            self._old.resume_writing()
-
-    def _finish(self, err: ProtocolError | None) -> None:
-        if self.done.done():
-            return
-        if err is None:
-            self.done.set_result(None)
-        else:
-            self.done.set_exception(err)
-            if self._transport is not None:
-                self._transport.pause_reading()  # nothing more is read; the stream ends
 
 
 class UpstreamOutbox:
@@ -293,24 +178,19 @@ class UpstreamOutbox:
         self.dropped = 0
         #: True while a session to an upstream-capable source pumps this outbox.
         self.connected = False
-        #: The pumped session's writer once its on-connect state is queued (None: none).
-        self._writer: asyncio.StreamWriter | None = None
+        #: The pumped session's link once its on-connect state is queued (None: none).
+        self._link: Link | None = None
 
     def send(self, kind: int, payload: bytes) -> None:
         """Queue one frame (ValueError when `payload` is over the frame bound); the oldest
         frames are dropped (counted) when the outbox is over its bounds."""
         frame = frames.encode_upstream(kind, payload)
-        w = self._writer
-        # When the link is idle the frame goes to the socket now rather than one loop turn
+        link = self._link
+        # When the link is idle the frame goes to the network now rather than one loop turn
         # later in `pump` (a standby's APPLIED report gates its leader's acknowledgements).
         # A link that is not taking what it gets queues as usual; `pump`'s drain times it out.
-        if (
-            w is not None
-            and not self._q
-            and not w.transport.is_closing()
-            and not w.transport.get_write_buffer_size()
-        ):
-            w.write(frame)
+        if link is not None and not self._q and not link.closing() and not link.backlog():
+            link.write(frame)
             self.sent += 1
             return
         self._q.append(frame)
@@ -329,8 +209,8 @@ class UpstreamOutbox:
         (before anything queued is written): the place to re-send state in full."""
         self._listeners.append(listener)
 
-    async def pump(self, writer: asyncio.StreamWriter, send_timeout: float = SEND_TIMEOUT) -> None:
-        """Write queued frames to `writer` until cancelled (the session's end). A frame
+    async def pump(self, link: Link, send_timeout: float = SEND_TIMEOUT) -> None:
+        """Write queued frames to `link` until cancelled (the session's end). A frame
         leaves the queue once handed to the transport; TimeoutError when the source takes
         nothing for `send_timeout` seconds."""
         self.connected = True
@@ -340,19 +220,18 @@ class UpstreamOutbox:
                     listener()
                 except Exception:
                     log.exception("upstream on_connect listener failed")
-            self._writer = writer
+            self._link = link
             while True:
                 while self._q:
                     frame = self._q.popleft()
                     self._bytes -= len(frame)
-                    writer.write(frame)
+                    link.write(frame)
                     self.sent += 1
-                    async with asyncio.timeout(send_timeout):
-                        await writer.drain()
+                    await link.drain(send_timeout)
                 self._ready.clear()
                 await self._ready.wait()
         finally:
-            self._writer = None
+            self._link = None
             self.connected = False
 
 
@@ -365,52 +244,23 @@ def relay_to(outbox: UpstreamOutbox) -> Handler:
     return relay
 
 
-class _Eof(Exception):
-    """The peer closed the connection between two frames."""
-
-
-async def _read(
-    reader: asyncio.StreamReader, allowed: frozenset[int] | None
-) -> tuple[frames.FrameHeader, bytes]:
-    """One frame with its header (the flags matter here); _Eof when the peer closed
-    between frames, ProtocolError on a bad header, CRC or a cut frame."""
-    try:
-        raw = await reader.readexactly(frames.HEADER_SIZE)
-    except asyncio.IncompleteReadError as err:
-        if not err.partial:
-            raise _Eof() from err
-        raise ProtocolError("connection closed mid-frame") from err
-    try:
-        h = frames.decode_header(raw, allowed)
-    except ValueError as err:
-        raise ProtocolError(f"bad frame header: {err}") from err
-    try:
-        body = await reader.readexactly(h.length) if h.length else b""
-    except asyncio.IncompleteReadError as err:
-        raise ProtocolError(f"frame truncated: got {len(err.partial)} of {h.length}") from err
-    if not frames.check_body(raw, body):
-        raise ProtocolError(f"frame of type {h.type} fails its CRC")
-    return h, body
-
-
 async def read_welcome(reader: asyncio.StreamReader) -> tuple[int, int, bytes]:
-    """The source's answer to a HELLO as (type, header flags, body): the flags say
-    whether it reads upstream frames (`frames.WELCOME_UPSTREAM`)."""
+    """The source's answer to a HELLO read from a raw stream, as (type, header flags,
+    body): the flags say whether it reads upstream frames (`frames.WELCOME_UPSTREAM`).
+    (A client on a `Link` reads it with `Link.recv`.)"""
     try:
-        h, body = await _read(reader, None)
-    except _Eof:
+        h, body = await read_stream_frame(reader, None)
+    except PeerClosed:
         raise ProtocolError("connection closed by the peer") from None
     return h.type, h.flags, body
 
 
-def pump_while(
-    outbox: UpstreamOutbox | None, flags: int, writer: asyncio.StreamWriter
-) -> asyncio.Task[None] | None:
-    """Start pumping `outbox` into `writer` when the source's WELCOME `flags` accepted
+def pump_while(outbox: UpstreamOutbox | None, flags: int, link: Link) -> asyncio.Task[None] | None:
+    """Start pumping `outbox` into `link` when the source's WELCOME `flags` accepted
     upstream frames; the task (cancel it when the session ends) or None."""
     if outbox is None or not flags & frames.WELCOME_UPSTREAM:
         return None
-    return asyncio.ensure_future(outbox.pump(writer))
+    return asyncio.ensure_future(outbox.pump(link))
 
 
 class SpoolForwarder:

@@ -137,6 +137,8 @@ class FrameReader(asyncio.BufferedProtocol):
         #: Whether the last RECORD frame read holds a log record whose own CRC holds too
         #: (checked with the frame's CRC in one pass over the payload; see `read_frame`).
         self.record_crc_ok = False
+        #: The header flags of the last frame read.
+        self.last_flags = 0
 
     # -- protocol side (called by the transport) --
 
@@ -272,6 +274,7 @@ class FrameReader(asyncio.BufferedProtocol):
             self._transport.resume_reading()
         want = frames.HEADER.unpack(raw)[3]
         self.record_crc_ok = False
+        self.last_flags = raw[1]
         if raw[0] == frames.RECORD and len(body) >= LOG_HEADER.size:
             # A record is covered by two CRCs sharing its payload: the frame's (prefix,
             # log header, payload) and the log record's (58 header bytes, payload). The

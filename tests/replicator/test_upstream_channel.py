@@ -13,6 +13,7 @@ import pytest
 
 from core.errors import ProtocolError
 from replicator import frames, upstream, wire
+from replicator.tcp import TcpTransport
 from testkit.procs import Procs
 from testkit.replication import RootNode, root_node, wait_for
 from tests.replicator.nodes import start_replica
@@ -192,15 +193,15 @@ def test_spooled_payloads_go_upstream_and_are_sent_again_when_a_link_comes_back(
         assert sorted(p.name for p in tmp_path.iterdir()) == [".half.tmp"]
         assert box.pending() == 2
         for want in (4, 6):  # the first session: replay + queued; the second: replay
-            _, writer = await asyncio.open_connection("127.0.0.1", port)
-            pump = asyncio.ensure_future(box.pump(writer))
+            link = await TcpTransport().connect("127.0.0.1", port, timeout=10)
+            pump = asyncio.ensure_future(box.pump(link))
             async with asyncio.timeout(10):
                 while len(got) < want:
                     await asyncio.sleep(0.01)
             pump.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await pump
-            await wire.close(writer)
+            await link.close()
         server.close()
         await server.wait_closed()
         return got
