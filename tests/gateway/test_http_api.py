@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import socket
+import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -11,8 +12,9 @@ from typing import Any
 import httpx
 import msgpack
 
+from store.store import Store
 from testkit import metrics
-from testkit.logged import seqs_since
+from testkit.logged import records, seqs_since
 from testkit.wait import wait_until
 from tests.gateway.conftest import Root, logged_since
 
@@ -268,19 +270,35 @@ def test_507_storage_quota_for_growing_writes_only(shared_root: Root) -> None:
 
 
 def test_storage_quota_counts_writes_not_yet_committed(root_factory: Callable[..., Root]) -> None:
-    """Twenty concurrent writes inside one 500 ms window: only those that fit are
+    """Twenty concurrent writes inside one 1.5 s window: only those that fit are
     admitted, although none is committed when the others are checked."""
-    root = root_factory(window_ms=500)
+    root = root_factory(window_ms=1500)
     name, tok = root.producer(quota={"max_bytes_stored": 1000})
-    c = root.client(tok)
+    # Connected beforehand and sent together: the twenty meet in one window.
+    clients = [root.client(tok) for _ in range(20)]
+    for c in clients:
+        assert c.get("/healthz").status_code == 200
+    go = threading.Barrier(20)
+
+    def put(i: int) -> httpx.Response:
+        go.wait(timeout=30)
+        return clients[i].put(f"/v1/kv/{name}/k{i:02d}", content=b"x" * 100)
+
     with ThreadPoolExecutor(20) as pool:
-        statuses = list(
-            pool.map(
-                lambda i: c.put(f"/v1/kv/{name}/k{i:02d}", content=b"x" * 100).status_code,
-                range(20),
-            )
-        )
+        answers = list(pool.map(put, range(20)))
+    statuses = [a.status_code for a in answers]
     assert set(statuses) == {200, 507}
+    # The admitted writes were committed together, in one batch: each was checked while
+    # the others admitted before it were not committed yet (admitted one after another
+    # across commits, they would pass with a quota that counts only committed bytes).
+    admitted = [a.json()["seq"] for a in answers if a.status_code == 200]
+    with Store.open(str(root.data_dir), readonly=True) as store:
+        holding = [
+            (r.first_seq, r.last_seq)
+            for r in records(store, min(admitted))
+            if any(r.first_seq <= q <= r.last_seq for q in admitted)
+        ]
+    assert len(holding) == 1, (holding, admitted)
     usage = root.admin().get(f"/v1/usage/{name}").json()
     assert usage["keys"] == statuses.count(200)
     assert usage["bytes"] <= 1000 < usage["bytes"] + usage["bytes"] // usage["keys"]
