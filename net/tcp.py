@@ -490,7 +490,9 @@ class _Conn(_ConnBase, asyncio.Protocol):
     def expired(self, now: float) -> Reason | None:
         """The deadline this connection has run out of (`net.budget.Deadlines`), or None."""
         head = body = idle = None
-        if self.buf:
+        if self.write_paused_at is not None or self.work is not None:
+            pass  # the write clock, or none while the server works on it: no phase to find
+        elif self.buf:
             if self.session.phase(self.buf) == "header":
                 head = self.request_at
             else:

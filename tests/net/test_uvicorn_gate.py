@@ -78,5 +78,5 @@ def test_no_other_module_reaches_into_uvicorn() -> None:
                 elif isinstance(node, ast.ClassDef):
                     names = [ast.unparse(b) for b in node.bases]
                 if any(n.startswith("uvicorn.protocols") or n == "uvicorn.Server" for n in names):
-                    offenders.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+                    offenders.append(f"{path.relative_to(ROOT)}: {ast.unparse(node)[:80]}")
     assert offenders == []
