@@ -87,23 +87,32 @@ def test_idempotency_key_applies_once_and_replays_first_answer(shared_root: Root
     assert "idempotent-replayed" not in r.headers
 
 
-def test_concurrent_retries_with_one_idempotency_key_apply_once(shared_root: Root) -> None:
-    name, tok = shared_root.producer()
-    before = _seq(shared_root)
+def test_concurrent_retries_with_one_idempotency_key_apply_once(root_factory: Any) -> None:
+    """Retries that arrive while the first is still in its batch (a 1.5 s window, all
+    six sent together over open connections) wait for its answer: none is stored yet,
+    so only the request in flight can tell them apart from new writes."""
+    root = root_factory(window_ms=1500)
+    name, tok = root.producer()
+    before = _seq(root)
+    clients = [root.client(tok) for _ in range(6)]
+    for c in clients:
+        assert c.get("/healthz").status_code == 200
+    go = threading.Barrier(6)
 
     def put(i: int) -> httpx.Response:
-        with httpx.Client(base_url=shared_root.url, timeout=30) as c:
-            return c.put(
-                f"/v1/kv/{name}/c",
-                content=b"same body",  # retries of one request
-                headers={"Authorization": f"Bearer {tok}", "Idempotency-Key": "k"},
-            )
+        go.wait(timeout=30)
+        return clients[i].put(
+            f"/v1/kv/{name}/c",
+            content=b"same body",  # retries of one request
+            headers={"Idempotency-Key": "k"},
+        )
 
     with ThreadPoolExecutor(6) as ex:
         answers = list(ex.map(put, range(6)))
     assert len({a.text for a in answers}) == 1
+    assert sum(a.headers.get("idempotent-replayed") == "true" for a in answers) == 5
     # One change, then its logged answer (format 5: op-3 under NUL ++ its storage key).
-    logged = logged_since(shared_root, before)
+    logged = logged_since(root, before)
     assert [k for _, k in logged if k == f"{name}/c".encode()] == [f"{name}/c".encode()]
     assert len([k for _, k in logged if k.startswith(b"\x00")]) == 1, logged
 
