@@ -11,6 +11,7 @@ from replicator import notify
 from replicator.heartbeat import RootHeartbeat
 from replicator.metrics import APPLIED_SEQ, REPLICATION_LAG
 from replicator.source import ReplicationSource
+from replicator.tcp import TcpTransport
 from replicator.upstream import UpstreamRouter
 from store.store import Store
 
@@ -55,5 +56,6 @@ def root_services(
         max_bootstraps=settings.max_bootstraps,
         tls=tls,
         upstream=upstream,
+        transport=TcpTransport(tls),
     )
     return [source]

@@ -44,6 +44,7 @@ from replicator.metrics import REFUSED
 from replicator.selection import Selector
 from replicator.source import ReplicationSource
 from replicator.status import StatusBoard
+from replicator.tcp import TcpTransport
 from replicator.upstream import READS, SpoolForwarder, UpstreamOutbox, UpstreamRouter, relay_to
 from store import layout
 from store.lock import WriterLock
@@ -117,7 +118,13 @@ async def fetch_snapshot(
         host, port = selector.current
         try:
             offer = await bootstrap.fetch(
-                host, port, cfg.data_dir, node_id=node_id, db_id=db_id, board=board, tls=tls
+                host,
+                port,
+                cfg.data_dir,
+                node_id=node_id,
+                db_id=db_id,
+                board=board,
+                transport=TcpTransport(tls),
             )
             selector.connected()
             return offer
@@ -202,6 +209,7 @@ async def _run_locked(cfg: WorkerConfig, stop: asyncio.Event) -> int:
                 max_bootstraps=cfg.max_bootstraps,
                 tls=tls,
                 upstream=router,
+                transport=TcpTransport(tls),
             )
             # The parent exports the refusals' counts (it serves /metrics).
             source.on_refused = lambda _reason: board.update(refused=REFUSED.counts())
@@ -224,6 +232,7 @@ async def _run_locked(cfg: WorkerConfig, stop: asyncio.Event) -> int:
             apply_window=cfg.apply_window,
             tls=tls,
             outbox=outbox,
+            transport=TcpTransport(tls),
         )
         try:
             await _until(stop, client.run())

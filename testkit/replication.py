@@ -1,5 +1,12 @@
-"""A root for replication tests without the gateway: a store written by the test process
-and a real `ReplicationSource` serving it from a background thread's event loop."""
+"""Replication test nodes without the gateway.
+
+- `RootNode`: a store written by the test process and a real `ReplicationSource` serving
+  it over TCP from a background thread's event loop (for tests that need real sockets
+  or `mercury replica` processes).
+- `mem_source` / `mem_client`: a real source and a real `ReplicaClient` on the caller's
+  event loop, linked by an in-memory network (`replicator/memnet.py`): no ports, no
+  threads of their own, protocol tests in milliseconds.
+"""
 
 from __future__ import annotations
 
@@ -8,14 +15,18 @@ import contextlib
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from concurrent.futures import Future
 from typing import Any
 
 import httpx
 
-from replicator.heartbeat import RootHeartbeat
+from replicator.client import ReplicaClient
+from replicator.heartbeat import RelayedHeartbeat, RootHeartbeat
+from replicator.memnet import MemoryNetwork
+from replicator.selection import Selector
 from replicator.source import ReplicationSource
+from replicator.status import StatusBoard
 from store.ops import SET, Op
 from store.store import Store
 
@@ -131,3 +142,57 @@ def contents(store_path: str) -> list[tuple[bytes, bytes]]:
         return items(s)
     finally:
         s.close()
+
+
+#: The port in-memory sources listen on (any: every node has its own addresses).
+MEM_PORT = 7070
+
+
+async def mem_source(
+    net: MemoryNetwork, name: str, store: Store, *, heartbeat_ms: int = 200, **kw: Any
+) -> ReplicationSource:
+    """A started source of `store` at (`name`, `MEM_PORT`) on `net` (stop it: `stop()`).
+    Its heartbeat is the root's unless `kw` names another."""
+    kw.setdefault("heartbeat", RootHeartbeat(store, heartbeat_ms))
+    source = ReplicationSource(
+        store, name, MEM_PORT, node_id=uuid.uuid4().bytes, transport=net.transport(name), **kw
+    )
+    await source.start()
+    return source
+
+
+def mem_client(
+    net: MemoryNetwork, name: str, store: Store, sources: list[str], **kw: Any
+) -> ReplicaClient:
+    """A replica client of node `name` following the in-memory sources named `sources`
+    in order (run it: `run()` in a task)."""
+    kw.setdefault("relay", RelayedHeartbeat())
+    return ReplicaClient(
+        store,
+        Selector([(s, MEM_PORT) for s in sources]),
+        node_id=uuid.uuid4().bytes,
+        board=StatusBoard(store.path),
+        transport=net.transport(name),
+        **kw,
+    )
+
+
+async def until(cond: Callable[[], bool], timeout: float = 10.0, what: str = "condition") -> None:
+    """On the loop: poll `cond` every 5 ms until true; TimeoutError after `timeout` s."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not cond():
+        if loop.time() > deadline:
+            raise TimeoutError(f"{what} not reached after {timeout}s")
+        await asyncio.sleep(0.005)
+
+
+@contextlib.asynccontextmanager
+async def running(client: ReplicaClient) -> AsyncIterator[asyncio.Task[None]]:
+    """`client.run()` in a task for the block; cancelled (and awaited) at its end."""
+    task = asyncio.ensure_future(client.run())
+    try:
+        yield task
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
