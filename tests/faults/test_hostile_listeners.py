@@ -24,6 +24,7 @@ from store.store import Store
 from testkit import metrics
 from testkit.procs import Procs, anon_rss_mb, free_port, wait_http, wait_port
 from testkit.sockets import closed_within, endless_head, recv_until
+from testkit.wait import wait_until
 
 
 @dataclass
@@ -39,18 +40,6 @@ class Ports:
 
 
 StartReads = Callable[..., Ports]
-
-
-def _wait(
-    cond: Callable[[], object], what: str, timeout: float = 10.0, interval: float = 0.02
-) -> None:
-    """Poll `cond` (a server's state seen from outside: a metric, a socket) until true;
-    fail naming `what` after `timeout` seconds. The poll interval is not a wait for
-    anything: the condition is."""
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, f"{what}: not after {timeout}s"
-        time.sleep(interval)
 
 
 def _answered_or_closed(s: socket.socket) -> bool:
@@ -228,10 +217,10 @@ def test_over_the_cap_is_refused_while_existing_clients_keep_working(
         for s in held:
             s.close()
     # Closing frees the places.
-    _wait(
+    wait_until(
         lambda: not ports.metric("mercury_listener_connections", listener="memcached"),
-        "closed connections leave the count",
         5,
+        "closed connections leave the count",
     )
     with socket.create_connection(("127.0.0.1", ports.mc), 5) as again:
         assert _mc_version(again).startswith(b"VERSION")
@@ -315,10 +304,11 @@ def test_kt_over_the_cap_a_binary_client_is_closed_without_an_http_answer(
             assert _read_to_close(extra).startswith(b"HTTP/1.1 503 ")
         with socket.create_connection(("127.0.0.1", ports.kt), 5) as silent:
             # held for its first byte, and not counted meanwhile
-            _wait(
+            wait_until(
                 lambda: (
                     ports.metric("mercury_listener_held_refused_connections", listener="kt") == 1
                 ),
+                10,
                 "the silent newcomer held for its first byte",
             )
             assert ports.metric("mercury_listener_connections", listener="kt") == 2
@@ -352,11 +342,12 @@ def test_kt_refused_connections_held_for_their_first_byte_are_bounded(
     try:
         # The first 64 are held for their first byte (1 s), the 6 past them are not
         # (answered at once, as ones that sent nothing).
-        _wait(
+        wait_until(
             lambda: ports.metric("mercury_listener_held_refused_connections", listener="kt") >= 64,
+            10,
             "64 refused connections held",
         )
-        _wait(lambda: all(_answered_or_closed(s) for s in silent[64:]), "the 6 answered")
+        wait_until(lambda: all(_answered_or_closed(s) for s in silent[64:]), 10, "the 6 answered")
         held_now = ports.metric("mercury_listener_held_refused_connections", listener="kt")
         assert held_now == 64, held_now
         with socket.create_connection(("127.0.0.1", ports.kt), 5) as late:
@@ -466,10 +457,11 @@ def test_a_client_that_reads_no_replies_is_closed_after_the_write_timeout(
     with s:
         s.settimeout(5)
         s.sendall(b"get big\r\n" * 64)  # 64 MiB of replies, none of which we read
-        _wait(
+        wait_until(
             lambda: ports.metric(
                 "mercury_listener_refused_total", listener="memcached", reason="write_timeout"
             ),
+            10,
             "closed at the write timeout",
         )
         assert (
@@ -512,7 +504,7 @@ def test_many_clients_that_read_no_replies_cannot_hold_the_memory(
             stalled.append(s)
         # Every request answered (its reply's first bytes wait in its socket) or its
         # connection closed for the cap.
-        _wait(lambda: all(_answered_or_closed(s) for s in stalled), "all 30 acted on")
+        wait_until(lambda: all(_answered_or_closed(s) for s in stalled), 10, "all 30 acted on")
         held = anon_rss_mb(ports.pid) - before
         assert value in read_value()
         # The cap, the replies made in the loop turns before the closed connections' buffers
@@ -549,13 +541,14 @@ def test_big_requests_left_unfinished_cannot_hold_the_memory(
                 s.sendall(data)
             partial.append(s)
         # Every request was sent (sendall returned) and the cap closed what it must.
-        _wait(
+        wait_until(
             lambda: (
                 ports.metric(
                     "mercury_listener_refused_total", listener="memcached", reason="buffer_cap"
                 )
                 >= 10 - cap // len(data)
             ),
+            10,
             "connections closed for the buffer cap",
         )
         held = anon_rss_mb(ports.pid) - before
@@ -622,7 +615,7 @@ def test_an_amplifying_request_never_read_holds_a_bounded_reply(
             )
 
         # (a look every 0.3 s: each costs the server two connections and a scrape)
-        _wait(sampled_until_closed, "closed at the write timeout", 15, interval=0.3)
+        wait_until(sampled_until_closed, 15, "closed at the write timeout", interval=0.3)
         # The stalled reply was queued (the measure sees it) but only a bounded part:
         # the transport's high-water mark, a turn's bytes and a piece (here one value).
         assert 0 < biggest < 4 << 20, biggest
@@ -819,8 +812,9 @@ def test_a_cut_streamed_reply_counts_no_hits_a_whole_one_counts_them(
     s.connect(("127.0.0.1", port))
     with s:
         s.sendall(_multi_get(listener, names))
-        _wait(
+        wait_until(
             lambda: ports.metric("mercury_listener_write_queued_bytes", listener=listener),
+            10,
             "the reply stalled",
         )
         store.apply([Op(DELETE, b"last", b"", "t")])  # gone between the passes

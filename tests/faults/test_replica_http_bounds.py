@@ -27,8 +27,9 @@ from net.tlsconf import TlsContexts
 from reads import bulkbody
 from testkit import metrics
 from testkit.procs import Procs, anon_rss_mb, free_port, wait_http
-from testkit.replication import RootNode, wait_for, wait_seq
+from testkit.replication import RootNode, wait_seq
 from testkit.sockets import closed_within, endless_head
+from testkit.wait import wait_until
 from tests.security.test_tls import (
     Pki,
     https,
@@ -415,7 +416,7 @@ def test_clients_that_never_take_their_answers_cannot_hold_the_memory(
             stalled.append(s)
         # Every request acted on: its answer's first bytes wait in its socket, or its
         # connection was aborted for the cap.
-        wait_for(lambda: all(_answered_or_closed(s) for s in stalled), 10, "requests acted on")
+        wait_until(lambda: all(_answered_or_closed(s) for s in stalled), 10, "requests acted on")
         held = anon_rss_mb(pid) - before
         with r.client() as c:  # a client that reads is served, in full
             got = c.get("/v1/kv/big")
@@ -434,7 +435,7 @@ def test_clients_that_never_take_their_answers_cannot_hold_the_memory(
                 for why in ("unsent_cap", "write_timeout")
             )
 
-        wait_for(lambda: cut() >= len(stalled), WRITE_S + 20, "every stalled client cut")
+        wait_until(lambda: cut() >= len(stalled), WRITE_S + 20, "every stalled client cut")
         short = [_taken(s, 10) for s in stalled]
         assert all(n < BIG for n in short), short
     finally:
@@ -469,7 +470,7 @@ def test_bodies_arriving_at_once_are_bounded_and_the_rest_told_to_retry(
         idle_head.sendall(_head(n))
         pending.append(idle_head)
         # Both read as far as they were sent: nothing of theirs waits in a socket buffer.
-        wait_for(lambda: _unread(port, pending) == 0, 10, "the two bodies read")
+        wait_until(lambda: _unread(port, pending) == 0, 10, "the two bodies read")
         third = r.connect()
         with third:
             third.sendall(_head(n))
@@ -494,7 +495,7 @@ def test_bodies_arriving_at_once_are_bounded_and_the_rest_told_to_retry(
                 )
             return answers[-1].status_code != 503
 
-        wait_for(answered, 10, "the body's bytes back once its client left")
+        wait_until(answered, 10, "the body's bytes back once its client left", interval=0.2)
         answer = answers[-1]
         assert answer.status_code == 200, answer.text[:300]
         assert answer.json()["values"] == {"k00000001": "v1-0"}

@@ -13,7 +13,6 @@ import contextlib
 import socket
 import ssl
 import threading
-import time
 from concurrent.futures import Future
 from typing import Any
 
@@ -23,6 +22,7 @@ import uvloop
 
 from net.tlsconn import HANDSHAKE_FAILED, TlsServer
 from testkit.sockets import recv_exact
+from testkit.wait import wait_until
 
 Handler = collections.abc.Callable[["Conn", bytes], None]
 
@@ -177,10 +177,7 @@ def test_a_reply_of_many_writes_reaches_a_client_that_reads_late(
     with serving(server_ctx, big) as srv, connect(srv.port, client_ctx) as c:
         c.sendall(b"go")
         # the server's writes pile up: the protocol is told to pause
-        deadline = time.monotonic() + 10
-        while not (srv.conns and srv.conns[0].paused_writing):
-            assert time.monotonic() < deadline, "writing never paused"
-            time.sleep(0.01)
+        wait_until(lambda: srv.conns and srv.conns[0].paused_writing, 10, "writing paused")
         conn = srv.conns[0]
         assert conn.paused_writing == 1
         assert conn.transport.get_write_buffer_size() > 0
@@ -188,9 +185,7 @@ def test_a_reply_of_many_writes_reaches_a_client_that_reads_late(
         assert got == body
         # Then close_notify: a clean end of the TLS stream, not a truncation.
         assert c.recv(1) == b""
-        deadline = time.monotonic() + 5
-        while not conn.lost and time.monotonic() < deadline:
-            time.sleep(0.01)
+        wait_until(lambda: conn.lost, 5, "the connection lost")
         assert conn.resumed_writing == 1
         assert conn.lost == [None]
 
@@ -312,9 +307,7 @@ def test_abort_and_peer_reset_end_the_connection(
         # A client that vanishes without close_notify (RST).
         c.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
         c.close()
-        deadline = time.monotonic() + 5
-        while not srv.conns[0].lost and time.monotonic() < deadline:
-            time.sleep(0.01)
+        wait_until(lambda: srv.conns[0].lost, 5, "the connection lost")
         assert len(srv.conns[0].lost) == 1
         with connect(srv.port, client_ctx) as c2:
             c2.sendall(b"y")
