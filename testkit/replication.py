@@ -167,10 +167,10 @@ def mem_client(
     """A replica client of node `name` following the in-memory sources named `sources`
     in order (run it: `run()` in a task)."""
     kw.setdefault("relay", RelayedHeartbeat())
+    kw.setdefault("node_id", uuid.uuid4().bytes)
     return ReplicaClient(
         store,
         Selector([(s, MEM_PORT) for s in sources]),
-        node_id=uuid.uuid4().bytes,
         board=StatusBoard(store.path),
         transport=net.transport(name),
         **kw,

@@ -1,25 +1,22 @@
 """The apply window: a replica following a heavy stream waits briefly for more records and
 commits them together, but commits a light stream, a group of WINDOW_BYTES and a stop at
 once. The pacing rule alone (`replicator/pacing.py`), then a real `ReplicaClient`
-following a real `ReplicationSource` over a socket."""
+following a real `ReplicationSource` over the in-memory transport."""
 
 from __future__ import annotations
 
 import asyncio
 import os
 import time
-import uuid
 from collections.abc import Callable
 from pathlib import Path
 
 from replicator.client import WINDOW_BYTES, ReplicaClient
-from replicator.heartbeat import RelayedHeartbeat
+from replicator.memnet import MemoryNetwork
 from replicator.pacing import BUSY_BYTES, CommitPacer
-from replicator.selection import Selector
-from replicator.status import StatusBoard
 from store.ops import SET, Op
 from store.store import Store
-from testkit.replication import RootNode
+from testkit.replication import mem_client, mem_source
 from tests.replicator.nodes import assert_refused_before_start
 
 #: A window long beside everything else a test waits for: a record it held would show.
@@ -57,17 +54,6 @@ def test_a_window_of_zero_never_waits() -> None:
     assert p.deadline(0.001) == 0.001
 
 
-def _client(store: Store, port: int, data_dir: Path, window: float) -> ReplicaClient:
-    return ReplicaClient(
-        store,
-        Selector([("127.0.0.1", port)]),
-        node_id=uuid.uuid4().bytes,
-        board=StatusBoard(str(data_dir)),
-        relay=RelayedHeartbeat(),
-        apply_window=window,
-    )
-
-
 async def _until(pred: Callable[[], bool], timeout: float) -> float:
     """Seconds until `pred()` holds (TimeoutError after `timeout`)."""
     t0 = time.monotonic()
@@ -82,17 +68,21 @@ def _at(store: Store, seq: int) -> Callable[[], bool]:
     return lambda: store.last_seq() == seq
 
 
-def _write(root: RootNode, key: bytes, value: bytes) -> None:
-    root.store.apply([Op(SET, key, value, owner="t")])
+def _write(root: Store, key: bytes, value: bytes) -> None:
+    root.apply([Op(SET, key, value, owner="t")])
 
 
 def _follow(tmp_path: Path, window: float, body: Callable[..., object]) -> None:
-    """Run `body(root, store, client)` (a coroutine function) with a client streaming."""
-    root = RootNode(str(tmp_path / "root"), heartbeat_ms=60_000)
-    store = Store.create(str(tmp_path / "replica"), db_id=root.store.db_id, sync=False)
+    """Run `body(root, store, client, task)` (a coroutine function) with a client
+    streaming from a source of store `root` (written from a thread, as the gateway's
+    commit thread writes it)."""
+    root = Store.create(str(tmp_path / "root"), sync=False)
+    store = Store.create(str(tmp_path / "replica"), db_id=root.db_id, sync=False)
 
     async def run() -> None:
-        client = _client(store, root.port, tmp_path / "replica", window)
+        net = MemoryNetwork()
+        source = await mem_source(net, "root", root, heartbeat_ms=60_000)
+        client: ReplicaClient = mem_client(net, "replica", store, ["root"], apply_window=window)
         task = asyncio.create_task(client.run())
         try:
             await _until(lambda: client.board.status.state == "streaming", 10)
@@ -100,6 +90,7 @@ def _follow(tmp_path: Path, window: float, body: Callable[..., object]) -> None:
         finally:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
+            await source.stop()
 
     try:
         asyncio.run(run())
@@ -109,7 +100,7 @@ def _follow(tmp_path: Path, window: float, body: Callable[..., object]) -> None:
 
 
 def test_a_light_stream_is_committed_record_by_record_at_once(tmp_path: Path) -> None:
-    async def body(root: RootNode, store: Store, client: ReplicaClient, _: object) -> None:
+    async def body(root: Store, store: Store, client: ReplicaClient, _: object) -> None:
         for i in range(5):
             await asyncio.to_thread(_write, root, b"k%d" % i, b"v" * 100)
             assert await _until(_at(store, i + 1), 20) < 20  # not the 30 s window
@@ -120,7 +111,7 @@ def test_a_light_stream_is_committed_record_by_record_at_once(tmp_path: Path) ->
 
 
 def test_a_heavy_stream_is_committed_in_groups(tmp_path: Path) -> None:
-    async def body(root: RootNode, store: Store, client: ReplicaClient, _: object) -> None:
+    async def body(root: Store, store: Store, client: ReplicaClient, _: object) -> None:
         for i in range(10):  # 3 MB in well under a second, 20 ms apart
             await asyncio.to_thread(_write, root, b"k%d" % i, os.urandom(HEAVY))
             await asyncio.sleep(0.02)
@@ -131,7 +122,7 @@ def test_a_heavy_stream_is_committed_in_groups(tmp_path: Path) -> None:
     _follow(tmp_path, 3.0, body)
 
 
-async def _heavy_then_held(root: RootNode, store: Store) -> None:
+async def _heavy_then_held(root: Store, store: Store) -> None:
     """Four heavy records: the first three commit at once (the stream is not heavy yet),
     the fourth makes it heavy and waits in the window."""
     for i in range(4):
@@ -143,9 +134,7 @@ async def _heavy_then_held(root: RootNode, store: Store) -> None:
 
 
 def test_stopping_mid_window_commits_what_it_holds_at_once(tmp_path: Path) -> None:
-    async def body(
-        root: RootNode, store: Store, _: ReplicaClient, task: asyncio.Task[None]
-    ) -> None:
+    async def body(root: Store, store: Store, _: ReplicaClient, task: asyncio.Task[None]) -> None:
         await _heavy_then_held(root, store)
         t0 = time.monotonic()
         task.cancel()
@@ -157,7 +146,7 @@ def test_stopping_mid_window_commits_what_it_holds_at_once(tmp_path: Path) -> No
 
 
 def test_a_group_reaching_window_bytes_commits_without_waiting(tmp_path: Path) -> None:
-    async def body(root: RootNode, store: Store, _: ReplicaClient, __: object) -> None:
+    async def body(root: Store, store: Store, _: ReplicaClient, __: object) -> None:
         await _heavy_then_held(root, store)
         # incompressible: a group is sized by its records as stored
         await asyncio.to_thread(_write, root, b"big", os.urandom(WINDOW_BYTES))

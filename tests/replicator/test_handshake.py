@@ -1,4 +1,5 @@
-"""The source's handshake options and a diverged history, with a raw client."""
+"""The source's handshake options and a diverged history, with a raw client and a real
+`ReplicaClient`, over the in-memory transport."""
 
 from __future__ import annotations
 
@@ -6,128 +7,142 @@ import asyncio
 import uuid
 from pathlib import Path
 
-import httpx
-
 from replicator import frames, wire
+from replicator.client import ReplicationFailed
+from replicator.memnet import MemoryNetwork
+from replicator.source import ReplicationSource
 from store.ops import SET, Op
 from store.store import Store
-from testkit.procs import Procs
-from testkit.replication import RootNode, root_node, status, wait_for
-from tests.replicator.nodes import start_replica
+from testkit.replication import MEM_PORT, mem_client, mem_source, running, until
 
 
-async def _session(
-    root: RootNode, last: int, *, stop: int = 0, newest: bool = False
-) -> list[tuple[object, ...]]:
-    r, w = await asyncio.open_connection("127.0.0.1", root.port)
-    hello = frames.Hello(
-        frames.PROTOCOL_VERSION,
-        frames.MODE_STREAM,
-        frames.OPT_NEWEST_ONLY if newest else 0,
-        uuid.uuid4().bytes,
-        uuid.UUID(root.store.db_id).bytes,
-        last,
-        stop,
-        0,
-        frames.ZERO_SHA,
+def _write(store: Store, n: int, batch: int = 100) -> None:
+    for b in range(0, n, batch):
+        store.apply([Op(SET, f"k{i:08d}".encode(), b"v", owner="t") for i in range(b, b + batch)])
+
+
+def _hello(store: Store, last: int, options: int = 0, stop: int = 0) -> bytes:
+    return frames.encode_hello(
+        frames.Hello(
+            frames.PROTOCOL_VERSION,
+            frames.MODE_STREAM,
+            options,
+            uuid.uuid4().bytes,
+            uuid.UUID(store.db_id).bytes,
+            last,
+            stop,
+            0,
+            frames.ZERO_SHA,
+        )
     )
-    w.write(frames.encode_hello(hello))
-    got: list[tuple[object, ...]] = []
+
+
+async def _frames(
+    store: Store, last: int, options: int = 0, stop: int = 0, until_type: int = frames.END
+) -> list[tuple[int, bytes]]:
+    """A raw session with a source of `store`: the frames after WELCOME, up to and with
+    the first of `until_type`."""
+    net = MemoryNetwork()
+    source = await mem_source(net, "root", store)
+    link = await net.transport("raw").connect("root", MEM_PORT, timeout=5)
+    got: list[tuple[int, bytes]] = []
     try:
-        while True:
-            ftype, body = await asyncio.wait_for(wire.read_frame(r), 3)
-            if ftype == frames.RECORD:
-                rec = wire.parse_record(body)
-                got.append(("record", rec.first_seq, rec.last_seq))
-            elif ftype == frames.END:
-                got.append(("end", frames.decode_end(body)))
-                return got
-            elif ftype == frames.HEARTBEAT:
-                got.append(("heartbeat", frames.decode_heartbeat(body).seq))
-                if newest:
-                    return got
+        await link.send(_hello(store, last, options, stop))
+        assert (await link.recv(3)).type == frames.WELCOME
+        while not got or got[-1][0] != until_type:
+            f = await link.recv(3)
+            got.append((f.type, bytes(f.body)))
+        return got
     finally:
-        w.close()
+        await link.close()
+        await source.stop()
 
 
-def test_stop_seq_ends_the_stream_after_the_record_holding_it(tmp_path: Path) -> None:
-    with root_node(str(tmp_path / "root")) as root:
-        root.write(50, batch=10)
-        got = asyncio.run(_session(root, 10, stop=25))
-        records = [g for g in got if g[0] == "record"]
-        assert records == [("record", 11, 20), ("record", 21, 30)]
-        assert got[-1] == ("end", 30)
+def test_stop_seq_ends_the_stream_after_the_record_holding_it(store: Store) -> None:
+    _write(store, 50, batch=10)
+    got = asyncio.run(_frames(store, 10, stop=25))
+    records = [wire.parse_record(b) for t, b in got if t == frames.RECORD]
+    assert [(r.first_seq, r.last_seq) for r in records] == [(11, 20), (21, 30)]
+    assert got[-1] == (frames.END, frames.encode_end(30)[frames.HEADER_SIZE :])
 
 
-def test_newest_only_skips_history(tmp_path: Path) -> None:
-    with root_node(str(tmp_path / "root")) as root:
-        root.write(50, batch=10)
-        got = asyncio.run(_session(root, 0, newest=True))
-        assert [g for g in got if g[0] == "record"] == []
-        assert got[-1] == ("heartbeat", 50)
+def test_newest_only_skips_history(store: Store) -> None:
+    _write(store, 50, batch=10)
+    got = asyncio.run(_frames(store, 0, frames.OPT_NEWEST_ONLY, until_type=frames.HEARTBEAT))
+    assert [t for t, _ in got] == [frames.HEARTBEAT]
+    assert frames.decode_heartbeat(got[-1][1]).seq == 50
 
 
-def test_replica_stops_with_clear_error_on_hash_chain_mismatch(
-    tmp_path: Path, procs: Procs
-) -> None:
-    with root_node(str(tmp_path / "root")) as root:
-        root.write(20, batch=10)
-        # Same database id, different history: the first 10 seqs hold other values.
-        forked = Store.create(str(tmp_path / "fork"), db_id=root.store.db_id)
-        forked.apply([Op(SET, f"x{i}".encode(), b"other", owner="t") for i in range(10)])
+def test_replica_stops_with_clear_error_on_hash_chain_mismatch(tmp_path: Path) -> None:
+    root = Store.create(str(tmp_path / "root"), sync=False)
+    _write(root, 20, batch=10)
+    # Same database id, different history: the first 10 seqs hold other values.
+    forked = Store.create(str(tmp_path / "fork"), db_id=root.db_id, sync=False)
+    forked.apply([Op(SET, f"x{i}".encode(), b"other", owner="t") for i in range(10)])
+
+    async def go() -> None:
+        net = MemoryNetwork()
+        source = await mem_source(net, "root", root)
+        client = mem_client(net, "fork", forked, ["root"])
+        try:
+            async with running(client) as task:
+                await until(task.done, 10, "the client gives up")
+                err = task.exception()
+                assert isinstance(err, ReplicationFailed), err
+        finally:
+            await source.stop()
+        st = client.board.status
+        assert st.state == "diverged", st
+        assert st.error is not None and "diverged history at seq 10" in st.error, st
+        assert "rm -r DATA_DIR" in st.error
+
+    try:
+        asyncio.run(go())
+        assert forked.last_seq() == 10  # nothing of the foreign record was applied
+        with forked.reader() as r:
+            v = r.get(b"x3")
+            assert v is not None and v.value == b"other"
+    finally:
         forked.close()
-        r = start_replica(procs, tmp_path / "fork", [root.port], repl=False, name="fork")
-        wait_for(lambda: status(r.http)["replication_state"] == "diverged", 20, "diverged")
-        st = status(r.http)
-        assert "diverged history at seq 10" in st["replication_error"], st
-        assert "rm -r DATA_DIR" in st["replication_error"], st
-        assert st["seq"] == 10  # nothing of the foreign record was applied
-        assert httpx.get(f"http://127.0.0.1:{r.http}/v1/kv/x3").content == b"other"
+        root.close()
 
 
-def test_kept_snapshot_is_deleted_once_expired(tmp_path: Path) -> None:
-    with root_node(str(tmp_path / "root")) as root:
-        root.write(100)
-        path, info = root.call(root.source._snapshot_for(""))
-        assert Path(path).exists()
+def test_kept_snapshot_is_deleted_once_expired(store: Store) -> None:
+    _write(store, 100)
 
-        async def age_and_expire() -> None:
-            kept = root.source._snapshot
-            assert kept is not None
-            root.source._snapshot = (kept[0], kept[1], kept[2] - 10_000)
-            root.source._expire_snapshot()
+    async def go() -> None:
+        source = await mem_source(MemoryNetwork(), "root", store)
+        try:
+            await _expire(source)
+        finally:
+            await source.stop()
 
-        root.call(age_and_expire())
-        assert not Path(path).exists() and root.source._snapshot is None
-        # The next bootstrap simply makes a new one.
-        path2, info2 = root.call(root.source._snapshot_for(info.sha256))
-        assert Path(path2).exists() and info2.seq == info.seq
+    asyncio.run(go())
 
 
-async def _first_heartbeat(root: RootNode, options: int) -> bytes:
-    r, w = await asyncio.open_connection("127.0.0.1", root.port)
-    seq = root.store.last_seq()
-    db_id = uuid.UUID(root.store.db_id).bytes
-    hello = frames.Hello(
-        frames.PROTOCOL_VERSION, frames.MODE_STREAM, options, uuid.uuid4().bytes, db_id, seq,
-        0, 0, frames.ZERO_SHA,
-    )  # fmt: skip
-    w.write(frames.encode_hello(hello))
-    try:
-        while True:
-            ftype, body = await asyncio.wait_for(wire.read_frame(r), 3)
-            if ftype == frames.HEARTBEAT:
-                return body
-    finally:
-        w.close()
+async def _expire(source: ReplicationSource) -> None:
+    path, info = await source._snapshot_for("")
+    assert Path(path).exists()
+    kept = source._snapshot
+    assert kept is not None
+    source._snapshot = (kept[0], kept[1], kept[2] - 10_000)
+    source._expire_snapshot()
+    assert not Path(path).exists() and source._snapshot is None
+    # The next bootstrap simply makes a new one.
+    path2, info2 = await source._snapshot_for(info.sha256)
+    assert Path(path2).exists() and info2.seq == info.seq
 
 
-def test_heartbeats_carry_the_root_head_only_to_a_client_that_asks(tmp_path: Path) -> None:
-    with root_node(str(tmp_path / "root")) as root:
-        root.write(30, batch=10)
-        seq, head = root.store.head()
-        old = asyncio.run(_first_heartbeat(root, 0))
-        assert len(old) == 28  # what a client from before the option decodes
-        new = asyncio.run(_first_heartbeat(root, frames.OPT_HEADS))
-        hb = frames.decode_heartbeat(new)
-        assert len(new) == 60 and (hb.seq, hb.head) == (seq, head)
+def test_heartbeats_carry_the_root_head_only_to_a_client_that_asks(store: Store) -> None:
+    _write(store, 30, batch=10)
+    seq, head = store.head()
+
+    def first_heartbeat(options: int) -> bytes:
+        got = asyncio.run(_frames(store, seq, options, until_type=frames.HEARTBEAT))
+        return got[-1][1]
+
+    old = first_heartbeat(0)
+    assert len(old) == 28  # what a client from before the option decodes
+    new = first_heartbeat(frames.OPT_HEADS)
+    hb = frames.decode_heartbeat(new)
+    assert len(new) == 60 and (hb.seq, hb.head) == (seq, head)

@@ -2,22 +2,19 @@
 replica, commits without syncing its last meta page (`Store.open(last_commit_durable=
 False)`) and comes back one commit behind what it already streamed down — waits for the
 source to have the records again and goes on from there: no error, no divergence, and the
-same log as the root. A real `ReplicaClient` following a real `ReplicationSource`."""
+same log as the root. A real `ReplicaClient` following a real `ReplicationSource` over the
+in-memory transport."""
 
 from __future__ import annotations
 
 import asyncio
 import time
-import uuid
 from pathlib import Path
 
-from replicator.client import ReplicaClient
-from replicator.heartbeat import RelayedHeartbeat
-from replicator.selection import Selector
-from replicator.status import StatusBoard
+from replicator.memnet import MemoryNetwork
 from store.ops import SET, LogRecord, Op
 from store.store import Store
-from testkit.replication import RootNode
+from testkit.replication import mem_client, mem_source
 
 
 def _records(root: Store, upto: int) -> list[LogRecord]:
@@ -32,20 +29,14 @@ def test_a_replica_ahead_of_its_source_waits_for_it_and_goes_on(tmp_path: Path) 
     (tmp_path / "source").mkdir()
     src_store = Store.create(str(tmp_path / "source" / "s"), db_id=root.db_id, sync=False)
     src_store.apply_log_records(_records(root, 4))
-    src_store.close()
-    source = RootNode(str(tmp_path / "source" / "s"), reopen=True, heartbeat_ms=100)
     child = Store.create(str(tmp_path / "child"), db_id=root.db_id, sync=False)
     child.apply_log_records(_records(root, 5))
-    board = StatusBoard(str(tmp_path / "child"))
-    client = ReplicaClient(
-        child,
-        Selector([("127.0.0.1", source.port)]),
-        node_id=uuid.uuid4().bytes,
-        board=board,
-        relay=RelayedHeartbeat(),
-    )
+    net = MemoryNetwork()
+    client = mem_client(net, "child", child, ["source"])
+    board = client.board
 
     async def run() -> None:
+        source = await mem_source(net, "source", src_store, heartbeat_ms=100)
         task = asyncio.create_task(client.run())
         try:
             t0 = time.monotonic()
@@ -55,7 +46,7 @@ def test_a_replica_ahead_of_its_source_waits_for_it_and_goes_on(tmp_path: Path) 
             await asyncio.sleep(0.5)  # heartbeats at the source's seq 4 meanwhile
             assert child.last_seq() == 5 and board.status.state == "streaming"
             # The source fetches what it lost and more; the replica follows from seq 6.
-            await asyncio.to_thread(source.store.apply_log_records, _records(root, 6)[4:])
+            await asyncio.to_thread(src_store.apply_log_records, _records(root, 6)[4:])
             t0 = time.monotonic()
             while child.last_seq() < 6:
                 assert time.monotonic() - t0 < 10, board.status
@@ -63,7 +54,7 @@ def test_a_replica_ahead_of_its_source_waits_for_it_and_goes_on(tmp_path: Path) 
         finally:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
-            await asyncio.sleep(0.05)  # the client's transport closes its socket meanwhile
+            await source.stop()
 
     try:
         asyncio.run(run())
@@ -75,5 +66,5 @@ def test_a_replica_ahead_of_its_source_waits_for_it_and_goes_on(tmp_path: Path) 
         ]
     finally:
         child.close()
-        source.close()
+        src_store.close()
         root.close()

@@ -9,16 +9,16 @@ can only ever be behind it.
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 from replicator import frames
+from replicator.memnet import MemoryNetwork
 from replicator.terms import source_too_old, store_term
 from store.ops import SET, Op
 from store.promotion import promote
 from store.store import Store
-from testkit.procs import Procs
-from testkit.replication import root_node, status, wait_seq
-from tests.replicator.nodes import start_replica
+from testkit.replication import mem_client, mem_source, running, until
 
 
 def _copy_history(src: Store, dst: Store) -> None:
@@ -53,18 +53,34 @@ def _lay_out(tmp_path: Path) -> None:
         old.close()
 
 
-def test_replica_refuses_a_source_of_an_older_term(tmp_path: Path, procs: Procs) -> None:
+def test_replica_refuses_a_source_of_an_older_term(tmp_path: Path) -> None:
     _lay_out(tmp_path)
-    with (
-        root_node(str(tmp_path / "old"), reopen=True) as old,
-        root_node(str(tmp_path / "new"), reopen=True) as new,
-    ):
-        r = start_replica(procs, tmp_path / "r", [old.port, new.port], repl=False, name="r")
-        new.write(50, start=0, prefix="m")
-        st = wait_seq(r.http, new.store.last_seq(), timeout=60)
-        assert st["source"] == f"127.0.0.1:{new.port}", st
-        assert status(r.http)["replication_errors"].get("older_term", 0) >= 1
-        assert "leadership term 3" in procs.logs()
+    old = Store.open(str(tmp_path / "old"), sync=False)
+    new = Store.open(str(tmp_path / "new"), sync=False)
+    rep = Store.open(str(tmp_path / "r"), sync=False)
+
+    async def go() -> None:
+        net = MemoryNetwork()
+        sources = [await mem_source(net, "old", old), await mem_source(net, "new", new)]
+        client = mem_client(net, "r", rep, ["old", "new"])
+        try:
+            async with running(client):
+                new.apply([Op(SET, f"m{i:05d}".encode(), b"v", owner="t") for i in range(50)])
+                await until(lambda: rep.last_seq() == new.last_seq(), 20, "the new source's seq")
+        finally:
+            for s in sources:
+                await s.stop()
+        st = client.board.status
+        assert st.source == "new:7070", st
+        assert st.errors.get("older_term", 0) >= 1, st
+
+    try:
+        asyncio.run(go())
+        assert rep.head() == new.head()
+    finally:
+        rep.close()
+        new.close()
+        old.close()
 
 
 def test_welcome_carries_the_term_only_when_asked() -> None:

@@ -1,7 +1,9 @@
-"""Root -> tier 1 -> tier 2 with real processes: convergence, status, restarts."""
+"""Root -> tier 1 -> tier 2 with real processes: convergence, status, restarts; the
+refusals of a wrong source over the in-memory transport."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import time
@@ -9,13 +11,27 @@ from pathlib import Path
 
 import httpx
 
+from replicator.heartbeat import RelayedHeartbeat
+from replicator.memnet import MemoryNetwork
 from replicator.status import read_status
 from store.check import check
+from store.ops import SET, Op
 from store.store import Store
 from testkit import metrics
 from testkit.logged import records
 from testkit.procs import Procs, alive
-from testkit.replication import contents, items, root_node, status, wait_for, wait_seq
+from testkit.replication import (
+    contents,
+    items,
+    mem_client,
+    mem_source,
+    root_node,
+    running,
+    status,
+    until,
+    wait_for,
+    wait_seq,
+)
 from tests.replicator.nodes import restart, start_replica
 
 
@@ -129,45 +145,51 @@ def test_replica_resumes_after_sigkill_mid_stream_without_replay_or_gap(
         assert f"streaming from 127.0.0.1:{root.port} at seq {before + 1}" in log
 
 
-def test_db_id_mismatch_is_refused_with_a_clear_message(tmp_path: Path, procs: Procs) -> None:
-    with root_node(str(tmp_path / "root")) as root:
-        root.write(10)
-        Store.create(str(tmp_path / "other")).close()  # a store of another database
-        r = start_replica(procs, tmp_path / "other", [root.port], name="mismatch")
-        wait_for(
-            lambda: "db id mismatch" in (status(r.http).get("replication_error") or ""),
-            20,
-            "db id refusal",
-        )
-        assert status(r.http)["seq"] == 0
+def test_db_id_mismatch_is_refused_with_a_clear_message(tmp_path: Path) -> None:
+    root = Store.create(str(tmp_path / "root"), sync=False)
+    root.apply([Op(SET, b"k", b"v", owner="t")])
+    other = Store.create(str(tmp_path / "other"), sync=False)  # another database
+
+    async def go() -> str | None:
+        net = MemoryNetwork()
+        source = await mem_source(net, "root", root)
+        client = mem_client(net, "other", other, ["root"])
+        try:
+            async with running(client):
+                await until(lambda: "refused" in client.board.status.errors, 10, "a refusal")
+                return client.board.status.error
+        finally:
+            await source.stop()
+
+    try:
+        error = asyncio.run(go())
+        assert error is not None and "db id mismatch" in error, error
+        assert other.last_seq() == 0
+    finally:
+        other.close()
+        root.close()
 
 
-def test_replicating_from_itself_is_refused(tmp_path: Path, procs: Procs) -> None:
-    with root_node(str(tmp_path / "root")) as root:
-        root.write(10)
-        a = start_replica(procs, tmp_path / "a", [root.port], name="a")
-        wait_seq(a.http, 10)
-        procs.terminate(a.proc)
-        # Same node, now told to follow its own replication address.
-        from testkit.procs import free_port
+def test_replicating_from_itself_is_refused(tmp_path: Path) -> None:
+    root = Store.create(str(tmp_path / "root"), sync=False)
+    root.apply([Op(SET, b"k", b"v", owner="t")])
+    a = Store.create(str(tmp_path / "a"), db_id=root.db_id, sync=False)
 
-        http = free_port()
-        args = [
-            "replica",
-            str(a.data_dir),
-            "--listen",
-            f"127.0.0.1:{http}",
-            "--source",
-            f"127.0.0.1:{a.repl}",
-            "--repl-listen",
-            f"127.0.0.1:{a.repl}",
-        ]
-        p = procs.start_mercury(*args, name="self")
-        from testkit.procs import wait_http
+    async def go() -> str | None:
+        net = MemoryNetwork()
+        # Node "a" serves its store and is told to follow its own address.
+        own = await mem_source(net, "a", a, heartbeat=RelayedHeartbeat())
+        client = mem_client(net, "a", a, ["a"], node_id=own.node_id)
+        try:
+            async with running(client):
+                await until(lambda: "refused" in client.board.status.errors, 10, "a refusal")
+                return client.board.status.error
+        finally:
+            await own.stop()
 
-        wait_http(f"http://127.0.0.1:{http}/healthz", proc=p)
-        wait_for(
-            lambda: "replicating from itself" in (status(http).get("replication_error") or ""),
-            20,
-            "self-replication refusal",
-        )
+    try:
+        error = asyncio.run(go())
+        assert error is not None and "replicating from itself" in error, error
+    finally:
+        a.close()
+        root.close()

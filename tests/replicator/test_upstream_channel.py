@@ -1,5 +1,6 @@
-"""The upstream channel: frames from a replication client to its source, over real sockets
-(a source in a thread, a real `mercury replica` process as the relaying tier 1)."""
+"""The upstream channel: frames from a replication client to its source — over the
+in-memory transport, and over real sockets where the bytes themselves are the point (a
+forged header) or a real `mercury replica` process relays as tier 1."""
 
 from __future__ import annotations
 
@@ -7,15 +8,18 @@ import asyncio
 import contextlib
 import threading
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from core.errors import ProtocolError
 from replicator import frames, upstream, wire
-from replicator.tcp import TcpTransport
+from replicator.memnet import MemoryNetwork
+from replicator.transport import Link
+from store.store import Store
 from testkit.procs import Procs
-from testkit.replication import RootNode, root_node, wait_for
+from testkit.replication import MEM_PORT, RootNode, mem_source, root_node, until, wait_for
 from tests.replicator.nodes import start_replica
 
 
@@ -100,28 +104,61 @@ def test_outbox_is_bounded_and_drops_the_oldest() -> None:
     assert (box.pending(), box.dropped) == (3, 2)
 
 
+async def _mem_session(
+    store: Store,
+    router: upstream.UpstreamRouter | None,
+    options: int,
+    send: list[bytes],
+    settled: Callable[[], bool] = lambda: True,
+) -> int:
+    """`_session` against an in-memory source of `store` (reading upstream frames with
+    `router`; None: an older source without one), kept open until `settled()`."""
+    net = MemoryNetwork()
+    source = await mem_source(net, "root", store, upstream=router)
+    link = await net.transport("raw").connect("root", MEM_PORT, timeout=5)
+    try:
+        await link.send(_hello(uuid.UUID(store.db_id).bytes, options))
+        welcome = await link.recv(5)
+        assert welcome.type == frames.WELCOME
+        for data in send:
+            await link.send(data, 5)
+        while (await link.recv(5)).type != frames.HEARTBEAT:
+            pass
+        await until(settled, 10, "the source's handling")
+        while (await link.recv(5)).type != frames.HEARTBEAT:
+            pass  # and the link is still up after them
+        return welcome.flags
+    finally:
+        await link.close()
+        await source.stop()
+
+
 def test_source_dispatches_by_kind_ignores_unknown_kinds_and_keeps_the_link(
-    tmp_path: Path,
+    store: Store,
 ) -> None:
     inbox = Inbox(upstream.READS)
-    with root_node(str(tmp_path / "root"), upstream=inbox.router) as root:
-        sent = [frames.encode_upstream(777, b"from the future"), frames.encode_upstream(1, b"r1")]
-        flags = asyncio.run(_session(root.port, _db_id(root), frames.OPT_UPSTREAM, sent))
-        assert flags & frames.WELCOME_UPSTREAM
-        wait_for(lambda: inbox.payloads(upstream.READS) == [b"r1"], 10, "READS frame")
-        assert inbox.router.ignored[777] == 1
-        assert inbox.payloads(777) == []
+    sent = [frames.encode_upstream(777, b"from the future"), frames.encode_upstream(1, b"r1")]
+    flags = asyncio.run(
+        _mem_session(
+            store,
+            inbox.router,
+            frames.OPT_UPSTREAM,
+            sent,
+            lambda: inbox.payloads(upstream.READS) == [b"r1"],
+        )
+    )
+    assert flags & frames.WELCOME_UPSTREAM
+    assert inbox.payloads(upstream.READS) == [b"r1"]
+    assert inbox.router.ignored[777] == 1
+    assert inbox.payloads(777) == []
 
 
-def test_old_peers_never_see_upstream_frames(tmp_path: Path) -> None:
+def test_old_peers_never_see_upstream_frames(store: Store) -> None:
     """A source without a router (an older one) does not set the flag; a client that does
     not offer upstream frames (an older one) is not told to send any and streams as before."""
-    with root_node(str(tmp_path / "old-source")) as old:
-        flags = asyncio.run(_session(old.port, _db_id(old), frames.OPT_UPSTREAM, []))
-        assert flags == 0
+    assert asyncio.run(_mem_session(store, None, frames.OPT_UPSTREAM, [])) == 0
     inbox = Inbox(upstream.READS)
-    with root_node(str(tmp_path / "new-source"), upstream=inbox.router) as new:
-        assert asyncio.run(_session(new.port, _db_id(new), 0, [])) == 0
+    assert asyncio.run(_mem_session(store, inbox.router, 0, [])) == 0
 
 
 def test_a_frame_over_its_bound_closes_the_connection_at_its_header(tmp_path: Path) -> None:
@@ -175,15 +212,13 @@ def test_spooled_payloads_go_upstream_and_are_sent_again_when_a_link_comes_back(
     async def run() -> list[tuple[int, bytes]]:
         got: list[tuple[int, bytes]] = []
 
-        async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-            try:
+        async def handle(link: Link) -> None:
+            with contextlib.suppress(ProtocolError):
                 while True:
-                    got.append(frames.decode_upstream((await wire.read_frame(reader))[1]))
-            except ProtocolError:
-                await wire.close(writer)
+                    got.append(frames.decode_upstream(bytes((await link.recv()).body)))
 
-        server = await asyncio.start_server(handle, "127.0.0.1", 0)
-        port = server.sockets[0].getsockname()[1]
+        net = MemoryNetwork()
+        listener = await net.transport("source").listen("source", 1, handle)
         box = upstream.UpstreamOutbox()
         fwd = upstream.SpoolForwarder(str(tmp_path), box, upstream.READS)
         for i, p in enumerate((b"one", b"two")):
@@ -193,17 +228,14 @@ def test_spooled_payloads_go_upstream_and_are_sent_again_when_a_link_comes_back(
         assert sorted(p.name for p in tmp_path.iterdir()) == [".half.tmp"]
         assert box.pending() == 2
         for want in (4, 6):  # the first session: replay + queued; the second: replay
-            link = await TcpTransport().connect("127.0.0.1", port, timeout=10)
+            link = await net.transport("replica").connect("source", 1, timeout=5)
             pump = asyncio.ensure_future(box.pump(link))
-            async with asyncio.timeout(10):
-                while len(got) < want:
-                    await asyncio.sleep(0.01)
+            await until(lambda: len(got) >= want, 10, f"{want} frames")  # noqa: B023
             pump.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await pump
             await link.close()
-        server.close()
-        await server.wait_closed()
+        await listener.close()
         return got
 
     got = asyncio.run(run())
