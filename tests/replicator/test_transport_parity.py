@@ -1,6 +1,7 @@
 """The same scenarios over every transport (TCP, mutual TLS, in memory) give the same
 result: the same frames delivered in order, the same errors on a close, an end or a bad
-frame, the same bytes of a file — the contract of `replicator/transport.py`. The protocol
+frame, the same bytes of a file — the contract of `replicator/transport.py` — and a real
+source says the same to the same HELLO over TCP and in memory. The protocol
 tests run on the in-memory transport; this suite is why that says something about TCP."""
 
 from __future__ import annotations
@@ -8,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
@@ -17,9 +19,13 @@ import trustme
 from core.errors import ProtocolError, SnapshotTransferError
 from net.tlsconf import TlsContexts, TlsFiles
 from replicator import frames
+from replicator.heartbeat import RootHeartbeat
 from replicator.memnet import MemoryNetwork
+from replicator.source import ReplicationSource
 from replicator.tcp import TcpTransport
 from replicator.transport import Frame, Link, PeerClosed, Transport
+from store.ops import SET, Op
+from store.store import Store
 
 KINDS = ["tcp", "tls", "memory"]
 
@@ -281,3 +287,66 @@ def test_connecting_where_nothing_listens_is_refused(kind: str, tmp_path: Path) 
             await client.connect(host, port, timeout=5)
 
     asyncio.run(go())
+
+
+def _protocol_session(kind: str, store: Store, hello: bytes) -> list[tuple[int, bytes]]:
+    """What a raw client gets from a real source of `store` on transport `kind` after
+    `hello` — every frame but heartbeats (they come with time) — until the close."""
+
+    async def go() -> list[tuple[int, bytes]]:
+        source_t: Transport
+        client_t: Transport
+        if kind == "memory":
+            net = MemoryNetwork(seed=3)
+            source_t, client_t, host = net.transport("root"), net.transport("raw"), "root"
+        else:
+            source_t, client_t, host = TcpTransport(), TcpTransport(), "127.0.0.1"
+        source = ReplicationSource(
+            store,
+            host,
+            0,
+            node_id=b"\x05" * 16,
+            heartbeat=RootHeartbeat(store, 60_000),
+            transport=source_t,
+        )
+        await source.start()
+        link = await client_t.connect(host, source.port, timeout=10)
+        got = []
+        try:
+            await link.send(hello)
+            while True:
+                try:
+                    f = await link.recv(10)
+                except PeerClosed:
+                    got.append((0, b"closed"))
+                    return got
+                if f.type != frames.HEARTBEAT:
+                    got.append((f.type, bytes(f.body)))
+        finally:
+            await link.close()
+            await source.stop()
+
+    return asyncio.run(go())
+
+
+@pytest.mark.parametrize(
+    "case", ["stream to a stop seq", "another database", "an unknown protocol version"]
+)
+def test_a_source_says_the_same_over_tcp_and_in_memory(case: str, store: Store) -> None:
+    for b in range(0, 60, 10):
+        store.apply([Op(SET, f"k{i:04d}".encode(), b"v" * i, owner="t") for i in range(b, b + 10)])
+    db_id = uuid.UUID(store.db_id).bytes
+    version, mode, db = frames.PROTOCOL_VERSION, frames.MODE_STREAM, db_id
+    if case == "another database":
+        db = b"\x09" * 16
+    if case == "an unknown protocol version":
+        version = 99
+    hello = frames.encode_hello(
+        frames.Hello(version, mode, 0, b"\x07" * 16, db, 10, 45, 0, frames.ZERO_SHA)
+    )
+    tcp = _protocol_session("tcp", store, hello)
+    assert tcp == _protocol_session("memory", store, hello)
+    if case == "stream to a stop seq":
+        assert [t for t, _ in tcp] == [frames.WELCOME, *[frames.RECORD] * 4, frames.END, 0]
+    else:
+        assert [t for t, _ in tcp] == [frames.REFUSE, 0]
