@@ -123,18 +123,21 @@ def test_a_replica_converges_over_a_network_that_loses_reorders_and_partitions(
                 await until(lambda: rep.last_seq() == 20, 10, "the clean start")
                 net.set_conditions("root", "rep", ROUGH)
                 _write(root, 40, 20)  # frames lost and reordered: gaps, reconnects
+                # The behaviour under test: the stream runs on the rough network a while.
                 await asyncio.sleep(0.3)
                 net.set_conditions("root", "rep", Conditions())
                 net.partition("root", "rep")
                 _write(root, 20, 60)
-                await asyncio.sleep(0.6)  # past the staleness: the session ends
+                # The behaviour under test: a partition lasting past the staleness (a
+                # session on it ends as stale; a reconnect waits for the heal).
+                await asyncio.sleep(0.6)
                 assert rep.last_seq() < 80
                 net.heal()
                 await until(lambda: rep.last_seq() == 80, 20, "convergence")
         finally:
             await source.stop()
         errors = client.board.status.errors
-        assert errors, "the rough network went unnoticed"
+        assert set(errors) - {"stale", "unreachable"}, f"the rough network went unnoticed: {errors}"
 
     try:
         asyncio.run(go())
