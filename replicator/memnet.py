@@ -512,6 +512,8 @@ class MemoryLink:
         progress: Callable[[int], None] = lambda _n: None,
     ) -> int:
         done = 0
+        # Read on the loop, not in a thread: a simulation's run stays on its clock (the
+        # files of tests and simulations are small).
         with open(path, "rb") as f:
             f.seek(offset)
             while done < count:

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from replicator import frames
+from replicator.heartbeat import RelayedHeartbeat
 from replicator.memnet import Conditions, MemoryNetwork, run_virtual
 from replicator.transport import HIGH_WATER, Link, PeerClosed
 from store.ops import SET, Op
@@ -145,4 +146,45 @@ def test_a_replica_converges_over_a_network_that_loses_reorders_and_partitions(
         assert _same_log(root, rep)
     finally:
         rep.close()
+        root.close()
+
+
+def test_a_tree_converges_on_a_virtual_clock(tmp_path: Path) -> None:
+    """Root -> t1 -> t2 over links of 50-100 ms, a write every half second for ten
+    seconds, on a `VirtualClockLoop`: the delays are timers of the loop's clock, so the
+    run takes the loop seconds and the test none of them; every node ends with the
+    root's log. (The log reads and applies run in threads, off that clock: the instants
+    differ between runs, what arrives does not.)"""
+    root = Store.create(str(tmp_path / "root"), sync=False)
+    t1 = Store.create(str(tmp_path / "t1"), db_id=root.db_id, sync=False)
+    t2 = Store.create(str(tmp_path / "t2"), db_id=root.db_id, sync=False)
+
+    async def go() -> float:
+        loop = asyncio.get_running_loop()
+        net = MemoryNetwork(5, Conditions(delay=(0.05, 0.1)))
+        sources = [await mem_source(net, "root", root, heartbeat_ms=1000)]
+        relay = RelayedHeartbeat()  # t1 relays the root's heartbeat, as a worker does
+        sources.append(await mem_source(net, "t1", t1, heartbeat=relay))
+        relay.add_listener(sources[-1].wake)
+        c1 = mem_client(net, "t1", t1, ["root"], relay=relay)
+        c2 = mem_client(net, "t2", t2, ["t1"])
+        try:
+            async with running(c1), running(c2):
+                for b in range(20):
+                    root.apply([Op(SET, f"k{b}-{i}".encode(), b"v", owner="t") for i in range(10)])
+                    await asyncio.sleep(0.5)  # the writes' pace, on the virtual clock
+                await until(lambda: t2.last_seq() == root.last_seq(), 600, "t2 caught up")
+        finally:
+            for s in sources:
+                await s.stop()
+        assert c1.board.status.errors == {} and c2.board.status.errors == {}
+        return loop.time()
+
+    try:
+        assert run_virtual(go()) >= 10.0  # the loop's seconds went by
+        assert t1.head() == root.head() == t2.head()
+        assert _same_log(root, t1) and _same_log(root, t2)
+    finally:
+        t2.close()
+        t1.close()
         root.close()
