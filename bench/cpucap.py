@@ -20,7 +20,7 @@ import contextlib
 import os
 from pathlib import Path
 
-from bench import procstat
+from testkit import procstat
 
 V1 = Path("/sys/fs/cgroup/cpu")
 V2 = Path("/sys/fs/cgroup")

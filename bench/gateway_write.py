@@ -57,12 +57,12 @@ from starlette.responses import Response
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from bench.procstat import cpu_seconds, write_bytes  # noqa: E402
 from testkit.procs import (  # noqa: E402
     free_port,
     mercury_cmd,
     wait_http,
 )
+from testkit.procstat import cpu_seconds, write_bytes  # noqa: E402
 
 #: Extra `mercury root` flags of every root this run starts (``--switch-interval-ms``).
 ROOT_ARGS: list[str] = []

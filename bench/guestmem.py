@@ -41,7 +41,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:  # run as a script: bench/ is not an installed package
     sys.path.insert(0, str(REPO))
 
-from bench import procstat  # noqa: E402
+from testkit import procstat  # noqa: E402
 
 PARAMS = Path("/sys/module/page_reporting/parameters")
 ORDER = PARAMS / "page_reporting_order"

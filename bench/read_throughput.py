@@ -53,9 +53,10 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from bench import cpucap, procstat  # noqa: E402
+from bench import cpucap  # noqa: E402
 from store.ops import SET, Op  # noqa: E402
 from store.store import Store  # noqa: E402
+from testkit import procstat  # noqa: E402
 from testkit.procs import (  # noqa: E402
     free_port,
     wait_port,

@@ -69,19 +69,19 @@ if str(REPO) not in sys.path:
 
 from bench import guestmem  # noqa: E402
 from bench.gateway_write import Conn  # noqa: E402  (one keep-alive HTTP/1.1 client for every bench)
-from bench.procstat import (  # noqa: E402
+from testkit.procs import (  # noqa: E402
+    free_port,
+    mercury_cmd,
+    wait_http,
+    wait_port,
+)
+from testkit.procstat import (  # noqa: E402
     children,
     context_switches,
     cpu_seconds,
     minor_faults,
     read_calls,
     unwritten_page_cache,
-)
-from testkit.procs import (  # noqa: E402
-    free_port,
-    mercury_cmd,
-    wait_http,
-    wait_port,
 )
 
 HOT = [f"hot/{i:02d}" for i in range(20)]
@@ -220,14 +220,14 @@ def pct(samples_ns: list[int]) -> dict[str, float]:
 
 
 def or_zero(read: Callable[[int], float], pid: int) -> float:
-    """`read(pid)` (a `bench/procstat.py` counter), or 0 when the process is gone."""
+    """`read(pid)` (a `testkit/procstat.py` counter), or 0 when the process is gone."""
     try:
         return read(pid)
     except OSError:
         return 0.0
 
 
-#: The applier's running counters a phase reads before and after (`bench/procstat.py`).
+#: The applier's running counters a phase reads before and after (`testkit/procstat.py`).
 APPLIER_COUNTERS: dict[str, Callable[[int], float]] = {
     "cpu": cpu_seconds,
     "faults": minor_faults,

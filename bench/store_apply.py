@@ -39,10 +39,10 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:  # run as a script: bench/ is not an installed package
     sys.path.insert(0, str(REPO))
 
-from bench import procstat  # noqa: E402
 from store import codec  # noqa: E402
 from store.ops import SET, Op  # noqa: E402
 from store.store import Store  # noqa: E402
+from testkit import procstat  # noqa: E402
 
 VALUE = 100
 MAP = 16 << 30

@@ -59,13 +59,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import httpx
 
-from bench.procstat import cpu_seconds
 from net import certs
 from net.tlsconf import TlsFiles, client_context
 from replicator import frames
 from store.ops import SET, Op
 from store.store import Store
 from testkit.procs import Procs, free_port, run_mercury
+from testkit.procstat import cpu_seconds
 
 #: The key every point read asks for (and a replica's readiness check).
 READ_PATH = "/v1/kv/k000000001"

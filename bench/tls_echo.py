@@ -37,7 +37,7 @@ import trustme
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.procstat import cpu_seconds
+from testkit.procstat import cpu_seconds
 
 REQ = b"GET /v1/kv/cfg/a HTTP/1.1\r\nHost: x\r\n\r\n"
 RESP = b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\n" + b"x" * 100

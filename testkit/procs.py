@@ -18,6 +18,8 @@ from pathlib import Path
 
 import httpx
 
+from testkit import procstat
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -38,22 +40,9 @@ def _worker_index() -> int:
     return int(w[2:]) if w[2:].isdigit() else 0
 
 
-def stat_fields(pid: int) -> list[str]:
-    """The fields of `/proc/<pid>/stat` after the command name (field 3, the state, is
-    index 0); OSError when the process is gone."""
-    with open(f"/proc/{pid}/stat") as f:
-        return f.read().rsplit(")", 1)[1].split()
-
-
 def alive(pid: int) -> bool:
-    """Whether process `pid` still runs. A process that exited but is not reaped yet (a
-    zombie) does not: it holds no lock, descriptor or memory any more. An orphan's zombie
-    waits for PID 1 to reap it, which on some machines takes seconds."""
-    try:
-        state = stat_fields(pid)[0]
-    except (OSError, IndexError):
-        return False
-    return state not in ("Z", "X")
+    """Whether process `pid` still runs (a zombie does not; `procstat.running`)."""
+    return procstat.running(pid)
 
 
 def free_port() -> int:
@@ -179,8 +168,4 @@ class Procs:
 def anon_rss_mb(pid: int) -> float:
     """A process's anonymous resident memory (its heap and buffers; not the store's map
     or other files), MB."""
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("RssAnon:"):
-                return int(line.split()[1]) / 1024
-    raise AssertionError(f"no RssAnon for pid {pid}")
+    return procstat.anon_rss_bytes(pid) / (1 << 20)

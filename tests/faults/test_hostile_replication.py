@@ -23,18 +23,14 @@ from replicator import frames
 from store import chainhash
 from store import format as fmt
 from store.ops import SET, Op
-from testkit import metrics
+from testkit import metrics, procstat
 from testkit.procs import Procs, free_port, run_mercury, wait_http
 from testkit.replication import root_node, status, wait_for, wait_seq
 from tests.replicator.nodes import start_replica
 
 
 def _rss_kib(pid: int) -> int:
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    raise AssertionError("no VmRSS")
+    return procstat.rss_bytes(pid) // 1024
 
 
 def _retry_window() -> None:

@@ -25,7 +25,7 @@ import pytest
 
 from net.tlsconf import TlsContexts
 from reads import bulkbody
-from testkit import metrics
+from testkit import metrics, procstat
 from testkit.procs import Procs, anon_rss_mb, free_port, wait_http
 from testkit.replication import RootNode, wait_seq
 from testkit.sockets import closed_within, endless_head
@@ -346,22 +346,9 @@ def _answered_or_closed(s: socket.socket) -> bool:
 
 
 def _unread(port: int, clients: list[socket.socket]) -> int:
-    """Bytes `clients` sent to the local server on `port` that it has not read yet: their
-    send queues and the server side's receive queues (the kernel's own account,
-    /proc/net/tcp)."""
-    mine = {s.getsockname()[1] for s in clients}
-    total = 0
-    with open("/proc/net/tcp") as f:
-        for line in f.readlines()[1:]:
-            field = line.split()
-            local = int(field[1].split(":")[1], 16)
-            remote = int(field[2].split(":")[1], 16)
-            tx, rx = (int(x, 16) for x in field[4].split(":"))
-            if local == port and remote in mine:
-                total += rx  # received by the server's kernel, not read by the server
-            elif local in mine and remote == port:
-                total += tx  # not yet taken by the server's kernel
-    return total
+    """Bytes `clients` sent to the local server on `port` that it has not read yet (the
+    kernel's own account)."""
+    return procstat.unread_bytes(port, {s.getsockname()[1] for s in clients})
 
 
 def _taken(s: socket.socket, seconds: float) -> int:

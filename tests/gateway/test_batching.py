@@ -101,11 +101,12 @@ def test_concurrent_retries_with_one_idempotency_key_apply_once(root_factory: An
 
     def put(i: int) -> httpx.Response:
         go.wait(timeout=30)
-        return clients[i].put(
+        r: httpx.Response = clients[i].put(
             f"/v1/kv/{name}/c",
             content=b"same body",  # retries of one request
             headers={"Idempotency-Key": "k"},
         )
+        return r
 
     with ThreadPoolExecutor(6) as ex:
         answers = list(ex.map(put, range(6)))

@@ -11,16 +11,13 @@ import pytest
 
 from store.ops import SET, Op
 from store.store import Store
+from testkit import procstat
 from testkit.procs import Procs
 from tests.reads.conftest import StartReads
 
 
 def _rss_anon_kb(pid: int) -> int:
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("RssAnon:"):
-                return int(line.split()[1])
-    raise RuntimeError("no RssAnon")
+    return procstat.anon_rss_bytes(pid) // 1024
 
 
 def _fill(store: Store, n: int, value: bytes) -> None:

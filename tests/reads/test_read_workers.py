@@ -17,6 +17,7 @@ import httpx
 from reads.workers import migrate_req
 from store.ops import SET, Op
 from store.store import Store
+from testkit import procstat
 from testkit.procs import Procs, alive, free_port, wait_http, wait_port
 from testkit.replication import wait_for
 from testkit.wait import wait_until
@@ -24,23 +25,15 @@ from tests.gateway.conftest import make_root
 from tests.replicator.nodes import start_replica
 
 
-def _children(pid: int) -> list[int]:
-    out: list[int] = []
-    for task in os.listdir(f"/proc/{pid}/task"):
-        with open(f"/proc/{pid}/task/{task}/children") as f:
-            out += [int(x) for x in f.read().split()]
-    return out
-
-
 def _readers(pid: int) -> list[int]:
     """Reader processes started by `pid` (their environment names their index)."""
     out = []
-    for c in _children(pid):
+    for c in procstat.children(pid):
         try:
-            env = Path(f"/proc/{c}/environ").read_bytes()
-        except FileNotFoundError:
-            continue
-        if b"MERCURY_READ_WORKER=" in env:
+            env = procstat.environ(c)
+        except OSError:
+            continue  # gone since it was listed
+        if "MERCURY_READ_WORKER" in env:
             out.append(c)
     return out
 

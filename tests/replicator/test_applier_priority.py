@@ -9,7 +9,9 @@ from pathlib import Path
 import pytest
 
 from replicator.status import read_status
-from testkit.procs import Procs, run_mercury, stat_fields
+from testkit import procstat
+from testkit.procs import Procs, run_mercury
+from testkit.procstat import stat_fields
 from testkit.replication import root_node, wait_for, wait_seq
 from tests.replicator.nodes import start_replica
 
@@ -27,7 +29,7 @@ def test_applier_worker_is_reniced_below_the_read_server(tmp_path: Path, procs: 
         st = read_status(str(r.data_dir))
         assert st is not None
         parent = r.proc.pid
-        assert st.pid != parent and os.path.exists(f"/proc/{st.pid}")
+        assert st.pid != parent and procstat.running(st.pid)
         assert _nice(st.pid) == _nice(parent) + 5
 
 
@@ -51,10 +53,10 @@ def test_applier_cpus_pin_the_worker_and_keep_the_readers_off_them(
         st = read_status(str(r.data_dir))
         assert st is not None
         # every thread of the worker on its CPU, every thread of the read server off it
-        for tid in os.listdir(f"/proc/{st.pid}/task"):
-            assert _cpus(int(tid)) == applier
-        for tid in os.listdir(f"/proc/{r.proc.pid}/task"):
-            assert _cpus(int(tid)) == allowed - applier
+        for tid in procstat.threads(st.pid):
+            assert _cpus(tid) == applier
+        for tid in procstat.threads(r.proc.pid):
+            assert _cpus(tid) == allowed - applier
         root.write(100, start=100)  # and it still applies
         wait_seq(r.http, 200)
 

@@ -1,6 +1,6 @@
-"""The benches' one reader of process and memory counters: CPU time, page faults, I/O
-calls and bytes, context switches, child processes, threads, and the page cache's
-unwritten bytes, as the benchmarks read them around a phase.
+"""The one reader of process and memory counters for benches and tests: CPU time, page
+faults, I/O calls and bytes, context switches, child processes, threads, a process's state
+and anonymous memory, the page cache's unwritten bytes and a socket's unread bytes.
 
 Why one: a figure in docs/ names what it was read from (`/proc/PID/stat`, `/proc/PID/io`,
 ...), and each bench parsing `/proc` itself let the same name drift between benches (a
@@ -11,7 +11,9 @@ psutil lacks are read from `/proc` here and nowhere else:
 - minor page faults (`/proc/PID/stat` ``minflt``; psutil has none);
 - context switches of every thread (`/proc/PID/task/*/status`; psutil's
   `num_ctx_switches` counts the main thread's only);
-- dirty and writeback page cache (`/proc/meminfo`; psutil's `virtual_memory` has neither).
+- dirty and writeback page cache (`/proc/meminfo`; psutil's `virtual_memory` has neither);
+- a thread's raw `stat` fields (its nice value, the CPU it last ran on);
+- the kernel's account of bytes queued on loopback TCP connections (`/proc/net/tcp`).
 
 Every per-process function raises an OSError when the process is gone or may not be read
 (psutil's own errors become ProcessLookupError and PermissionError), as reading `/proc`
@@ -85,6 +87,13 @@ def threads(pid: int) -> list[int]:
         return [t.id for t in p.threads()]
 
 
+def environ(pid: int) -> dict[str, str]:
+    """The environment process `pid` started with; OSError when it is gone."""
+    p = _process(pid)
+    with _as_oserror(pid):
+        return dict(p.environ())
+
+
 def minor_faults(pid: int) -> int:
     """Minor page faults of process `pid` so far (all its threads: the kernel folds exited
     threads in); OSError when it is gone. A fault on fresh anonymous memory costs the
@@ -144,4 +153,54 @@ def unwritten_page_cache() -> int:
             name, _, rest = line.partition(":")
             if name in ("Dirty", "Writeback"):
                 total += int(rest.split()[0]) * 1024  # kB
+    return total
+
+
+def stat_fields(pid: int) -> list[str]:
+    """The fields of `/proc/<pid>/stat` (or `/proc/<pid>/task/<tid>/stat` given as
+    ``"<pid>/task/<tid>"``) after the command name: field 3, the state, is index 0.
+    OSError when the process is gone."""
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()
+
+
+def running(pid: int) -> bool:
+    """Whether process `pid` still runs. A zombie does not: it holds no lock, descriptor
+    or memory any more (an orphan's zombie waits for PID 1, which can take seconds)."""
+    try:
+        with _as_oserror(pid):
+            return bool(_process(pid).status() not in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD))
+    except OSError:
+        return False
+
+
+def rss_bytes(pid: int) -> int:
+    """A process's resident memory, bytes."""
+    with _as_oserror(pid):
+        return int(_process(pid).memory_info().rss)
+
+
+def anon_rss_bytes(pid: int) -> int:
+    """A process's anonymous resident memory (heap and buffers; not the store's map or
+    other files): resident minus resident-shared, which is `RssAnon` on Linux."""
+    with _as_oserror(pid):
+        m = _process(pid).memory_info()
+    return int(m.rss - m.shared)
+
+
+def unread_bytes(port: int, client_ports: set[int]) -> int:
+    """Bytes clients on `client_ports` sent to the local server on `port` that it has not
+    read yet: their send queues plus the server side's receive queues, the kernel's own
+    account (`/proc/net/tcp`; IPv4 loopback only)."""
+    total = 0
+    with open("/proc/net/tcp") as f:
+        for line in f.readlines()[1:]:
+            field = line.split()
+            local = int(field[1].split(":")[1], 16)
+            remote = int(field[2].split(":")[1], 16)
+            tx, rx = (int(x, 16) for x in field[4].split(":"))
+            if local == port and remote in client_ports:
+                total += rx  # received by the server's kernel, not read by the server
+            elif local in client_ports and remote == port:
+                total += tx  # not yet taken by the server's kernel
     return total
