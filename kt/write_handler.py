@@ -9,15 +9,14 @@ connection's pipelined requests are still answered in order.
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Callable, Coroutine, Generator
-from typing import Any, TypeVar
+from collections.abc import Callable, Generator
+from typing import TypeVar
 
 from core.errors import ReadProtocolError
 from kt import protocol as kt
 from kt.server import WRITE_PROCEDURES, KtHandler, busy_reply_to
 from kt.writes import KtWriteFailed, KtWriter, KtWrites
-from net.tcp import ListenerLimits, TcpService, Wait
+from net.tcp import ListenerLimits, TcpService, wait_for
 from store.format import MAX_KEY
 from store.store import Store
 
@@ -29,22 +28,6 @@ RPC_WRITES = frozenset(
     b"set add replace cas remove seize set_bulk remove_bulk increment increment_double "
     b"append clear synchronize".split()
 )
-
-
-def _consume(fut: asyncio.Future[Any]) -> None:
-    """Retrieve a write's outcome even when its connection went away first."""
-    if not fut.cancelled():
-        fut.exception()
-
-
-def wait_for(coro: Coroutine[Any, Any, T]) -> Generator[bytes, None, T]:
-    """Run `coro` as a task; yield a `Wait` for it (the listener resumes this generator
-    when it is done) and return its result."""
-    fut = asyncio.ensure_future(coro)
-    fut.add_done_callback(_consume)
-    while not fut.done():
-        yield Wait(fut)
-    return fut.result()
 
 
 class KtWriteHandler(KtHandler):

@@ -27,12 +27,11 @@ from collections.abc import Callable, Generator
 
 from core.errors import MercuryError, TooLargeError
 from core.problems import classify
-from kt.write_handler import wait_for
 from kt.writes import MAX_CLEAR, RMW_ATTEMPTS, KtWriter, keys_to_clear
 from memcached import protocol as mc
 from memcached.server import BUSY, MemcachedHandler
-from net.tcp import ListenerLimits, Run, TcpService
-from reads.metrics import READ_ERRORS
+from net.metrics import READ_ERRORS
+from net.tcp import ListenerLimits, Run, TcpService, wait_for
 from store.ops import DELETE, SET, Op, Result, Status
 from store.store import Store
 

@@ -43,9 +43,9 @@ import contextlib
 import logging
 import socket
 import time
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Coroutine, Generator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from net import fastconn
 from net.budget import TCP_LABELS, Budget, Deadlines, Reason
@@ -109,6 +109,27 @@ class Wait(bytes):
         w = super().__new__(cls, b"")
         w.future = future
         return w
+
+
+T = TypeVar("T")
+
+
+def _consume(fut: asyncio.Future[Any]) -> None:
+    """Retrieve an awaited outcome even when its connection went away first (else asyncio
+    logs "exception was never retrieved")."""
+    if not fut.cancelled():
+        fut.exception()
+
+
+def wait_for(coro: Coroutine[Any, Any, T]) -> Generator[bytes, None, T]:
+    """Inside a session's run: run `coro` as a task, yield a `Wait` for it (the connection
+    resumes the run once it is done) and return its result. How a listener's run awaits
+    a write's durable commit without holding the event loop."""
+    fut = asyncio.ensure_future(coro)
+    fut.add_done_callback(_consume)
+    while not fut.done():
+        yield Wait(fut)
+    return fut.result()
 
 
 class Session(Protocol):
