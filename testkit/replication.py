@@ -178,7 +178,9 @@ def mem_client(
 
 
 async def until(cond: Callable[[], bool], timeout: float = 10.0, what: str = "condition") -> None:
-    """On the loop: poll `cond` every 5 ms until true; TimeoutError after `timeout` s."""
+    """On the loop: poll `cond` every 5 ms until true; TimeoutError after `timeout` s of
+    the loop's clock (`testkit.wait.wait_until_async` bounds by the wall clock, which a
+    `VirtualClockLoop` does not follow: the in-memory tests wait on the loop's)."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
     while not cond():
