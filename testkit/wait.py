@@ -52,7 +52,7 @@ def wait_until(
 
 
 async def wait_until_async(
-    predicate: Callable[[], T | None | Awaitable[T | None]],
+    predicate: Callable[[], T | Awaitable[T | None] | None],
     timeout: float = 30.0,
     what: str = "condition",
     *,
