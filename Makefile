@@ -54,15 +54,14 @@ lint: build
 	$(VENV)/bin/mypy
 	$(VENV)/bin/lint-imports
 
-# The whole suite on the compiled code, then again on the pure-Python references
-# (MERCURY_PURE=1: the store codec and the gateway's batch-body decoder; child processes
-# inherit it) for every component that runs them: store, property, gateway, reads and
-# replicator. Left out of the second pass: the schemathesis suite and the OpenAPI
-# document's checks, which check HTTP conformance (the schemathesis runs alone take over
-# 2 min); what the switch changes under them, the store codec and the body decoder, is run
-# by tests/store and proven to agree with the compiled code by tests/property. Measured
-# 2026-11-25 on 2 cores with four workers, nothing else running (a clean clone's
-# .ci/run): first pass 785 tests in 11 min 28 s, second pass 444 tests in 4 min 59 s.
+# The whole suite on the compiled code, then again on the pure-Python twins (MERCURY_PURE=1
+# switches every compiled module, `core/compiled.py`; child processes inherit it) where
+# they run: the store (its codec under every apply and replay), the property tests, the
+# replicator, the listeners' bounds, and the end-to-end files that drive each twin through
+# a real process (the gateway's body decoder and usage counting, the read fast path, the
+# KT and memcached listeners' connection hot path). Each twin is proven to agree with its
+# compiled module by tests/property in the first pass; the rest of the suite drives the
+# same twins through the same entry points again, so it runs on the compiled code only.
 # The browser test (tests/browser: the usage page in headless Chromium via selenium) needs
 # Debian's chromium and its driver: installed when missing and we are root; otherwise the
 # test skips and says why.
@@ -87,13 +86,16 @@ ha-deps: $(STAMP)
 # Tests spend most of their time waiting on real processes (start-up, batch windows,
 # timeouts), not on the CPU: four pytest-xdist workers, one test file each at a time
 # (--dist loadfile keeps a file's shared root/replica fixtures in one worker).
-XDIST := -n $(or $(TEST_WORKERS),4) --dist loadfile
+XDIST := -n $(or $(TEST_WORKERS),4) --dist loadfile --no-loadscope-reorder
+
+PURE_TESTS := tests/store tests/property tests/replicator tests/net \
+	tests/gateway/test_http_api.py tests/gateway/test_usage_series.py \
+	tests/gateway/test_batching.py tests/reads/test_http_point.py tests/reads/test_http_range.py \
+	tests/reads/test_fasthttp.py tests/reads/test_memcached.py tests/reads/test_kt.py
 
 test: build lint browser-deps ha-deps
 	MERCURY_REQUIRE_CYTHON=1 $(VENV)/bin/pytest -q -m "not bench" $(XDIST) tests
-	MERCURY_PURE=1 $(VENV)/bin/pytest -q -m "not bench" $(XDIST) tests/store tests/property \
-		tests/gateway tests/reads tests/replicator \
-		--ignore tests/gateway/test_schemathesis.py --ignore tests/gateway/test_openapi.py
+	MERCURY_PURE=1 $(VENV)/bin/pytest -q -m "not bench" $(XDIST) $(PURE_TESTS)
 
 # wrk drives the gateway benches' HTTP load; installed from Debian when missing and root
 # (without it bench/gateway_write.py falls back to a Python client whose ratios are not

@@ -65,7 +65,7 @@ def free_port() -> int:
 
 
 def wait_port(
-    port: int, timeout: float = 20.0, proc: subprocess.Popen[bytes] | None = None
+    port: int, timeout: float = 60.0, proc: subprocess.Popen[bytes] | None = None
 ) -> None:
     """Wait until something accepts TCP connections on 127.0.0.1:`port`."""
     deadline = time.monotonic() + timeout
@@ -78,8 +78,9 @@ def wait_port(
     raise TimeoutError(f"nothing listens on 127.0.0.1:{port} after {timeout}s")
 
 
-def wait_http(url: str, timeout: float = 20.0, proc: subprocess.Popen[bytes] | None = None) -> None:
-    """Wait until GET `url` answers 200."""
+def wait_http(url: str, timeout: float = 60.0, proc: subprocess.Popen[bytes] | None = None) -> None:
+    """Wait until GET `url` answers 200. The bound is generous: it catches a server that
+    never comes up, not a slow one (a loaded 2-core machine can take seconds to start one)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc is not None and proc.poll() is not None:

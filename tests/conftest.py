@@ -40,3 +40,21 @@ def procs(tmp_path: Path) -> Iterator[Procs]:
         yield p
     finally:
         p.stop_all()
+
+
+#: Files whose tests load this 2-core machine most (a foreign client suite run through a
+#: shim, schemathesis, a headless browser). pytest-xdist's loadfile scheduling hands out
+#: files with the most tests first, so these one-to-three-test files all ran last, at once,
+#: and starved each other and every process they started. They are spread instead: the
+#: two longest start the run, the other two end it (the Makefile turns xdist's own
+#: reordering off so this order is the one the workers take).
+HEAVY_FIRST = ("tests/conformance/test_client_suites.py", "tests/gateway/test_schemathesis.py")
+HEAVY_LAST = ("tests/reads/test_read_schemathesis.py", "tests/browser/test_usage_page.py")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    def rank(item: pytest.Item) -> int:
+        path = item.nodeid.split("::", 1)[0]
+        return 0 if path in HEAVY_FIRST else 2 if path in HEAVY_LAST else 1
+
+    items.sort(key=rank)  # stable: each file's tests keep their order

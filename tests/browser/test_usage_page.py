@@ -54,6 +54,9 @@ def browser(tmp_path: Path) -> Iterator[Any]:
         "--no-sandbox",  # tests run as root in containers
         "--disable-dev-shm-usage",
         "--disable-gpu",
+        # chromedriver talks to Chromium over a pipe, not a port it waits to see written to
+        # a file: under load the file can come after the driver gave up on it
+        "--remote-debugging-pipe",
         "--window-size=1400,1800",
         f"--user-data-dir={tmp_path / 'chromium'}",
     ):
