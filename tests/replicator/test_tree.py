@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import time
 from pathlib import Path
 
 import httpx
@@ -130,7 +129,6 @@ def test_replica_resumes_after_sigkill_mid_stream_without_replay_or_gap(
         # counts as dead: an orphan waits for PID 1 to reap it, up to ~2 s on some machines.
         # 5 s leaves room for an fsync in progress, which SIGKILL waits for.)
         wait_for(lambda: not alive(worker.pid), 5, "the worker killed with its parent")
-        time.sleep(0.3)
         root.write(2000, start=9500, batch=20)
         applied_before = Store.open(str(r.data_dir), readonly=True)
         before = applied_before.last_seq()
