@@ -149,12 +149,13 @@ def test_a_replica_converges_over_a_network_that_loses_reorders_and_partitions(
         root.close()
 
 
-def test_a_tree_converges_on_a_virtual_clock(tmp_path: Path) -> None:
-    """Root -> t1 -> t2 over links of 50-100 ms, a write every half second for ten
-    seconds, on a `VirtualClockLoop`: the delays are timers of the loop's clock, so the
-    run takes the loop seconds and the test none of them; every node ends with the
-    root's log. (The log reads and applies run in threads, off that clock: the instants
-    differ between runs, what arrives does not.)"""
+def test_a_tree_converges_over_delayed_links(tmp_path: Path) -> None:
+    """Root -> t1 -> t2 over links of 50-100 ms, a write every 0.2 s: every node ends with
+    the root's log, t1 relaying the root's heartbeat. On an ordinary loop, not a
+    `VirtualClockLoop`: the log reads and applies run in threads, off a virtual clock,
+    which can then jump past every timer while a thread works (a client's staleness
+    timer fires again and again, the loop never idles, the clock never reaches the
+    test's bound) — a tree on a virtual clock needs the store's work on the loop too."""
     root = Store.create(str(tmp_path / "root"), sync=False)
     t1 = Store.create(str(tmp_path / "t1"), db_id=root.db_id, sync=False)
     t2 = Store.create(str(tmp_path / "t2"), db_id=root.db_id, sync=False)
@@ -170,10 +171,10 @@ def test_a_tree_converges_on_a_virtual_clock(tmp_path: Path) -> None:
         c2 = mem_client(net, "t2", t2, ["t1"])
         try:
             async with running(c1), running(c2):
-                for b in range(20):
+                for b in range(10):
                     root.apply([Op(SET, f"k{b}-{i}".encode(), b"v", owner="t") for i in range(10)])
-                    await asyncio.sleep(0.5)  # the writes' pace, on the virtual clock
-                await until(lambda: t2.last_seq() == root.last_seq(), 600, "t2 caught up")
+                    await asyncio.sleep(0.2)  # the writes' pace: a stream, not one burst
+                await until(lambda: t2.last_seq() == root.last_seq(), 60, "t2 caught up")
         finally:
             for s in sources:
                 await s.stop()
@@ -181,7 +182,7 @@ def test_a_tree_converges_on_a_virtual_clock(tmp_path: Path) -> None:
         return loop.time()
 
     try:
-        assert run_virtual(go()) >= 10.0  # the loop's seconds went by
+        assert asyncio.run(go()) > 0
         assert t1.head() == root.head() == t2.head()
         assert _same_log(root, t1) and _same_log(root, t2)
     finally:
