@@ -63,8 +63,8 @@ lint: build
 # compiled module by tests/property in the first pass; the rest of the suite drives the
 # same twins through the same entry points again, so it runs on the compiled code only.
 # Measured 2026-12-07 on this 2-core machine, nothing else running, a clean clone's
-# .ci/run (fresh venv, build, lint, both passes): 10 min 15 s in all; first pass 1,005
-# tests in 7 min 08 s, second pass 508 tests in 1 min 52 s.
+# .ci/run (fresh venv, build, lint, both passes), two runs: 10 min 15 s and 11 min 09 s in
+# all; first pass 1,005 tests in 7 min 07-24 s, second pass 508 tests in 1 min 50-52 s.
 # The browser test (tests/browser: the usage page in headless Chromium via selenium) needs
 # Debian's chromium and its driver: installed when missing and we are root; otherwise the
 # test skips and says why.
