@@ -205,6 +205,9 @@ def test_pushed_frames_reach_the_handler_in_order_until_the_close(
     async def body(server: Link, client: Link) -> list[object]:
         got: list[object] = []
         await client.send(SAMPLE[1])  # received before the switch: handed on first
+        # Deliberate: time for that frame to reach the server's buffer before `push`, the
+        # case under test. One still in flight would take the plain path and pass too, so
+        # a slow machine can only make the test easier, never fail a correct link.
         await asyncio.sleep(0.05)
         done = server.push(lambda f: got.append(_plain(f)))
         await client.send(b"".join(SAMPLE[2:]))
@@ -227,6 +230,9 @@ def test_pushed_frames_reach_the_handler_in_order_until_the_close(
 def test_end_reading_ends_what_this_side_reads(kind: str, tmp_path: Path) -> None:
     async def body(server: Link, client: Link) -> None:
         waiting = asyncio.ensure_future(client.recv(10))
+        # Deliberate: let the receive start waiting before the end, the case under test;
+        # ended before it started, it raises the same (nothing was received), so the
+        # pause decides only which path is taken, never the outcome.
         await asyncio.sleep(0.05)
         client.end_reading()
         with pytest.raises(PeerClosed):
