@@ -151,7 +151,11 @@ class ForbiddenError(GatewayError):
 
 
 class NotFoundError(GatewayError):
-    """No such producer, key or token (404)."""
+    """No such producer, consumer, keyspace or token (404)."""
+
+
+class NoSuchKeyError(NotFoundError):
+    """The key is not stored (404, its own problem type: `core.problems.NO_SUCH_KEY`)."""
 
 
 class MisdirectedError(GatewayError):

@@ -16,6 +16,20 @@ PROBLEM_TYPE = "https://mercury.invalid/problems/"
 #: The media type of every refusal, on both faces.
 PROBLEM_JSON = "application/problem+json"
 
+# The kinds of 404, told apart by their problem type so that a client can act on them: a
+# missing key is an answer (the SDK returns None), a path no route serves is a mistake (a
+# wrong base URL, a missing `/v1`) that must never read as "key absent".
+#: A key that is not stored (`GET /v1/kv/{key}` on either face, the read fast path too).
+NO_SUCH_KEY = "no-such-key"
+#: A path no route serves: the request never reached a key, a producer or any resource.
+NO_SUCH_ROUTE = "no-such-route"
+#: A named resource that does not exist: a producer, consumer, keyspace, token or file.
+NOT_FOUND = "not-found"
+#: The full problem type URIs of the three (the ``type`` member a client compares).
+NO_SUCH_KEY_TYPE = PROBLEM_TYPE + NO_SUCH_KEY
+NO_SUCH_ROUTE_TYPE = PROBLEM_TYPE + NO_SUCH_ROUTE
+NOT_FOUND_TYPE = PROBLEM_TYPE + NOT_FOUND
+
 TITLES = {
     400: "Bad Request",
     401: "Unauthorized",
@@ -52,7 +66,8 @@ TABLE: tuple[tuple[type[e.MercuryError], int, str | None, str | None], ...] = (
     (e.InvalidOpError, 400, None, None),
     (e.AuthError, 401, None, None),
     (e.ForbiddenError, 403, None, None),
-    (e.NotFoundError, 404, None, None),
+    (e.NoSuchKeyError, 404, NO_SUCH_KEY, "No such key"),
+    (e.NotFoundError, 404, NOT_FOUND, None),
     (e.KeyspaceOverlapError, 409, None, None),
     (e.PreconditionFailedError, 412, None, None),
     (e.TooLargeError, 413, None, None),
@@ -65,6 +80,14 @@ TABLE: tuple[tuple[type[e.MercuryError], int, str | None, str | None], ...] = (
     (e.AclDocError, 400, None, None),
     (e.StoreError, 503, None, None),
 )
+
+
+def no_route_detail(method: str, path: str) -> str:
+    """The detail of a `NO_SUCH_ROUTE` 404: names the path, so a wrong base URL shows."""
+    return (
+        f"no route serves {method} {path}: check the base URL "
+        "(the API is under /v1; /docs lists every path)"
+    )
 
 
 class Problem(NamedTuple):

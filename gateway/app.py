@@ -21,6 +21,7 @@ from starlette.responses import Response
 from core.allow import allowed_methods
 from core.errors import MercuryError
 from core.openapi import generated
+from core.problems import NO_SUCH_ROUTE, no_route_detail
 from core.service import Service
 from gateway import openapi_doc, problems, routes_admin, routes_info, routes_kv, routes_usage
 from gateway.settings import Settings
@@ -86,6 +87,9 @@ def create_app(settings: Settings, store: Store, services: Sequence[Service] = (
         assert isinstance(err, HTTPException)
         headers = dict(err.headers or {})
         detail = str(err.detail)
+        if err.status_code == 404:  # only routing raises it: no route serves the path
+            detail = no_route_detail(request.method, request.url.path)
+            return problems.problem(404, detail, slug=NO_SUCH_ROUTE, title="No such route")
         if err.status_code == 405:
             # Starlette names the methods of the one route it tried; a 405's Allow must
             # name every method the resource takes (GET, HEAD, PUT and DELETE on a key).

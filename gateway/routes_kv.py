@@ -9,7 +9,7 @@ from fastapi import APIRouter, Request
 from starlette.convertors import PathConvertor, register_url_convertor
 from starlette.responses import Response
 
-from core.errors import NotFoundError
+from core.errors import NoSuchKeyError
 from core.openapi import VERSION_HEADERS
 from gateway import kv_handlers
 from gateway import openapi_doc as doc
@@ -288,7 +288,7 @@ async def get_kv(request: Request) -> Response:
             gw.check_keys(gw.acl.producers[who], [Op(SET, key)])
     v = gw.store.get(key)
     if v is None:
-        raise NotFoundError(f"no key {key.decode('utf-8', 'backslashreplace')!r}")
+        raise NoSuchKeyError(f"no key {key.decode('utf-8', 'backslashreplace')!r}")
     note_read = getattr(request.app.state, "note_read", None)  # unused-key analytics
     if note_read is not None:
         note_read(key)

@@ -36,7 +36,7 @@ from core.errors import (
     RangeOnRootError,
     ReadTooLargeError,
 )
-from core.problems import PROBLEM_JSON
+from core.problems import NO_SUCH_ROUTE, PROBLEM_JSON, no_route_detail
 from reads import bulkbody, jsonkv, openapi_doc, pointget, ranges, readstats, watch, workermetrics
 from reads.metrics import READ_ERRORS, READ_SECONDS
 from reads.problems import problem, problem_body, problem_for
@@ -179,7 +179,10 @@ async def _unexpected(_request: Request, err: Exception) -> Response:
 
 async def _http_error(request: Request, err: Exception) -> Response:
     assert isinstance(err, StarletteHTTPException)
-    slug = {404: "not-found", 405: "method-not-allowed"}.get(err.status_code, "http-error")
+    if err.status_code == 404:  # only routing raises it: no route serves the path
+        detail = no_route_detail(request.method, request.url.path)
+        return problem(404, NO_SUCH_ROUTE, detail, title="No such route")
+    slug = {405: "method-not-allowed"}.get(err.status_code, "http-error")
     if err.status_code != 405:
         return problem(err.status_code, slug, str(err.detail))
     allow = allowed_methods(request.app, request.scope)  # every method the path takes

@@ -13,7 +13,7 @@ import time
 from urllib.parse import unquote_to_bytes
 
 from core.errors import CRCError
-from core.problems import PROBLEM_JSON
+from core.problems import NO_SUCH_KEY, PROBLEM_JSON
 from reads import readstats
 from reads.fastobserve import BatchedObserve
 from reads.metrics import READ_ERRORS, READ_SECONDS
@@ -60,7 +60,7 @@ def point_get(
                 status = 404
                 body = problem_body(
                     404,
-                    "not-found",
+                    NO_SUCH_KEY,
                     f"key {key.decode('utf-8', 'backslashreplace')!r} is not stored",
                     title="No such key",
                 )

@@ -12,6 +12,7 @@ from typing import Any
 import httpx
 import msgpack
 
+from core.problems import NO_SUCH_KEY_TYPE, NO_SUCH_ROUTE_TYPE, NOT_FOUND_TYPE
 from store.store import Store
 from testkit import metrics
 from testkit.logged import records, seqs_since
@@ -91,7 +92,7 @@ def test_percent_encoded_and_binary_keys(shared_root: Root) -> None:
         r = c.get(path)
         assert (r.status_code, r.content) == (200, enc.encode()), (enc, r.text)
         assert c.delete(path).json()["status"] == "deleted", enc
-        assert _problem(c.get(path), 404)["type"].endswith("/not-found"), enc
+        assert _problem(c.get(path), 404)["type"].endswith("/no-such-key"), enc
 
 
 def test_head_of_a_key_and_the_methods_a_405_names(shared_root: Root) -> None:
@@ -168,9 +169,22 @@ def test_403_names_key_and_keyspaces_and_applies_nothing(shared_root: Root) -> N
 
 def test_404_unknown_producer(shared_root: Root) -> None:
     a = shared_root.admin()
-    _problem(a.delete("/v1/admin/producers/nobody"), 404)
-    _problem(a.post("/v1/admin/producers/nobody/tokens"), 404)
-    _problem(a.get("/v1/usage/nobody"), 404)
+    for r in (
+        a.delete("/v1/admin/producers/nobody"),
+        a.post("/v1/admin/producers/nobody/tokens"),
+        a.get("/v1/usage/nobody"),
+    ):
+        assert _problem(r, 404)["type"] == NOT_FOUND_TYPE
+
+
+def test_404_says_no_such_key_or_no_such_route(shared_root: Root) -> None:
+    name, tok = shared_root.producer()
+    c = shared_root.client(tok)
+    assert _problem(c.get(f"/v1/kv/{name}/absent"), 404)["type"] == NO_SUCH_KEY_TYPE
+    # a wrong base URL (no /v1, a typo) is no route, never a key that is absent
+    for path in (f"/kv/{name}/absent", f"/v1/kvv/{name}/absent", "/nope"):
+        p = _problem(c.get(path), 404)
+        assert p["type"] == NO_SUCH_ROUTE_TYPE and path in p["detail"], path
 
 
 def test_409_overlap_unless_both_shared(shared_root: Root) -> None:

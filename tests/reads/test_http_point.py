@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import httpx
 
+from core.problems import NO_SUCH_KEY_TYPE, NO_SUCH_ROUTE_TYPE
 from store.store import Store
 from tests.reads.conftest import StartReads, put
 
@@ -48,6 +49,12 @@ def test_missing_key_and_bad_key_answer_problem_json(store: Store, start_reads: 
         assert r.status_code == 404
         assert r.headers["content-type"] == "application/problem+json"
         assert r.json()["status"] == 404
+        assert r.json()["type"] == NO_SUCH_KEY_TYPE
+        # a wrong base URL (no /v1) is no route, never a key that is absent
+        for path in ("/kv/nope", "/v2/kv/nope", "/v1/kvv/nope"):
+            r = c.get(path)
+            assert r.status_code == 404 and r.json()["type"] == NO_SUCH_ROUTE_TYPE, path
+            assert path in r.json()["detail"]
         r = c.get("/v1/kv/" + "x" * 501)
         assert r.status_code == 400 and r.json()["type"].endswith("invalid-read")
 
