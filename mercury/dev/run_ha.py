@@ -1,15 +1,16 @@
-"""`MERCURY_HA=1 make run` (``python -m mercury.dev --ha``): the local topology with two
-root candidates elected through a local etcd member (`topology.local_ha`).
+"""`MERCURY_HA=1 make run` (``python -m mercury.dev --ha``): the local topology with three
+root candidates (the production shape) elected through a local etcd member
+(`topology.local_ha`).
 
 It starts etcd (its data in ``var/etcd``), initialises ``var/root-a`` on first use
-(``root-b`` starts empty and bootstraps a snapshot from whichever candidate leads), starts
-both candidates, waits for a leader, creates the demo producer through it, starts the
+(``root-b`` and ``root-c`` start empty and bootstrap a snapshot from whichever candidate
+leads), starts the candidates, waits for a leader, creates the demo producer through it, starts the
 replica (it streams from whichever candidate leads) and prints example commands, among
 them how to kill the leader and watch the other take over. Like the compose topology's
-restart policy, a candidate that exits is started again (once the other one leads) and
+restart policy, a candidate that exits is started again (once another one leads) and
 rejoins as a standby: with ``--sync-standbys 1`` (the default in HA mode) a leader
-acknowledges writes only while a standby confirms them, so a lone candidate answers 503
-``not-in-sync`` until the other is back. Each process's PID is in ``var/<name>.pid``.
+acknowledges writes only while a standby confirms them; with three candidates the one left
+standing after a failover confirms them. Each process's PID is in ``var/<name>.pid``.
 Ctrl-C or SIGTERM stops every process by PID.
 """
 
@@ -122,28 +123,31 @@ class _Supervisor:
         stop_all(list(self.procs.values()))
 
 
-def _examples(token: str, a: Node, b: Node, replica: Node, leader: Node, var: str) -> str:
-    ua, ub = f"http://{a.flag('--listen')}", f"http://{b.flag('--listen')}"
+def _examples(token: str, cands: tuple[Node, ...], replica: Node, leader: Node, var: str) -> str:
+    a = cands[0]
+    ua = f"http://{a.flag('--listen')}"
+    standby = next(c for c in cands if c is not leader)
+    ub = f"http://{standby.flag('--listen')}"
     rd = f"http://{replica.flag('--listen')}"
-    standby = b if leader is a else a
+    standbys = ", ".join(c.name for c in cands if c is not leader)
     return f"""
-Mercury is running: two root candidates elected through a local etcd, and a replica.
-{leader.name} leads now ({leader.flag("--advertise-url")}); {standby.name} is its standby.
+Mercury is running: three root candidates elected through a local etcd, and a replica.
+{leader.name} leads now ({leader.flag("--advertise-url")}); {standbys} are its standbys.
 Demo producer '{DEMO_PRODUCER}' owns keyspace '{DEMO_KEYSPACE}'; its token is in
 {var}/demo.token, the admin token in {a.data_dir}/admin.token.
 
-  # who leads: role, term and the leader's URL, from either candidate
+  # who leads: role, term and the leader's URL, from any candidate
   curl {ua}/v1/status; echo; curl {ub}/v1/status
-  # write through either: a standby answers 307 to the leader (--location-trusted
+  # write through a standby: it answers 307 to the leader (--location-trusted
   # follows it with the token; plain -L would drop the Authorization header)
   curl --location-trusted -X PUT -H "Authorization: Bearer {token}" --data-binary 'hello world' \\
        {ub}/v1/kv/demo/hello
   # read from the replica (it streams from whichever candidate leads)
   curl -i {rd}/v1/kv/demo/hello
   curl {rd}/v1/status
-  # fail over: kill the leader's process. The standby wins once the lease expires (~5 s)
+  # fail over: kill the leader's process. A standby wins once the lease expires (~5 s)
   # and continues the same seq and hash chain; this run then starts the killed candidate
-  # again and it rejoins as a standby (writes answer 503 not-in-sync until it does).
+  # again and it rejoins as a standby (the third candidate confirms writes meanwhile).
   kill -9 $(cat {var}/{leader.name}.pid)
   curl {ua}/v1/status; echo; curl {ub}/v1/status
 
@@ -153,7 +157,8 @@ Ctrl-C stops every process (etcd included).
 
 def run(ports: Ports, var: str) -> int:
     """Run the HA variant until interrupted (see the module doc)."""
-    a, b, replica = local_ha(ports, var)
+    cands, replica = local_ha(ports, var)
+    a = cands[0]
     Path(var).mkdir(parents=True, exist_ok=True)
     if not Path(a.data_dir, "data.mdb").exists():
         subprocess.run(mercury_argv("init", a.data_dir), check=True)
@@ -170,21 +175,21 @@ def run(ports: Ports, var: str) -> int:
         "--initial-cluster", f"local={peer}",
         "--log-level", "warn",
     ]  # fmt: skip
-    candidates = {node.name: node for node in (a, b)}
+    candidates = {node.name: node for node in cands}
     stopping = stop_requested()
     sup = _Supervisor(var)
     try:
         etcd = sup.start("etcd", etcd_argv)
         wait_http(f"{etcd_url}/health", etcd, True, START_TIMEOUT_S)
-        for node in (a, b):
+        for node in cands:
             sup.start(node.name, mercury_argv(*node.argv()))
-        leader = _wait_leader([a, b])
+        leader = _wait_leader(list(cands))
         admin = Path(a.data_dir, "admin.token").read_text().strip()
         token = demo_token(f"http://{leader.flag('--listen')}", admin)
         write_secret(f"{var}/demo.token", token)
         rep = sup.start(replica.name, mercury_argv(*replica.argv()))
         wait_http(f"http://{replica.flag('--listen')}/healthz", rep, True, START_TIMEOUT_S)
-        print(_examples(token, a, b, replica, leader, var), flush=True)
+        print(_examples(token, cands, replica, leader, var), flush=True)
         while not stopping():
             problem = sup.check(candidates, stopping)
             if problem is not None and not stopping():

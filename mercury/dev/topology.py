@@ -54,9 +54,11 @@ class Ports:
     replica_repl: int = 7071
     replica_kt: int = 1979
     replica_memcached: int = 11211
-    #: The HA variant only: the second root candidate and the local etcd member.
+    #: The HA variant only: the second and third root candidates and the local etcd member.
     root_b: int = 8082
     root_b_repl: int = 7072
+    root_c: int = 8083
+    root_c_repl: int = 7073
     etcd: int = 2379
     etcd_peer: int = 2380
 
@@ -110,12 +112,14 @@ def local(ports: Ports = Ports(), var: str = "var", *, secure: bool = False) -> 
 HA_GROUP = "local-root"
 
 
-def local_ha(ports: Ports = Ports(), var: str = "var") -> tuple[Node, Node, Node]:
-    """The HA variant (``MERCURY_HA=1 make run``): two root candidates, `root-a` (whose
-    store `make run` initialises) and `root-b` (empty: it bootstraps from the leader),
-    elected through the etcd member on `ports.etcd`, each with its gateway and replication
-    listener, and the replica listing both as sources (it streams from whichever leads)
-    with every read listener."""
+def local_ha(ports: Ports = Ports(), var: str = "var") -> tuple[tuple[Node, ...], Node]:
+    """The HA variant (``MERCURY_HA=1 make run``): three root candidates, the production
+    shape (docs/operations.md: with one candidate down, the leader still has a standby to
+    confirm its writes, and the cluster survives a second failure without losing an
+    acknowledged write), `root-a` (whose store `make run` initialises), `root-b` and
+    `root-c` (empty: they bootstrap from the leader), elected through the etcd member on
+    `ports.etcd`, each with its gateway and replication listener; and the replica listing
+    all three as sources (it streams from whichever leads) with every read listener."""
     lo = "127.0.0.1"
     replica = local(ports, var)[1]
     etcd = f"http://{lo}:{ports.etcd}"
@@ -135,11 +139,14 @@ def local_ha(ports: Ports = Ports(), var: str = "var") -> tuple[Node, Node, Node
             ),
         )
 
-    a = candidate("root-a", ports.root, ports.root_repl)
-    b = candidate("root-b", ports.root_b, ports.root_b_repl)
+    cands = (
+        candidate("root-a", ports.root, ports.root_repl),
+        candidate("root-b", ports.root_b, ports.root_b_repl),
+        candidate("root-c", ports.root_c, ports.root_c_repl),
+    )
     others = tuple(fv for fv in replica.flags if fv[0] != "--source")
-    sources = (("--source", f"{lo}:{ports.root_repl}"), ("--source", f"{lo}:{ports.root_b_repl}"))
-    return a, b, replace(replica, flags=sources + others)
+    sources = tuple(("--source", c.flag("--advertise-repl")) for c in cands)
+    return cands, replace(replica, flags=sources + others)
 
 
 ROOT, REPLICA = LOCAL = local()

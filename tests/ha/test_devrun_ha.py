@@ -1,5 +1,5 @@
 """`MERCURY_HA=1 make run` (mercury/dev/run_ha.py), end to end on free ports: a local etcd,
-two root candidates and a replica come up; a write sent to the standby is redirected to
+three root candidates and a replica come up; a write sent to the standby is redirected to
 the leader and reaches the replica; after the leader's SIGKILL the other candidate leads,
 writes are acknowledged again, the killed one is started again as a standby; SIGTERM
 stops every process."""
@@ -68,11 +68,12 @@ def test_ha_make_run_fails_over_and_stops(tmp_path: Path, procs: Procs) -> None:
     log = next(procs.log_dir.glob("devrun-*.log"))
     wait_for(lambda: "Mercury is running" in log.read_text(), DEADLINE_S, "make run's examples")
     text = log.read_text()
-    m = re.search(r"^(root-[ab]) leads now", text, re.M)
+    m = re.search(r"^(root-[abc]) leads now", text, re.M)
     assert m, text
     leader = m.group(1)
-    cport = {"root-a": ports["root"], "root-b": ports["root_b"]}
+    cport = {"root-a": ports["root"], "root-b": ports["root_b"], "root-c": ports["root_c"]}
     standby = "root-b" if leader == "root-a" else "root-a"
+    assert "three root candidates" in text
     assert "--location-trusted" in text and f"{var}/{leader}.pid" in text
     token = (var / "demo.token").read_text().strip()
 
@@ -86,11 +87,15 @@ def test_ha_make_run_fails_over_and_stops(tmp_path: Path, procs: Procs) -> None:
     )
 
     os.kill(int((var / f"{leader}.pid").read_text()), signal.SIGKILL)
+    others = [c for c in cport if c != leader]
     wait_for(
-        lambda: _status(cport[standby]).get("role") == "leader", DEADLINE_S, f"{standby} leads"
+        lambda: any(_status(cport[c]).get("role") == "leader" for c in others),
+        DEADLINE_S,
+        "another candidate leads",
     )
+    new = next(c for c in others if _status(cport[c]).get("role") == "leader")
     wait_for(
-        lambda: _put(cport[standby], token, "demo/hello", b"two") == 200,
+        lambda: _put(cport[new], token, "demo/hello", b"two") == 200,
         DEADLINE_S,
         "a write acknowledged again",
     )
@@ -104,7 +109,7 @@ def test_ha_make_run_fails_over_and_stops(tmp_path: Path, procs: Procs) -> None:
     )
 
     assert procs.terminate(run, timeout=60) == 0
-    for p in ("root", "root_b", "replica", "etcd"):
+    for p in ("root", "root_b", "root_c", "replica", "etcd"):
         try:
             httpx.get(f"http://127.0.0.1:{ports[p]}/healthz", timeout=1)
         except httpx.TransportError:
