@@ -9,8 +9,11 @@ third of the throughput; the batcher logs one structured line per batch instead)
 from __future__ import annotations
 
 import argparse
+import asyncio
 import logging
 import os
+import signal
+import socket
 import sys
 from typing import Any
 
@@ -25,7 +28,7 @@ from gateway.read_tokens import GatewayReadTokens
 from mercury import gctune, logsetup, tls
 from mercury.settings import RootConfig
 from mercury.unused_wiring import RootUnused
-from net import http_bounds
+from net import http_bounds, uvicorn_http
 from net.tlsconf import TlsContexts
 from store.lock import WriterLock
 from store.retention import RetentionService
@@ -145,7 +148,7 @@ def run_root(args: argparse.Namespace) -> int:
             tls=cfg.tls is not None,
             read_auth=cfg.read_auth,
         )
-        server = uvicorn.Server(config)
+        server = _RootServer(config)
         # GET /v1/watch on the root too; its endless streams end once the server stops.
         reads_watch.install(app, store)
         reads_watch.end_streams_when(app, lambda: server.should_exit)
@@ -154,6 +157,18 @@ def run_root(args: argparse.Namespace) -> int:
         store.close()
         writer_lock.release()
     return 0
+
+
+class _RootServer(uvicorn_http.Server):
+    """uvicorn with SIGTERM/SIGINT on its own loop's handlers: uvicorn's signal capture
+    raises the signal again once it has served, and the default SIGTERM action then kills
+    the process after a clean stop (exit status 143 instead of 0)."""
+
+    async def serve(self, sockets: list[socket.socket] | None = None) -> None:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self.handle_exit, sig, None)
+        await super().serve(sockets)
 
 
 def _refuse_replica_store(data_dir: str) -> None:
