@@ -16,6 +16,7 @@ from gateway.admission import OUTCOMES
 from gateway.auth import ADMIN
 from gateway.http import json_response
 from gateway.writes import Gateway
+from store import setaside
 from store.usage import Usage
 
 router = APIRouter()
@@ -70,8 +71,13 @@ _HEALTH = {
     responses=doc.answers(
         {
             200: doc.json_body(
-                '`{"db_id", "role": "root", "seq", "hash_head"}`',
-                {"type": "object", "required": ["db_id", "role", "seq", "hash_head"]},
+                '`{"db_id", "role": "root", "seq", "hash_head", "log_first_seq", '
+                '"log_retained_seconds", "set_aside"}`',
+                {
+                    "type": "object",
+                    "required": ["db_id", "role", "seq", "hash_head", *setaside.NODE_FACTS_SCHEMA],
+                    "properties": setaside.NODE_FACTS_SCHEMA,
+                },
             )
         }
     ),
@@ -80,9 +86,10 @@ async def status(request: Request) -> Response:
     """`{"db_id", "role": "root", "seq", "hash_head"}`."""
     gw = _gw(request)
     seq, head = gw.store.head()
-    return json_response(
-        {"db_id": gw.store.db_id, "role": "root", "seq": seq, "hash_head": head.hex()}
-    )
+    doc = {"db_id": gw.store.db_id, "role": "root", "seq": seq, "hash_head": head.hex()}
+    # How much history replicas can still catch up from, and copies left on the disk.
+    doc.update(setaside.node_facts(gw.store.path, *gw.store.retained()))
+    return json_response(doc)
 
 
 @router.get(

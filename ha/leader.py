@@ -42,6 +42,7 @@ from ha.syncack import SyncTracker
 from replicator import upstream
 from replicator.source import ReplicationSource
 from replicator.terms import store_term
+from store import setaside
 from store.promotion import promote
 from store.store import Store
 from store.terms import StaleTermError, TermGuard, term_fields
@@ -252,6 +253,7 @@ def install(app: FastAPI, store: Store, services: list[Service], args: argparse.
                 "sync_standbys": required,
                 "standbys_in_sync": gate.tracker.in_sync(now),
                 "lease_left_s": round(gate.clock.left(now), 3),
+                **setaside.node_facts(store.path, *store.retained()),
             }
         )
 

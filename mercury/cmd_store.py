@@ -1,5 +1,5 @@
-"""Store commands: init, status, verify, migrate, snapshot, promote (docs/api.md lists every
-command)."""
+"""Store commands: init, status, verify, migrate, snapshot, restore, promote, prune-aside
+(docs/api.md lists every command)."""
 
 from __future__ import annotations
 
@@ -16,11 +16,12 @@ from acl.tokens import hash_token, new_token
 from core.cpuflags import cpu_flags
 from core.errors import MercuryError
 from migrations import runner
-from store import chainhash
+from store import chainhash, setaside
 from store import check as store_check
 from store.docs import ADMIN_HASH
 from store.lock import WriterLock
 from store.promotion import promote
+from store.restore import Restored, restore
 from store.snapshot import make_snapshot
 from store.store import Store
 
@@ -87,6 +88,46 @@ def register(sub: Any) -> None:
     p.add_argument("data_dir", metavar="DATA_DIR")
     p.add_argument("out", metavar="OUT")
     p.set_defaults(func=cmd_snapshot)
+
+    p = sub.add_parser(
+        "restore",
+        help="install a snapshot as a stopped node's store",
+        description="Check SNAPSHOT (written by `mercury snapshot`) against SNAPSHOT.json "
+        "(size, SHA-256, format, db id, seq, hash head) and install it atomically as the "
+        "store of DATA_DIR; the store it replaces is kept in DATA_DIR/.replaced-<ms>/. A "
+        "root's restore logs a 'restore' document right after the snapshot's seq, so "
+        "replicas that applied more than the snapshot holds stop as diverged as soon as "
+        "they reconnect. Prints what was done and what the replicas will do. Refuses while "
+        "a process holds DATA_DIR (exit 2), and a snapshot that fails a check (exit 2, "
+        "DATA_DIR unchanged).",
+    )
+    p.add_argument("snapshot", metavar="SNAPSHOT")
+    p.add_argument("data_dir", metavar="DATA_DIR")
+    p.add_argument(
+        "--replica",
+        action="store_true",
+        help="seed a replica's store instead of restoring a root's: log nothing, drop the "
+        "source node's node-local documents",
+    )
+    p.add_argument("--json", action="store_true", help="print one JSON object only")
+    p.set_defaults(func=cmd_restore)
+
+    p = sub.add_parser(
+        "prune-aside",
+        help="remove store copies set aside in DATA_DIR",
+        description="Remove the store copies set aside in DATA_DIR (.diverged-<ms>/ of an "
+        "HA standby, .replaced-<ms>/ of `mercury restore`; GET /v1/status lists them) set "
+        "aside at least --older-than seconds ago, and print each one removed.",
+    )
+    p.add_argument("data_dir", metavar="DATA_DIR")
+    p.add_argument(
+        "--older-than",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="keep copies set aside less than SECONDS ago (default 0: remove all)",
+    )
+    p.set_defaults(func=cmd_prune_aside)
 
     p = sub.add_parser(
         "promote",
@@ -207,6 +248,56 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
     finally:
         store.close()
     print(info.to_json())
+    return 0
+
+
+def cmd_restore(args: argparse.Namespace) -> int:
+    """`mercury restore SNAPSHOT DATA_DIR [--replica] [--json]`: exit 0 with what was done,
+    2 when DATA_DIR is held by a running process or the snapshot fails a check."""
+    with WriterLock.acquire(args.data_dir):
+        done = restore(args.snapshot, args.data_dir, replica=args.replica)
+    if args.json:
+        print(done.to_json())
+        return 0
+    for line in restore_report(done, args.replica):
+        print(line)
+    return 0
+
+
+def restore_report(done: Restored, replica: bool) -> list[str]:
+    """What `mercury restore` says it did and what happens next."""
+    out = [f"restored db {done.db_id} at seq {done.seq} (hash head {done.hash_head})"]
+    if done.set_aside is not None:
+        was = f"seq {done.replaced_seq}" if done.replaced_seq is not None else "unreadable"
+        out.append(f"the replaced store ({was}) is kept in {done.set_aside}/")
+    if replica:
+        out.append(
+            f"next: start `mercury replica` on this DATA_DIR: it streams from seq "
+            f"{done.seq + 1} if its source still retains that seq, else it bootstraps"
+        )
+        return out
+    out.append(f"logged the 'restore' document at seq {done.restore_seq}")
+    if done.replaced_db_id is not None and done.replaced_db_id != done.db_id:
+        out.append(
+            f"warning: the replaced store was db {done.replaced_db_id}: its replicas refuse "
+            "this root (db id mismatch) until re-bootstrapped"
+        )
+    out += [
+        "next: start `mercury root` on this DATA_DIR; then its replicas:",
+        f"  - from seq {max(0, done.log_first_seq - 1)} to {done.seq} continue streaming "
+        "(below that the log no longer holds their next seq: they bootstrap)",
+        f"  - above seq {done.seq} hold writes this root no longer has: each stops as "
+        "diverged within seconds of reconnecting (/v1/status replication_state "
+        "'diverged', mercury_replication_diverged 1); re-bootstrap it: stop it, move its "
+        "DATA_DIR away, start it again",
+    ]
+    return out
+
+
+def cmd_prune_aside(args: argparse.Namespace) -> int:
+    """`mercury prune-aside DATA_DIR [--older-than SECONDS]`."""
+    for s in setaside.prune(args.data_dir, args.older_than):
+        print(f"removed {s.name} ({s.bytes} bytes)")
     return 0
 
 

@@ -40,6 +40,7 @@ from core.problems import NO_SUCH_ROUTE, PROBLEM_JSON, no_route_detail
 from reads import bulkbody, jsonkv, openapi_doc, pointget, ranges, readstats, watch, workermetrics
 from reads.metrics import READ_ERRORS, READ_SECONDS
 from reads.problems import problem, problem_body, problem_for
+from store import setaside
 from store.format import MAX_KEY
 from store.ops import Value
 from store.store import Store
@@ -237,6 +238,8 @@ async def get_status(request: Request) -> dict[str, object]:
         "seq": seq,
         "hash_head": head.hex(),
     }
+    # How much history a replica of this node can still catch up from, copies left on disk.
+    doc.update(setaside.node_facts(store.path, *store.retained()))
     doc.update(request.app.state.status())
     return doc
 

@@ -18,6 +18,7 @@ from typing import Any
 from core import openapi
 from core.openapi import RETRY_AFTER, VERSION_HEADERS, Doc, body, header, json_body, query
 from reads import bulkbody
+from store import setaside
 from store.format import MAX_KEY
 
 NDJSON = "application/x-ndjson"
@@ -101,7 +102,7 @@ _HEALTH: Doc = {
 }
 _STATUS: Doc = {
     "type": "object",
-    "required": ["db_id", "role", "seq", "hash_head"],
+    "required": ["db_id", "role", "seq", "hash_head", *setaside.NODE_FACTS_SCHEMA],
     "properties": {
         "db_id": {"type": "string"},
         "role": {"type": "string"},
@@ -110,6 +111,7 @@ _STATUS: Doc = {
         "source": _STRING_OR_NULL,
         "lag_seconds": {"anyOf": [{"type": "number"}, {"type": "null"}]},
         "replication_state": {"type": "string"},
+        **setaside.NODE_FACTS_SCHEMA,
     },
 }
 

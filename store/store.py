@@ -346,6 +346,13 @@ class Store:
                 txn, self.dbs, from_seq, max_records=max_records, max_bytes=max_bytes, within=within
             )
 
+    def retained(self) -> tuple[int, int | None]:
+        """(first retained seq, the root's commit time in µs of the oldest retained record,
+        None when the log holds none), read in one transaction."""
+        with self.env.begin() as txn:
+            first = U64.unpack(txn.get(K_LOG_FIRST, db=self.dbs.meta))[0]
+            return first, txlog.oldest_time_us(txn, self.dbs)
+
     def log_bounds(self) -> tuple[int, bytes]:
         """(first retained seq, hash head before it)."""
         with self.env.begin(db=self.dbs.meta) as txn:

@@ -112,6 +112,15 @@ def record(txn: Any, dbs: layout.Dbs, k: bytes, v: bytes) -> LogRecord:
     return LogRecord(h.first_seq, h.num_entries, h.time_us, h.hash_head, header, payload)
 
 
+def oldest_time_us(txn: Any, dbs: layout.Dbs) -> int | None:
+    """The root's commit time (µs) of the oldest retained record, None for an empty log:
+    only its header is read (a payload can be 256 MiB)."""
+    cur = txn.cursor(db=dbs.log)
+    if not cur.first():
+        return None
+    return int(decode_log_header(bytes(cur.value()[:_LOG_HDR])).time_us)
+
+
 def gc(
     txn: Any,
     dbs: layout.Dbs,
