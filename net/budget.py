@@ -31,29 +31,48 @@ request at all). The HTTP listeners start the head clock when they begin to wait
 (opening, or the last answer), so their idle and head deadlines are one (`--http-idle-
 timeout`); the KT/memcached listeners start it at a request's first byte.
 
-Built for what comes next (the hostile-client work builds on this seam, nothing here acts
-on it yet):
+Principals and shares. Every member holds its slot for a `Principal`: the peer address
+(unauthenticated) from its admission, then, once the application has authenticated a request
+on it, the token or certificate it proved (`Budget.tag`; authenticated). No principal may
+hold more than `share` of a full budget: while there is room anyone is admitted (the
+budget is work-conserving), but at the cap a newcomer whose principal already holds its
+share may only take the slot of one of its own principal's members, and a newcomer under
+its share evicts first from the principals holding more than theirs. Within that, the
+order is one: unauthenticated members before authenticated ones, then the member that has
+held its slot longest without useful progress (an answer): `idle_since` for one waiting
+for its next request, `stalled_since` for one whose request is only partly received (a
+body trickling in is no progress: nothing it sent was acted on), evictable once that is
+at least `stalled_body` old. A member with a request being worked on, or bytes left to
+write, is never evicted.
 
-- streamed answers (a watch): a stream is a member whose `idle_since` is None (an answer in
-  progress), so it is never evicted today. To make a stream whose client takes nothing
-  evictable, its connection reports, as `stalled_since`, when its client last took a byte
-  (the write clock's start), and the listener sets `stalled_body` (or a stream-specific
-  bound) — the budget's eviction order then puts it after the idle ones, before refusing.
-  A cap on streams alone is a second `Budget` the watch endpoint admits each stream to
-  (`fifo` or not), evicting only among streams.
-- slow request bodies: `stalled_since` is the hook. The HTTP listeners report it already
-  (a body that received nothing for `stalled_body`); the KT/memcached connections report
-  None and their listener sets no `stalled_body`, so their partial bodies stay bounded by
-  the body clock and the buffered-bytes cap alone. Turning it on there is reporting the
-  last byte's time and setting `stalled_body` in `ListenerLimits.deadlines`.
+A second budget (streamed answers, e.g. a watch) uses the same class: its own `Budget`
+(cap from its own flag, `share` from the same share flag), admitting each stream with the
+principal its request authenticated as (`token_principal`/`cert_principal`, else
+`peer_principal` of the connection's peer), `leave` when the stream ends. A stream's
+`idle_since` is None (its answer is in progress) and its `stalled_since` is when its
+client last took a byte while its writes are paused (None while it keeps up), so a full
+stream budget evicts the stream that has been stuck longest, never one that is being
+read; a newcomer finding none such is refused (`admit` False: answer 503 + Retry-After).
+Being a separate budget, streams never take the request budget's slots: the request that
+opened a stream leaves the request budget's count of working members only when its
+connection closes, so the request budget's cap must leave room for the stream cap.
+
+Request bodies (`BodyRate`): after a grace a body must keep arriving at an average of at
+least `min_rate` bytes a second since its head was read, and be complete within `total`,
+or its connection is answered 408 and closed (`Reason.SLOW_BODY`, `Reason.BODY`): holding a
+slot for T seconds costs a peer at least `min_rate * T` bytes sent, and never more than
+`total`. The KT/memcached listeners apply the same rule to a partial request (head and
+body: they start its clock at its first byte).
 """
 
 from __future__ import annotations
 
 import enum
+import hashlib
+import itertools
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
 
@@ -70,6 +89,9 @@ class Reason(enum.Enum):
     HEADER_TOO_LARGE = "header_too_large"
     UNSENT_CAP = "unsent_cap"  # over the listener's cap on answer bytes not taken
     BUFFER_CAP = "buffer_cap"  # over the listener's cap on request bytes buffered
+    SLOW_BODY = "slow_body"  # its request arrived slower than the minimum rate
+    SHARE = "share"  # at the cap, evicted: its principal held more than its share
+    SHARE_REFUSED = "share_refused"  # at the cap, its principal holds its share already
 
 
 #: `mercury_http_connections_closed_total{reason}`: the HTTP listeners' head deadline is
@@ -82,6 +104,10 @@ HTTP_LABELS: dict[Reason, str] = {
     Reason.WRITE: "write_timeout",
     Reason.HEADER_TOO_LARGE: "header_too_large",
     Reason.UNSENT_CAP: "unsent_cap",
+    Reason.BODY: "body_timeout",
+    Reason.SLOW_BODY: "slow_body",
+    Reason.SHARE: "share_evicted",
+    Reason.SHARE_REFUSED: "share_refused",
 }
 #: `mercury_listener_refused_total{listener, reason}` of the KT/memcached listeners.
 TCP_LABELS: dict[Reason, str] = {
@@ -93,9 +119,91 @@ TCP_LABELS: dict[Reason, str] = {
     Reason.WRITE: "write_timeout",
     Reason.UNSENT_CAP: "unsent_cap",
     Reason.BUFFER_CAP: "buffer_cap",
+    Reason.SLOW_BODY: "slow_body",
+    Reason.SHARE: "share_evicted",
+    Reason.SHARE_REFUSED: "share_refused",
 }
 #: `mercury_tls_handshake_failed_total{reason}` (its other reasons are TLS errors).
-TLS_LABELS: dict[Reason, str] = {Reason.EVICTED: "evicted", Reason.HEAD: "timeout"}
+TLS_LABELS: dict[Reason, str] = {
+    Reason.EVICTED: "evicted",
+    Reason.HEAD: "timeout",
+    Reason.SHARE: "share_evicted",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Principal:
+    """Who holds a slot: `name` is ``peer:<address>`` (unauthenticated), ``token:<digest>``
+    or ``cert:<digest>`` (authenticated by the application or the TLS handshake)."""
+
+    name: str
+    authenticated: bool = False
+
+
+#: The principal of members admitted without one (tests, a peer with no address).
+ANONYMOUS = Principal("peer:", False)
+
+
+def peer_principal(peername: object) -> Principal:
+    """The unauthenticated principal of a peer: its address (not its port: one host's many
+    connections are one principal), from a transport's ``peername`` extra."""
+    if isinstance(peername, tuple) and peername:
+        return Principal(f"peer:{peername[0]}", False)
+    return ANONYMOUS
+
+
+def _digest(b: bytes) -> str:
+    return hashlib.sha256(b).hexdigest()[:24]
+
+
+def token_principal(token: str) -> Principal:
+    """The principal of a bearer token the application has verified (its digest: the
+    token itself never leaves the request)."""
+    return Principal(f"token:{_digest(token.encode())}", True)
+
+
+def cert_principal(der: bytes) -> Principal:
+    """The principal of a verified client certificate (its DER's digest)."""
+    return Principal(f"cert:{_digest(der)}", True)
+
+
+def share_cap(cap: int, share: float) -> int:
+    """Slots one principal may hold of a full budget of `cap`: `share` of it, at least
+    one (a share of 1 or more: all of them)."""
+    if share >= 1.0:
+        return cap
+    return max(1, int(cap * share))
+
+
+@dataclass(frozen=True, slots=True)
+class BodyRate:
+    """The rule for a request arriving (module docstring): from `since` (its head read; a
+    KT/memcached request's first byte) it may take `grace` seconds, then it must average
+    at least `min_rate` bytes a second since `since` (0: no rate), and be complete within
+    `total` seconds (None: no deadline)."""
+
+    min_rate: float = 0.0
+    grace: float = 0.0
+    total: float | None = None
+
+    def check(self, now: float, since: float, received: int) -> Reason | None:
+        """The bound a request that began at `since` and received `received` bytes so far
+        has broken at `now`, or None."""
+        elapsed = now - since
+        if self.total is not None and elapsed > self.total:
+            return Reason.BODY
+        if self.min_rate > 0 and elapsed >= self.grace and received < self.min_rate * elapsed:
+            return Reason.SLOW_BODY
+        return None
+
+    def next_check(self, now: float, since: float, received: int) -> float:
+        """When, if nothing more arrives, the request next breaks a bound (inf: never); at
+        least a millisecond after `now`, so a timer re-armed at it always moves on."""
+        due = math.inf if self.total is None else since + self.total + 1e-3
+        if self.min_rate > 0:
+            # received < min_rate * (t - since) from t = since + received / min_rate on
+            due = min(due, since + max(self.grace, received / self.min_rate) + 1e-3)
+        return max(due, now + 1e-3)
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,7 +255,7 @@ class Deadlines:
 
 
 class Member(Protocol):
-    """A connection (or handshake) as its listener's budget sees it."""
+    """A connection (or handshake, or stream) as its budget sees it."""
 
     def idle_since(self) -> float | None:
         """Since when it waits for its next request with nothing left to write; None
@@ -155,7 +263,9 @@ class Member(Protocol):
         ...
 
     def stalled_since(self) -> float | None:
-        """Since when its request body has received nothing (None: no body pending)."""
+        """Since when it has held its slot without useful progress while a request is only
+        partly received (its last answer, or its admission); None: no such request (or,
+        for a stream, since when its client has taken nothing)."""
         ...
 
     def gone(self) -> bool:
@@ -171,13 +281,14 @@ M = TypeVar("M", bound=Member)
 
 
 class Budget(Generic[M]):
-    """Connections of one listener, at most `cap` (module docstring).
+    """Members of one budget, at most `cap` (module docstring).
 
     `count(reason)`: counts a refusal or an eviction in the listener's metric. `on_size(n)`:
     told the member count after every change (the listener's gauge). `stalled_body`:
-    evict a member whose body made no progress for this long when none is idle (None:
+    a member whose partial request made no progress for this long may be evicted (None:
     never). `fifo`: every member is idle from its admission and its clock never restarts
-    (handshakes): the oldest admitted is the victim, found without a scan."""
+    (handshakes): the oldest admitted is the victim. `share`: the part of a full budget
+    one principal may hold (`share_cap`)."""
 
     def __init__(
         self,
@@ -188,6 +299,7 @@ class Budget(Generic[M]):
         stalled_body: float | None = None,
         fifo: bool = False,
         clock: Callable[[], float] | None = None,
+        share: float = 1.0,
     ) -> None:
         self.cap = cap
         self.count = count
@@ -195,8 +307,16 @@ class Budget(Generic[M]):
         self.stalled_body = stalled_body
         self.fifo = fifo
         self.clock = clock or time.monotonic
-        #: Members, in admission order (a dict keeps it).
-        self.members: dict[M, None] = {}
+        self.share = share
+        self.share_cap = share_cap(cap, share)
+        #: Members, in admission order (a dict keeps it), with their principals.
+        self.members: dict[M, Principal] = {}
+        #: Each principal's members (in the order they came to it).
+        self.held: dict[Principal, dict[M, None]] = {}
+        #: Each member's admission number (ties, and the order of pools of several
+        #: principals).
+        self._seq: dict[M, int] = {}
+        self._next = itertools.count()
 
     def __len__(self) -> int:
         return len(self.members)
@@ -204,27 +324,54 @@ class Budget(Generic[M]):
     def __contains__(self, m: object) -> bool:
         return m in self.members
 
-    def admit(self, newcomer: M) -> bool:
-        """Count `newcomer` in, evicting a member at the cap; False (counted as refused):
-        every member is busy, the newcomer is not admitted."""
+    def holds(self, principal: Principal) -> int:
+        """Slots `principal` holds now."""
+        return len(self.held.get(principal, ()))
+
+    def principal_of(self, m: M) -> Principal | None:
+        return self.members.get(m)
+
+    def admit(self, newcomer: M, principal: Principal = ANONYMOUS) -> bool:
+        """Count `newcomer` in for `principal`, evicting a member at the cap; False
+        (counted as refused): no member may be evicted for it, it is not admitted."""
         if len(self.members) >= self.cap and not self.fifo:
             self.prune()
         if len(self.members) >= self.cap:
-            victim = self.victim()
+            if self.share_cap < self.cap and self.holds(principal) >= self.share_cap:
+                # At its share: it may only take the slot of one of its own.
+                victim = self.victim(self.held.get(principal, {}))
+                reason, refusal = Reason.SHARE, Reason.SHARE_REFUSED
+            else:
+                victim = self.victim(self._over_share()) or self.victim(self.members)
+                reason, refusal = Reason.EVICTED, Reason.REFUSED
             if victim is None:
-                self.count(Reason.REFUSED)
+                self.count(refusal)
                 return False
-            self.count(Reason.EVICTED)
+            self.count(reason)
             self.leave(victim)
             victim.evict()
-        self.members[newcomer] = None
+        self._add(newcomer, principal)
         self._sized()
         return True
 
+    def tag(self, m: M, principal: Principal) -> None:
+        """`m` now holds its slot for `principal` (its request authenticated as that).
+        Never evicts: the share counts at the cap (`admit`)."""
+        old = self.members.get(m)
+        if old is None or old == principal:
+            return
+        ms = self.held[old]
+        del ms[m]
+        if not ms:
+            del self.held[old]
+        self.members[m] = principal  # keeps its place in the admission order
+        self.held.setdefault(principal, {})[m] = None
+
     def leave(self, m: M) -> None:
         """`m` no longer counts (closed, or lost); once, whichever comes first."""
-        if m in self.members:
-            del self.members[m]
+        p = self.members.get(m)
+        if p is not None:
+            self._drop(m, p)
             self._sized()
 
     def prune(self) -> None:
@@ -232,25 +379,55 @@ class Budget(Generic[M]):
         for m in [m for m in self.members if m.gone()]:
             self.leave(m)
 
-    def victim(self) -> M | None:
-        """The member to evict for a newcomer, or None (module docstring)."""
+    def victim(self, pool: Iterable[M]) -> M | None:
+        """The member of `pool` (in admission order) to evict, or None (module
+        docstring): unauthenticated before authenticated, then the longest without
+        progress; the older admitted wins a tie."""
         if self.fifo:
-            return next(iter(self.members), None)
+            return next(iter(pool), None)
         best: M | None = None
-        best_at = math.inf
-        stalled: M | None = None
-        stalled_at = math.inf
+        best_key: tuple[bool, float, int] = (True, math.inf, 0)
         cutoff = -math.inf if self.stalled_body is None else self.clock() - self.stalled_body
-        for m in self.members:  # admission order: the older wins a tie
+        for m in pool:
             at = m.idle_since()
-            if at is not None:
-                if at < best_at:
-                    best, best_at = m, at
-            elif self.stalled_body is not None and best is None:
+            if at is None:
+                if self.stalled_body is None:
+                    continue
                 s = m.stalled_since()
-                if s is not None and s < cutoff and s < stalled_at:
-                    stalled, stalled_at = m, s
-        return best if best is not None else stalled
+                if s is None or s > cutoff:
+                    continue
+                at = s
+            key = (self.members[m].authenticated, at, self._seq[m])
+            if key < best_key:
+                best, best_key = m, key
+        return best
+
+    def _over_share(self) -> list[M]:
+        """Members of the principals holding more than their share, in admission order."""
+        if self.share_cap >= self.cap:
+            return []
+        over = [p for p, ms in self.held.items() if len(ms) > self.share_cap]
+        if not over:
+            return []
+        if len(over) == 1:
+            return list(self.held[over[0]])
+        return sorted((m for p in over for m in self.held[p]), key=self._order)
+
+    def _order(self, m: M) -> int:
+        return self._seq[m]
+
+    def _add(self, m: M, p: Principal) -> None:
+        self.members[m] = p
+        self.held.setdefault(p, {})[m] = None
+        self._seq[m] = next(self._next)
+
+    def _drop(self, m: M, p: Principal) -> None:
+        del self.members[m]
+        del self._seq[m]
+        ms = self.held[p]
+        del ms[m]
+        if not ms:
+            del self.held[p]
 
     def _sized(self) -> None:
         if self.on_size is not None:

@@ -1,6 +1,10 @@
 """Prometheus metrics of every listener's transport (process-wide, as Prometheus clients are)."""
 
+from collections.abc import Callable
+
 from prometheus_client import Counter, Gauge
+
+from net.budget import Reason
 
 #: Read requests that ended in an error answer, by op and reason (`crc`, `protocol`, ...).
 READ_ERRORS = Counter(
@@ -40,3 +44,42 @@ LISTENER_QUEUED_MAX = Gauge(
     "Reply bytes the fullest connection of a TCP read listener holds for writing",
     ["listener"],
 )
+
+#: Every connection budget of the process (`net.budget`), by name: `http` (the HTTP
+#: listener), `tls_handshakes`, `kt`, `memcached`, and any budget of streams (`watch`).
+BUDGET_MEMBERS = Gauge(
+    "mercury_budget_members", "Members a connection budget holds now", ["budget"]
+)
+BUDGET_CAP = Gauge("mercury_budget_cap", "Members a connection budget holds at most", ["budget"])
+#: What each budget refused or closed, by `net.budget.Reason` value: refused, evicted,
+#: share (evicted: its principal held more than its share), share_refused, slow_body,
+#: body, head, idle, write, header_too_large, unsent_cap, buffer_cap.
+BUDGET_CLOSED = Counter(
+    "mercury_budget_closed_total",
+    "Members a connection budget refused, evicted or closed on a bound, by reason",
+    ["budget", "reason"],
+)
+
+
+def budget_hooks(
+    name: str,
+    cap: int,
+    count: Callable[[Reason], None] | None = None,
+    on_size: Callable[[int], None] | None = None,
+) -> tuple[Callable[[Reason], None], Callable[[int], None]]:
+    """The `count` and `on_size` of a `net.budget.Budget` named `name`: each feeds the
+    budget metrics above, then the listener's own (`count`, `on_size`) if any."""
+    BUDGET_CAP.labels(name).set(cap)
+    members = BUDGET_MEMBERS.labels(name)
+
+    def counted(reason: Reason) -> None:
+        BUDGET_CLOSED.labels(name, reason.value).inc()
+        if count is not None:
+            count(reason)
+
+    def sized(n: int) -> None:
+        members.set(n)
+        if on_size is not None:
+            on_size(n)
+
+    return counted, sized

@@ -48,7 +48,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from net import fastconn
-from net.budget import TCP_LABELS, Budget, Deadlines, Reason
+from net.budget import TCP_LABELS, Budget, Deadlines, Principal, Reason
 from net.metrics import (
     LISTENER_CONNECTIONS,
     LISTENER_HELD_REFUSED,
@@ -595,7 +595,7 @@ class TcpService:
             LISTENER_HELD_REFUSED.labels(self.name).dec()
 
     @property
-    def conns(self) -> dict[_Conn, None]:
+    def conns(self) -> dict[_Conn, Principal]:
         """The connections counted now (the budget's members)."""
         return self.budget.members
 

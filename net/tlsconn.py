@@ -46,7 +46,7 @@ from typing import Any
 
 from prometheus_client import Counter
 
-from net.budget import TLS_LABELS, Budget, Reason
+from net.budget import TLS_LABELS, Budget, Principal, Reason
 
 log = logging.getLogger(__name__)
 
@@ -526,7 +526,7 @@ class TlsServer:
         loop.add_reader(sock.fileno(), self._accept)
 
     @property
-    def handshaking(self) -> dict[_Handshake, None]:
+    def handshaking(self) -> dict[_Handshake, Principal]:
         """Connections in their handshake, oldest first."""
         return self.handshakes.members
 

@@ -103,11 +103,14 @@ def test_members_already_gone_make_room_before_anyone_is_evicted() -> None:
     assert closed not in b and not idle.evicted and c.seen == []
 
 
-def test_a_stalled_body_goes_only_when_none_is_idle_and_only_past_the_bound() -> None:
+def test_the_longest_without_progress_goes_a_partial_request_only_past_the_bound() -> None:
+    """Idle or with a request trickling in, the member that has held its slot longest
+    without an answer goes first (a body dribbled a byte at a time is no progress); a
+    partial request only once it is `stalled_body` old."""
     now = [100.0]
     c = Counts()
     b = c.budget(3, stalled_body=5.0, clock=lambda: now[0])
-    fresh = Conn("fresh", stalled_at=97.0)  # 3 s without a byte: under the bound
+    fresh = Conn("fresh", stalled_at=97.0)  # 3 s without progress: under the bound
     stale = Conn("stale", stalled_at=90.0)
     staler = Conn("staler", stalled_at=80.0)
     for x in (fresh, stale, staler):
@@ -115,9 +118,11 @@ def test_a_stalled_body_goes_only_when_none_is_idle_and_only_past_the_bound() ->
     idle = Conn("idle", idle_at=99.0)
     assert b.admit(idle)
     assert staler.evicted and not stale.evicted and not fresh.evicted
-    assert b.admit(Conn("new"))  # an idle one goes before any stalled body
-    assert idle.evicted and not stale.evicted
-    assert c.seen == [Reason.EVICTED, Reason.EVICTED]
+    assert b.admit(Conn("new"))  # the stale body has waited longer than the idle one
+    assert stale.evicted and not idle.evicted
+    assert b.admit(Conn("newer"))
+    assert idle.evicted and not fresh.evicted
+    assert c.seen == [Reason.EVICTED] * 3
 
 
 def test_without_the_stalled_body_rule_a_stalled_body_is_never_evicted() -> None:
