@@ -19,7 +19,16 @@ from typing import Any, BinaryIO
 
 from tqdm import tqdm
 
-from mercury_client import Client, Gone, MercuryClientError, NotFound, Refused, RetryPolicy, wire
+from mercury_client import (
+    Client,
+    Gone,
+    MercuryClientError,
+    NoSuchRoute,
+    NotFound,
+    Refused,
+    RetryPolicy,
+    wire,
+)
 
 OK, USAGE, NOT_FOUND, REFUSED, UNAVAILABLE = 0, 2, 3, 4, 5
 
@@ -172,6 +181,8 @@ class UsageError(Exception):
 
 def exit_status(err: MercuryClientError) -> int:
     """The exit status of a failed request."""
+    if isinstance(err, NoSuchRoute):
+        return USAGE  # a wrong --url / --read-url: the user must fix the command
     if isinstance(err, NotFound):
         return NOT_FOUND
     if isinstance(err, Refused):

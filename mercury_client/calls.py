@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 
 from mercury_client import wire
-from mercury_client.errors import MercuryClientError, ServerError, from_answer
+from mercury_client.errors import MercuryClientError, ServerError, from_answer, key_absent
 
 WRITE = "write"
 READ = "read"
@@ -39,9 +39,10 @@ MAX_REDIRECTS = 3
 
 
 def success(r: httpx.Response, ok404: bool) -> bool:
-    """Whether `r` is an answer the call returns: a 2xx, or a 404 when `ok404`. Any other
-    answer (a redirect not followed too) is an error: its body is no value or result."""
-    return 200 <= r.status_code < 300 or (ok404 and r.status_code == 404)
+    """Whether `r` is an answer the call returns: a 2xx, or "no such key" when `ok404`.
+    Any other answer (a redirect not followed, a 404 for a path no route serves) is an
+    error: its body is no value or result."""
+    return 200 <= r.status_code < 300 or (ok404 and absent(r))
 
 
 def redirect(r: httpx.Response) -> str | None:
@@ -97,6 +98,18 @@ def delete(key: wire.Key, idempotency_key: str | None, cond: dict[str, str] | No
     return Call(
         WRITE, "DELETE", wire.kv_path(key), {**idem_headers(idempotency_key), **(cond or {})}
     )
+
+
+def delete_prefix(prefix: wire.Key, idempotency_key: str | None) -> Call:
+    """``DELETE /v1/kv?prefix=P``: one batch's worth of the keys under P."""
+    q = wire.range_query(prefix, None, None)
+    return Call(WRITE, "DELETE", f"/v1/kv?{q}", idem_headers(idempotency_key))
+
+
+#: Requests of a prefix delete that may delete nothing in a row (the open batch holds the
+#: keyspace's delete guard) before it fails: each waits `PREFIX_PAUSE_S`, a batch window.
+PREFIX_IDLE_TRIES = 20
+PREFIX_PAUSE_S = 0.5
 
 
 def get(key: wire.Key) -> Call:
@@ -226,6 +239,11 @@ def watch_line(line: str, resume: wire.Resume) -> wire.Change | None:
         return None
     c = watch_change(doc)
     return c if c is not None and resume.fresh(c) else None
+
+
+def absent(r: httpx.Response) -> bool:
+    """A GET of a key answered "no such key" (a 404 of another kind raises, see `error`)."""
+    return key_absent(r.status_code, r.content)
 
 
 def error(r: httpx.Response) -> MercuryClientError:

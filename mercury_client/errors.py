@@ -5,7 +5,8 @@ Every server refusal is a problem+json document (``{"type", "title", "status", "
 members (``retry_after``, ``max_ops``, ``current_seq``...) stay readable. Three families
 tell a caller (and `mercury kv`'s exit status) what to do next:
 
-- `NotFound`: the key or resource is absent;
+- `NotFound`: the key or resource is absent (`NoSuchRoute`, a 404 for a path no route
+  serves, is not one: a wrong base URL must never read as "key absent");
 - `Refused` (any other 4xx): the request as sent will not succeed; change it;
 - `Unavailable` (connection failures, timeouts, 502/503/504) and `ServerError` (other 5xx):
   the node could not answer now.
@@ -16,6 +17,14 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from typing import Any
+
+#: The problem types a client tells 404s apart by (the server's `core/problems.py` names
+#: the same URIs; the SDK imports no server package, so they are spelt out here).
+PROBLEM_TYPE = "https://mercury.invalid/problems/"
+NO_SUCH_KEY_TYPE = PROBLEM_TYPE + "no-such-key"
+NO_SUCH_ROUTE_TYPE = PROBLEM_TYPE + "no-such-route"
+#: What a missing key answered before the 404s had kinds (a node of an older version).
+NOT_FOUND_TYPE = PROBLEM_TYPE + "not-found"
 
 
 class MercuryClientError(Exception):
@@ -56,6 +65,12 @@ class Forbidden(Refused):
 
 class NotFound(Refused):
     """404: no such key (or resource)."""
+
+
+class NoSuchRoute(Refused):
+    """404 for a path no route of the node serves (problem type `NO_SUCH_ROUTE_TYPE`), or
+    a 404 that is no Mercury problem at all (another server at that URL): the base URL is
+    wrong (a missing or extra path, a proxy's prefix). Never a missing key."""
 
 
 class Conflict(Refused):
@@ -170,4 +185,31 @@ def from_answer(status: int, headers: Mapping[str, str], content: bytes) -> Merc
     else:
         title, detail = "", str(body or "")
     lower = {k.lower(): v for k, v in headers.items()}
-    return class_for(status)(status, title or f"HTTP {status}", detail, body, lower)
+    cls = class_for(status)
+    if status == 404 and not _mercury_404(body):
+        cls = NoSuchRoute
+    return cls(status, title or f"HTTP {status}", detail, body, lower)
+
+
+def problem_type(body: Any) -> str:
+    """The ``type`` member of a problem body ("" when there is none)."""
+    return str(body.get("type") or "") if isinstance(body, dict) else ""
+
+
+def _mercury_404(body: Any) -> bool:
+    """A 404 that names a missing key or resource, not a path no route serves."""
+    t = problem_type(body)
+    return t.startswith(PROBLEM_TYPE) and t != NO_SUCH_ROUTE_TYPE
+
+
+def key_absent(status: int, content: bytes) -> bool:
+    """Whether an answer to ``GET /v1/kv/{key}`` says the key is absent: a 404 of type
+    no-such-key (or the untyped not-found of an older node). Any other 404 (no such
+    route, another server's page) is an error, never "absent"."""
+    if status != 404:
+        return False
+    try:
+        body = json.loads(content) if content else None
+    except (ValueError, UnicodeDecodeError):
+        return False
+    return problem_type(body) in (NO_SUCH_KEY_TYPE, NOT_FOUND_TYPE)

@@ -162,10 +162,42 @@ class Client:
         r = self._send(call, safe=idem is not None)
         return calls.write_result(r)
 
+    def delete_prefix(
+        self, prefix: wire.Key, *, idempotency_key: str | None = None
+    ) -> wire.BatchResult:
+        """Delete every key under `prefix` (inside the producer's keyspaces): one
+        ``DELETE /v1/kv?prefix=P`` per batch's worth, repeated while the node says keys
+        remain (``more``). Not atomic: each request commits on its own. A request that
+        deleted nothing while keys remain (the open batch holds the keyspace's delete
+        guard) is repeated after a batch window, `PREFIX_IDLE_TRIES` times at most."""
+        total = wire.BatchResult()
+        idle = 0
+        n = 0
+        while True:
+            n += 1
+            base = self._idem(idempotency_key)
+            idem = f"{base}:{n}" if idempotency_key is not None and base else base
+            r = self._send(calls.delete_prefix(prefix, idem), safe=idem is not None)
+            doc = r.json()
+            total.add(doc, calls.replayed(r))
+            if not doc.get("more"):
+                return total
+            idle = idle + 1 if not doc.get("deleted") else 0
+            if idle >= calls.PREFIX_IDLE_TRIES:
+                raise Unavailable(
+                    0,
+                    "Prefix delete stalled",
+                    f"{calls.PREFIX_IDLE_TRIES} requests in a row deleted nothing while keys "
+                    "remain (the keyspace's max_deletes_per_batch guard is spent)",
+                )
+            if not doc.get("deleted"):
+                self._sleep(calls.PREFIX_PAUSE_S)
+
     def get(self, key: wire.Key) -> bytes | None:
-        """The value of `key`, or None when it is absent."""
+        """The value of `key`, or None when it is absent (a 404 of type no-such-key); a
+        404 for a path no route serves (a wrong base URL) raises `NoSuchRoute`."""
         r = self._send(calls.get(key), ok404=True)
-        return None if r.status_code == 404 else r.content
+        return None if r.status_code == 404 else r.content  # 404 here: no such key
 
     def get_with_seq(self, key: wire.Key) -> wire.Versioned | None:
         """The value of `key` and the seq of its last change (None when absent): read,
@@ -190,6 +222,7 @@ class Client:
         *,
         idempotency_key: str | None = None,
         split: bool = True,
+        on_done: Callable[[int], None] | None = None,
     ) -> wire.BatchResult:
         """Apply ``("set", key, value)`` / ``("delete", key)`` ops in order.
 
@@ -198,6 +231,9 @@ class Client:
         the rest to fit. Each request is atomic on the root; a batch that takes several is
         not (pieces apply in order; on an error the earlier ones stay applied). With
         ``split=False`` a batch that does not fit one request raises `TooLarge` instead.
+        The limits a 413 named hold for the client's later batches too (`batch_ops`,
+        `batch_bytes`), which are cut to them from the start. `on_done(n)` is called as
+        each request is acknowledged, with its number of ops (progress reports).
         """
         wops = [wire.encode_op(op) for op in ops]
         idem = self._idem(idempotency_key)
@@ -217,9 +253,15 @@ class Client:
             except TooLarge as err:
                 if not split or not plan.too_large(err.max_ops, err.max_bytes):
                     raise
+                if err.max_ops is not None or err.max_bytes is not None:
+                    # the node's bound (e.g. what a producer's rate quota can ever admit)
+                    # holds for the next batches too: none pays its 413 again
+                    self.batch_ops, self.batch_bytes = plan.max_ops, plan.max_bytes
                 continue
             total.add(r.json(), calls.replayed(r))
             plan.done()
+            if on_done is not None:
+                on_done(piece[1] - piece[0])
         return total
 
     # --- reads from a replica -------------------------------------------------------------

@@ -4,6 +4,7 @@ resumption. No sockets here; the behaviour against real nodes is in the other mo
 from __future__ import annotations
 
 import email.utils
+import json
 
 from hypothesis import given
 from hypothesis import strategies as st
@@ -118,7 +119,7 @@ def test_problem_json_maps_to_typed_errors() -> None:
     for status, cls in [
         (401, errors.Unauthorized),
         (403, errors.Forbidden),
-        (404, errors.NotFound),
+        (404, errors.NoSuchRoute),  # a 404 that is no Mercury problem: not our API there
         (409, errors.Conflict),
         (410, errors.Gone),
         (412, errors.PreconditionFailed),
@@ -130,6 +131,16 @@ def test_problem_json_maps_to_typed_errors() -> None:
     ]:
         assert type(errors.from_answer(status, {}, b"not json")) is cls
     assert errors.from_answer(500, {}, b"oops").detail == "oops"
+    # A 404's kind is its problem type: a missing key or resource, or a path no route serves
+    for slug, cls in [
+        ("no-such-key", errors.NotFound),
+        ("not-found", errors.NotFound),
+        ("no-such-route", errors.NoSuchRoute),
+    ]:
+        body = json.dumps({"type": errors.PROBLEM_TYPE + slug, "status": 404}).encode()
+        assert type(errors.from_answer(404, {}, body)) is cls
+        assert errors.key_absent(404, body) is (slug != "no-such-route")
+    assert not errors.key_absent(404, b"<html>Not Found</html>")
 
 
 def _change(seq: int, k: str) -> wire.Change:
