@@ -1,11 +1,17 @@
 """`make run` (mercury/dev/run.py): every port from a flag or the environment; a real run on
-free ports in a temporary var directory comes up, prints its examples and stops both
-processes on SIGTERM; the secure variant runs end to end."""
+free ports in a temporary var directory comes up, prints its examples and what came up, and
+stops both processes on SIGTERM; it owns its state directory (a second run refuses naming
+the first one's PID, another topology's directory is refused with the reset command, a
+taken port is named); a replica of another database is reported and the run exits
+non-zero; the secure variant runs end to end."""
 
 from __future__ import annotations
 
 import contextlib
+import shutil
+import socket
 import ssl
+import subprocess
 import sys
 from dataclasses import fields
 from pathlib import Path
@@ -23,7 +29,7 @@ def test_flags_win_over_environment_over_defaults() -> None:
         ["--root-port", "9080"], {"MERCURY_ROOT_PORT": "9999", "MERCURY_REPLICA_KT_PORT": "2979"}
     )
     assert (args.root, args.replica_kt, args.replica) == (9080, 2979, 8081)
-    assert args.var == "var"
+    assert args.var is None  # var/<mode>: each mode its own state directory
     assert parse_args([], {"MERCURY_VAR": "/tmp/x"}).var == "/tmp/x"
     assert not args.secure and parse_args([], {"MERCURY_SECURE": "1"}).secure
     assert (
@@ -43,20 +49,38 @@ def test_the_topology_uses_the_given_ports() -> None:
     assert sreplica.argv()[-1] == "--read-auth"
 
 
-def test_make_run_on_other_ports(tmp_path: Path, procs: Procs) -> None:
-    ports = {f.name: free_port() for f in fields(Ports)}
-    argv = [sys.executable, "-m", "mercury.dev", "--var", str(tmp_path / "var")]
+def _argv(var: Path, ports: dict[str, int], *extra: str) -> list[str]:
+    argv = [sys.executable, "-m", "mercury.dev", "--var", str(var), *extra]
     for name, port in ports.items():
         argv += [f"--{name.replace('_', '-')}-port", str(port)]
-    run = procs.start(argv, name="devrun")
+    return argv
+
+
+def _refused(argv: list[str]) -> str:
+    """Stderr of a make run that must refuse at once (exit 1, nothing started)."""
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1, (done.returncode, done.stdout, done.stderr)
+    assert "Mercury is running" not in done.stdout
+    return done.stderr
+
+
+def test_make_run_on_other_ports(tmp_path: Path, procs: Procs) -> None:
+    ports = {f.name: free_port() for f in fields(Ports)}
+    var = tmp_path / "var"
+    run = procs.start(_argv(var, ports), name="devrun")
     wait_http(f"http://127.0.0.1:{ports['root']}/healthz", timeout=120, proc=run)
     wait_http(f"http://127.0.0.1:{ports['replica']}/healthz", timeout=120, proc=run)
     log = next(procs.log_dir.glob("devrun-*.log"))
-    wait_until(lambda: "Mercury is running" in log.read_text(), 60, "the banner")
+    wait_until(lambda: "Up and checked" in log.read_text(), 90, "the banner")
     text = log.read_text()
+    assert "Mercury is running" in text
     assert f"http://127.0.0.1:{ports['root']}/v1/kv/demo/hello" in text, text
     assert f"('127.0.0.1', {ports['replica_memcached']})" in text
-    assert (tmp_path / "var" / "demo.token").exists()
+    token = (var / "demo.token").read_text()
+    # A second run on the same state refuses at once, naming the first; it changes nothing.
+    err = _refused(_argv(var, ports))
+    assert f"PID {run.pid}" in err and "already running" in err, err
+    assert (var / "demo.token").read_text() == token
     assert procs.terminate(run, timeout=60) == 0
     for port in (ports["root"], ports["replica"]):
         try:
@@ -64,6 +88,27 @@ def test_make_run_on_other_ports(tmp_path: Path, procs: Procs) -> None:
         except httpx.TransportError:
             continue
         raise AssertionError(f"something still serves on {port} after make run stopped")
+    # Another topology on this state directory is refused with the command that resets it.
+    err = _refused(_argv(var, ports, "--secure"))
+    assert f"rm -rf {var}" in err and "plain: root replica" in err, err
+    # A port something else holds is named before anything starts.
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", ports["replica_kt"]))
+        s.listen()
+        err = _refused(_argv(var, ports))
+    assert f"127.0.0.1:{ports['replica_kt']}" in err, err
+    # A replica store of another database (here: another run's) is reported, never served
+    # as if all were well, and the run exits non-zero.
+    other = tmp_path / "other"
+    first = procs.start(_argv(other, ports), name="other")
+    wait_until(lambda: (other / "demo.token").exists(), 120, "the other run's token")
+    assert procs.terminate(first, timeout=60) == 0
+    shutil.rmtree(var / "replica")
+    shutil.copytree(other / "replica", var / "replica")
+    done = subprocess.run(_argv(var, ports), capture_output=True, text=True, timeout=180)
+    assert done.returncode == 1, (done.stdout, done.stderr)
+    assert "another database" in done.stderr and f"rm -rf {var}/replica" in done.stderr
+    assert "Mercury is running" not in done.stdout
 
 
 def test_secure_make_run_end_to_end(tmp_path: Path, procs: Procs) -> None:
@@ -72,10 +117,7 @@ def test_secure_make_run_end_to_end(tmp_path: Path, procs: Procs) -> None:
     on the replica (and nothing without it)."""
     ports = {f.name: free_port() for f in fields(Ports)}
     var = tmp_path / "var"
-    argv = [sys.executable, "-m", "mercury.dev", "--var", str(var), "--secure"]
-    for name, port in ports.items():
-        argv += [f"--{name.replace('_', '-')}-port", str(port)]
-    run = procs.start(argv, name="devrun")
+    run = procs.start(_argv(var, ports, "--secure"), name="devrun")
 
     def banner() -> str | None:
         assert run.poll() is None, "make run exited"

@@ -1,13 +1,20 @@
 """`make run`: a working local deployment on loopback.
 
-Initialises `var/root` on first use, starts the root and one replica (`mercury/dev/topology.py`)
-with every listener, creates the demo producer and a token for it, prints an example command
-for each protocol, and runs until Ctrl-C / SIGTERM, then stops both processes by PID.
+Initialises `var/plain/root` on first use, starts the root and one replica
+(`mercury/dev/topology.py`) with every listener, creates the demo producer and a token for
+it, checks that the replica streams the root's database, prints an example command for each
+protocol and what came up, and runs until Ctrl-C / SIGTERM, then stops both processes by PID.
+
+The run owns its state directory (``var/<mode>``: each mode its own, so switching modes
+never mixes databases): one run at a time (a second refuses at once, naming the PID that
+holds ``run.pid``), one topology per directory (a directory another topology made is
+refused with the command that resets it). It exits non-zero when anything did not come up,
+a port is taken, or a process exits under it.
 
 Every port is a flag (``python -m mercury.dev --root-port 9080``) or an environment
 variable (``MERCURY_ROOT_PORT=9080 make run``); a flag wins over the environment, which
 wins over the default of `topology.Ports`. ``--var`` (``MERCURY_VAR``) moves the stores
-and logs out of ``var/``.
+and logs out of ``var/<mode>``.
 
 ``--secure`` (``MERCURY_SECURE=1 make run``) runs the secure variant of the topology: it
 makes a CA and the nodes' certificates (`mercury certs`, under ``var/certs``, the CA's key
@@ -23,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import ssl
 import subprocess
 import sys
@@ -31,18 +39,31 @@ from collections.abc import Mapping, Sequence
 from dataclasses import fields
 from pathlib import Path
 
+import httpx
+
 from mercury.dev import run_ha
 from mercury.dev.common import (
     REPO,
+    claim_state,
     demo_token,
     mercury_argv,
+    ports_in_use,
     reader_token,
     stop_all,
     stop_requested,
     wait_http,
+    wait_streaming,
     write_secret,
 )
-from mercury.dev.topology import DEMO_CONSUMER, DEMO_KEYSPACE, DEMO_PRODUCER, Node, Ports, local
+from mercury.dev.topology import (
+    DEMO_CONSUMER,
+    DEMO_KEYSPACE,
+    DEMO_PRODUCER,
+    Node,
+    Ports,
+    local,
+    local_ha,
+)
 
 
 def parse_args(argv: Sequence[str] | None, env: Mapping[str, str]) -> argparse.Namespace:
@@ -59,7 +80,12 @@ def parse_args(argv: Sequence[str] | None, env: Mapping[str, str]) -> argparse.N
             default=default,
             help=f"(env {env_name}, default {f.default})",
         )
-    p.add_argument("--var", default=env.get("MERCURY_VAR", "var"), help="stores and logs")
+    p.add_argument(
+        "--var",
+        default=env.get("MERCURY_VAR") or None,
+        help="the state directory: stores, logs, tokens (env MERCURY_VAR; default "
+        "var/<mode>: var/plain, var/secure or var/ha, one topology each)",
+    )
     p.add_argument(
         "--secure",
         action="store_true",
@@ -147,57 +173,120 @@ Ctrl-C stops both processes.
 """
 
 
+def _listens(nodes: Sequence[Node]) -> list[str]:
+    """Every ``HOST:PORT`` the nodes listen on (their `--*listen` flags)."""
+    return [v for n in nodes for f, v in n.flags if f.endswith("listen") and v is not None]
+
+
+def _topology(mode: str, nodes: Sequence[Node]) -> str:
+    """What `claim_state` records: the mode and its nodes' names."""
+    return f"{mode}: {' '.join(n.name for n in nodes)}"
+
+
+def _flat(nodes: Sequence[object]) -> list[Node]:
+    """The nodes of `topology.local_ha` (nodes, or tuples of them), in order."""
+    out: list[Node] = []
+    for n in nodes:
+        out += [n] if isinstance(n, Node) else _flat(n)  # type: ignore[arg-type]
+    return out
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the local deployment until interrupted."""
+    """Run the local deployment until interrupted; non-zero when it could not start (or
+    refused to: another run holds the state, another topology made it, a port is taken)
+    or a process exited under it."""
     args = parse_args(argv, os.environ)
     ports = Ports(**{f.name: getattr(args, f.name) for f in fields(Ports)})
-    var = args.var
-    if args.ha:
-        if args.secure:
-            print(
-                "--ha runs plain HTTP on loopback; `docker compose --profile ha up` runs "
-                "candidates with TLS (docs/ha.md)",
-                file=sys.stderr,
-            )
-            return 2
-        os.chdir(REPO)
-        return run_ha.run(ports, var)
-    ROOT, REPLICA = local(ports, var, secure=args.secure)
+    mode = "ha" if args.ha else "secure" if args.secure else "plain"
+    if args.ha and args.secure:
+        print(
+            "--ha runs plain HTTP on loopback; `docker compose --profile ha up` runs "
+            "candidates with TLS (docs/ha.md)",
+            file=sys.stderr,
+        )
+        return 2
     os.chdir(REPO)
-    Path(var).mkdir(parents=True, exist_ok=True)
+    # One topology per state directory: each mode has its own by default (var/plain,
+    # var/secure, var/ha), so switching modes never mixes databases.
+    var = args.var or f"var/{mode}"
+    nodes = _flat(local_ha(ports, var)) if args.ha else list(local(ports, var, secure=args.secure))
+    try:
+        claim_state(Path(var), _topology(mode, nodes))
+        busy = ports_in_use(_listens(nodes))
+        if busy:
+            raise SystemExit(
+                f"already in use: {', '.join(busy)} (another make run, or another service); "
+                "choose other ports with the flags or variables of `python -m mercury.dev -h`"
+            )
+    except SystemExit as refused:
+        print(refused, file=sys.stderr)
+        return 1
+    if args.ha:
+        return run_ha.run(ports, var)
+    return _run(var, args.secure, *local(ports, var, secure=args.secure))
+
+
+def _run(var: str, secure: bool, ROOT: Node, REPLICA: Node) -> int:
+    """The root and its replica (`main` owns `var`): 0 once stopped as asked, 1 when
+    something did not come up or exited under it (said on stderr)."""
     if not Path(ROOT.data_dir, "data.mdb").exists():
         subprocess.run(mercury_argv("init", ROOT.data_dir), check=True)
+        # A replica store left from an earlier root mirrors another database: that root's
+        # successor would refuse it forever while it kept serving the old data.
+        shutil.rmtree(REPLICA.data_dir, ignore_errors=True)
     verify: ssl.SSLContext | bool = True
-    if args.secure:
+    if secure:
         certs = ["certs", f"{var}/certs", "--ca-key-dir", f"{var}/ca"]
         nodes = ["--node", ROOT.name, "--node", REPLICA.name]
         subprocess.run(mercury_argv(*certs, *nodes), check=True)
         verify = ssl.create_default_context(cafile=f"{var}/certs/ca.crt")
-    procs: list[subprocess.Popen[bytes]] = []
+    procs: dict[str, subprocess.Popen[bytes]] = {}
     stopping = stop_requested()
     try:
         for node in (ROOT, REPLICA):
             log = open(f"{var}/{node.name}.log", "ab")  # noqa: SIM115 - handed to the child
-            procs.append(subprocess.Popen(mercury_argv(*node.argv()), stdout=log, stderr=log))
+            procs[node.name] = subprocess.Popen(mercury_argv(*node.argv()), stdout=log, stderr=log)
             log.close()
-            wait_http(f"{node.scheme}://{node.flag('--listen')}/healthz", procs[-1], verify)
+            try:
+                wait_http(
+                    f"{node.scheme}://{node.flag('--listen')}/healthz", procs[node.name], verify
+                )
+            except SystemExit as err:
+                raise SystemExit(f"{node.name}: {err} ({var}/{node.name}.log)") from None
         admin = Path(ROOT.data_dir, "admin.token").read_text().strip()
         gw = f"{ROOT.scheme}://{ROOT.flag('--listen')}"
         token = demo_token(gw, admin, verify)
         write_secret(f"{var}/demo.token", token)
         reader = None
-        if args.secure:
+        if secure:
             reader = reader_token(gw, admin, verify)
             write_secret(f"{var}/reader.token", reader)
+        db_id = str(httpx.get(f"{gw}/v1/status", verify=verify, timeout=5).json()["db_id"])
+        rd = f"{REPLICA.scheme}://{REPLICA.flag('--listen')}"
+        wait_streaming(rd, db_id, procs[REPLICA.name], verify, f"rm -rf {REPLICA.data_dir}")
         print(_examples(token, ROOT, REPLICA, var, reader), flush=True)
-        while not stopping() and all(p.poll() is None for p in procs):
+        print(_came_up(procs, var, db_id), flush=True)
+        while not stopping() and all(p.poll() is None for p in procs.values()):
             time.sleep(0.5)
-        for p in procs:
-            if p.poll() is not None and not stopping():
-                print(f"a process exited with {p.returncode}; see its log", file=sys.stderr)
+        if stopping():
+            return 0
+        for name, p in procs.items():
+            if p.poll() is not None:
+                print(f"{name} exited with {p.returncode}; see {var}/{name}.log", file=sys.stderr)
+        return 1
+    except SystemExit as failed:
+        print(f"make run failed: {failed}", file=sys.stderr)
+        return 1
     finally:
-        stop_all(procs)
-    return 0
+        stop_all(list(procs.values()))
+
+
+def _came_up(procs: Mapping[str, subprocess.Popen[bytes]], var: str, db_id: str) -> str:
+    """The banner's last lines: each process as it really is, checked just before."""
+    lines = [f"  {n}: PID {p.pid}, log {var}/{n}.log" for n, p in procs.items()]
+    return "\n".join(
+        [f"Up and checked (database {db_id}; the replica streams from the root):", *lines]
+    )
 
 
 if __name__ == "__main__":

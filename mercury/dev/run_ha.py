@@ -31,6 +31,7 @@ from mercury.dev.common import (
     stop_all,
     stop_requested,
     wait_http,
+    wait_streaming,
     write_secret,
 )
 from mercury.dev.topology import DEMO_KEYSPACE, DEMO_PRODUCER, Node, Ports, local_ha
@@ -189,6 +190,10 @@ def run(ports: Ports, var: str) -> int:
         write_secret(f"{var}/demo.token", token)
         rep = sup.start(replica.name, mercury_argv(*replica.argv()))
         wait_http(f"http://{replica.flag('--listen')}/healthz", rep, True, START_TIMEOUT_S)
+        # The banner says the replica streams: checked (a store of another database would
+        # be refused by every candidate while it served its old data).
+        rd, db_id = f"http://{replica.flag('--listen')}", str(_status(leader).get("db_id"))
+        wait_streaming(rd, db_id, rep, True, f"rm -rf {replica.data_dir}")
         print(_examples(token, cands, replica, leader, var), flush=True)
         while not stopping():
             problem = sup.check(candidates, stopping)
