@@ -14,7 +14,9 @@ One process per candidate node, on one asyncio loop:
   the key or the lease deadline passes;
 - **standby**: otherwise `ha/standby.Standby` replicates from the leader and
   reports its applied seq upstream, while `ha/front.Front` answers on the gateway
-  address (status; 307 to the leader; 503 during an election).
+  address (status; 307 to the leader, or with `--ha-forward` the leader's own answer to
+  a write passed on; 503 + Retry-After during an election, and whenever the leader cannot
+  be confirmed: its lease not renewing on etcd, or our link to it broken — `ha.role.may_route`).
 """
 
 from __future__ import annotations
@@ -31,8 +33,8 @@ from core import eventloop, lifeline
 from core.addr import parse_hostport
 from core.errors import MercuryError
 from ha.etcd import Etcd, EtcdError
-from ha.front import Front
-from ha.lease import LeaseClock, margin_for, renew_interval
+from ha.front import Forwarder, Front
+from ha.lease import LeaseClock, margin_for, renew_interval, renewing
 from ha.metrics import standby_metrics
 from ha.role import (
     LeaderInfo,
@@ -44,10 +46,11 @@ from ha.role import (
     election_key,
     encode_progress,
     may_campaign,
+    may_route,
     progress_prefix,
 )
 from ha.standby import Standby
-from net.tlsconf import TlsContexts, TlsFiles, server_context
+from net.tlsconf import TlsContexts, TlsFiles, client_context, server_context
 from replicator.terms import store_term
 from store import layout
 from store.store import Store
@@ -86,7 +89,14 @@ class Candidate:
         self.tls = TlsContexts(files) if files is not None else None
         front_ssl = server_context(files, require_client_cert=False) if files else None
         metrics = standby_metrics(self.data_dir, self._standby_store)
-        self.front = Front(*self.listen, self._status, front_ssl, metrics)
+        forward = (
+            Forwarder(self.node, client_context(files) if files else None)
+            if getattr(args, "ha_forward", False)
+            else None
+        )
+        self.front = Front(*self.listen, self._status, front_ssl, metrics, forward)
+        #: whether the leader's lease was renewing at our last look at etcd (`ha.lease.renewing`)
+        self._leader_renewing = False
         self.front_up = False
         self.stopping = asyncio.Event()
         self._cooldown_until = 0.0
@@ -110,8 +120,13 @@ class Candidate:
             "seq": seq,
             "hash_head": head.hex() if head is not None else None,
             "standby_state": sb.state if sb is not None else None,
+            "leader_link": sb.link if sb is not None else None,
         }
-        leader_url = v.leader.url if v.leader is not None and v.role is Role.STANDBY else None
+        routable = may_route(v, self._leader_renewing, sb is not None and sb.link_lost)
+        leader_url = v.leader.url if routable and v.leader is not None else None
+        if v.leader is not None and v.role is Role.STANDBY and not routable:
+            # Named so that the 503 says why, but no client is sent there.
+            extra["unconfirmed_leader"] = v.leader.url
         # Won but its root not serving yet (this listener is about to close): not a leader
         # anyone can write to, so the answer is an election's.
         role = Role.ELECTING if v.role is Role.LEADER else v.role
@@ -177,6 +192,7 @@ class Candidate:
         if self.front_up:
             await self.front.stop()
         await self.etcd.close()
+        await self.front.close()
         log.info("candidate stopped")
 
     # --- lease -----------------------------------------------------------------------
@@ -229,6 +245,7 @@ class Candidate:
                     log.warning("election key unreadable: %s", err)
                     self._etcd_down_logged = True
                 view = self.view
+                self._leader_renewing = False  # unconfirmed: nobody is sent there
                 if view.role is Role.LEADER and not self.clock.valid(time.monotonic()):
                     view = View(Role.ELECTING, None)
             await self._become(view)
@@ -240,6 +257,11 @@ class Candidate:
         now = time.monotonic()
         valid = self.clock.valid(now)
         view = decide(self.node, self.lease, leader, key_lease, valid)
+        if view.role is Role.STANDBY:
+            left, granted = await self.etcd.time_to_live(key_lease)
+            self._leader_renewing = renewing(left, granted)
+        else:
+            self._leader_renewing = False
         mine = self._progress() if view.role is not Role.LEADER else None
         if mine is not None and self.lease is not None:
             await self._publish(mine)

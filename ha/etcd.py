@@ -93,6 +93,11 @@ class Etcd:
         out = await self.call("/v3/lease/keepalive", {"ID": str(lease)})
         return int(out.get("result", {}).get("TTL", 0))
 
+    async def time_to_live(self, lease: int) -> tuple[int, int]:
+        """(seconds left, seconds granted) of `lease`; left is -1 once it expired."""
+        out = await self.call("/v3/lease/timetolive", {"ID": str(lease)})
+        return int(out.get("TTL", -1)), int(out.get("grantedTTL", 0))
+
     async def revoke(self, lease: int) -> None:
         """End `lease` now (its keys are deleted)."""
         await self.call("/v3/lease/revoke", {"ID": str(lease)})

@@ -7,8 +7,24 @@ as this node's: a standby behind would look caught up), and every other request 
 **307** to the same path on the leader's URL (a 307 keeps the method and body: a PUT is
 replayed as a PUT), or **503** problem+json with ``leader_url: null`` while no leader is
 known. A tiny bounded HTTP/1.1 server: one request per connection, request head at most
-`MAX_HEAD` bytes within `HEAD_TIMEOUT_S`, bodies never read. When the candidate wins, this
-listener closes and the root's gateway takes the address.
+`MAX_HEAD` bytes within `HEAD_TIMEOUT_S`. When the candidate wins, this listener closes and
+the root's gateway takes the address.
+
+"Known" means confirmed (`ha.role.may_route`): the candidate names a leader only while its
+lease is renewing on etcd and the standby's link to it holds. A dead leader's key outlives
+it by up to the lease TTL; a 307 there would meet a refused connection, so until the next
+leader is known the answer is the election's 503 + Retry-After.
+
+With a `Forwarder` (`--ha-forward`) a write (any method but GET and HEAD, whose answers
+may be endless streams) is not redirected but passed to the leader, and the leader's
+answer returned as it is: producers can be given any candidate's address, and a client
+that does not follow redirects with its token still writes. A forwarded request carries
+`FORWARDED_HEADER`; a front never forwards (nor redirects) a request that has it, so a
+leader that changed between two looks costs a 503, never a loop. Bodies up to
+`MAX_FORWARD_BODY` (and `MAX_FORWARD_INFLIGHT` over all connections) are forwarded; a larger
+or chunked one gets the 307 (the leader is confirmed either way). The leader unreachable:
+503 + Retry-After (nothing reached it); the link failing after the request was sent: 502
+or 504, which the SDK retries only with an Idempotency-Key (the write may have applied).
 """
 
 from __future__ import annotations
@@ -20,6 +36,8 @@ import logging
 import ssl
 from collections.abc import Callable
 from typing import Any
+
+import httpx
 
 from core.problems import problem_document
 
@@ -36,10 +54,87 @@ MAX_DRAINED_BODY = 1 << 20
 MAX_LINGER_BYTES = 32 << 20
 LINGER_S = 5.0
 
+#: Marks a request a standby passed to its leader (the value: that standby's node name).
+FORWARDED_HEADER = "Mercury-Forwarded-By"
+#: The largest body a standby forwards (a larger one gets the 307), and the most body
+#: bytes held for forwarding over all its connections at once.
+MAX_FORWARD_BODY = 16 << 20
+MAX_FORWARD_INFLIGHT = 64 << 20
+#: How long a forwarded write may take on the leader (a batch window, the standbys'
+#: confirmation, a large batch's commit).
+FORWARD_TIMEOUT_S = 30.0
+FORWARD_CONNECT_TIMEOUT_S = 1.0
+#: Headers that describe one connection, not the request (RFC 9110 7.6.1), and those the
+#: forwarding client sets itself.
+_HOP = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-connection",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+        "host",
+        "content-length",
+    }
+)
+
 #: -> (role, term, leader_url or None, extra status fields)
 StatusFn = Callable[[], tuple[str, int | None, str | None, dict[str, Any]]]
 #: -> (content type, body) of the Prometheus exposition
 MetricsFn = Callable[[], tuple[str, bytes]]
+
+
+class Forwarder:
+    """Passes a write to the leader and gives back its answer (`--ha-forward`)."""
+
+    def __init__(self, node: str, ssl_context: ssl.SSLContext | None = None) -> None:
+        self.node = node
+        self._http = httpx.AsyncClient(
+            verify=ssl_context if ssl_context is not None else True,
+            timeout=httpx.Timeout(FORWARD_TIMEOUT_S, connect=FORWARD_CONNECT_TIMEOUT_S),
+            follow_redirects=False,
+        )
+        self.inflight = 0
+
+    async def close(self) -> None:
+        await self._http.aclose()
+
+    async def forward(
+        self, leader_url: str, method: str, target: str, head: bytes, body: bytes
+    ) -> bytes:
+        """The whole HTTP response to send back for `method target` passed to the leader."""
+        headers = [(k, v) for k, v in _header_list(head) if k.lower() not in _HOP] + [
+            (FORWARDED_HEADER, self.node)
+        ]
+        url = leader_url.rstrip("/") + target
+        try:
+            r = await self._http.request(method, url, headers=headers, content=body)
+        except httpx.ConnectError as err:  # nothing reached the leader
+            return _problem(503, f"the leader {leader_url} is unreachable ({err}); retry shortly")
+        except httpx.TimeoutException:
+            return _problem(
+                504,
+                f"the leader {leader_url} did not answer in {FORWARD_TIMEOUT_S:.0f}s; the write "
+                "may have been applied: retry with the same Idempotency-Key",
+                retry=False,
+            )
+        except httpx.HTTPError as err:
+            return _problem(
+                502,
+                f"the link to the leader {leader_url} failed ({err}); the write may have been "
+                "applied: retry with the same Idempotency-Key",
+                retry=False,
+            )
+        # httpx decoded any content coding: the body goes back as it now is.
+        out = [
+            (k, v)
+            for k, v in r.headers.multi_items()
+            if k.lower() not in _HOP and k.lower() not in ("content-encoding", "content-type")
+        ]
+        ctype = r.headers.get("content-type", "application/octet-stream")
+        return _response(r.status_code, r.reason_phrase, ctype, r.content, out)
 
 
 class Front:
@@ -52,8 +147,11 @@ class Front:
         status: StatusFn,
         ssl_context: ssl.SSLContext | None = None,
         metrics: MetricsFn | None = None,
+        forward: Forwarder | None = None,
     ) -> None:
         self.host = host
+        #: passes writes to the leader (None: they get the 307)
+        self.forward = forward
         self.port = port
         self.status = status
         #: this node's metrics (None: `/metrics` is redirected like any other path)
@@ -91,6 +189,11 @@ class Front:
                 await asyncio.wait_for(self._server.wait_closed(), 2)
             self._server = None
 
+    async def close(self) -> None:
+        """Release the forwarding client (after `stop`)."""
+        if self.forward is not None:
+            await self.forward.close()
+
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
         if task is not None:
@@ -119,14 +222,18 @@ class Front:
                 await self._refuse(writer, reader, 400, "malformed request line")
                 return
             method, target = parts[0], parts[1]
+            length = _content_length(head)
+            leader = self._forward_to(method, head, length)
+            if leader is not None:
+                await self._forward(reader, writer, leader, method, target, head, length)
+                return
             # Read (and drop) a small body first: closing with unread bytes sends a reset
             # that can reach the client before our answer does.
-            length = _content_length(head)
             drained = 0 < length <= MAX_DRAINED_BODY
             if drained:
                 async with asyncio.timeout(HEAD_TIMEOUT_S):
                     await reader.readexactly(length)
-            writer.write(self.answer(method, target))
+            writer.write(self.answer(method, target, forwarded=_has_header(head, FORWARDED_HEADER)))
             async with asyncio.timeout(HEAD_TIMEOUT_S):
                 await writer.drain()
             if length != 0 and not drained:  # a large or chunked body: linger, then close
@@ -139,6 +246,40 @@ class Front:
             writer.close()
             with contextlib.suppress(Exception):
                 await writer.wait_closed()
+
+    def _forward_to(self, method: str, head: bytes, length: int) -> str | None:
+        """The confirmed leader's URL when this request is to be forwarded there, else None
+        (it gets `answer`: a read, a request already forwarded once, no forwarding, no
+        confirmed leader, or a body too large or of unknown length to hold)."""
+        fw = self.forward
+        if fw is None or method in ("GET", "HEAD") or _has_header(head, FORWARDED_HEADER):
+            return None
+        if length < 0 or length > MAX_FORWARD_BODY or fw.inflight + length > MAX_FORWARD_INFLIGHT:
+            return None
+        return self.status()[2]
+
+    async def _forward(
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        leader: str,
+        method: str,
+        target: str,
+        head: bytes,
+        length: int,
+    ) -> None:
+        fw = self.forward
+        assert fw is not None
+        fw.inflight += length
+        try:
+            async with asyncio.timeout(HEAD_TIMEOUT_S):
+                body = await reader.readexactly(length) if length else b""
+            answer = await fw.forward(leader, method, target, head, body)
+        finally:
+            fw.inflight -= length
+        writer.write(answer)
+        async with asyncio.timeout(HEAD_TIMEOUT_S):
+            await writer.drain()
 
     async def _refuse(
         self,
@@ -165,8 +306,9 @@ class Front:
         if linger:
             await _linger(reader, writer)
 
-    def answer(self, method: str, target: str) -> bytes:
-        """The whole HTTP response to `method target`."""
+    def answer(self, method: str, target: str, *, forwarded: bool = False) -> bytes:
+        """The whole HTTP response to `method target` (`forwarded`: another standby passed
+        it here believing this node leads)."""
         role, term, leader_url, extra = self.status()
         path = target.split("?", 1)[0]
         if method == "GET" and path in ("/v1/status", "/healthz"):
@@ -179,13 +321,18 @@ class Front:
         if method == "GET" and path == "/metrics" and self.metrics is not None:
             ctype, text = self.metrics()
             return _response(200, "OK", ctype, text)
-        if leader_url is None:
-            doc = problem_document(
-                503,
-                "no leader: an election is running; retry shortly",
-                slug="no-leader",
-                role=role,
-            )
+        if leader_url is None or forwarded:
+            if forwarded:
+                detail = "forwarded to a node that does not lead (leadership moved); retry shortly"
+            elif extra.get("unconfirmed_leader"):
+                detail = (
+                    f"the leader {extra['unconfirmed_leader']} cannot be confirmed (its lease "
+                    "is not being renewed, or this node lost its link to it): an election "
+                    "is likely; retry shortly"
+                )
+            else:
+                detail = "no leader: an election is running; retry shortly"
+            doc = problem_document(503, detail, slug="no-leader", role=role)
             doc["leader_url"] = None  # said explicitly: clients look for it
             return _response(
                 503,
@@ -205,6 +352,29 @@ class Front:
             json.dumps(doc).encode(),
             [("Location", location)],
         )
+
+
+def _problem(status: int, detail: str, *, retry: bool = True) -> bytes:
+    """A problem+json answer of the forwarding path (Retry-After on a 503)."""
+    reason = {502: "Bad Gateway", 504: "Gateway Timeout"}.get(status, "Service Unavailable")
+    doc = problem_document(status, detail)
+    headers = [("Retry-After", "1")] if retry else []
+    return _response(status, reason, "application/problem+json", json.dumps(doc).encode(), headers)
+
+
+def _header_list(head: bytes) -> list[tuple[str, str]]:
+    """The header fields of a request head, in order."""
+    out = []
+    for line in head.split(b"\r\n")[1:]:
+        name, sep, value = line.partition(b":")
+        if sep and name.strip():
+            out.append((name.strip().decode("latin-1"), value.strip().decode("latin-1")))
+    return out
+
+
+def _has_header(head: bytes, name: str) -> bool:
+    lname = name.lower()
+    return any(k.lower() == lname for k, _ in _header_list(head))
 
 
 def _response(

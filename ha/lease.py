@@ -14,6 +14,10 @@ from dataclasses import dataclass
 
 #: Smallest margin (seconds) whatever the TTL.
 MIN_MARGIN_S = 0.5
+#: The lease TTL of `--lease-ttl-s` unless told otherwise. A failover takes about this plus
+#: 2 s (the lease expires, a standby wins on its next poll, its root starts serving); the
+#: SDK's default retry budget (`mercury_client.retry.DEFAULT_BUDGET_S`) outlasts that.
+DEFAULT_TTL_S = 5
 
 
 def margin_for(ttl_s: float) -> float:
@@ -25,6 +29,19 @@ def margin_for(ttl_s: float) -> float:
 def renew_interval(ttl_s: float) -> float:
     """How often to send keep-alives: three chances before the margin is reached."""
     return max(0.1, (ttl_s - margin_for(ttl_s)) / 3)
+
+
+def renewing(left_s: int, granted_s: int) -> bool:
+    """Whether a lease etcd says has `left_s` of its `granted_s` seconds left is still
+    being renewed by its holder, as far as another node can tell.
+
+    A live holder renews every `renew_interval`, so the lease never has less than
+    ``granted - renew_interval`` left; etcd reports whole seconds (rounded down), and one
+    keep-alive may be late (in flight, or a busy loop), hence the extra interval and second.
+    Below that the holder missed renewals: it is dead or cut from etcd, and the lease will
+    expire (an election follows) rather than be renewed. A standby never sends clients to
+    a leader whose lease is not renewing (`ha.role.may_route`)."""
+    return left_s > 0 and left_s >= granted_s - 2 * renew_interval(granted_s) - 1
 
 
 @dataclass(slots=True)

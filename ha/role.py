@@ -79,6 +79,19 @@ def decide(
     return View(Role.STANDBY, leader)
 
 
+def may_route(view: View, lease_renewing: bool, link_lost: bool) -> bool:
+    """Whether a standby with `view` may send a client to its leader (307) or pass it a
+    write (`--ha-forward`). Only to a leader whose lease this node saw `lease_renewing`
+    (`ha.lease.renewing`) on its last look at etcd, and not when its replication link to
+    that leader was up and broke (`link_lost`): a killed leader's key and lease outlive it
+    by up to the TTL, and a client sent there meanwhile meets a refused connection instead
+    of the honest "election running, retry" (503 + Retry-After). A link never yet up (a
+    standby still bootstrapping) says nothing about the leader."""
+    return (
+        view.role is Role.STANDBY and view.leader is not None and lease_renewing and not link_lost
+    )
+
+
 def progress_prefix(group: str) -> bytes:
     """Prefix of the keys where candidates publish how far their store is (`Progress`)."""
     return f"/mercury/{group}/applied/".encode()

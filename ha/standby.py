@@ -187,11 +187,30 @@ class Standby:
         self.store: Store | None = None
         self.state = "starting"
         self._task: asyncio.Task[None] | None = None
+        #: the upstream outbox of the current session (its `connected` is the link's state)
+        self._outbox: upstream.UpstreamOutbox | None = None
+        #: whether a session to this leader was ever up
+        self._linked = False
 
     @property
     def applied(self) -> int:
         """Last applied seq (0 without a store)."""
         return self.store.last_seq() if self.store is not None else 0
+
+    @property
+    def link(self) -> str:
+        """The replication link to this leader: "up", "lost" (it was up and is down now:
+        a leader whose process died closes it at once, long before its lease expires) or
+        "none" (never up yet: bootstrapping, or still connecting)."""
+        box = self._outbox
+        if box is not None and box.connected:
+            return "up"
+        return "lost" if self._linked else "none"
+
+    @property
+    def link_lost(self) -> bool:
+        """Whether `link` is "lost"."""
+        return self.link == "lost"
 
     def start(self) -> None:
         """Start following (on the running loop)."""
@@ -260,7 +279,8 @@ class Standby:
             raise ReplicationFailed(
                 "this store's history is not the leader's (unacknowledged tail)"
             )
-        outbox = upstream.UpstreamOutbox()
+        outbox = self._outbox = upstream.UpstreamOutbox()
+        outbox.on_connect(self._on_link)
         board = StatusBoard(self.data_dir)
         board.start()
         client = _ReportingClient(
@@ -283,6 +303,9 @@ class Standby:
             with contextlib.suppress(asyncio.CancelledError):
                 await reporter
             await board.stop()
+
+    def _on_link(self) -> None:
+        self._linked = True
 
     async def _report(self, outbox: upstream.UpstreamOutbox, client: ReplicaClient) -> None:
         # Idle standbys report too: the leader counts only standbys heard from lately.

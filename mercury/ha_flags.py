@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from ha.lease import DEFAULT_TTL_S
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """Add the HA flags to the `root` parser."""
@@ -36,7 +38,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="replication address standbys follow while this node leads (default: --repl-listen)",
     )
     g.add_argument(
-        "--lease-ttl-s", type=int, default=5, help="etcd lease TTL in seconds (default 5)"
+        "--lease-ttl-s",
+        type=int,
+        default=DEFAULT_TTL_S,
+        help=f"etcd lease TTL in seconds (default {DEFAULT_TTL_S})",
+    )
+    g.add_argument(
+        "--ha-forward",
+        action="store_true",
+        help="a standby passes writes to the leader and returns its answer (instead of 307)",
     )
     g.add_argument(
         "--sync-standbys",
