@@ -34,7 +34,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--tls-ca",
         metavar="F",
         help="the deployment's CA (PEM): replication peers must present a certificate it "
-        "signed (mutual TLS); HTTP listeners serve HTTPS",
+        "signed carrying the root or replica role (mutual TLS); HTTP listeners serve HTTPS",
+    )
+    g.add_argument(
+        "--tls-allow-roleless",
+        action="store_true",
+        help="also accept replication peers whose certificate carries no role (made before "
+        "`mercury certs --role`), logging a warning for each: a migration aid",
     )
 
 
@@ -81,7 +87,13 @@ def files_from_args(args: argparse.Namespace) -> TlsFiles | None:
         return None
     if not all(given):
         raise ConfigError("--tls-cert, --tls-key and --tls-ca go together: give all three")
-    return TlsFiles(cert=args.tls_cert, key=args.tls_key, ca=args.tls_ca)
+    roleless = bool(getattr(args, "tls_allow_roleless", False))
+    if roleless:
+        log.warning(
+            "--tls-allow-roleless: replication peers whose certificate carries no role are "
+            "accepted (each logged); reissue them with `mercury certs --role root|replica`"
+        )
+    return TlsFiles(cert=args.tls_cert, key=args.tls_key, ca=args.tls_ca, allow_roleless=roleless)
 
 
 def uvicorn_ssl(files: TlsFiles | None) -> dict[str, object]:

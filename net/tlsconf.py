@@ -4,8 +4,14 @@ Trust model: a deployment runs its own CA. Every node holds a certificate signed
 replication is mutual TLS (a source accepts only peers presenting a certificate signed by
 the CA, a replica verifies its source's against the same CA), so a peer is identified by
 the CA's signature, not by a host name (nodes are reached by address; certificates need
-no matching name). The HTTP listeners serve HTTPS with the same certificate; HTTP clients
-authenticate with bearer tokens, not certificates.
+no matching name). The CA's signature is not enough to replicate: the certificate must
+also carry a replication role (`net.certs`: ``root`` or ``replica``), which both ends
+check after the handshake (`check_replication_peer`): a consumer's certificate, signed by
+the same CA, neither pulls the data set nor serves as a source. A certificate without any
+role (made before roles) passes only with `TlsFiles.allow_roleless` (the
+``--tls-allow-roleless`` flag), and each such peer is logged as a warning. The HTTP
+listeners serve HTTPS with the same certificate; HTTP clients authenticate with bearer
+tokens, not certificates.
 
 `TlsContexts` holds the current contexts and `reload()` re-reads the files (on SIGHUP):
 connections made afterwards use the new certificate, key and CA; open ones keep theirs.
@@ -14,9 +20,14 @@ A reload that fails (a missing or mismatched file) keeps the old contexts and ra
 
 from __future__ import annotations
 
+import logging
 import ssl
 import threading
 from dataclasses import dataclass
+
+from net import certs
+
+log = logging.getLogger("mercury.tls")
 
 #: Oldest protocol accepted on any link.
 MIN_VERSION = ssl.TLSVersion.TLSv1_2
@@ -29,6 +40,52 @@ class TlsFiles:
     cert: str
     key: str
     ca: str
+    #: Accept replication peers whose certificate carries no role (made before roles),
+    #: logging each: a migration aid, never a default.
+    allow_roleless: bool = False
+
+
+class PeerRoleError(OSError):
+    """A replication peer's certificate, though signed by our CA, lacks a replication
+    role. An OSError, so a replica's connect loop logs it and retries like any refused
+    connection; `reason` is the `mercury_repl_refused_total` label."""
+
+    def __init__(self, detail: str, reason: str = "wrong_role") -> None:
+        super().__init__(detail)
+        self.reason = reason
+        self.detail = detail
+
+
+def check_replication_peer(der: bytes | None, *, allow_roleless: bool, peer: str) -> str:
+    """The role of a replication peer's certificate (`der`, from the finished handshake),
+    or PeerRoleError when it may not replicate: only ``root`` and ``replica`` may, on
+    either end of a link. `peer` says who it is in messages (e.g. "source 10.0.0.1:7070").
+    A certificate without a role passes only with `allow_roleless`, as "none", logged."""
+    if der is None:
+        raise PeerRoleError(f"{peer} presented no certificate", reason="no_certificate")
+    try:
+        role = certs.role_of(der)
+    except ValueError as err:
+        raise PeerRoleError(f"{peer}: {err}") from err
+    if role is None:
+        if not allow_roleless:
+            raise PeerRoleError(
+                f"{peer}'s certificate carries no role; replication needs "
+                f"{certs.ROLE_URI_PREFIX}root or {certs.ROLE_URI_PREFIX}replica "
+                "(reissue it with `mercury certs --role`, or pass --tls-allow-roleless)",
+                reason="no_role",
+            )
+        log.warning(
+            "%s's certificate carries no role, accepted because of --tls-allow-roleless: "
+            "reissue it with `mercury certs --role root|replica`",
+            peer,
+        )
+        return "none"
+    if role not in certs.REPLICATION_ROLES:
+        raise PeerRoleError(
+            f"{peer}'s certificate has role {role!r}; replication needs root or replica"
+        )
+    return role
 
 
 def server_context(files: TlsFiles, *, require_client_cert: bool) -> ssl.SSLContext:

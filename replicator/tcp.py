@@ -14,7 +14,10 @@ and, after a SNAPSHOT frame, the snapshot file's raw bytes. Three kinds of link:
 
 A listener with TLS puts the TLS layer on each connection as it is accepted, before a
 byte is read (see `_TlsAccept`); `Link.handshake` then waits for the handshake and names
-why it failed (`tls_refusal_reason`).
+why it failed (`tls_refusal_reason`). Over TLS both ends then check the other's role
+(`net.tlsconf.check_replication_peer`): an accepted link from a certificate without a
+replication role is refused before any frame, and `connect` refuses a source whose
+certificate lacks one (PeerRoleError, an OSError) before sending any.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 from core.errors import ProtocolError, SnapshotTransferError
-from net.tlsconf import TlsContexts
+from net.tlsconf import PeerRoleError, TlsContexts, check_replication_peer
 from replicator import frames, wire
 from replicator.transport import Frame, Link, LinkRefused, PeerClosed
 
@@ -103,6 +106,12 @@ class TcpTransport:
         if bulk:
             ctx = self.tls.client if self.tls is not None else None
             sock = await asyncio.to_thread(_connect_blocking, host, port, ctx, timeout)
+            if isinstance(sock, ssl.SSLSocket):
+                try:
+                    self._check_source(sock.getpeercert(binary_form=True), host, port)
+                except PeerRoleError:
+                    sock.close()
+                    raise
             return BulkLink(sock, f"{host}:{port}")
         async with asyncio.timeout(timeout):
             if self.tls is None:
@@ -111,7 +120,23 @@ class TcpTransport:
                 reader, writer = await asyncio.open_connection(
                     host, port, limit=_CONNECT_LIMIT, ssl=self.tls.client, server_hostname=host
                 )
+        if self.tls is not None:
+            ssl_object = writer.get_extra_info("ssl_object")
+            der = ssl_object.getpeercert(binary_form=True) if ssl_object is not None else None
+            try:
+                self._check_source(der, host, port)
+            except PeerRoleError:
+                writer.transport.abort()
+                raise
         return TcpLink(reader, writer)
+
+    def _check_source(self, der: bytes | None, host: str, port: int) -> None:
+        """PeerRoleError unless the source's certificate carries a replication role: a
+        replica never takes records (nor a snapshot) from a consumer's certificate."""
+        assert self.tls is not None
+        check_replication_peer(
+            der, allow_roleless=self.tls.files.allow_roleless, peer=f"source {host}:{port}"
+        )
 
 
 class TcpListener:
@@ -222,10 +247,19 @@ class TcpLink:
         else:
             tls_transport = hs.app.tls_transport
             assert tls_transport is not None
-            loop = asyncio.get_running_loop()
-            self._reader = hs.reader
-            self._writer = asyncio.StreamWriter(tls_transport, hs.app, hs.reader, loop)
-            return
+            ssl_object = tls_transport.get_extra_info("ssl_object")
+            der = ssl_object.getpeercert(binary_form=True) if ssl_object is not None else None
+            try:
+                check_replication_peer(
+                    der, allow_roleless=hs.allow_roleless, peer=f"replica {self.address}"
+                )
+            except PeerRoleError as err:
+                reason, detail = err.reason, err.detail
+            else:
+                loop = asyncio.get_running_loop()
+                self._reader = hs.reader
+                self._writer = asyncio.StreamWriter(tls_transport, hs.app, hs.reader, loop)
+                return
         self.abort()  # nothing to say to a peer we cannot trust
         raise LinkRefused(reason, detail)
 
@@ -595,7 +629,8 @@ class _TlsAccept(asyncio.Protocol):
         self.listener._transports.add(stream)
         stream.set_protocol(layer)
         layer.connection_made(stream)
-        link = TcpLink(None, None, pending=_Handshake(reader, app, waiter), raw=stream)
+        pending = _Handshake(reader, app, waiter, tls.files.allow_roleless)
+        link = TcpLink(None, None, pending=pending, raw=stream)
         self.listener._start(link, stream)
 
 
@@ -616,6 +651,8 @@ class _Handshake:
     reader: asyncio.StreamReader
     app: _TlsStream
     done: asyncio.Future[None]
+    #: The peer may present a certificate without a role (`TlsFiles.allow_roleless`).
+    allow_roleless: bool = False
 
 
 #: OpenSSL's reasons for a server-side handshake failure, by what the peer did.

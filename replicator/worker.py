@@ -80,7 +80,7 @@ class WorkerConfig:
     #: None when the worker runs alone and takes the lock itself.
     lock_fd: int | None = None
     #: `net.tlsconf.TlsFiles` fields: mutual TLS to sources and from replicas (None: off).
-    tls: dict[str, str] | None = None
+    tls: dict[str, Any] | None = None
     #: The parent's pid: the worker dies with it (`core.lifeline`). None when run alone.
     parent_pid: int | None = None
     #: CPUs the worker runs on (`--applier-cpus`; the read server has the others), None:

@@ -113,7 +113,8 @@ def _secure_setup(var: str, root: Node, replica: Node) -> str:
     return f"""
 Secure setup (MERCURY_SECURE=1 make run does all of this):
   # a CA and one certificate per node (the CA's key stays in {var}/ca)
-  .venv/bin/mercury certs {var}/certs --ca-key-dir {var}/ca --node root --node replica
+  .venv/bin/mercury certs {var}/certs --ca-key-dir {var}/ca \\
+       --node root --role root --node replica --role replica
   # each node with its certificate (HTTPS, mutual-TLS replication) and read tokens
   .venv/bin/mercury {" ".join(root.argv())} {tls_root}
   .venv/bin/mercury {" ".join(replica.argv())} {tls_rep}
@@ -237,7 +238,7 @@ def _run(var: str, secure: bool, ROOT: Node, REPLICA: Node) -> int:
     verify: ssl.SSLContext | bool = True
     if secure:
         certs = ["certs", f"{var}/certs", "--ca-key-dir", f"{var}/ca"]
-        nodes = ["--node", ROOT.name, "--node", REPLICA.name]
+        nodes = ["--node", ROOT.name, "--role", "root", "--node", REPLICA.name, "--role", "replica"]
         subprocess.run(mercury_argv(*certs, *nodes), check=True)
         verify = ssl.create_default_context(cafile=f"{var}/certs/ca.crt")
     procs: dict[str, subprocess.Popen[bytes]] = {}

@@ -15,7 +15,8 @@ from testkit.procs import Procs, run_mercury
 
 def test_candidates_over_tls(etcd: Etcd, procs: Procs, tmp_path: Path) -> None:
     certs = tmp_path / "certs"
-    res = run_mercury("certs", str(certs), "--node", "n0", "--node", "n1")
+    # Candidates replicate from the leader as standbys: the root role.
+    res = run_mercury("certs", str(certs), "--node", "n0", "--node", "n1", "--role", "root")
     assert res.returncode == 0, res.stderr
 
     class TlsCluster(Cluster):

@@ -14,9 +14,9 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 import pytest
-import trustme
 
 from core.errors import ProtocolError, SnapshotTransferError
+from net import certs
 from net.tlsconf import TlsContexts, TlsFiles
 from replicator import frames
 from replicator.heartbeat import RootHeartbeat
@@ -41,15 +41,12 @@ SAMPLE = [
 
 
 def _pki(d: Path) -> tuple[TlsContexts, TlsContexts]:
-    """Contexts of a source ("source") and a replica ("replica") of one CA."""
-    ca = trustme.CA()
-    ca.cert_pem.write_to_path(str(d / "ca.crt"))
+    """Contexts of a source ("source") and a replica ("replica") of one CA, each
+    certificate with the replica role (`mercury certs`)."""
+    certs.ensure(d, {"source": "replica", "replica": "replica"})
 
     def issue(name: str) -> TlsContexts:
-        leaf = ca.issue_cert("127.0.0.1", common_name=name)
         cert, key = d / f"{name}.crt", d / f"{name}.key"
-        cert.write_bytes(b"".join(p.bytes() for p in leaf.cert_chain_pems))
-        leaf.private_key_pem.write_to_path(str(key))
         return TlsContexts(TlsFiles(cert=str(cert), key=str(key), ca=str(d / "ca.crt")))
 
     return issue("source"), issue("replica")

@@ -14,13 +14,22 @@ from pathlib import Path
 
 import pytest
 from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from core.errors import ConfigError
 from mercury import tls
 from net import certs
-from net.tlsconf import TlsFiles, client_context, server_context
+from net.tlsconf import (
+    PeerRoleError,
+    TlsFiles,
+    check_replication_peer,
+    client_context,
+    server_context,
+)
 from reads import ranges
 from reads.auth import allowed, narrow
 from store.ops import Value
@@ -153,15 +162,16 @@ def test_range_in_several_keyspaces_is_the_brute_force_filter(
 
 def test_certs_makes_only_what_is_missing(tmp_path: Path) -> None:
     out, keys = tmp_path / "certs", tmp_path / "ca"
-    made = certs.ensure(out, ["root", "r1"], ca_key_dir=keys, san=["10.0.0.7", "node.example"])
+    nodes = {"root": "root", "r1": "replica"}
+    made = certs.ensure(out, nodes, ca_key_dir=keys, san=["10.0.0.7", "node.example"])
     assert {Path(f).name for f in made} == {
         "ca.crt", "ca.key", "root.crt", "root.key", "r1.crt", "r1.key",
     }  # fmt: skip
     assert not (out / "ca.key").exists() and (keys / "ca.key").exists()
     for secret in (keys / "ca.key", out / "root.key", out / "r1.key"):
         assert secret.stat().st_mode & 0o077 == 0
-    assert certs.ensure(out, ["root", "r1"], ca_key_dir=keys) == []  # idempotent
-    again = certs.ensure(out, ["root", "r2"], ca_key_dir=keys)
+    assert certs.ensure(out, nodes, ca_key_dir=keys) == []  # idempotent
+    again = certs.ensure(out, {"root": "root", "r2": "replica"}, ca_key_dir=keys)
     assert {Path(f).name for f in again} == {"r2.crt", "r2.key"}  # the same CA signs it
     # Each certificate works on both ends of a mutual-TLS link with the CA alone.
     files = TlsFiles(str(out / "r2.crt"), str(out / "r2.key"), str(out / "ca.crt"))
@@ -173,8 +183,65 @@ def test_certs_makes_only_what_is_missing(tmp_path: Path) -> None:
     assert ipaddress.ip_address("10.0.0.7") in names.get_values_for_type(x509.IPAddress)
     ca = x509.load_pem_x509_certificate((out / "ca.crt").read_bytes())
     leaf.verify_directly_issued_by(ca)
+    # Each carries its role, read back from the certificate; a role is never changed
+    # behind the operator's back.
+    assert certs.role_of_file(out / "root.crt") == "root"
+    assert certs.role_of_file(out / "r1.crt") == "replica"
+    with pytest.raises(ConfigError, match="exists with role replica, not consumer"):
+        certs.ensure(out, {"r1": "consumer"}, ca_key_dir=keys)
     (keys / "ca.key").unlink()
     with pytest.raises(ConfigError, match="only one of"):
-        certs.ensure(out, ["r3"], ca_key_dir=keys)
+        certs.ensure(out, {"r3": "replica"}, ca_key_dir=keys)
     with pytest.raises(ConfigError, match="cannot name a file"):
-        certs.ensure(tmp_path / "x", ["../evil"])
+        certs.ensure(tmp_path / "x", {"../evil": "replica"})
+
+
+def test_replication_needs_a_replication_role(tmp_path: Path) -> None:
+    """Only root and replica certificates replicate; a consumer's, an unknown role, two
+    roles and (without the legacy flag) none are refused; a consumer's is client-only."""
+    out = tmp_path / "certs"
+    certs.ensure(out, {"root": "root", "r": "replica", "c": "consumer"})
+    ca = x509.load_pem_x509_certificate((out / "ca.crt").read_bytes())
+    ca_key = serialization.load_pem_private_key((out / "ca.key").read_bytes(), None)
+    assert isinstance(ca_key, ec.EllipticCurvePrivateKey)
+
+    def der(name: str) -> bytes:
+        cert = x509.load_pem_x509_certificate((out / f"{name}.crt").read_bytes())
+        return cert.public_bytes(serialization.Encoding.DER)
+
+    def made(names: list[x509.GeneralName]) -> bytes:
+        leaf, _ = certs.node_cert("x", "replica", [], ca, ca_key)
+        builder = (
+            x509.CertificateBuilder()
+            .subject_name(leaf.subject)
+            .issuer_name(ca.subject)
+            .public_key(leaf.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(leaf.not_valid_before_utc)
+            .not_valid_after(leaf.not_valid_after_utc)
+            .add_extension(x509.SubjectAlternativeName(names), critical=False)
+        )
+        return builder.sign(ca_key, hashes.SHA256()).public_bytes(serialization.Encoding.DER)
+
+    def check(d: bytes | None, roleless: bool = False) -> str:
+        return check_replication_peer(d, allow_roleless=roleless, peer="peer")
+
+    assert check(der("root")) == "root" and check(der("r")) == "replica"
+    with pytest.raises(PeerRoleError, match="role 'consumer'") as refused:
+        check(der("c"))
+    assert refused.value.reason == "wrong_role"
+    uri = x509.UniformResourceIdentifier
+    with pytest.raises(PeerRoleError, match="role 'admin'"):
+        check(made([uri("urn:mercury:role:admin")]))
+    with pytest.raises(PeerRoleError, match="several roles"):
+        check(made([uri("urn:mercury:role:root"), uri("urn:mercury:role:consumer")]))
+    roleless = made([x509.DNSName("localhost")])
+    with pytest.raises(PeerRoleError, match="no role") as refused:
+        check(roleless)
+    assert refused.value.reason == "no_role"
+    assert check(roleless, roleless=True) == "none"
+    with pytest.raises(PeerRoleError, match="no certificate"):
+        check(None, roleless=True)
+    consumer = x509.load_der_x509_certificate(der("c"))
+    usage = consumer.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
+    assert list(usage) == [ExtendedKeyUsageOID.CLIENT_AUTH]

@@ -19,7 +19,11 @@ from pathlib import Path
 import httpx
 import pytest
 import trustme
+from cryptography import x509
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec, rsa
 
+from net import certs
 from net.tlsconf import TlsContexts, TlsFiles
 from replicator import frames
 from testkit import metrics
@@ -33,12 +37,24 @@ class Pki:
     ca_file: Path
     dir: Path
 
-    def issue(self, name: str, ca: trustme.CA | None = None) -> TlsFiles:
-        """A leaf certificate for 127.0.0.1 signed by `ca` (default: ours), as files."""
-        leaf = (ca or self.ca).issue_cert("127.0.0.1", "localhost")
+    def issue(
+        self, name: str, ca: trustme.CA | None = None, role: str | None = "replica"
+    ) -> TlsFiles:
+        """A leaf certificate for 127.0.0.1 signed by `ca` (default: ours) carrying
+        `role` (`mercury certs`' role URI; None: no role, as before roles), as files."""
         cert, key = self.dir / f"{name}.crt", self.dir / f"{name}.key"
-        cert.write_bytes(b"".join(p.bytes() for p in leaf.cert_chain_pems))
-        leaf.private_key_pem.write_to_path(str(key))
+        signer = ca or self.ca
+        if role is None:
+            leaf = signer.issue_cert("127.0.0.1", "localhost")
+            cert.write_bytes(b"".join(p.bytes() for p in leaf.cert_chain_pems))
+            leaf.private_key_pem.write_to_path(str(key))
+        else:
+            ca_cert = x509.load_pem_x509_certificate(signer.cert_pem.bytes())
+            ca_key = serialization.load_pem_private_key(signer.private_key_pem.bytes(), None)
+            assert isinstance(ca_key, ec.EllipticCurvePrivateKey | rsa.RSAPrivateKey)
+            made, made_key = certs.node_cert(name, role, [], ca_cert, ca_key)
+            cert.write_bytes(made.public_bytes(serialization.Encoding.PEM))
+            key.write_bytes(certs.key_pem(made_key))
         return TlsFiles(cert=str(cert), key=str(key), ca=str(self.ca_file))
 
 
