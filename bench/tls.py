@@ -398,7 +398,7 @@ def main() -> None:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))
     with tempfile.TemporaryDirectory() as tmp:
         d = Path(tmp)
-        certs.ensure(d / "certs", ["root", "replica", "client"])
+        certs.ensure(d / "certs", {"root": "root", "replica": "replica", "client": "replica"})
         root_dir = d / "root"
         r = run_mercury("init", str(root_dir))
         assert r.returncode == 0, r.stderr
