@@ -10,7 +10,7 @@ from typing import Any
 import httpx
 
 from core.errors import GatewayError
-from mercury import ha_flags, retention_flags, tls
+from mercury import ha_flags, retention_flags, tls, upgrade
 from net import http_bounds
 from net.tcp import add_listener_flags
 
@@ -84,6 +84,7 @@ def register(sub: Any) -> None:
         help="concurrent snapshot transfers served to bootstrapping replicas (default 1)",
     )
     retention_flags.add_arguments(p)
+    upgrade.add_arguments(p)
     tls.add_arguments(p)
     tls.add_read_arguments(p, read_auth=True)
     p.add_argument(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from mercury import retention_flags, tls
+from mercury import retention_flags, tls, upgrade
 from net import http_bounds
 from net.tcp import add_listener_flags
 from replicator.client import APPLY_WINDOW
@@ -127,6 +127,7 @@ def register(sub: Any) -> None:
         "or corrupt the last commits (then re-bootstrap: empty DATA_DIR and restart)",
     )
     retention_flags.add_arguments(p)
+    upgrade.add_arguments(p)
     tls.add_arguments(p)
     tls.add_read_arguments(p, read_auth=True)
     p.set_defaults(func=_run)

@@ -29,9 +29,9 @@ from typing import Any
 import uvicorn
 
 from core import eventloop
-from mercury import logsetup, tls
+from mercury import logsetup, tls, upgrade
 from mercury.settings import ReplicaConfig
-from net import http_bounds, uvicorn_http
+from net import handover, http_bounds, uvicorn_http
 from reads import workermetrics, workers
 from replicator import sched
 from replicator.metrics import (
@@ -220,7 +220,9 @@ async def _read_side(
         lifespan="off",
         **tls.uvicorn_ssl(config.tls),  # type: ignore[arg-type]
     )
-    return app, services, uv_config, workers.listen_socket(host, port, reuse_port=n > 1)
+    # The process's HTTP socket: inherited on a hand-over or from systemd (net/handover.py).
+    sock = handover.SOCKETS.listen(handover.HTTP, config.listen, reuse_port=n > 1)
+    return app, services, uv_config, sock
 
 
 async def _serve_reader(
@@ -268,11 +270,20 @@ async def _serve_reader(
 
 
 async def _serve(
-    config: ReplicaConfig, bounds: http_bounds.HttpBounds | None = None, n: int = 1
+    config: ReplicaConfig,
+    bounds: http_bounds.HttpBounds | None = None,
+    n: int = 1,
+    lock: list[WriterLock] | None = None,
+    takeover: bool = False,
+    drain_s: float = upgrade.DRAIN_S,
+    handover_timeout_s: float = upgrade.HANDOVER_TIMEOUT_S,
 ) -> int:
     from reads import watch
 
     cfg = config.worker
+    lock = [] if lock is None else lock
+    # Started by a hand-over: the old process holds the writer lock (its worker applies)
+    # until this one serves; reads start at once, the worker once the lock is ours.
     # A waking read preempts the applier; the worker and readers started below inherit
     # this and the worker gives it up (replicator/sched.py).
     sched.favour_reads()
@@ -313,9 +324,10 @@ async def _serve(
             also=lambda: _forward_hup(sup, pool),
         )
         await reloader.start()
-    await sup.start()
+    if not takeover:
+        await sup.start()
     # The worker bootstraps a missing store before streaming; reads start once it exists.
-    while not stop.is_set() and not _store_ready(cfg.data_dir):
+    while not takeover and not stop.is_set() and not _store_ready(cfg.data_dir):
         if sup.rebootstrap.is_set():
             break
         await asyncio.sleep(0.05)
@@ -354,10 +366,29 @@ async def _serve(
         tls=config.tls is not None,
     )
     serving = loop.create_task(server.serve(sockets=[sock]))
+    helpers.append(loop.create_task(upgrade.report_when_serving(server, stop)))
+    if takeover:
+        helpers.append(loop.create_task(_take_over_writer(cfg, sup, lock, stop)))
+
+    async def hand_over(_succ: handover.Successor) -> None:
+        # The new process serves on the same sockets: stop accepting, finish what is in
+        # flight (bounded), and give the writer lock up at once so its worker applies.
+        # An idle keep-alive connection may take the whole drain for one last request:
+        # nothing waits for this process any more.
+        server.drain(drain_s, drain_s)
+        await sup.stop()
+        for held in lock:
+            held.release()
+
+    upgrader = upgrade.Upgrader(
+        "replica", wait_for=handover.READY, on_go=hand_over, timeout=handover_timeout_s
+    )
+    upgrader.install(loop)
     reboot = loop.create_task(sup.rebootstrap.wait())
     stopper = loop.create_task(stop.wait())
     await asyncio.wait({serving, reboot, stopper}, return_when=asyncio.FIRST_COMPLETED)
-    server.should_exit = True
+    if not server.should_exit:
+        server.should_exit = True
     with contextlib.suppress(Exception):
         await serving
     for t in (reboot, stopper):
@@ -376,7 +407,12 @@ async def _serve(
     if reloader is not None:
         await reloader.stop()
     logsetup.event(
-        log, "stop", role="replica", seq=store.last_seq(), rebootstrap=sup.rebootstrap.is_set()
+        log,
+        "stop",
+        role="replica",
+        seq=store.last_seq(),
+        rebootstrap=sup.rebootstrap.is_set(),
+        handed_to=upgrader.handed_to.pid if upgrader.handed_to is not None else None,
     )
     store.close()
     if sup.rebootstrap.is_set():
@@ -384,6 +420,26 @@ async def _serve(
         log.warning("re-executing to install the new snapshot")
         os.execv(sys.executable, [sys.executable, "-m", "mercury", *sys.argv[1:]])
     return 0
+
+
+async def _take_over_writer(
+    cfg: WorkerConfig, sup: WorkerSupervisor, lock: list[WriterLock], stop: asyncio.Event
+) -> None:
+    """After a hand-over: wait for the old process to give the writer lock up (it does once
+    this process is ready), then start the replication worker with it."""
+    from store.lock import StoreLockedError
+
+    while not stop.is_set():
+        try:
+            held = WriterLock.acquire(cfg.data_dir, create=False)
+        except StoreLockedError:
+            await asyncio.sleep(0.02)
+            continue
+        lock.append(held)
+        cfg.lock_fd = held.fd
+        logsetup.event(log, "writer-lock", role="replica", how="handover")
+        await sup.start()
+        return
 
 
 def _worker_refused(data_dir: str) -> dict[str, int]:
@@ -423,12 +479,27 @@ def run_replica(args: argparse.Namespace) -> int:
         # A reader started by reader 0's pool: no writer lock, no replication worker.
         eventloop.install()
         return asyncio.run(_serve_reader(config, bounds, index, n))
-    # One writer per store: the parent takes the lock (a second replica on this directory
-    # exits here, naming the holder) and its worker inherits it.
-    writer_lock = WriterLock.acquire(config.data_dir)
-    config.worker.lock_fd = writer_lock.fd
+    lock: list[WriterLock] = []
+    takeover = handover.handed_over()
+    if not takeover:
+        # One writer per store: the parent takes the lock (a second replica on this
+        # directory exits here, naming the holder) and its worker inherits it. A process
+        # started by a hand-over takes it once the old one gives it up (`_serve`).
+        lock.append(WriterLock.acquire(config.data_dir))
+        config.worker.lock_fd = lock[0].fd
     eventloop.install()
     try:
-        return asyncio.run(_serve(config, bounds, n))
+        return asyncio.run(
+            _serve(
+                config,
+                bounds,
+                n,
+                lock,
+                takeover,
+                drain_s=getattr(args, "drain_s", upgrade.DRAIN_S),
+                handover_timeout_s=getattr(args, "handover_timeout_s", upgrade.HANDOVER_TIMEOUT_S),
+            )
+        )
     finally:
-        writer_lock.release()
+        for held in lock:
+            held.release()

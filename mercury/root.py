@@ -15,6 +15,7 @@ import os
 import signal
 import socket
 import sys
+import time
 from typing import Any
 
 import uvicorn
@@ -25,12 +26,12 @@ from gateway.app import create_app
 from gateway.fastpath import FastPath
 from gateway.protocol_writer import kt_writer_for
 from gateway.read_tokens import GatewayReadTokens
-from mercury import gctune, logsetup, tls
+from mercury import gctune, logsetup, tls, upgrade
 from mercury.settings import RootConfig
 from mercury.unused_wiring import RootUnused
-from net import http_bounds, uvicorn_http
+from net import handover, http_bounds, uvicorn_http
 from net.tlsconf import TlsContexts
-from store.lock import WriterLock
+from store.lock import StoreLockedError, WriterLock
 from store.retention import RetentionService
 from store.store import Store
 
@@ -64,14 +65,19 @@ def run_root(args: argparse.Namespace) -> int:
     sys.setswitchinterval(cfg.switch_interval_s)
     gctune.tune_for_batches()
     host, port = cfg.listen
+    # Started by a hand-over (`kill -USR2` on the old root): the old process holds the
+    # writer lock until this one says it is prepared; it is taken below, just before the
+    # store opens, so that everything up to there is done while the old one still serves.
+    takeover = handover.handed_over()
     # One writer per store: a second root (or a replica worker) on this directory fails
     # here, naming the holder, before it opens anything.
-    writer_lock = WriterLock.acquire(cfg.data_dir, create=False)
+    writer_lock = None if takeover else WriterLock.acquire(cfg.data_dir, create=False)
     if not args.ha_await_go:
         try:
             _refuse_replica_store(cfg.data_dir)
         except BaseException:
-            writer_lock.release()
+            if writer_lock is not None:
+                writer_lock.release()
             raise
     tls.check_tokenless_listeners(
         [("kt", cfg.listeners.kt), ("memcached", cfg.listeners.memcached)],
@@ -92,6 +98,11 @@ def run_root(args: argparse.Namespace) -> int:
         listen_flag="--memcached-listen",
         protocol="memcached",
     )
+    if writer_lock is None:
+        handover.report(handover.PREPARED)
+        # The old root now stops accepting, answers its open batch and gives the lock up;
+        # connections meanwhile wait in the shared sockets' queues, none is refused.
+        writer_lock = _take_writer_lock(cfg.data_dir, args.drain_s + args.handover_timeout_s)
     store = Store.open(cfg.data_dir, sync=cfg.sync)
     unused = RootUnused(store)  # unused-key analytics: read summaries in, the ledger
     try:
@@ -149,10 +160,13 @@ def run_root(args: argparse.Namespace) -> int:
             read_auth=cfg.read_auth,
         )
         server = _RootServer(config)
+        server.drain_s = args.drain_s
+        server.handover_timeout_s = args.handover_timeout_s
         # GET /v1/watch on the root too; its endless streams end once the server stops.
         reads_watch.install(app, store)
         reads_watch.end_streams_when(app, lambda: server.should_exit)
-        server.run()
+        # The listening socket: inherited on a hand-over or from systemd, else bound here.
+        server.run(sockets=[handover.SOCKETS.listen(handover.HTTP, cfg.listen)])
     finally:
         store.close()
         writer_lock.release()
@@ -164,11 +178,49 @@ class _RootServer(uvicorn_http.Server):
     raises the signal again once it has served, and the default SIGTERM action then kills
     the process after a clean stop (exit status 143 instead of 0)."""
 
+    drain_s = upgrade.DRAIN_S
+    handover_timeout_s = upgrade.HANDOVER_TIMEOUT_S
+
     async def serve(self, sockets: list[socket.socket] | None = None) -> None:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.handle_exit, sig, None)
-        await super().serve(sockets)
+        # SIGUSR2: hand the sockets and then the writer lock to the new executable
+        # (mercury/upgrade.py); the old root answers everything it took and exits 0.
+        upgrade.Upgrader(
+            "root",
+            wait_for=handover.PREPARED,
+            on_go=self._hand_over,
+            timeout=self.handover_timeout_s,
+        ).install(loop)
+        stopped = asyncio.Event()
+        ready = loop.create_task(upgrade.report_when_serving(self, stopped))
+        try:
+            await super().serve(sockets)
+        finally:
+            stopped.set()
+            await ready
+
+    async def _hand_over(self, _succ: handover.Successor) -> None:
+        # Idle keep-alive connections get a short grace only: the writer lock (and with it
+        # the new root) waits for every connection of this one to end.
+        self.drain(min(upgrade.ROOT_IDLE_GRACE_S, self.drain_s), self.drain_s)
+
+
+def _take_writer_lock(data_dir: str, timeout: float) -> WriterLock:
+    """The writer lock, once the old root gave it up (polled: flock has no timeout)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            held = WriterLock.acquire(data_dir, create=False)
+        except StoreLockedError:
+            if time.monotonic() > deadline:
+                handover.report(handover.FAILED, "the old root kept the writer lock")
+                raise
+            time.sleep(0.002)
+            continue
+        logsetup.event(log, "writer-lock", role="root", how="handover")
+        return held
 
 
 def _refuse_replica_store(data_dir: str) -> None:

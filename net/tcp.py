@@ -47,7 +47,7 @@ from collections.abc import Callable, Coroutine, Generator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
-from net import fastconn
+from net import fastconn, handover
 from net.budget import TCP_LABELS, Budget, Deadlines, Principal, Reason
 from net.metrics import (
     LISTENER_CONNECTIONS,
@@ -580,6 +580,8 @@ class TcpService:
         #: Bind with SO_REUSEPORT, one of several reader processes on this address
         #: (`--read-workers`, reads/workers.py).
         self.reuse_port = False
+        #: Listen on this unix socket instead of host:port (`--memcached-listen unix:`).
+        self.unix: handover.UnixAddr | None = None
         self._server: asyncio.Server | None = None
         self._sweeper: asyncio.TimerHandle | None = None
 
@@ -662,14 +664,11 @@ class TcpService:
     async def start(self) -> None:
         """Bind and listen; returns once connections are accepted."""
         loop = asyncio.get_running_loop()
-        self._server = await loop.create_server(
-            lambda: _Conn(self),
-            self.host,
-            self.port,
-            reuse_address=True,
-            reuse_port=self.reuse_port or None,
-        )
-        if self.port == 0:
+        # The process's socket of this name (inherited on a hand-over, net/handover.py).
+        addr = self.unix if self.unix is not None else (self.host, self.port)
+        sock = handover.SOCKETS.listen(self.name, addr, reuse_port=self.reuse_port)
+        self._server = await loop.create_server(lambda: _Conn(self), sock=sock)
+        if self.port == 0 and self.unix is None:
             self.port = self._server.sockets[0].getsockname()[1]
         self._sweeper = loop.call_later(SWEEP_SECONDS, self._sweep)
 

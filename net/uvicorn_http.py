@@ -107,6 +107,11 @@ class HttpProtocol(HttpToolsProtocol):
     #: The parser is inside a request (from its first byte to its end): segments then go
     #: to it, never to `answer_segment`.
     _in_message = False
+    #: Between a request's first byte and its end (any protocol, unlike `_in_message`).
+    _mid_request = False
+    #: The server drains (`Server.drain`): every answer closes its connection.
+    _draining = False
+    _drain_timer: asyncio.TimerHandle | None = None
 
     # -- hooks (for the subclasses) --------------------------------------------------------
 
@@ -172,7 +177,7 @@ class HttpProtocol(HttpToolsProtocol):
     # -- uvicorn's callbacks, through the hooks ---------------------------------------------
 
     def data_received(self, data: bytes) -> None:
-        if self.answers_heads and not self._in_message:
+        if self.answers_heads and not self._in_message and not self._draining:
             if self.answering() or self.flow.write_paused or self.transport.is_closing():
                 reply = None
             else:
@@ -190,6 +195,10 @@ class HttpProtocol(HttpToolsProtocol):
             super().send_400_response(msg)
 
     def on_message_begin(self) -> None:
+        self._mid_request = True
+        if self._drain_timer is not None:
+            self._drain_timer.cancel()  # its request came: answered, then closed
+            self._drain_timer = None
         self.head_begun()
         if not self.answers_heads:
             super().on_message_begin()
@@ -219,17 +228,15 @@ class HttpProtocol(HttpToolsProtocol):
             self.url, self.expect_100_continue = url, expect
             self.headers = self.scope["headers"] = headers
         super().on_headers_complete()
+        if self._draining and self.cycle is not None and self.cycle is not _ANSWERED:
+            self.cycle.keep_alive = False  # answered with `connection: close`, then closed
 
     def on_message_complete(self) -> None:
+        self._mid_request = False
         self.message_done()
         self._in_message = False
         if self.cycle is not _ANSWERED:
             super().on_message_complete()
-
-    def on_response_complete(self) -> None:
-        pipelined = bool(self.pipeline)  # a request already read starts now
-        super().on_response_complete()
-        self.response_done(pipelined)
 
     # -- answers made here ----------------------------------------------------------------
 
@@ -238,6 +245,7 @@ class HttpProtocol(HttpToolsProtocol):
             return False  # the cycle answers in order, and waits for a slow client
         parser = self.parser
         keep_alive = parser.get_http_version() != "1.0" and parser.should_keep_alive()
+        keep_alive = keep_alive and not self._draining
         try:
             reply = self.answer_head(parser.get_method(), self.url, self.headers, keep_alive)
         except Exception:
@@ -255,6 +263,36 @@ class HttpProtocol(HttpToolsProtocol):
             self.request_answered()
         return True
 
+    def shutdown(self) -> None:
+        """The server stops. Plainly (uvicorn's way) an idle keep-alive connection is
+        closed at once, which races a request its client is sending that moment: the
+        client sees a reset. Draining (`Server.drain`), an idle connection instead stays
+        open for its next request, which is answered with ``connection: close``; one
+        idle through the whole grace is closed then (the race remains only for it)."""
+        grace = getattr(self.server_state, "drain_grace", None)
+        if grace is None:
+            super().shutdown()
+            return
+        self._draining = True
+        if self._mid_request or (self.cycle is not None and not self.cycle.response_complete):
+            if self.cycle is not None and self.cycle is not _ANSWERED:
+                self.cycle.keep_alive = False
+            return
+        if self.timeout_keep_alive_task is not None:
+            self.timeout_keep_alive_task.cancel()
+            self.timeout_keep_alive_task = None
+        self._drain_timer = self.loop.call_later(grace, self._close_idle)
+
+    def _close_idle(self) -> None:
+        self._drain_timer = None
+        if not self._mid_request and not self.transport.is_closing():
+            self.transport.close()
+
+    def on_response_complete(self) -> None:
+        pipelined = bool(self.pipeline)  # a request already read starts now
+        super().on_response_complete()
+        self.response_done(pipelined)
+
     def _answered_here(self) -> None:
         self.cycle = _ANSWERED
         self.server_state.total_requests += 1
@@ -271,6 +309,14 @@ class Server(uvicorn.Server):
 
     def capture_signals(self) -> contextlib.AbstractContextManager[None]:  # type: ignore[override]
         return contextlib.nullcontext()
+
+    def drain(self, grace: float, bound: float) -> None:
+        """Stop gracefully: stop accepting, answer every request in flight, give each idle
+        keep-alive connection `grace` seconds for one more request (answered with
+        ``connection: close``), and stop waiting after `bound` seconds in all."""
+        self.server_state.drain_grace = grace  # type: ignore[attr-defined]
+        self.config.timeout_graceful_shutdown = max(1, round(bound))
+        self.should_exit = True
 
     def tls_listener(self) -> TlsStart | None:
         """What starts the HTTPS listener instead of the loop's TLS layer (None: the

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 from core.errors import ProtocolError, SnapshotTransferError
+from net import handover
 from net.tlsconf import PeerRoleError, TlsContexts, check_replication_peer
 from replicator import frames, wire
 from replicator.transport import Frame, Link, LinkRefused, PeerClosed
@@ -91,10 +92,12 @@ class TcpTransport:
     ) -> TcpListener:
         listener = TcpListener(self, handler)
         loop = asyncio.get_running_loop()
+        # The process's replication socket (inherited on a hand-over, net/handover.py).
+        sock = handover.SOCKETS.listen(handover.REPL, (host, port))
         if self.tls is None:
-            server = await loop.create_server(lambda: _PlainAccept(listener), host, port)
+            server = await loop.create_server(lambda: _PlainAccept(listener), sock=sock)
         else:
-            server = await loop.create_server(lambda: _TlsAccept(listener), host, port)
+            server = await loop.create_server(lambda: _TlsAccept(listener), sock=sock)
         listener.server = server
         bound = server.sockets[0].getsockname()
         listener.address = (host, int(bound[1]))
