@@ -647,6 +647,25 @@ def bad_path(err: ReadProtocolError, keep_alive: bool, date: str | None) -> byte
     )
 
 
+#: KT's signal parameters, which any RPC call may carry: ``WAIT`` (block on a named
+#: condition, up to ``WAITTIME`` seconds, then 503) and ``SIGNAL`` (wake its waiters;
+#: ``SIGNALBROAD`` all of them). Mercury has no named conditions, and a call that ignored
+#: them would wait for nothing or wake no one while answering as if it had.
+SIGNAL_PARAMS = (b"WAIT", b"SIGNAL")
+
+
+def signal_refusal(params: dict[bytes, bytes]) -> tuple[int, dict[bytes, bytes]] | None:
+    """The 501 for an RPC call carrying KT's WAIT or SIGNAL parameter, else None."""
+    given = [p for p in SIGNAL_PARAMS if p in params]
+    if not given:
+        return None
+    return 501, {
+        b"ERROR": b"not implemented: the "
+        + b" and ".join(given)
+        + b" parameter (KT's signals) is not offered by Mercury"
+    }
+
+
 def bad_input(err: ReadProtocolError) -> tuple[int, dict[bytes, bytes]]:
     """The TSV-RPC answer to input `rpc_input` refused: 400 naming what was wrong."""
     return 400, {b"ERROR": b"invalid parameters: " + err.message.encode()}

@@ -268,6 +268,10 @@ class KtHandler:
         db = params.get(b"DB")
         if db is not None and not self._db_ok(db):
             return 400, {b"ERROR": b"no such database"}
+        refused = kt.signal_refusal(params)
+        if refused is not None:
+            self.cnt_misc += 1
+            return refused
         if proc in WRITE_PROCEDURES:
             self.cnt_misc += 1
             return 500, {b"ERROR": NO_PERMISSION}

@@ -127,6 +127,9 @@ class KtWriteHandler(KtHandler):
             return kt.bad_input(err)
         if not self._db_allowed(params.get(b"DB")):
             return 400, {b"ERROR": b"no such database"}
+        refused = kt.signal_refusal(params)
+        if refused is not None:
+            return refused
         if proc not in RPC_WRITES:
             return 501, {b"ERROR": b"not implemented: " + proc + b" (Mercury root)"}
         if proc == b"synchronize":

@@ -244,3 +244,19 @@ def test_increment_double_synchronize_and_writes_not_offered(
     # KT writes Mercury does not offer: 501 on a writing root, never "read-only node"
     status, out = rpc(kt, "vacuum")
     assert status == 501 and "not implemented" in out["ERROR"]
+
+
+def test_kt_signal_parameters_are_refused_not_ignored(kt_root: tuple[Root, int, str]) -> None:
+    """KT's WAIT/SIGNAL parameters are not offered: a call carrying one answers 501 at
+    once (it neither waits on a condition nor writes as if it had signalled one), on the
+    read procedures and the write procedures alike."""
+    root, kt, token = kt_root
+    assert rpc(kt, "set", key="w/sig", value="before")[0] == 200
+    status, out = rpc(kt, "get", key="w/sig", WAIT="ready", WAITTIME="30")
+    assert status == 501 and "WAIT parameter" in out["ERROR"], out
+    status, out = rpc(kt, "set", key="w/sig", value="after", SIGNAL="ready")
+    assert status == 501 and "SIGNAL parameter" in out["ERROR"], out
+    status, out = rpc(kt, "remove", key="w/sig", SIGNAL="ready", SIGNALBROAD="1")
+    assert status == 501, out
+    assert stored(root, token, "w/sig") == b"before"  # neither write happened
+    assert rpc(kt, "get", key="w/sig") == (200, {"value": "before"})
