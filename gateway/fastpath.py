@@ -65,7 +65,7 @@ class FastPath:
         t0 = time.perf_counter()
         headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
 
-        read = body_reader(receive, headers.get("content-length"))
+        read = body_reader(receive, headers.get("content-length"), scope)
         raw = scope.get("raw_path") or scope["path"].encode()
         try:
             a: Answer = await handler(gw, headers, raw, scope["query_string"], read, t0)

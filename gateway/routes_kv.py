@@ -145,7 +145,7 @@ async def _call(request: Request, handler: Any) -> Response:
     """Run a framework-free handler of `kv_handlers` for a FastAPI request."""
     t0 = time.perf_counter()
 
-    read = body_reader(request.receive, request.headers.get("content-length"))
+    read = body_reader(request.receive, request.headers.get("content-length"), request.scope)
     raw: bytes = request.scope.get("raw_path") or request.scope["path"].encode()
     headers = {k: v for k, v in request.headers.items()}
     a = await handler(_gw(request), headers, raw, request.scope["query_string"], read, t0)

@@ -90,8 +90,8 @@ class Reason(enum.Enum):
     UNSENT_CAP = "unsent_cap"  # over the listener's cap on answer bytes not taken
     BUFFER_CAP = "buffer_cap"  # over the listener's cap on request bytes buffered
     SLOW_BODY = "slow_body"  # its request arrived slower than the minimum rate
-    SHARE = "share"  # at the cap, evicted: its principal held more than its share
-    SHARE_REFUSED = "share_refused"  # at the cap, its principal holds its share already
+    SHARE = "share"  # evicted at the cap for another principal: its own held over its share
+    SHARE_REFUSED = "share_refused"  # at the cap and its share (others could have gone)
 
 
 #: `mercury_http_connections_closed_total{reason}`: the HTTP listeners' head deadline is
@@ -337,15 +337,23 @@ class Budget(Generic[M]):
         if len(self.members) >= self.cap and not self.fifo:
             self.prune()
         if len(self.members) >= self.cap:
+            reason = Reason.EVICTED
             if self.share_cap < self.cap and self.holds(principal) >= self.share_cap:
                 # At its share: it may only take the slot of one of its own.
                 victim = self.victim(self.held.get(principal, {}))
-                reason, refusal = Reason.SHARE, Reason.SHARE_REFUSED
+                if victim is None:
+                    # "share_refused" only when the share made the difference.
+                    other = self.victim(self.members)
+                    self.count(Reason.REFUSED if other is None else Reason.SHARE_REFUSED)
+                    return False
             else:
-                victim = self.victim(self._over_share()) or self.victim(self.members)
-                reason, refusal = Reason.EVICTED, Reason.REFUSED
+                victim = self.victim(self._over_share())
+                if victim is not None and self.members[victim] != principal:
+                    reason = Reason.SHARE  # displaced: its principal held over its share
+                elif victim is None:
+                    victim = self.victim(self.members)
             if victim is None:
-                self.count(refusal)
+                self.count(Reason.REFUSED)
                 return False
             self.count(reason)
             self.leave(victim)

@@ -33,9 +33,11 @@ import argparse
 import asyncio
 import json
 import logging
+import math
 import socket
 import ssl
 import time
+from collections.abc import MutableMapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,7 +46,17 @@ from prometheus_client import Counter, Gauge
 
 from core.problems import problem_document
 from net import asgibody, uvicorn_http
-from net.budget import HTTP_LABELS, Budget, Deadlines, Reason
+from net.budget import (
+    HTTP_LABELS,
+    BodyRate,
+    Budget,
+    Deadlines,
+    Principal,
+    Reason,
+    cert_principal,
+    peer_principal,
+)
+from net.metrics import budget_hooks
 from net.unsent import Held, to_drop
 from net.uvicorn_http import HttpProtocol
 
@@ -62,8 +74,19 @@ CLOSED = Counter(
 )
 
 
-#: A request body that received nothing for this long may be evicted at the cap.
-STALLED_BODY_S = 5.0
+#: A connection whose request has been arriving (its head read, its body not whole) this
+#: long since its last answer may be evicted at the cap, the longest first: short, so a
+#: flood of trickled bodies cannot make every slot unevictable by being young.
+STALLED_BODY_S = 1.0
+
+
+def authenticated(scope: MutableMapping[str, Any], principal: Principal) -> None:
+    """The application authenticated the request of `scope` as `principal` (a token or a
+    certificate it verified): its connection holds its slot for that principal from now
+    on (`net.budget.Budget.tag`). Nothing for a request that came another way."""
+    conn = scope.get("extensions", {}).get(uvicorn_http.CONNECTION)
+    if conn is not None:
+        conn.authenticated(principal)
 
 
 def _count(reason: Reason) -> None:
@@ -88,6 +111,28 @@ def too_large_answer(max_header_bytes: int) -> bytes:
     ) + body
 
 
+def timeout_answer(detail: str, hint: str) -> bytes:
+    """The whole 408 answer to a request whose body broke the listener's rate or deadline:
+    a problem+json, then the connection closes."""
+    body = json.dumps(problem_document(408, detail, hint=hint), separators=(",", ":")).encode()
+    return (
+        b"HTTP/1.1 408 Request Timeout\r\n"
+        b"content-type: application/problem+json\r\n"
+        b"content-length: %d\r\nconnection: close\r\n\r\n" % len(body)
+    ) + body
+
+
+def _principal(transport: asyncio.BaseTransport) -> Principal:
+    """A new connection's principal: its verified client certificate's, else its peer
+    address (unauthenticated until its application names a token, `authenticated`)."""
+    tls = transport.get_extra_info("ssl_object")
+    if tls is not None:
+        der = tls.getpeercert(binary_form=True)
+        if der:
+            return cert_principal(der)
+    return peer_principal(transport.get_extra_info("peername"))
+
+
 class _HeadTooLarge(Exception):
     """Raised from a parser callback: the head being parsed is over the bound."""
 
@@ -102,7 +147,11 @@ class HttpBounds:
     connection is aborted. `max_unsent_bytes`: answer bytes the listener's clients have not
     taken, at most, over the connections past their high-water mark.
     `max_body_bytes_held`: request body bytes the process holds at once while they arrive
-    (`net.asgibody.BodyBudget`)."""
+    (`net.asgibody.BodyBudget`). `min_body_rate`, `body_grace_s`, `body_timeout_s`: a
+    request body must average `min_body_rate` bytes a second from its head on once
+    `body_grace_s` have passed, and be whole within `body_timeout_s` (`net.budget.BodyRate`),
+    else 408 and the connection closes. `principal_share`: the part of the connection cap
+    one principal (token, client certificate, or else peer address) may hold when full."""
 
     idle_timeout_s: float = 15.0
     max_connections: int = 1000
@@ -110,6 +159,10 @@ class HttpBounds:
     write_timeout_s: float = 60.0
     max_unsent_bytes: int = 512 << 20
     max_body_bytes_held: int = 1 << 30
+    min_body_rate: float = 1024.0
+    body_grace_s: float = 5.0
+    body_timeout_s: float = 60.0
+    principal_share: float = 0.25
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> HttpBounds:
@@ -121,13 +174,21 @@ class HttpBounds:
             write_timeout_s=float(args.http_write_timeout),
             max_unsent_bytes=int(args.http_max_unsent_bytes),
             max_body_bytes_held=int(args.http_max_body_bytes_held),
+            min_body_rate=float(args.http_min_body_rate),
+            body_grace_s=float(args.http_body_grace),
+            body_timeout_s=float(args.http_body_timeout),
+            principal_share=float(args.http_principal_share),
         )
+
+    def body_rate(self) -> BodyRate:
+        """The rule every request body of the listener follows (`net.budget.BodyRate`)."""
+        return BodyRate(self.min_body_rate, self.body_grace_s, self.body_timeout_s)
 
     def deadlines(self) -> Deadlines:
         """The listener's clocks (`net.budget`): the head clock starts when a connection
         begins to wait for a request (its opening, or its last answer), so the head and
-        idle deadlines are one; a body has no deadline, one that makes no progress for
-        `STALLED_BODY_S` may be evicted at the cap."""
+        idle deadlines are one; a body follows `body_rate`, and a connection whose request
+        has been arriving for `STALLED_BODY_S` without an answer may be evicted at the cap."""
         return Deadlines(
             head=self.idle_timeout_s, write=self.write_timeout_s, stalled_body=STALLED_BODY_S
         )
@@ -181,6 +242,40 @@ def add_flags(p: argparse.ArgumentParser) -> None:
         "next piece would pass it is answered 503 with Retry-After "
         f"(default {d.max_body_bytes_held})",
     )
+    p.add_argument(
+        "--http-min-body-rate",
+        type=float,
+        default=d.min_body_rate,
+        metavar="B",
+        help="a request body must average at least B bytes a second from its head on, once "
+        "--http-body-grace has passed, else 408 and the connection closes (0: no rate; "
+        f"default {d.min_body_rate:g})",
+    )
+    p.add_argument(
+        "--http-body-grace",
+        type=float,
+        default=d.body_grace_s,
+        metavar="S",
+        help=f"seconds a request body may take before its rate counts (default {d.body_grace_s:g})",
+    )
+    p.add_argument(
+        "--http-body-timeout",
+        type=float,
+        default=d.body_timeout_s,
+        metavar="S",
+        help="a request body must be whole within S seconds of its head, else 408 and the "
+        f"connection closes (default {d.body_timeout_s:g})",
+    )
+    p.add_argument(
+        "--http-principal-share",
+        type=float,
+        default=d.principal_share,
+        metavar="F",
+        help="part of --http-max-connections one principal (bearer token, client "
+        "certificate, else peer address) may hold once the cap is reached: at its share a "
+        "newcomer only displaces its own principal's connections (1: no share; "
+        f"default {d.principal_share:g})",
+    )
 
 
 def protocol_class(
@@ -191,13 +286,21 @@ def protocol_class(
     point-get protocol, `reads.fasthttp`). One class per listener: its connection budget
     and the connections over their high-water mark (the unsent cap) are the class's."""
     d = bounds.deadlines()
+    count, on_size = budget_hooks("http", bounds.max_connections, _count, CONNECTIONS.set)
     budget: Budget[_BoundedProtocol] = Budget(
         bounds.max_connections,
-        _count,
-        on_size=CONNECTIONS.set,
+        count,
+        on_size=on_size,
         stalled_body=d.stalled_body,
+        share=bounds.principal_share,
     )
-    attrs = {"limits": bounds, "deadlines": d, "budget": budget, "unsent": set()}
+    attrs = {
+        "limits": bounds,
+        "deadlines": d,
+        "rate": bounds.body_rate(),
+        "budget": budget,
+        "unsent": set(),
+    }
     return type(f"Bounded{base.__name__}", (_BoundedProtocol, base), attrs)
 
 
@@ -233,6 +336,8 @@ class _BoundedProtocol(HttpProtocol):
     deadlines: Deadlines
     #: The listener's connections (`net.budget`): the cap and who is evicted at it.
     budget: Budget[_BoundedProtocol]
+    #: The rule every request body follows.
+    rate: BodyRate
     #: The listener's connections whose transports are over their high-water mark.
     unsent: set[_BoundedProtocol]
 
@@ -258,8 +363,13 @@ class _BoundedProtocol(HttpProtocol):
         #: while another request is answered.
         self._parsed_head = 0
         self._ahead_bytes = 0
-        #: When this connection last received a byte of a request body.
-        self._body_at = 0.0
+        #: When the request being received began (its head read) and its body bytes
+        #: received since, for the body rate (`rate`), with the rate's timer.
+        self._body_since = 0.0
+        self._body_bytes = 0
+        self._body_timer: asyncio.TimerHandle | None = None
+        #: Since when this connection has had no answer (its opening, or its last answer).
+        self._progress_at = time.monotonic()
         #: A 400 for a malformed request that waits for the answers before it.
         self._deferred: bytes | None = None
         #: Since when the transport is over its high-water mark (None: under it), with its
@@ -275,7 +385,9 @@ class _BoundedProtocol(HttpProtocol):
         return self.waiting_since
 
     def stalled_since(self) -> float | None:
-        return self._body_at if self._body_pending and self.waiting_since is None else None
+        # A request arriving (however fast its bytes come) made no progress until it is
+        # whole: the slot has been held without an answer since the last one.
+        return self._progress_at if self._body_pending and self.waiting_since is None else None
 
     def gone(self) -> bool:
         t = self.transport
@@ -288,7 +400,7 @@ class _BoundedProtocol(HttpProtocol):
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
-        if not self.budget.admit(self):
+        if not self.budget.admit(self, _principal(transport)):
             self.forget()
             transport.close()
             return
@@ -296,6 +408,7 @@ class _BoundedProtocol(HttpProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel_deadline()
+        self._cancel_body_timer()
         self._writable()
         self.waiting_since = None
         super().connection_lost(exc)
@@ -305,6 +418,7 @@ class _BoundedProtocol(HttpProtocol):
         """Close this connection (it is idle, or its request's body stalled: nothing it
         sent was acted on, so no answer of it is lost)."""
         self._cancel_deadline()
+        self._cancel_body_timer()
         self.waiting_since = None
         self.budget.leave(self)
         self.forget()
@@ -313,8 +427,9 @@ class _BoundedProtocol(HttpProtocol):
 
     def abort_now(self, reason: Reason) -> None:
         """Drop this connection and whatever of its answer its client has not taken."""
-        _count(reason)
+        self.budget.count(reason)
         self._cancel_deadline()
+        self._cancel_body_timer()
         self._writable()
         self.waiting_since = None
         self.budget.leave(self)
@@ -391,10 +506,12 @@ class _BoundedProtocol(HttpProtocol):
         waiting = self.waiting_since is not None and not self._body_pending
         in_head = self._in_head  # a head already begun: this segment continues it
         if self._body_pending:
-            self._body_at = time.monotonic()
+            self._body_bytes += len(data)
         super().data_received(data)
         if self.transport.is_closing():
             return
+        if self._body_pending and self._body_timer is None and self.waiting_since is None:
+            self._arm_body_timer()
         if waiting and self.waiting_since is not None and waits == self._waits:
             # still no complete head (bytes after a head answered within this segment
             # are not counted: at most one segment, as when a pipelined head follows)
@@ -423,7 +540,8 @@ class _BoundedProtocol(HttpProtocol):
         self.waiting_since = None  # the deadline, if armed, finds no wait and lapses
         self._in_head = False
         self._body_pending = True
-        self._body_at = time.monotonic()
+        self._body_since = time.monotonic()
+        self._body_bytes = 0
 
     def message_done(self) -> None:
         self._body_pending = False
@@ -461,6 +579,9 @@ class _BoundedProtocol(HttpProtocol):
         if not pipelined:
             self._await_head()
 
+    def authenticated(self, principal: Principal) -> None:
+        self.budget.tag(self, principal)
+
     def request_answered(self) -> None:
         """A request answered by the protocol itself, outside uvicorn's request-response
         cycle (`reads.fasthttp`'s point gets): the connection now waits for its next head,
@@ -472,12 +593,60 @@ class _BoundedProtocol(HttpProtocol):
     # -- helpers -------------------------------------------------------------------------
 
     def _too_large(self) -> None:
-        _count(Reason.HEADER_TOO_LARGE)
+        self.budget.count(Reason.HEADER_TOO_LARGE)
         self.transport.write(too_large_answer(self.limits.max_header_bytes))
         self.close_now()
 
+    # -- request bodies ------------------------------------------------------------------
+
+    def _arm_body_timer(self) -> None:
+        now = time.monotonic()
+        due = self.rate.next_check(now, self._body_since, self._body_bytes)
+        if due != math.inf:
+            self._body_timer = self.loop.call_later(due - now, self._body_check)
+
+    def _body_check(self) -> None:
+        self._body_timer = None
+        if not self._body_pending or self.transport.is_closing():
+            return  # whole since (the next body arms the timer again)
+        now = time.monotonic()
+        reason = self.rate.check(now, self._body_since, self._body_bytes)
+        if reason is None:
+            self._arm_body_timer()  # in time: look again when it next could break it
+        elif self.flow.read_paused and reason is Reason.SLOW_BODY:
+            # Its application is not taking the body (uvicorn stopped reading): the client
+            # cannot send it; look again later.
+            self._body_timer = self.loop.call_later(1.0, self._body_check)
+        else:
+            self._slow_body(reason, now - self._body_since)
+
+    def _slow_body(self, reason: Reason, elapsed: float) -> None:
+        """The request's body broke the rate or its deadline: 408 (when nothing of its
+        answer went out) and close; its application sees a disconnect."""
+        self.budget.count(reason)
+        rate = self.rate
+        if reason is Reason.BODY:
+            detail = f"the request body was not whole within {rate.total:g} s"
+            hint = "the node's bound is --http-body-timeout"
+        else:
+            detail = (
+                f"the request body arrived at {self._body_bytes / max(elapsed, 1e-9):.0f} "
+                f"bytes/s; at least {rate.min_rate:g} bytes/s are required"
+            )
+            hint = "send the body at once; the node's bound is --http-min-body-rate"
+        log.info("HTTP listener: closing a connection: %s", detail)
+        if self.abandon_request():
+            self.transport.write(timeout_answer(detail, hint))
+        self.close_now()
+
+    def _cancel_body_timer(self) -> None:
+        if self._body_timer is not None:
+            self._body_timer.cancel()
+            self._body_timer = None
+
     def _await_head(self) -> None:
-        self.waiting_since = time.monotonic()
+        self._progress_at = time.monotonic()
+        self.waiting_since = self._progress_at
         self._head_bytes = 0
         self._waits += 1
         if self._deadline is None:
@@ -494,7 +663,7 @@ class _BoundedProtocol(HttpProtocol):
         if left > 0:  # the wait started after this timer was armed
             self._deadline = self.loop.call_later(left, self._head_expired)
             return
-        _count(Reason.HEAD)
+        self.budget.count(Reason.HEAD)
         self.close_now()
 
     def _cancel_deadline(self) -> None:

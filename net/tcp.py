@@ -48,7 +48,15 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from net import fastconn, handover
-from net.budget import TCP_LABELS, Budget, Deadlines, Principal, Reason
+from net.budget import (
+    TCP_LABELS,
+    BodyRate,
+    Budget,
+    Deadlines,
+    Principal,
+    Reason,
+    peer_principal,
+)
 from net.metrics import (
     LISTENER_CONNECTIONS,
     LISTENER_HELD_REFUSED,
@@ -56,6 +64,7 @@ from net.metrics import (
     LISTENER_QUEUED_MAX,
     LISTENER_REFUSED,
     READ_ERRORS,
+    budget_hooks,
 )
 from net.unsent import Held, to_drop
 
@@ -75,6 +84,8 @@ MAX_BUFFER_WHILE_BUSY = 1 << 20
 #: A connection buffering more than this counts against its listener's
 #: `max_buffered_bytes` (smaller buffers are bounded by the connection cap alone).
 BIG_BUFFER = 1 << 20
+#: A connection whose partial request began this long ago may be evicted at the cap.
+STALLED_S = 1.0
 #: How often every connection's timeouts are checked.
 SWEEP_SECONDS = 1.0
 #: How long a connection refused at the cap is held for its first byte when its busy reply
@@ -170,17 +181,28 @@ class ListenerLimits:
     #: Request bytes the listener's connections buffer, at most (over those buffering more
     #: than `BIG_BUFFER`): a memcached `set` may carry 32 MiB, a KT body 16 MiB.
     max_buffered_bytes: int = 512 << 20
+    #: A partial request must average this many bytes a second from its first byte once
+    #: `body_grace` seconds have passed (`net.budget.BodyRate`; 0: no rate).
+    min_body_rate: float = 1024.0
+    body_grace: float = 5.0
+    #: The part of a full listener one peer address may hold (`net.budget.share_cap`).
+    principal_share: float = 0.25
 
     def deadlines(self) -> Deadlines:
         """The listener's clocks (`net.budget`): the head clock starts at a request's first
-        byte, the body clock too (the whole request within it); a body that makes no
-        progress is bounded by those alone (no `stalled_body` eviction at the cap)."""
+        byte, the body clock too (the whole request within it); a connection whose partial
+        request began `STALLED_S` ago may be evicted at the cap (the longest first)."""
         return Deadlines(
             head=self.header_timeout,
             body=self.body_timeout,
             idle=self.idle_timeout,
             write=self.write_timeout,
+            stalled_body=STALLED_S,
         )
+
+    def body_rate(self) -> BodyRate:
+        """The minimum rate of a partial request (its deadlines are `deadlines`)."""
+        return BodyRate(self.min_body_rate, self.body_grace, None)
 
 
 def add_listener_flags(p: argparse.ArgumentParser) -> None:
@@ -209,6 +231,32 @@ def add_listener_flags(p: argparse.ArgumentParser) -> None:
             metavar="S",
             help=f"KT/memcached: close a connection after S seconds {what} (default {default:g})",
         )
+    p.add_argument(
+        "--listener-min-body-rate",
+        type=float,
+        default=d.min_body_rate,
+        metavar="B",
+        help="KT/memcached: a partial request must average at least B bytes a second from its "
+        "first byte once --listener-body-grace-s has passed, else the connection closes "
+        f"(0: no rate; default {d.min_body_rate:g})",
+    )
+    p.add_argument(
+        "--listener-body-grace-s",
+        type=float,
+        default=d.body_grace,
+        metavar="S",
+        help=f"KT/memcached: seconds a request may take before its rate counts "
+        f"(default {d.body_grace:g})",
+    )
+    p.add_argument(
+        "--listener-principal-share",
+        type=float,
+        default=d.principal_share,
+        metavar="F",
+        help="KT/memcached: part of --listener-max-connections one peer address may hold "
+        "once the cap is reached (at its share a newcomer only displaces that peer's own "
+        f"connections; 1: no share; default {d.principal_share:g})",
+    )
     p.add_argument(
         "--listener-max-unsent-bytes",
         type=int,
@@ -239,6 +287,9 @@ def listener_limits(args: argparse.Namespace) -> ListenerLimits:
         write_timeout=float(args.listener_write_timeout_s),
         max_unsent_bytes=int(args.listener_max_unsent_bytes),
         max_buffered_bytes=int(args.listener_max_buffered_bytes),
+        min_body_rate=float(args.listener_min_body_rate),
+        body_grace=float(args.listener_body_grace_s),
+        principal_share=float(args.listener_principal_share),
     )
 
 
@@ -291,7 +342,7 @@ class _Conn(_ConnBase, asyncio.Protocol):
         svc = self.service
         # At the cap: the closed ones leave, else the longest idle is evicted (an idle
         # socket must never lock a working client out), else the newcomer is refused.
-        if not svc.budget.admit(self):
+        if not svc.budget.admit(self, peer_principal(transport.get_extra_info("peername"))):
             reply = svc.busy_reply
             if svc.busy_reply_to is not None:
                 if len(svc.refusing) < MAX_REFUSING:
@@ -358,7 +409,10 @@ class _Conn(_ConnBase, asyncio.Protocol):
         return self.active_at if self.idle() else None
 
     def stalled_since(self) -> float | None:
-        return None  # partial requests: the head and body clocks and the buffer cap
+        # A partial request made no progress (nothing it sent was acted on) since it began.
+        if self.buf and self.work is None and self.waiting is None and self.write_paused_at is None:
+            return self.request_at
+        return None
 
     def gone(self) -> bool:
         t = self.transport
@@ -520,7 +574,7 @@ class _Conn(_ConnBase, asyncio.Protocol):
                 body = self.request_at
         else:
             idle = self.active_at
-        return self.service.deadlines.overdue(
+        reason = self.service.deadlines.overdue(
             now,
             write_paused_at=self.write_paused_at,
             working=self.work is not None,  # the server is working on it
@@ -528,6 +582,11 @@ class _Conn(_ConnBase, asyncio.Protocol):
             body_since=body,
             idle_since=idle,
         )
+        if reason is None and (head is not None or body is not None):
+            # The partial request's bytes since it began (`partial_id` is where it began).
+            start = self.partial_id if self.partial_id >= 0 else self.received - len(self.buf)
+            reason = self.service.rate.check(now, self.request_at, self.received - start)
+        return reason
 
 
 class TcpService:
@@ -560,13 +619,16 @@ class TcpService:
         self.busy_reply = busy_reply
         self.busy_reply_to = busy_reply_to
         self.deadlines = self.limits.deadlines()
+        self.rate = self.limits.body_rate()
         gauge = LISTENER_CONNECTIONS.labels(name)
+        count, on_size = budget_hooks(name, self.limits.max_connections, self.refuse, gauge.set)
         #: The listener's connections (`net.budget`): the cap and who is evicted at it.
         self.budget: Budget[_Conn] = Budget(
             self.limits.max_connections,
-            self.refuse,
-            on_size=gauge.set,
+            count,
+            on_size=on_size,
             stalled_body=self.deadlines.stalled_body,
+            share=self.limits.principal_share,
         )
         #: Connections whose transports are past their high-water mark (the unsent cap).
         self.unsent: set[_Conn] = set()
@@ -620,7 +682,7 @@ class TcpService:
         ]
         for h in to_drop(held, self.limits.max_unsent_bytes):
             self.unsent.discard(h.conn)
-            self.refuse(Reason.UNSENT_CAP)
+            self.budget.count(Reason.UNSENT_CAP)
             log.info(
                 "%s listener: closing a connection holding %d reply bytes its client has not "
                 "taken (over the cap of %d)",
@@ -648,7 +710,7 @@ class TcpService:
         for c in sorted(self.buffering, key=lambda c: c.request_at):
             if self.buffered <= cap:
                 break
-            self.refuse(Reason.BUFFER_CAP)
+            self.budget.count(Reason.BUFFER_CAP)
             log.info(
                 "%s listener: closing a connection buffering %d request bytes (over the cap of %d)",
                 self.name,
@@ -680,7 +742,7 @@ class TcpService:
                 continue  # closed by a limit already, counted there
             reason = c.expired(now)
             if reason is not None and c.transport is not None:
-                self.refuse(reason)
+                self.budget.count(reason)
                 log.info("%s listener: closing a connection (%s)", self.name, TCP_LABELS[reason])
                 c.abort()  # unsent replies to a slow reader are dropped too
             elif c.transport is not None:

@@ -34,6 +34,8 @@ from typing import Any
 
 import uvicorn
 
+from net.budget import Principal
+
 #: The uvicorn versions this module was checked against (as pinned in pyproject.toml).
 TESTED_RANGE = ">=0.55,<0.56"
 _LOWEST = (0, 55)
@@ -94,6 +96,10 @@ class _Answered:
 _ANSWERED: Any = _Answered()
 
 
+#: The ASGI scope extension holding the `HttpProtocol` a request came on.
+CONNECTION = "mercury.connection"
+
+
 class HttpProtocol(HttpToolsProtocol):
     """uvicorn's httptools protocol with named hooks (module docstring). The hooks do
     nothing here; `net.http_bounds` overrides them to bound the connection, a subclass
@@ -139,6 +145,10 @@ class HttpProtocol(HttpToolsProtocol):
         """A request was answered by this protocol itself (`answer_segment`, `answer_head`)
         and the connection stays open."""
 
+    def authenticated(self, principal: Principal) -> None:
+        """The application authenticated a request of this connection as `principal`
+        (`net.http_bounds.authenticated`, through the scope's `CONNECTION` extension)."""
+
     def answer_segment(self, data: bytes) -> bytes | None:
         """With `answers_heads`: the whole answer to `data`, a segment received between
         requests with nothing being answered, when it is exactly one request answered
@@ -168,6 +178,18 @@ class HttpProtocol(HttpToolsProtocol):
         """The server's default answer headers (`date`, `server`): a new list each time
         `date` changes."""
         return self.server_state.default_headers
+
+    def abandon_request(self) -> bool:
+        """The request being read is given up (its body broke a bound): its application
+        sees a disconnect and whatever it sends is dropped. True when nothing of its
+        answer was sent yet (the bound's own answer may be)."""
+        cycle = self.cycle
+        if cycle is None or cycle is _ANSWERED or cycle.response_complete:
+            return not self.answering()
+        started = bool(cycle.response_started)
+        cycle.disconnected = True
+        cycle.message_event.set()
+        return not started
 
     def forget(self) -> None:
         """Take this connection out of uvicorn's own set (closed or refused by the bounds;
@@ -227,6 +249,8 @@ class HttpProtocol(HttpToolsProtocol):
             super().on_message_begin()  # the scope, as uvicorn makes it (it resets these)
             self.url, self.expect_100_continue = url, expect
             self.headers = self.scope["headers"] = headers
+        # How the application names the connection its request came on (`authenticated`).
+        self.scope["extensions"] = {CONNECTION: self}  # type: ignore[dict-item]
         super().on_headers_complete()
         if self._draining and self.cycle is not None and self.cycle is not _ANSWERED:
             self.cycle.keep_alive = False  # answered with `connection: close`, then closed

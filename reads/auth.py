@@ -38,6 +38,8 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from acl.model import DOC_NAME, Acl
 from acl.principals import Principal, TokenResolver, bearer_token
 from core.problems import PROBLEM_JSON
+from net.budget import token_principal
+from net.http_bounds import authenticated
 from reads import bulkbody
 from reads.problems import problem_body
 from reads.ranges import READ_KEYSPACES, clip, prefix_end
@@ -133,6 +135,10 @@ class ReadAuth:
         if spaces is None:
             await _refuse(send, 401, "a valid read token is required (Authorization: Bearer)")
             return
+        if token:
+            # Its connection holds its slot for this token from now on (the listener's
+            # share per principal, and unauthenticated connections go first at its cap).
+            authenticated(scope, token_principal(token))
         if kind == "kv":
             if not allowed(spaces, unquote_to_bytes(path[len(KV_PREFIX) :])):
                 await _refuse(send, 403, "this token may not read that key")

@@ -156,6 +156,25 @@ def test_at_its_share_a_principal_only_displaces_its_own() -> None:
         b.admit(m, a)
     assert b.admit(Conn(idle_at=9.0), a)
     assert mine[0].evicted and not any(m.evicted for m in theirs)
+    assert seen == [Reason.EVICTED]
+    # With none of its own to displace it is refused, though others could go.
+    for m in b.held[a]:
+        m.idle_at = None
+    assert not b.admit(Conn(idle_at=9.0), a)
+    assert seen[-1] is Reason.SHARE_REFUSED
+
+
+def test_a_principal_over_its_share_is_displaced_first() -> None:
+    seen: list[Reason] = []
+    b: Budget[Conn] = Budget(4, seen.append, share=0.5)
+    a, other = Principal("token:a", True), Principal("token:b", True)
+    early = Conn(idle_at=1.0)
+    b.admit(early, other)
+    hog = [Conn(idle_at=5.0 + i) for i in range(3)]
+    for m in hog:
+        b.admit(m, a)
+    assert b.admit(Conn(idle_at=9.0), other)
+    assert hog[0].evicted and not early.evicted
     assert seen == [Reason.SHARE]
 
 
