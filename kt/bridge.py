@@ -11,6 +11,13 @@ sent with the same key, so the gateway answers the replay with the first answer 
 of applying it twice. A KT ``clear`` deletes every key under the bridge's prefix, listed
 from a read node (`--read-url`); without one the bridge stops at the clear.
 
+A KT key Mercury cannot hold (longer than 500 bytes with the prefix) stops the bridge at
+its update-log entry: the entry stays in KT's log whatever happens to the key in KT since,
+so a restarted bridge meets it again. `--skip-refused FILE` is the way past: each such
+change is recorded in FILE (one JSON line: timestamp, database, operation, the key in
+base64, its length, the reason) durably before the cursor can move past it, and every
+other change of the log is written as usual; a replay after a crash records it once.
+
 `--import` copies an existing KT database once (RPC cursor `cur_jump`/`cur_get`), after
 recording in the state file a cursor one second before the import began (KT's own clock),
 so a bridge started afterwards replays every change the import may have missed.
@@ -18,6 +25,7 @@ so a bridge started afterwards replays every change the import may have missed.
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import logging
@@ -113,15 +121,75 @@ class Options:
     batch_ops: int = 1000
 
 
+class RefusedKey(KtBridgeError):
+    """A KT key Mercury cannot hold (`reason` says why)."""
+
+    def __init__(self, message: str, reason: str, hint: str) -> None:
+        super().__init__(message, hint=hint)
+        self.reason = reason
+
+
 def mercury_key(prefix: bytes, key: bytes, ts: int) -> bytes:
-    """The Mercury key of a KT key; KtBridgeError when Mercury cannot hold it."""
+    """The Mercury key of a KT key; RefusedKey when Mercury cannot hold it."""
     full = prefix + key
     if not 1 <= len(full) <= MAX_KEY:
-        raise KtBridgeError(
+        raise RefusedKey(
             f"KT key {key[:40]!r} (ts {ts}) makes a Mercury key of {len(full)} bytes (1-{MAX_KEY})",
-            hint="shorten the key in KT or choose a shorter --prefix",
+            reason=f"key of {len(full)} bytes with the prefix (Mercury holds 1-{MAX_KEY})",
+            hint="the entry stays in KT's update log, so changing the key in KT does not get "
+            "past it: restart with --skip-refused FILE to record it there and go on "
+            "(docs/kt-compat.md)",
         )
     return full
+
+
+class Quarantine:
+    """The changes the bridge skipped (`--skip-refused FILE`): one JSON line each, appended
+    and fsynced before the cursor can move past the change; a change already in the file
+    (a replay after a crash) is not recorded twice."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.skipped = 0  # recorded by this process
+        self.seen: set[tuple[int, str]] = set()
+        try:
+            for line in path.read_text().splitlines():
+                if line.strip():
+                    doc = json.loads(line)
+                    self.seen.add((int(doc["ts"]), str(doc["key_b64"])))
+        except FileNotFoundError:
+            pass
+        except (OSError, ValueError, KeyError) as err:
+            raise KtBridgeError(f"cannot read the skipped-changes file {path}: {err}") from err
+
+    def record(self, c: kt_ulog.Change, reason: str) -> None:
+        key_b64 = base64.b64encode(c.key).decode()
+        if (c.ts, key_b64) in self.seen:
+            return
+        doc = {
+            "ts": c.ts,
+            "db": c.dbid,
+            "op": c.kind,
+            "key_b64": key_b64,
+            "key_len": len(c.key),
+            "reason": reason,
+        }
+        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        try:
+            os.write(fd, (json.dumps(doc) + "\n").encode())
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        self.seen.add((c.ts, key_b64))
+        self.skipped += 1
+        log.warning(
+            "kt-bridge: skipped the %s of KT key %r (ts %d): %s; recorded in %s",
+            c.kind,
+            c.key[:40],
+            c.ts,
+            reason,
+            self.path,
+        )
 
 
 @dataclass
@@ -156,8 +224,10 @@ class Bridge:
         *,
         can_clear: bool = False,
         stop: Callable[[], bool] = lambda: False,
+        quarantine: Quarantine | None = None,
     ) -> None:
         self.o = opts
+        self.quarantine = quarantine
         self.client = client
         self.state = state
         self.can_clear = can_clear
@@ -241,12 +311,20 @@ class Bridge:
         replay of the batch pending at the last stop is complete."""
         c = kt_ulog.decode(ev, persistent=self.o.persistent)
         if c is not None and c.dbid == self.o.dbid:
-            if c.kind == "set":
-                key = mercury_key(self.o.prefix, c.key, c.ts)
-                self.batch.add(("set", key, c.value), c.ts, len(key) + len(c.value))
-            elif c.kind == "remove":
-                key = mercury_key(self.o.prefix, c.key, c.ts)
-                self.batch.add(("delete", key), c.ts, len(key))
+            if c.kind in ("set", "remove"):
+                try:
+                    key = mercury_key(self.o.prefix, c.key, c.ts)
+                except RefusedKey as err:
+                    if self.quarantine is None:
+                        raise
+                    # Durable before the cursor can pass this entry (it moves only when
+                    # a later flush or save happens, after this returns).
+                    self.quarantine.record(c, err.reason)
+                else:
+                    if c.kind == "set":
+                        self.batch.add(("set", key, c.value), c.ts, len(key) + len(c.value))
+                    else:
+                        self.batch.add(("delete", key), c.ts, len(key))
             elif c.kind == "clear":
                 if self.batch.ops:
                     self.flush()
@@ -375,7 +453,9 @@ class KtRpc:
             self.call("cur_delete", {"CUR": "1"})
 
 
-def import_db(opts: Options, client: Client, state: BridgeState) -> int:
+def import_db(
+    opts: Options, client: Client, state: BridgeState, quarantine: Quarantine | None = None
+) -> int:
     """Copy every record of the KT database once; returns how many. The state file gets a
     cursor from one second before the copy began (when it has none), so the bridge started
     next replays every change made during the copy."""
@@ -386,7 +466,13 @@ def import_db(opts: Options, client: Client, state: BridgeState) -> int:
         ops: list[tuple[Any, ...]] = []
         n = 0
         for key, value in rpc.records(opts.dbid):
-            ops.append(("set", mercury_key(opts.prefix, key, 0), value))
+            try:
+                ops.append(("set", mercury_key(opts.prefix, key, 0), value))
+            except RefusedKey as err:
+                if quarantine is None:
+                    raise
+                quarantine.record(kt_ulog.Change(0, 0, opts.dbid, "set", key, value), err.reason)
+                continue
             if len(ops) >= opts.batch_ops:
                 client.batch(ops, idempotency_key=f"kt-import-{start_ts}-{n}")
                 n += len(ops)

@@ -10,7 +10,7 @@ from typing import Any
 
 from core.addr import parse_hostport
 from core.errors import ConfigError
-from kt.bridge import Bridge, BridgeState, KtBridgeError, Options, import_db
+from kt.bridge import Bridge, BridgeState, KtBridgeError, Options, Quarantine, import_db
 from mercury_client import Client, MercuryClientError
 
 
@@ -55,6 +55,12 @@ def register(sub: Any) -> None:
     p.add_argument("--batch-ops", type=int, default=1000, help="changes per batch (default 1000)")
     p.add_argument("--ca", help="CA bundle (PEM) that verifies the gateway's TLS certificate")
     p.add_argument(
+        "--skip-refused",
+        metavar="FILE",
+        help="record each change of a KT key Mercury cannot hold (over 500 bytes with the "
+        "prefix) in FILE (JSON lines) and go on, instead of stopping at it",
+    )
+    p.add_argument(
         "--import",
         dest="import_once",
         action="store_true",
@@ -80,6 +86,7 @@ def run(args: argparse.Namespace) -> int:
         batch_ops=args.batch_ops,
     )
     state = BridgeState.load(Path(args.state))
+    quarantine = Quarantine(Path(args.skip_refused)) if args.skip_refused else None
     client = Client(
         args.url,
         token,
@@ -90,7 +97,7 @@ def run(args: argparse.Namespace) -> int:
     with client:
         if args.import_once:
             try:
-                n = import_db(opts, client, state)
+                n = import_db(opts, client, state, quarantine)
             except MercuryClientError as err:
                 raise KtBridgeError(f"the root refused the import: {err}") from err
             print(f"imported {n} records; cursor {state.ts}")
@@ -104,6 +111,7 @@ def run(args: argparse.Namespace) -> int:
             state,
             can_clear=args.read_url is not None,
             stop=lambda: bool(stopping),
+            quarantine=quarantine,
         )
         bridge.run()
         return 0

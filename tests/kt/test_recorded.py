@@ -98,7 +98,7 @@ def _under(c: Cluster, prefix: bytes) -> dict[bytes, bytes]:
 
 
 def _bridge(
-    procs: Procs, c: Cluster, port: int, token: Path, state: Path, prefix: str
+    procs: Procs, c: Cluster, port: int, token: Path, state: Path, prefix: str, *extra: str
 ) -> subprocess.Popen[bytes]:
     return procs.start_mercury(
         "kt-bridge",
@@ -118,6 +118,7 @@ def _bridge(
         "10000",
         "--batch-ops",
         "3",
+        *extra,
         name="kt-bridge",
     )
 
