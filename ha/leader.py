@@ -35,6 +35,7 @@ from fastapi.routing import APIRoute
 from starlette.responses import JSONResponse, Response
 
 from core.service import Service
+from ha import metrics as ha_metrics
 from ha.errors import NotInSyncError
 from ha.gate import ack_verdict
 from ha.lease import LeaseClock
@@ -222,6 +223,9 @@ def install(app: FastAPI, store: Store, services: list[Service], args: argparse.
     gate = LeaderGate(required, args.sync_timeout_ms / 1000)
     # The deadline the candidate held when it elected us (refreshed on stdin from then on).
     gate.clock.deadline = float(args.ha_deadline)
+    ha_metrics.LEADER.set(1)
+    ha_metrics.SYNC_REQUIRED.set(required)
+    ha_metrics.STANDBYS_IN_SYNC.set_function(lambda: gate.tracker.in_sync(time.monotonic()))
     sources: Sequence[Service] = [s for s in services if isinstance(s, ReplicationSource)]
     for src in sources:
         assert isinstance(src, ReplicationSource)

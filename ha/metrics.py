@@ -15,12 +15,24 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
-from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, Gauge, generate_latest
 
 from ha.front import MetricsFn
-from replicator.metrics import APPLIED_SEQ, APPLIER, DIVERGED, REPLICATION_LAG
-from replicator.status import diverged, lag_gauge, read_status
+from replicator.metrics import APPLIED_SEQ, APPLIER, DIVERGED, REPLICATION_LAG, STREAMING
+from replicator.status import diverged, lag_gauge, read_status, streaming
 from store.store import Store
+
+#: The HA role, for "no leader" and "standbys out of sync" alerts (deploy/prometheus): a
+#: candidate's process exports 0 (its front serves them while it does not lead), the
+#: elected root process 1 with the sync figures of its gate.
+LEADER = Gauge("mercury_ha_leader", "1 on the elected HA leader's root process, 0 on a candidate")
+STANDBYS_IN_SYNC = Gauge(
+    "mercury_ha_standbys_in_sync", "Standbys that reported applying recently (on the leader)"
+)
+SYNC_REQUIRED = Gauge(
+    "mercury_ha_sync_standbys_required",
+    "Standbys that must confirm a batch before the leader acknowledges it (--sync-standbys)",
+)
 
 
 def standby_metrics(data_dir: str, standby_store: Callable[[], Store | None]) -> MetricsFn:
@@ -37,6 +49,7 @@ def standby_metrics(data_dir: str, standby_store: Callable[[], Store | None]) ->
     REPLICATION_LAG.set_function(lag)
     APPLIED_SEQ.set_function(applied)
     DIVERGED.set_function(lambda: diverged(data_dir))
+    STREAMING.set_function(lambda: streaming(data_dir) if standby_store() is not None else 0.0)
     APPLIER.source = lambda: read_status(data_dir) if standby_store() is not None else None
 
     def render() -> tuple[str, bytes]:

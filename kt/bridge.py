@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from prometheus_client import Gauge
 
 from core import failpoints
 from core.errors import MercuryError
@@ -63,6 +64,15 @@ DEAD_AFTER_S = 30.0
 RECONNECT_S = 1.0
 #: Pause before sending a batch again after the root did not take it.
 RETRY_S = 2.0
+
+
+#: When the bridge last heard its KT server (an entry, or the NOP keep-alive an idle
+#: master sends): the "KT bridge stopped" alert (deploy/prometheus) fires when
+#: it grows old, or when the bridge's `--metrics-listen` stops answering.
+LAST_CONTACT = Gauge(
+    "mercury_kt_bridge_last_contact_timestamp_seconds",
+    "When the KT bridge last received bytes from its KT server (seconds since the epoch)",
+)
 
 
 class KtBridgeError(MercuryError):
@@ -278,6 +288,7 @@ class Bridge:
                 idle = False
                 if data:
                     heard = now
+                    LAST_CONTACT.set(time.time())
                     for ev in parser.feed(data):
                         if isinstance(ev, kt_ulog.Nop):
                             sock.sendall(bytes([kt_ulog.MAGIC_REPLICATION]))

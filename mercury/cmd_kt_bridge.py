@@ -53,6 +53,11 @@ def register(sub: Any) -> None:
     )
     p.add_argument("--window-ms", type=float, default=200.0, help="batch window (default 200)")
     p.add_argument("--batch-ops", type=int, default=1000, help="changes per batch (default 1000)")
+    p.add_argument(
+        "--metrics-listen",
+        metavar="H:P",
+        help="serve Prometheus metrics (GET /metrics) on this address (default: none)",
+    )
     p.add_argument("--ca", help="CA bundle (PEM) that verifies the gateway's TLS certificate")
     p.add_argument(
         "--skip-refused",
@@ -87,6 +92,11 @@ def run(args: argparse.Namespace) -> int:
     )
     state = BridgeState.load(Path(args.state))
     quarantine = Quarantine(Path(args.skip_refused)) if args.skip_refused else None
+    if args.metrics_listen and not args.import_once:
+        import prometheus_client
+
+        host, port = parse_hostport(args.metrics_listen, "--metrics-listen")
+        prometheus_client.start_http_server(port, addr=host)
     client = Client(
         args.url,
         token,

@@ -32,6 +32,7 @@ from core import eventloop
 from mercury import logsetup, tls, upgrade
 from mercury.settings import ReplicaConfig
 from net import handover, http_bounds, uvicorn_http
+from net.metrics import watch_certs
 from reads import workermetrics, workers
 from replicator import sched
 from replicator.metrics import (
@@ -40,11 +41,13 @@ from replicator.metrics import (
     DIVERGED,
     REFUSED,
     REPLICATION_LAG,
+    STREAMING,
     WORKER_RESTARTS,
 )
-from replicator.status import diverged, lag_gauge, read_status
+from replicator.status import diverged, lag_gauge, read_status, streaming
 from replicator.worker import EXIT_REBOOTSTRAP, WorkerConfig
 from store import layout
+from store import metrics as store_metrics
 from store.lock import WriterLock
 from store.store import Store
 
@@ -181,6 +184,10 @@ async def _read_side(
 
     REPLICATION_LAG.set_function(lambda: lag_gauge(cfg.data_dir))
     DIVERGED.set_function(lambda: diverged(cfg.data_dir))
+    STREAMING.set_function(lambda: streaming(cfg.data_dir))
+    store_metrics.watch(store)  # map and disk room, for the alerts (deploy/prometheus)
+    if config.tls is not None:
+        watch_certs(config.tls)
     REFUSED.external = lambda: _worker_refused(cfg.data_dir)
     APPLIER.source = lambda: read_status(cfg.data_dir)
     APPLIED_SEQ.set_function(lambda: float(store.last_seq()))

@@ -30,7 +30,9 @@ from mercury import gctune, logsetup, tls, upgrade
 from mercury.settings import RootConfig
 from mercury.unused_wiring import RootUnused
 from net import handover, http_bounds, uvicorn_http
+from net.metrics import watch_certs
 from net.tlsconf import TlsContexts
+from store import metrics as store_metrics
 from store.lock import StoreLockedError, WriterLock
 from store.retention import RetentionService
 from store.store import Store
@@ -104,6 +106,9 @@ def run_root(args: argparse.Namespace) -> int:
         # connections meanwhile wait in the shared sockets' queues, none is refused.
         writer_lock = _take_writer_lock(cfg.data_dir, args.drain_s + args.handover_timeout_s)
     store = Store.open(cfg.data_dir, sync=cfg.sync)
+    store_metrics.watch(store)  # map and disk room, for the alerts (deploy/prometheus)
+    if cfg.tls is not None:
+        watch_certs(cfg.tls)
     unused = RootUnused(store)  # unused-key analytics: read summaries in, the ledger
     try:
         services: list[Service] = [

@@ -1,10 +1,15 @@
 """Prometheus metrics of every listener's transport (process-wide, as Prometheus clients are)."""
 
-from collections.abc import Callable
+import contextlib
+import threading
+from collections.abc import Callable, Iterator
 
-from prometheus_client import Counter, Gauge
+from prometheus_client import REGISTRY, Counter, Gauge
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
 
 from net.budget import Reason
+from net.tlsconf import TlsFiles
 
 #: Read requests that ended in an error answer, by op and reason (`crc`, `protocol`, ...).
 READ_ERRORS = Counter(
@@ -83,3 +88,49 @@ def budget_hooks(
             on_size(n)
 
     return counted, sized
+
+
+class _CertExpiry(Collector):
+    """`mercury_tls_cert_expiry_timestamp_seconds{cert}`: when this node's certificate
+    (`node`) and its CA's (`ca`) stop being valid, read from the files at each scrape, so a
+    certificate replaced on disk and reloaded (SIGHUP) shows its new date without a hook. A
+    file that cannot be read or parsed is left out (its reload fails loudly anyway)."""
+
+    def __init__(self) -> None:
+        self.files: TlsFiles | None = None
+        self._lock = threading.Lock()
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        with self._lock:
+            files = self.files
+        if files is None:
+            return
+        family = GaugeMetricFamily(
+            "mercury_tls_cert_expiry_timestamp_seconds",
+            "When this node's TLS certificate (cert=node) and its CA's (cert=ca) expire, "
+            "seconds since the epoch",
+            labels=["cert"],
+        )
+        for cert, path in (("node", files.cert), ("ca", files.ca)):
+            with contextlib.suppress(OSError, ValueError):
+                family.add_metric([cert], not_after(path))
+        yield family
+
+
+def not_after(path: str) -> float:
+    """The end of validity of the first certificate in PEM file `path` (epoch seconds)."""
+    from cryptography import x509
+
+    with open(path, "rb") as f:
+        cert = x509.load_pem_x509_certificate(f.read())
+    return cert.not_valid_after_utc.timestamp()
+
+
+CERT_EXPIRY = _CertExpiry()
+REGISTRY.register(CERT_EXPIRY)
+
+
+def watch_certs(files: TlsFiles) -> None:
+    """Export the expiry of the certificates in `files` (this process's TLS files)."""
+    with CERT_EXPIRY._lock:
+        CERT_EXPIRY.files = files

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import threading
 from collections.abc import Callable, Iterator
 
@@ -26,6 +27,16 @@ DIVERGED = Gauge(
     "1 when this replica's history differs from its source's (replication stopped; "
     "re-bootstrap: see docs/operations.md), else 0",
 )
+
+
+STREAMING = Gauge(
+    "mercury_replication_streaming",
+    "1 while this replica streams from a source, else 0 (connecting, reconnecting, "
+    "bootstrapping, diverged, failed)",
+)
+#: NaN until a replica or standby wires it: the root imports this module too, and a 0 there
+#: would read as a replica that stopped streaming.
+STREAMING.set(math.nan)
 
 
 class _Refused(Collector):

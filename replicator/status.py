@@ -207,6 +207,14 @@ def lag_gauge(data_dir: str) -> float:
     return math.nan if value is None else value
 
 
+def streaming(data_dir: str) -> float:
+    """1.0 while the replica in `data_dir` streams from a source, else 0.0 (for the
+    `mercury_replication_streaming` gauge: connecting, reconnecting, bootstrapping, a
+    stopped or dead worker all read 0)."""
+    st = read_status(data_dir)
+    return 1.0 if st is not None and st.state == "streaming" else 0.0
+
+
 def diverged(data_dir: str) -> float:
     """1.0 when the replica in `data_dir` stopped on a diverged history, else 0.0 (for the
     `mercury_replication_diverged` gauge)."""

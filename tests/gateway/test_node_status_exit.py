@@ -10,6 +10,7 @@ from typing import Any
 
 import httpx
 
+from testkit import metrics
 from testkit.procs import Procs, run_mercury
 from testkit.wait import wait_until
 from tests.gateway.conftest import Root
@@ -22,6 +23,10 @@ def _status(url: str) -> dict[str, Any]:
 
 
 def test_status_shows_retention_and_set_aside_copies(root: Root, procs: Procs) -> None:
+    m = metrics.unlabelled(httpx.get(root.url + "/metrics", timeout=5).text)
+    # The room the store-full alerts watch, read from this store and its filesystem.
+    assert 0 < m["mercury_store_map_used_bytes"] < m["mercury_store_map_size_bytes"]
+    assert 0 < m["mercury_store_disk_free_bytes"] <= m["mercury_store_disk_size_bytes"]
     st = _status(root.url)
     # `mercury init` logged the admin token's hash: one retained record, seconds old.
     assert st["log_first_seq"] == 1
@@ -56,5 +61,8 @@ def test_root_and_replica_exit_0_after_sigterm(root: Root, procs: Procs, tmp_pat
     wait_until(lambda: _status(f"http://127.0.0.1:{r.http}")["seq"] == seq, 30, "replica caught up")
     st = _status(f"http://127.0.0.1:{r.http}")
     assert st["log_first_seq"] == 1 and st["set_aside"] == []
+    m = metrics.unlabelled(httpx.get(f"http://127.0.0.1:{r.http}/metrics", timeout=5).text)
+    assert m["mercury_replication_streaming"] == 1.0
+    assert m["mercury_store_map_used_bytes"] > 0
     assert procs.terminate(r.proc) == 0, procs.logs()
     assert procs.terminate(root.proc) == 0, procs.logs()

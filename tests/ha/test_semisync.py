@@ -45,6 +45,11 @@ def test_writes_need_a_standby_in_sync(etcd: Etcd, procs: Procs, tmp_path: Path)
     assert got["mercury_replication_apply_commits_total"] >= 1
     assert got["mercury_replication_lag_seconds"] >= 0  # a number: it streams
     assert got["mercury_replication_diverged"] == 0
+    # What the HA alerts watch (deploy/prometheus/alerts.yml): one leader, its standbys.
+    assert got["mercury_ha_leader"] == 0 and got["mercury_replication_streaming"] == 1
+    lm = metrics.unlabelled(httpx.get(f"{leader.url}/metrics", timeout=5).text)
+    assert lm["mercury_ha_leader"] == 1 and lm["mercury_ha_sync_standbys_required"] == 1
+    assert lm["mercury_ha_standbys_in_sync"] == 2
     cluster.kill(standbys[0])
     assert put("b").status_code == 200  # the other standby confirms
     cluster.kill(standbys[1])

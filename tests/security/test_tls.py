@@ -24,6 +24,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 
 from net import certs
+from net.metrics import not_after
 from net.tlsconf import TlsContexts, TlsFiles
 from replicator import frames
 from testkit import metrics
@@ -297,6 +298,11 @@ def test_sighup_rotates_certificates_for_new_connections(
     )
     assert peer_cert(gw, files.ca) == _der(files.cert)
     assert root.poll() is None
+    # The expiry the certificate alert watches is the file's, read at scrape time.
+    with https(files) as c:
+        text = c.get(f"https://127.0.0.1:{gw}/metrics").text
+    expiry = metrics.value(text, "mercury_tls_cert_expiry_timestamp_seconds", cert="node")
+    assert expiry == not_after(files.cert) and expiry > time.time()
     # A CA change on the replication link: peers of the old CA are refused from now on.
     next_ca = trustme.CA()
     next_ca.cert_pem.write_to_path(files.ca)
