@@ -13,7 +13,8 @@ import httpx
 import pytest
 
 from kt import ulog as kt_ulog
-from testkit.procs import Procs
+from testkit import metrics
+from testkit.procs import Procs, free_port
 from testkit.wait import wait_until
 from tests.client.conftest import Cluster
 from tests.kt.conftest import producer_token_file
@@ -238,5 +239,33 @@ def test_a_replayed_batch_is_answered_not_reapplied(
         # the operator's write is the only extra change: the replay wrote nothing
         assert _changes(c, name2) == changes_uninterrupted + 1
         assert "1 replayed requests" in procs.logs()
+    finally:
+        master.close()
+
+
+def test_bridge_metrics_show_when_it_last_heard_its_master(
+    kt_cluster: tuple[Cluster, Procs], tmp_path: Path
+) -> None:
+    """`--metrics-listen`: what the "KT bridge stopped" alert watches (deploy/prometheus)."""
+    c, procs = kt_cluster
+    _, token = producer_token_file(c, tmp_path, "ktm/")
+    master = ReplayMaster(load(STREAM))
+    port = free_port()
+    started = time.time()
+    try:
+        p = _bridge(
+            procs, c, master.port, token, tmp_path / "m.state", "ktm/",
+            "--metrics-listen", f"127.0.0.1:{port}",
+        )  # fmt: skip
+
+        def heard() -> float | None:
+            text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
+            got = metrics.unlabelled(text).get("mercury_kt_bridge_last_contact_timestamp_seconds")
+            return got if got is not None and got >= started else None
+
+        wait_until(
+            heard, 30, "the bridge's metrics showing its last contact", ignore=(httpx.HTTPError,)
+        )
+        assert procs.terminate(p) == 0
     finally:
         master.close()
