@@ -52,7 +52,7 @@ from ha.role import (
 from ha.standby import Standby
 from net.tlsconf import TlsContexts, TlsFiles, client_context, server_context
 from replicator.terms import store_term
-from store import layout
+from store import layout, setaside
 from store.store import Store
 
 log = logging.getLogger("mercury.ha.candidate")
@@ -121,6 +121,11 @@ class Candidate:
             "hash_head": head.hex() if head is not None else None,
             "standby_state": sb.state if sb is not None else None,
             "leader_link": sb.link if sb is not None else None,
+            # A standby sets diverged histories aside here (.diverged-<ms>): listed so that
+            # they are found and removed (`mercury prune-aside`) before they fill the disk.
+            "set_aside": [
+                s.to_dict(time.time_ns() // 1_000_000) for s in setaside.listing(self.data_dir)
+            ],
         }
         routable = may_route(v, self._leader_renewing, sb is not None and sb.link_lost)
         leader_url = v.leader.url if routable and v.leader is not None else None

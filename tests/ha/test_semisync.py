@@ -50,6 +50,10 @@ def test_writes_need_a_standby_in_sync(etcd: Etcd, procs: Procs, tmp_path: Path)
     lm = metrics.unlabelled(httpx.get(f"{leader.url}/metrics", timeout=5).text)
     assert lm["mercury_ha_leader"] == 1 and lm["mercury_ha_sync_standbys_required"] == 1
     assert lm["mercury_ha_standbys_in_sync"] == 2
+    # A history a standby set aside (ha/standby.py) shows in its status until pruned.
+    (standbys[0].data_dir / ".diverged-1000").mkdir()
+    sst = standbys[0].status()
+    assert sst is not None and [s["name"] for s in sst["set_aside"]] == [".diverged-1000"]
     cluster.kill(standbys[0])
     assert put("b").status_code == 200  # the other standby confirms
     cluster.kill(standbys[1])
