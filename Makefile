@@ -2,7 +2,8 @@
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
-STAMP := $(VENV)/.installed
+STAMP := $(VENV)/.installed-run
+DEV_STAMP := $(VENV)/.installed-dev
 
 .PHONY: install build run test test-fast lint bench bench-deps browser-deps ha-deps alert-deps clean
 
@@ -17,15 +18,31 @@ define need_c_deps
 	  || { echo "missing C headers: apt-get install $(C_DEPS)" >&2; exit 1; }
 endef
 
+# Two install stamps: what running needs (`make run`: the runtime dependencies and the
+# project itself, whose editable install compiles the Cython modules) and, on top of it,
+# the dev and test tools (`make test`, `make lint`: pytest, ruff, mypy, schemathesis,
+# selenium, import-linter...), which `make run` never waits for. Quiet: pip's output is
+# kept in .venv/pip.log and shown only when it fails. Setuptools comes from the venv (no
+# isolated build environment to fill first) and builds the extensions in parallel (setup.py).
 $(STAMP): pyproject.toml setup.py
 	$(need_c_deps)
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q Cython setuptools wheel
-	$(PY) -m pip install -q -e '.[dev]'
-	touch $(STAMP)
+	@echo "installing the runtime dependencies and compiling the Cython modules (pip log: $(VENV)/pip.log)"
+	@$(PY) -m pip install -q --upgrade pip 'setuptools>=70.1' Cython >$(VENV)/pip.log 2>&1 \
+	  && $(PY) -m pip install -q --no-build-isolation -e . >>$(VENV)/pip.log 2>&1 \
+	  || { cat $(VENV)/pip.log >&2; exit 1; }
+	@touch $(STAMP)
 
-install: $(STAMP)
+# The dev extra's requirements, read from pyproject.toml (one list, no copy): installing
+# them alone never rebuilds the project, which `pip install -e '.[dev]'` would.
+$(DEV_STAMP): $(STAMP)
+	@echo "installing the dev and test tools (pip log: $(VENV)/pip.log)"
+	@$(PY) -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['optional-dependencies']['dev']))" >$(VENV)/dev-requirements.txt
+	@$(PY) -m pip install -q -r $(VENV)/dev-requirements.txt >>$(VENV)/pip.log 2>&1 \
+	  || { cat $(VENV)/pip.log >&2; exit 1; }
+	@touch $(DEV_STAMP)
+
+install: $(DEV_STAMP)
 
 EXT_STAMP := build/.ext-built
 # Every compiled module's source: a new `_*.pyx` is built (and checked) without a change here.
@@ -36,8 +53,8 @@ EXT_SOURCES := $(wildcard */_*.pyx)
 # `_*.pyx` of the tree is registered) names it and fails the build.
 $(EXT_STAMP): $(EXT_SOURCES) setup.py core/compiled.py $(STAMP)
 	$(need_c_deps)
-	$(PY) setup.py -q build_ext --inplace 2>&1 | grep -vE "^(running|copying|Compiling)" || true
-	$(PY) -m core.compiled --check
+	@$(PY) setup.py -q build_ext --inplace 2>&1 | grep -vE "^(running|copying|Compiling|\[)" || true
+	@$(PY) -m core.compiled --check
 	@mkdir -p build && touch $@
 
 # Checked again on every build, cheaply: a module deleted since the stamp fails here and
@@ -48,7 +65,7 @@ build: $(EXT_STAMP)
 run: build
 	$(PY) -m mercury.dev
 
-lint: build
+lint: build $(DEV_STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
@@ -104,7 +121,7 @@ PURE_TESTS := tests/store tests/property tests/replicator tests/net \
 	tests/gateway/test_batching.py tests/reads/test_http_point.py tests/reads/test_http_range.py \
 	tests/reads/test_fasthttp.py tests/reads/test_memcached.py tests/reads/test_kt.py
 
-test: build lint browser-deps ha-deps alert-deps
+test: build $(DEV_STAMP) lint browser-deps ha-deps alert-deps
 	MERCURY_REQUIRE_CYTHON=1 $(VENV)/bin/pytest -q -m "not bench" $(XDIST) tests
 	MERCURY_PURE=1 $(VENV)/bin/pytest -q -m "not bench" $(XDIST) $(PURE_TESTS)
 
@@ -122,7 +139,7 @@ bench-deps:
 	  || { [ "$$(id -u)" = 0 ] && apt-get update -qq && apt-get install -y -qq libssl-dev; } \
 	  || echo "OpenSSL headers missing (apt-get install libssl-dev): tls_echo skips its C server" >&2
 
-bench: build bench-deps ha-deps
+bench: build $(DEV_STAMP) bench-deps ha-deps
 	$(VENV)/bin/pytest -q -m bench tests || test $$? -eq 5
 	@for b in bench/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
 
