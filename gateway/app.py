@@ -23,7 +23,15 @@ from core.errors import MercuryError
 from core.openapi import generated
 from core.problems import NO_SUCH_ROUTE, no_route_detail
 from core.service import Service
-from gateway import openapi_doc, problems, routes_admin, routes_info, routes_kv, routes_usage
+from gateway import (
+    openapi_doc,
+    problems,
+    routes_admin,
+    routes_docs,
+    routes_info,
+    routes_kv,
+    routes_usage,
+)
 from gateway.settings import Settings
 from gateway.writes import Gateway
 from store.store import Store
@@ -59,11 +67,14 @@ def create_app(settings: Settings, store: Store, services: Sequence[Service] = (
         version="1",
         description="Producer write gateway of Mercury's root (contract: docs/api.md).",
         lifespan=lifespan,
+        docs_url=None,  # FastAPI's pages load from a CDN: gateway/routes_docs.py serves both
+        redoc_url=None,
     )
     app.include_router(routes_kv.router)
     app.include_router(routes_admin.router)
     app.include_router(routes_usage.router)  # before routes_info: /v1/usage/{producer}
     app.include_router(routes_info.router)
+    app.include_router(routes_docs.router)
 
     def openapi() -> dict[str, Any]:
         # FastAPI's document, made true by openapi_doc.finish (the shared Problem schema,

@@ -1,16 +1,11 @@
-"""The usage page in a real headless Chromium (Debian's `chromium` + `chromium-driver`,
-driven by selenium): a workload through a real root, then `/usage` shows it.
-
-Skipped, saying why, when chromium/chromedriver or selenium are missing (`make test`
-installs chromium when it runs as root). A screenshot is saved as a test artefact in
+"""The usage page in a real headless Chromium (tests/browser/conftest.py): a workload
+through a real root, then `/usage` shows it. A screenshot is saved as a test artefact in
 ``var/artifacts/usage.png``.
 """
 
 from __future__ import annotations
 
-import shutil
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,56 +13,10 @@ import pytest
 
 from testkit.procs import Procs
 from testkit.wait import wait_until
+from tests.browser.conftest import ARTIFACTS, NEEDS_BROWSER, By, Select, WebDriverWait
 from tests.gateway.conftest import Root, make_root
 
-ARTIFACTS = Path(__file__).resolve().parents[2] / "var" / "artifacts"
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-CHROMEDRIVER = shutil.which("chromedriver")
-
-webdriver: Any
-try:
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-    from selenium.webdriver.common.by import By
-    from selenium.webdriver.support.ui import Select, WebDriverWait
-except ImportError:  # pragma: no cover - dev dependency missing
-    webdriver = None
-
-pytestmark = [
-    pytest.mark.skipif(
-        webdriver is None, reason="selenium is not installed (pip install -e '.[dev]')"
-    ),
-    pytest.mark.skipif(
-        CHROMIUM is None or CHROMEDRIVER is None,
-        reason="chromium/chromedriver missing: apt-get install chromium chromium-driver "
-        "(make test does it as root)",
-    ),
-]
-
-
-@pytest.fixture
-def browser(tmp_path: Path) -> Iterator[Any]:
-    opts = webdriver.ChromeOptions()
-    opts.binary_location = CHROMIUM
-    for arg in (
-        "--headless=new",
-        "--no-sandbox",  # tests run as root in containers
-        "--disable-dev-shm-usage",
-        "--disable-gpu",
-        # chromedriver talks to Chromium over a pipe, not a port it waits to see written to
-        # a file: under load the file can come after the driver gave up on it
-        "--remote-debugging-pipe",
-        "--window-size=1400,1800",
-        f"--user-data-dir={tmp_path / 'chromium'}",
-    ):
-        opts.add_argument(arg)
-    service = Service(executable_path=CHROMEDRIVER, log_output=str(tmp_path / "chromedriver.log"))
-    driver = webdriver.Chrome(options=opts, service=service)
-    driver.set_page_load_timeout(30)
-    try:
-        yield driver
-    finally:
-        driver.quit()  # stops chromedriver (the Service's own process) and chromium
+pytestmark = NEEDS_BROWSER
 
 
 def _chart(driver: Any, chart_id: str) -> dict[str, str]:
