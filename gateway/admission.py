@@ -19,7 +19,7 @@ from collections.abc import Callable
 from acl.model import Acl, Producer
 from core.errors import QuotaExceededError, TooLargeError
 from gateway import metrics
-from gateway.quota import Bucket, ProducerBuckets, retry_seconds
+from gateway.quota import Bucket, ProducerBuckets, policy, retry_seconds
 
 #: The outcomes of a request over its quota, counted apart (`Admission.counts`).
 OUTCOMES = ("held", "refused", "too_large", "shadow")
@@ -85,7 +85,8 @@ class Admission:
         ):
             if bucket is None or not limited:
                 continue
-            pol.append(f'"{name}";q={int(bucket.burst)};w=1')
+            quota, window = policy(bucket.rate, bucket.burst)
+            pol.append(f'"{name}";q={quota};w={window}')
             left = max(0, int(bucket.tokens))
             if wait is None:
                 t = math.ceil(max(0.0, (bucket.burst - bucket.tokens) / bucket.rate))

@@ -91,6 +91,19 @@ class Decision:
     waits: tuple[float, float] = (0.0, 0.0)
 
 
+def policy(rate: float, burst: float) -> tuple[int, int]:
+    """(q, w) of a ``RateLimit-Policy`` item for a bucket of `rate` per second and depth
+    `burst` (draft-ietf-httpapi-ratelimit-headers: `q` units per window of `w` seconds).
+
+    The window is the bucket's depth in seconds, ``burst / rate``, in whole seconds (at
+    least 1), and `q` what the rate admits in it: so `q / w` says the configured rate and
+    `q` the burst (exactly when both divide: 50/s with a burst of 100 is ``q=100;w=2``).
+    `q=burst;w=1` would claim the burst every second: twice the rate for that producer.
+    """
+    w = max(1, round(burst / rate))
+    return max(1, round(rate * w)), w
+
+
 def retry_seconds(wait: float) -> int:
     """Whole seconds of a Retry-After for a `wait` (at least 1: never "retry now")."""
     return max(1, math.ceil(wait - EPSILON))

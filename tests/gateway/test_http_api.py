@@ -246,6 +246,7 @@ def test_429_with_retry_after_and_ratelimit_headers(shared_root: Root) -> None:
     _problem(r, 429)
     assert int(r.headers["retry-after"]) >= 1
     assert "ops" in r.headers["ratelimit-policy"] and "r=" in r.headers["ratelimit"]
+    assert r.headers["ratelimit-policy"] == '"ops";q=1;w=1'  # 1 per 1 s window
     # throttled counters are committed with the next batch (one window later)
     wait_until(lambda: c.get(f"/v1/usage/{name}").json()["throttled"] >= 1, 30, "throttled 1")
 
@@ -261,6 +262,7 @@ def test_held_request_succeeds_with_ratelimit_headers(shared_root: Root) -> None
     r = c.post("/v1/batch", json={"ops": ops})
     assert r.status_code == 200 and r.json()["written"] == 3, r.text
     assert "ratelimit" in r.headers and "ratelimit-policy" in r.headers, r.headers
+    assert r.headers["ratelimit-policy"] == '"ops";q=20;w=1', r.headers  # 20/s, burst < 1 s
 
 
 def test_shadow_quota_counts_without_enforcing(shared_root: Root) -> None:

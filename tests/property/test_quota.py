@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from acl.model import Acl, Producer, Quota
 from gateway.admission import Admission
-from gateway.quota import Bucket, ProducerBuckets
+from gateway.quota import Bucket, ProducerBuckets, policy
 
 requests = st.lists(st.tuples(st.floats(0, 0.5), st.integers(1, 20)), min_size=1, max_size=200)
 
@@ -176,3 +176,29 @@ def test_an_acl_change_neither_refills_nor_forgets_the_idle_refill() -> None:
     adm.rebuild(Acl({"p": Producer(name="p", keyspaces=("p/",))}))
     adm.rebuild(Acl({"p": p}))
     assert _admitted_now(adm, p, 4) == 0
+
+
+def test_the_ratelimit_policy_says_the_configured_rate_per_window() -> None:
+    # draft-ietf-httpapi-ratelimit-headers: q units per window of w seconds
+    assert policy(50, 100) == (100, 2)  # 50/s, burst 100: not q=100;w=1 (100/s)
+    assert policy(1000, 2000) == (2000, 2)
+    assert policy(20, 20) == (20, 1)
+    assert policy(0.5, 1) == (1, 2)
+
+
+@given(st.integers(1, 10_000), st.integers(1, 50))
+def test_the_policy_rate_is_exact_when_the_burst_is_whole_seconds_of_it(
+    rate: int, seconds: int
+) -> None:
+    q, w = policy(rate, rate * seconds)
+    assert (q, w) == (rate * seconds, seconds) and q / w == rate
+
+
+@given(st.floats(0.1, 10_000), st.floats(1, 100_000))
+def test_the_policy_window_is_the_bucket_depth_and_its_rate_the_configured_one(
+    rate: float, burst: float
+) -> None:
+    q, w = policy(rate, burst)
+    assert w >= 1
+    assert w == 1 or abs(w - burst / rate) <= 0.5  # a window under 1 s is 1 s
+    assert abs(q - rate * w) <= 0.5 or q == 1  # whole units: rounded, never a tenfold
