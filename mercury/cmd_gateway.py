@@ -41,7 +41,18 @@ def register(sub: Any) -> None:
         metavar="NAME",
         help="a KT database name accepted as database 0 (repeatable; e.g. casket.kch)",
     )
-    p.add_argument("--memcached-listen", default=None, metavar="H:P", help="memcached protocol")
+    p.add_argument(
+        "--memcached-listen",
+        default=None,
+        metavar="H:P",
+        help="memcached protocol: H:P, or unix:/path for local clients",
+    )
+    p.add_argument(
+        "--unix-mode",
+        default="660",
+        metavar="OCTAL",
+        help="file mode of a unix:/path --memcached-listen: who may connect (default 660)",
+    )
     p.add_argument(
         "--memcached-producer",
         default=None,

@@ -31,7 +31,19 @@ def register(sub: Any) -> None:
         metavar="H:P",
         help="replication source (repeat: ordered list, first healthy wins)",
     )
-    p.add_argument("--listen", default="127.0.0.1:8081", metavar="H:P", help="HTTP read API")
+    p.add_argument(
+        "--listen",
+        default="127.0.0.1:8081",
+        metavar="H:P",
+        help="HTTP read API: H:P, or unix:/path for local consumers (see --unix-mode)",
+    )
+    p.add_argument(
+        "--unix-mode",
+        default="660",
+        metavar="OCTAL",
+        help="file mode of unix:/path listeners (--listen, --memcached-listen): who may "
+        "connect (default 660: the owner and its group)",
+    )
     p.add_argument(
         "--repl-listen",
         default=None,
@@ -46,7 +58,12 @@ def register(sub: Any) -> None:
         metavar="NAME",
         help="a KT database name accepted as database 0 (repeatable; e.g. casket.kch)",
     )
-    p.add_argument("--memcached-listen", default=None, metavar="H:P", help="memcached protocol")
+    p.add_argument(
+        "--memcached-listen",
+        default=None,
+        metavar="H:P",
+        help="memcached protocol: H:P, or unix:/path for local consumers",
+    )
     p.add_argument(
         "--memcached-flags",
         action="store_true",

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from core.addr import UnixAddr
 from core.service import Service
 from kt.server import kt_service
 from kt.write_handler import kt_write_service
@@ -26,7 +27,8 @@ class ListenerSettings:
     """Addresses of a node's protocol listeners (None: not started)."""
 
     kt: tuple[str, int] | None = None
-    memcached: tuple[str, int] | None = None
+    #: H:P, or a unix socket for local consumers (`--memcached-listen unix:/path`).
+    memcached: tuple[str, int] | UnixAddr | None = None
     #: Connection cap and timeouts of every listener (`--listener-*` flags).
     limits: ListenerLimits = field(default_factory=ListenerLimits)
     #: KT database names accepted besides `0` and the store directory's (`--kt-db-alias`).
@@ -48,25 +50,25 @@ def root_services(
     `memcached_writer` when given (`--memcached-producer`)."""
     out: list[Service] = []
     if settings.memcached is not None:
+        host, port = _tcp(settings.memcached)
         if memcached_writer is not None:
-            out.append(
-                memcached_write_service(
-                    store,
-                    *settings.memcached,
-                    memcached_writer,
-                    limits=settings.limits,
-                    flags_in_value=settings.memcached_flags,
-                )
+            mc = memcached_write_service(
+                store,
+                host,
+                port,
+                memcached_writer,
+                limits=settings.limits,
+                flags_in_value=settings.memcached_flags,
             )
         else:
-            out.append(
-                memcached_service(
-                    store,
-                    *settings.memcached,
-                    limits=settings.limits,
-                    flags_in_value=settings.memcached_flags,
-                )
+            mc = memcached_service(
+                store,
+                host,
+                port,
+                limits=settings.limits,
+                flags_in_value=settings.memcached_flags,
             )
+        out.append(_on_unix(mc, settings.memcached))
     if settings.kt is None:
         return out
     if kt_writer is not None:
@@ -102,14 +104,22 @@ def replica_services(store: Store, settings: ListenerSettings) -> list[Service]:
             )
         )
     if settings.memcached is not None:
-        out.append(
-            memcached_service(
-                store,
-                *settings.memcached,
-                limits=settings.limits,
-                flags_in_value=settings.memcached_flags,
-            )
+        host, port = _tcp(settings.memcached)
+        mc = memcached_service(
+            store, host, port, limits=settings.limits, flags_in_value=settings.memcached_flags
         )
+        out.append(_on_unix(mc, settings.memcached))
     for svc in out:
         svc.reuse_port = settings.reuse_port
     return list(out)
+
+
+def _tcp(addr: tuple[str, int] | UnixAddr) -> tuple[str, int]:
+    """host, port of a TCP listener; a unix one is named by its `TcpService.unix`."""
+    return ("unix", 0) if isinstance(addr, UnixAddr) else addr
+
+
+def _on_unix(svc: TcpService, addr: tuple[str, int] | UnixAddr) -> TcpService:
+    if isinstance(addr, UnixAddr):
+        svc.unix = addr
+    return svc

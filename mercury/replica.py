@@ -29,6 +29,8 @@ from typing import Any
 import uvicorn
 
 from core import eventloop
+from core.addr import UnixAddr
+from core.errors import ConfigError
 from mercury import logsetup, tls, upgrade
 from mercury.settings import ReplicaConfig
 from net import handover, http_bounds, uvicorn_http
@@ -205,7 +207,7 @@ async def _read_side(
     services = [*replica_services(store, listeners), ReadStatsService(spool(cfg.data_dir))]
     for s in services:
         await s.start()
-    host, port = config.listen
+    host, port = _tcp(config.listen)
     asgi: Any = app
     tokens = None
     if config.read_auth:
@@ -303,15 +305,15 @@ async def _serve(
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     tls.check_tokenless_listeners(
-        [("kt", config.listeners.kt), ("memcached", config.listeners.memcached)],
+        [("kt", config.listeners.kt), ("memcached", _tcp_or_none(config.listeners.memcached))],
         config.allow_unauthenticated_reads,
     )
     tls.warn_plaintext(
         [
-            ("read API", config.listen),
+            ("read API", _tcp_or_none(config.listen)),
             ("replication", cfg.repl_listen),
             ("kt", config.listeners.kt),
-            ("memcached", config.listeners.memcached),
+            ("memcached", _tcp_or_none(config.listeners.memcached)),
         ],
         config.tls is not None,
     )
@@ -455,7 +457,19 @@ def _worker_refused(data_dir: str) -> dict[str, int]:
     return dict(st.refused) if st is not None else {}
 
 
-def _hp(addr: tuple[str, int] | None) -> str | None:
+def _tcp(addr: tuple[str, int] | UnixAddr) -> tuple[str, int]:
+    # uvicorn's host/port are only named in its logs: the socket is ours.
+    return ("unix", 0) if isinstance(addr, UnixAddr) else addr
+
+
+def _tcp_or_none(addr: tuple[str, int] | UnixAddr | None) -> tuple[str, int] | None:
+    """A TCP listener's address (a unix socket is local: not for the loopback checks)."""
+    return None if addr is None or isinstance(addr, UnixAddr) else addr
+
+
+def _hp(addr: tuple[str, int] | UnixAddr | None) -> str | None:
+    if isinstance(addr, UnixAddr):
+        return str(addr)
     return f"{addr[0]}:{addr[1]}" if addr is not None else None
 
 
@@ -481,6 +495,12 @@ def run_replica(args: argparse.Namespace) -> int:
     config = ReplicaConfig.from_args(args)
     bounds = http_bounds.HttpBounds.from_args(args)
     n = max(1, int(getattr(args, "read_workers", 1)))
+    if n > 1 and any(isinstance(a, UnixAddr) for a in (config.listen, config.listeners.memcached)):
+        # Readers share a port through SO_REUSEPORT, which a unix socket has no use for.
+        raise ConfigError(
+            "a unix socket listener serves with one reader process",
+            hint="drop --read-workers, or listen on H:P",
+        )
     index = workers.worker_index()
     if index > 0:
         # A reader started by reader 0's pool: no writer lock, no replication worker.

@@ -20,6 +20,7 @@ from typing import Any
 
 import uvicorn
 
+from core.addr import UnixAddr
 from core.errors import ConfigError
 from core.service import Service
 from gateway.app import create_app
@@ -82,7 +83,7 @@ def run_root(args: argparse.Namespace) -> int:
                 writer_lock.release()
             raise
     tls.check_tokenless_listeners(
-        [("kt", cfg.listeners.kt), ("memcached", cfg.listeners.memcached)],
+        [("kt", cfg.listeners.kt), ("memcached", _local(cfg.listeners.memcached))],
         cfg.allow_unauthenticated_reads,
     )
     tls.warn_plaintext(
@@ -95,7 +96,7 @@ def run_root(args: argparse.Namespace) -> int:
     kt_writer = kt_writer_for(cfg.kt_producer, cfg.listeners.kt)
     mc_writer = kt_writer_for(
         cfg.memcached_producer,
-        cfg.listeners.memcached,
+        _local(cfg.listeners.memcached),
         flag="--memcached-producer",
         listen_flag="--memcached-listen",
         protocol="memcached",
@@ -245,5 +246,12 @@ def _refuse_replica_store(data_dir: str) -> None:
         )
 
 
-def _hp(addr: tuple[str, int] | None) -> str | None:
+def _local(addr: tuple[str, int] | UnixAddr | None) -> tuple[str, int] | None:
+    """A TCP address as it is; a unix socket is local, as loopback is (for the checks)."""
+    return ("127.0.0.1", 0) if isinstance(addr, UnixAddr) else addr
+
+
+def _hp(addr: tuple[str, int] | UnixAddr | None) -> str | None:
+    if isinstance(addr, UnixAddr):
+        return str(addr)
     return f"{addr[0]}:{addr[1]}" if addr is not None else None

@@ -13,7 +13,7 @@ import argparse
 import os
 from dataclasses import asdict, dataclass
 
-from core.addr import parse_hostport
+from core.addr import UNIX_MODE, UnixAddr, parse_hostport, parse_listen, parse_mode
 from core.errors import ConfigError
 from gateway.settings import Settings
 from mercury.listeners import ListenerSettings
@@ -32,11 +32,22 @@ def _addr(value: str | None, flag: str) -> tuple[str, int] | None:
     return parse_hostport(value, flag) if value else None
 
 
+def unix_mode(args: argparse.Namespace) -> int:
+    """`--unix-mode`: the file mode of every unix socket listener of the process."""
+    raw = getattr(args, "unix_mode", None)
+    return UNIX_MODE if raw is None else parse_mode(raw)
+
+
+def _listen(value: str | None, flag: str, mode: int) -> tuple[str, int] | UnixAddr | None:
+    return parse_listen(value, flag, mode) if value else None
+
+
 def listener_settings(args: argparse.Namespace, *, memcached: bool) -> ListenerSettings:
-    """`--kt-listen` (and, on replicas, `--memcached-listen`)."""
+    """`--kt-listen` (and, on replicas, `--memcached-listen`: H:P or unix:/path)."""
+    mode = unix_mode(args)
     return ListenerSettings(
         kt=_addr(args.kt_listen, "--kt-listen"),
-        memcached=_addr(args.memcached_listen, "--memcached-listen") if memcached else None,
+        memcached=_listen(args.memcached_listen, "--memcached-listen", mode) if memcached else None,
         memcached_flags=bool(args.memcached_flags) if memcached else False,
         kt_db_aliases=tuple(a.encode() for a in args.kt_db_alias),
         limits=listener_limits(args),
@@ -102,7 +113,8 @@ class RootConfig:
 class ReplicaConfig:
     """Everything `mercury replica` runs with: its read side and its worker's config."""
 
-    listen: tuple[str, int]
+    #: `--listen`: H:P, or a unix socket for local consumers.
+    listen: tuple[str, int] | UnixAddr
     listeners: ListenerSettings
     worker: WorkerConfig
     log_level: str
@@ -126,7 +138,7 @@ class ReplicaConfig:
         tls = files_from_args(args)
         applier_cpus, reader_cpus = _cpus(getattr(args, "applier_cpus", None))
         return cls(
-            listen=parse_hostport(args.listen, "--listen"),
+            listen=parse_listen(args.listen, "--listen", unix_mode(args)),
             listeners=listener_settings(args, memcached=True),
             worker=WorkerConfig(
                 data_dir=os.path.abspath(args.data_dir),

@@ -33,9 +33,9 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
 
 from core import failpoints
+from core.addr import UnixAddr
 
 log = logging.getLogger("mercury.handover")
 
@@ -53,9 +53,6 @@ REPL = "repl"
 PREPARED = "PREPARED"
 READY = "READY"
 FAILED = "FAILED"
-
-#: Default mode of a unix listening socket: owner and group may connect (`--unix-mode`).
-UNIX_MODE = 0o660
 
 
 class HandoverError(Exception):
@@ -126,14 +123,6 @@ def parse_stage(line: bytes) -> tuple[str, str]:
 
 
 # -- the process's sockets ----------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class UnixAddr:
-    """A unix socket listener's path and file mode (`--listen unix:/path`)."""
-
-    path: str
-    mode: int = UNIX_MODE
 
 
 class Sockets:
@@ -305,8 +294,12 @@ def report(stage: str, why: str = "") -> None:
             with contextlib.suppress(OSError):
                 os.close(fd)
             _PIPE[0] = -1
-    if stage == READY:
-        # MAINPID: after a hand-over systemd follows the new process (NotifyAccess=all).
+    # MAINPID: after a hand-over systemd follows the new process (NotifyAccess=all). A new
+    # root says so at PREPARED already: the old one exits before this one is READY, and
+    # systemd would take the main process's exit for the service's end.
+    if stage == PREPARED:
+        sd_notify(f"MAINPID={os.getpid()}")
+    elif stage == READY:
         sd_notify(f"MAINPID={os.getpid()}\nREADY=1")
 
 

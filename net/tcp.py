@@ -47,6 +47,7 @@ from collections.abc import Callable, Coroutine, Generator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
+from core.addr import UnixAddr
 from net import fastconn, handover
 from net.budget import (
     TCP_LABELS,
@@ -643,7 +644,7 @@ class TcpService:
         #: (`--read-workers`, reads/workers.py).
         self.reuse_port = False
         #: Listen on this unix socket instead of host:port (`--memcached-listen unix:`).
-        self.unix: handover.UnixAddr | None = None
+        self.unix: UnixAddr | None = None
         self._server: asyncio.Server | None = None
         self._sweeper: asyncio.TimerHandle | None = None
 

@@ -334,13 +334,24 @@ class Server(uvicorn.Server):
     def capture_signals(self) -> contextlib.AbstractContextManager[None]:  # type: ignore[override]
         return contextlib.nullcontext()
 
+    #: `drain` was asked for (the stop is a hand-over's).
+    draining = False
+
     def drain(self, grace: float, bound: float) -> None:
         """Stop gracefully: stop accepting, answer every request in flight, give each idle
         keep-alive connection `grace` seconds for one more request (answered with
         ``connection: close``), and stop waiting after `bound` seconds in all."""
         self.server_state.drain_grace = grace  # type: ignore[attr-defined]
         self.config.timeout_graceful_shutdown = max(1, round(bound))
+        self.draining = True
         self.should_exit = True
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        if self.draining:
+            # Logged just before uvicorn stops accepting and tells each connection (no
+            # await in between): from this line on, every answer closes its connection.
+            log.info("draining %d connections", len(self.server_state.connections))
+        await super().shutdown(sockets)
 
     def tls_listener(self) -> TlsStart | None:
         """What starts the HTTPS listener instead of the loop's TLS layer (None: the

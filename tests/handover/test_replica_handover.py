@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 from pathlib import Path
 
 from store.lock import holder_pid
 from testkit.procs import Procs, alive
 from testkit.replication import status
+from testkit.sockets import recv_until
 from testkit.wait import wait_until
 from tests.gateway.conftest import make_root
 from tests.handover.readers import Readers
@@ -34,10 +36,23 @@ def test_a_replica_hands_over_without_failing_a_read(tmp_path: Path, procs: Proc
     wait_until(lambda: status(rep.http)["seq"] >= seq, 60, "replica caught up")
     old = rep.proc.pid
     assert holder_pid(str(rep.data_dir)) == old
+    log = next((tmp_path / "logs").glob("replica-*.log"))
+    # A kept-alive connection idle when the old process starts draining: its next request
+    # is still answered (then the connection closes), never reset.
+    idle = socket.create_connection(("127.0.0.1", rep.http), timeout=10)
+    get = b"GET /v1/kv/p/k HTTP/1.1\r\nHost: x\r\n\r\n"
+    idle.sendall(get)
+    assert recv_until(idle, b"v1").startswith(b"HTTP/1.1 200")
     new = 0
     with Readers(f"http://127.0.0.1:{rep.http}", "/v1/kv/p/k", b"v1", keepalive=2) as rd:
         wait_until(lambda: rd.tally.ok >= 50, 30, "reads before the hand-over")
         os.kill(old, signal.SIGUSR2)
+        wait_until(lambda: "draining" in log.read_text(), 60, "old one draining")
+        idle.sendall(get)
+        last = recv_until(idle, b"v1")
+        assert last.startswith(b"HTTP/1.1 200") and b"connection: close" in last.lower(), last
+        assert idle.recv(1) == b""  # closed after that answer
+        idle.close()
         assert rep.proc.wait(60) == 0, procs.logs()
         try:
             # The new process holds the writer lock once the old one let it go.
