@@ -29,6 +29,7 @@ from mercury_client import (
     RetryPolicy,
     wire,
 )
+from mercury_client.retry import DEFAULT_BUDGET_S, DEFAULT_POLICY
 
 OK, USAGE, NOT_FOUND, REFUSED, UNAVAILABLE = 0, 2, 3, 4, 5
 
@@ -56,7 +57,9 @@ def _common(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--url",
         default=os.environ.get("MERCURY_URL", "http://127.0.0.1:8080"),
-        help="the root's gateway URL, for writes (default $MERCURY_URL or http://127.0.0.1:8080)",
+        metavar="URL[,URL...]",
+        help="the root's gateway URL, for writes, or every HA candidate's, comma-separated "
+        "(the leader is found and followed; default $MERCURY_URL or http://127.0.0.1:8080)",
     )
     g.add_argument(
         "--read-url",
@@ -73,7 +76,13 @@ def _common(p: argparse.ArgumentParser) -> None:
     g.add_argument("--cert", help="client certificate (PEM) for mutual TLS")
     g.add_argument("--key", dest="cert_key", help="private key (PEM) of --cert")
     g.add_argument("--timeout", type=float, default=30.0, help="seconds per network wait")
-    g.add_argument("--retries", type=int, default=6, help="tries per request in all (default 6)")
+    g.add_argument(
+        "--retries",
+        type=int,
+        default=None,
+        help="tries per request in all (default: 6, and on while the waits are under "
+        f"{DEFAULT_BUDGET_S:.0f} s: one HA failover)",
+    )
 
 
 def register(sub: Any) -> None:
@@ -223,7 +232,7 @@ def _client(args: argparse.Namespace) -> Client:
     cert: str | tuple[str, str] | None = (
         (args.cert, args.cert_key) if args.cert and args.cert_key else args.cert
     )
-    if args.retries < 1:
+    if args.retries is not None and args.retries < 1:
         raise UsageError("--retries must be at least 1")
     try:
         return Client(
@@ -234,7 +243,7 @@ def _client(args: argparse.Namespace) -> Client:
             verify=args.ca or True,
             cert=cert,
             timeout=args.timeout,
-            retries=RetryPolicy(args.retries),
+            retries=DEFAULT_POLICY if args.retries is None else RetryPolicy(args.retries),
             # one request per import batch (still cut to 8 MiB, or smaller after a 413)
             batch_ops=max(1, getattr(args, "batch_size", 0) or wire.DEFAULT_BATCH_OPS),
         )

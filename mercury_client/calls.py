@@ -10,6 +10,7 @@ import base64
 import json
 import ssl
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,9 +34,78 @@ class Call:
     content: bytes | None = None
 
 
+#: Seconds a connection may take to open (a dead host may never refuse it; with several
+#: URLs the next one is tried).
+CONNECT_TIMEOUT_S = 5.0
+
 #: Redirects one call follows: an HA standby's 307 to its leader (a longer chain means the
 #: group is moving; the call then fails as the last answer says).
 MAX_REDIRECTS = 3
+
+
+def node_urls(url: str | Sequence[str]) -> list[str]:
+    """The write node's URLs: one, several comma-separated (``"http://a,http://b"``, as the
+    CLI's ``--url`` takes them), or a list (every candidate of an HA group)."""
+    parts = url.split(",") if isinstance(url, str) else [p for u in url for p in u.split(",")]
+    out = [p.strip().rstrip("/") for p in parts if p.strip()]
+    if not out:
+        raise ValueError("no URL given")
+    for u in out:
+        if not u.startswith(("http://", "https://")):
+            raise ValueError(f"not an http(s) URL: {u!r}")
+    return out
+
+
+def origin(url: str) -> str:
+    """``scheme://host:port`` of `url`."""
+    u = httpx.URL(url)
+    return str(u.copy_with(path="/", query=None, fragment=None)).rstrip("/")
+
+
+@dataclass(slots=True)
+class Route:
+    """Where a node's calls go: one of `urls` (the client's, in order), starting with the
+    one that answered last; or the leader an HA standby's 307 named, when it is none of
+    them (advertised under another name).
+
+    A call that meets a refused connection or a 502/503/504 moves on to the next URL at
+    once; only once every URL failed since the last wait (`failed` says so) does it wait
+    before the next round. So a dead leader costs one refused connection, not a backoff,
+    and the client keeps to the leader it found (no extra hop through a standby per call).
+    """
+
+    urls: list[str]
+    current: int = 0
+    leader: str | None = None
+    #: URLs that failed since the last wait or answer
+    _failures: int = 0
+
+    def base(self) -> str:
+        """The URL the next try goes to (paths are appended)."""
+        return self.leader if self.leader is not None else self.urls[self.current]
+
+    def answered(self, url: str) -> None:
+        """`url` answered the call: the next calls start there."""
+        o = origin(url)
+        if o in self.urls:
+            self.current, self.leader = self.urls.index(o), None
+        else:
+            self.leader = o
+        self._failures = 0
+
+    def failed(self) -> bool:
+        """The try failed in a way another node may not: move on. True when every URL has
+        failed since the last wait (wait, then try them again)."""
+        if self.leader is not None:
+            self.leader = None  # back to the given URLs, from the one that led us there
+            return False
+        self._failures += 1
+        self.current = (self.current + 1) % len(self.urls)
+        return self._failures >= len(self.urls)
+
+    def waited(self) -> None:
+        """A wait between rounds passed: every URL may be tried again."""
+        self._failures = 0
 
 
 def success(r: httpx.Response, ok404: bool) -> bool:

@@ -12,7 +12,7 @@ import contextlib
 import random
 import tempfile
 import time
-from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterable, Iterator, Mapping, Sequence
 from types import TracebackType
 from typing import Any
 
@@ -21,7 +21,7 @@ import httpx
 from mercury_client import calls, wire
 from mercury_client.calls import READ, Call
 from mercury_client.errors import Gone, TooLarge, Unavailable
-from mercury_client.retry import RetryPolicy, retryable
+from mercury_client.retry import DEFAULT_POLICY, MOVE_ON, RetryPolicy, retryable
 
 
 class Client:
@@ -31,14 +31,20 @@ class Client:
     the bearer sent to `read_url` (none by default, so a producer token never leaves for
     another node). `verify`: True (system CAs), False, or a CA bundle path; `cert`: a
     client certificate path, or (cert, key) paths. `timeout`: seconds per network wait.
-    `retries`: tries in all, or a `RetryPolicy`. `idempotent`: send an Idempotency-Key with
-    every write (on by default; without it a write is retried only when the connection was
-    refused, i.e. when the request surely never arrived).
+    `url`: the root's URL, or every candidate's of an HA group (a list, or one string
+    comma-separated): a call that meets a refused connection or a 502/503/504 moves on to
+    the next at once, and the next calls start at the one that answered (a standby's 307
+    names the leader). `retries`: a `RetryPolicy`, or tries in all; the default
+    (`DEFAULT_POLICY`) tries at least 6 times and on until its waits reach
+    `DEFAULT_BUDGET_S` (14 s: one HA failover of the default lease, twice over).
+    `idempotent`: send an Idempotency-Key with every write (on by default; without it a
+    write is retried only when the connection was refused, i.e. when the request surely
+    never arrived).
     """
 
     def __init__(
         self,
-        url: str,
+        url: str | Sequence[str],
         token: str | None = None,
         *,
         read_url: str | None = None,
@@ -46,7 +52,7 @@ class Client:
         verify: bool | str = True,
         cert: str | tuple[str, str] | None = None,
         timeout: float = 30.0,
-        retries: int | RetryPolicy = 6,
+        retries: int | RetryPolicy = DEFAULT_POLICY,
         idempotent: bool = True,
         batch_ops: int = wire.DEFAULT_BATCH_OPS,
         batch_bytes: int = wire.DEFAULT_BATCH_BYTES,
@@ -61,7 +67,14 @@ class Client:
         self._sleep = sleep
         tls = calls.ssl_context(verify, cert)
         auth = {"Authorization": f"Bearer {token}"} if token else {}
-        self._write = httpx.Client(base_url=url, headers=auth, verify=tls, timeout=timeout)
+        urls = calls.node_urls(url)
+        #: where writes go (and reads without `read_url`): every URL given, the leader first
+        self._writes = calls.Route(urls)
+        # A dead candidate's host may not refuse: give up connecting to it well before the
+        # read timeout (the next URL is tried at once).
+        limits = httpx.Timeout(timeout, connect=min(timeout, calls.CONNECT_TIMEOUT_S))
+        self._write = httpx.Client(base_url=urls[0], headers=auth, verify=tls, timeout=limits)
+        self._reads = self._writes if read_url is None else calls.Route([read_url.rstrip("/")])
         if read_url is None:
             self._read = self._write
         else:
@@ -88,6 +101,10 @@ class Client:
 
     # --- the one retry loop ---------------------------------------------------------------
 
+    def _stream_url(self, call: Call) -> str:
+        """Where a streamed read goes: the read node, or the write node that answered last."""
+        return self._reads.base() + call.path
+
     def _idem(self, idempotency_key: str | None) -> str | None:
         if idempotency_key is not None:
             return idempotency_key
@@ -97,20 +114,26 @@ class Client:
         """Send `call`, retrying what may be retried; the answer (2xx, or 404 when
         `ok404`) or the typed exception. `safe`: repeating the request cannot do harm
         (reads, writes with an Idempotency-Key)."""
-        http = self._read if call.node == READ else self._write
+        http, route = (
+            (self._read, self._reads) if call.node == READ else (self._write, self._writes)
+        )
         attempt = redirects = 0
-        target = call.path
+        waited = 0.0
+        target: str | None = None  # a redirect's Location, else the route's URL
         while True:
+            url = target if target is not None else route.base() + call.path
             try:
-                r = http.request(call.method, target, headers=call.headers, content=call.content)
+                r = http.request(call.method, url, headers=call.headers, content=call.content)
             except httpx.TransportError as err:
                 if not safe and not isinstance(err, httpx.ConnectError):
                     raise _unavailable(err) from err
-                wait = self.policy.wait(attempt, {}, self._rand)
-                if wait is None:
-                    raise _unavailable(err) from err
+                failure: Exception = _unavailable(err)
+                failure.__cause__ = err
+                headers: Mapping[str, str] = {}
+                move_on = True
             else:
                 if calls.success(r, ok404):
+                    route.answered(str(r.request.url))
                     return r
                 # An HA standby sends a write to its leader: the same request, once more
                 # (the standby applied nothing).
@@ -118,17 +141,20 @@ class Client:
                 if location is not None:
                     target, redirects = location, redirects + 1
                     continue
-                wait = (
-                    self.policy.wait(attempt, r.headers, self._rand)
-                    if retryable(r.status_code, safe)
-                    else None
-                )
-                if wait is None:
+                if not retryable(r.status_code, safe):
                     raise calls.error(r)
-            # A retry asks the node again: after a failover it names the new leader.
-            target, redirects = call.path, 0
+                failure, headers, move_on = calls.error(r), r.headers, r.status_code in MOVE_ON
+            # A retry asks a node again: after a failover it names the new leader.
+            target, redirects = None, 0
+            if move_on and not route.failed():
+                continue  # another URL not tried this round: at once
+            wait = self.policy.wait(attempt, headers, self._rand, waited)
+            if wait is None:
+                raise failure
             self._sleep(wait)
+            waited += wait
             attempt += 1
+            route.waited()
 
     # --- keys -----------------------------------------------------------------------------
 
@@ -314,7 +340,9 @@ class Client:
     def _range_stream(self, query: str) -> Iterator[wire.Item]:
         call = calls.range_stream(query)
         try:
-            with self._read.stream("GET", call.path, headers=call.headers) as r:
+            with self._read.stream(
+                "GET", self._reads.base() + call.path, headers=call.headers
+            ) as r:
                 if not calls.success(r, False):  # a redirect too: its body is no stream
                     r.read()
                     raise calls.error(r)
@@ -346,7 +374,9 @@ class Client:
         while True:
             call = calls.watch(prefix, resume.restart())
             try:
-                with self._read.stream("GET", call.path, headers=call.headers) as r:
+                with self._read.stream(
+                    "GET", self._reads.base() + call.path, headers=call.headers
+                ) as r:
                     if not calls.success(r, False):  # a redirect too: its body is no stream
                         r.read()
                         wait = (

@@ -11,11 +11,13 @@
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import httpx
 
 from ha.front import FORWARDED_HEADER
+from mercury_client import Client, MercuryClientError
 from testkit.etcd import Etcd
 from testkit.hacluster import Cluster, Node
 from testkit.procs import Procs
@@ -97,3 +99,52 @@ def test_standby_forwards_writes_and_never_sends_clients_to_a_dead_leader(
         lambda: _put(other, token, "k/after", b"a").status_code == 200, 60, "a forwarded write"
     )
     assert _get(new, token, "k/after").content == b"a"
+
+
+WRITERS = 4
+WRITES_EACH = 150
+
+
+def test_sdk_with_every_candidate_writes_through_a_sigkill_failover(
+    etcd: Etcd, procs: Procs, tmp_path: Path
+) -> None:
+    cluster = Cluster(procs, tmp_path, etcd.url, n=3)
+    cluster.start()
+    leader = cluster.wait_leader()
+    # The leader first: a client that did not move on from a refused URL would stay on it.
+    urls = [leader.url] + [n.url for n in cluster.nodes if n is not leader]
+    killed = threading.Event()
+    acked = [0] * WRITERS
+    after_kill = [0] * WRITERS
+    failures: list[BaseException] = []
+
+    def write(w: int) -> None:
+        # Default settings: the retry budget outlasts a failover.
+        with Client(urls, cluster.token) as c:
+            for i in range(WRITES_EACH):
+                late = killed.is_set()
+                try:
+                    c.put(f"k/w{w}-{i}", f"v{i}")
+                except MercuryClientError as err:
+                    failures.append(err)
+                    return  # one is a failed test: no need to wait out the others
+                acked[w] += 1
+                after_kill[w] += late
+
+    threads = [threading.Thread(target=write, args=(w,)) for w in range(WRITERS)]
+    for t in threads:
+        t.start()
+    wait_until(lambda: sum(acked) >= 40, 60, "writes acknowledged before the kill")
+    cluster.kill(leader)
+    killed.set()
+    for t in threads:
+        t.join(120)
+    assert not any(t.is_alive() for t in threads)
+    assert failures == [], failures
+    assert sum(acked) == WRITERS * WRITES_EACH
+    assert sum(after_kill) > 0  # the failover happened under the writers
+    new = cluster.wait_leader(not_=leader)
+    with Client([new.url], cluster.token) as c:
+        for w in range(WRITERS):
+            for i in range(WRITES_EACH):
+                assert c.get(f"k/w{w}-{i}") == f"v{i}".encode(), (w, i)
