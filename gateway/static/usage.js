@@ -10,6 +10,11 @@
   const charts = {};
   let selected = null;
   let rows = [];
+  // The default range, "since the first activity": its start (epoch seconds), found at
+  // each load (`findStart`), so a new deployment fills the charts instead of a sliver at
+  // the right edge of a day; null when nothing happened yet (then the last hour).
+  let autoSince = null;
+  const ACTIVITY = ["writes", "deletes", "duplicates", "held", "refused"];
 
   function token() { return sessionStorage.getItem(KEY); }
 
@@ -35,24 +40,52 @@
     return body;
   }
 
+  function iso(t) { return new Date(t * 1000).toISOString().slice(0, 19) + "Z"; }
+
   function rangeParams() {
+    if ($("range").value === "auto") {
+      if (autoSince === null) return "since=-1h&step=1m";
+      // a margin before the first activity (5 % of the span, at least 5 minutes); the
+      // server picks the finest step that fits
+      const span = Date.now() / 1000 - autoSince;
+      return "since=" + encodeURIComponent(iso(autoSince - Math.max(300, span * 0.05)));
+    }
     const [since, step] = $("range").value.split("|");
     return "since=" + encodeURIComponent(since) + "&step=" + step;
   }
 
-  function seriesPath(producer) {
+  function seriesPath(producer, params) {
     const p = producer ? "producer=" + encodeURIComponent(producer) + "&" : "";
-    return "/v1/usage/series?" + p + rangeParams();
+    return "/v1/usage/series?" + p + (params || rangeParams());
   }
 
-  function fmt(n) {
-    if (n === null || n === undefined) return "–";
-    const abs = Math.abs(n);
-    if (abs >= 1e9) return (n / 1e9).toFixed(2) + " G";
-    if (abs >= 1e6) return (n / 1e6).toFixed(2) + " M";
-    if (abs >= 1e4) return (n / 1e3).toFixed(1) + " k";
-    return String(n);
+  function active(p) { return ACTIVITY.some((k) => p[k]) || p.bytes > 0; }
+
+  // The first activity the token can see (the admin: any producer's): the first active
+  // day of the last year, then, when that is within three days, its first active minute.
+  async function findStart() {
+    const days = await api(seriesPath(null, "since=-365d&step=1d"));
+    const day = days.points.find(active);
+    if (!day) return null;
+    if (Date.now() / 1000 - day.t > 3 * 86400) return day.t;
+    const mins = await api(seriesPath(null, "since=" + encodeURIComponent(iso(day.t)) + "&step=1m"));
+    const minute = mins.points.find(active);
+    return minute ? minute.t : day.t;
   }
+
+  // SI prefixes, three significant digits: "12.3 MB", "950 k", "4". Every number on the
+  // page and on every chart axis (uPlot's own labels, "12,000,000", outgrew the axis).
+  function si(n, unit) {
+    if (n === null || n === undefined) return "–";
+    const u = unit || "";
+    const abs = Math.abs(n);
+    for (const [f, prefix] of [[1e12, "T"], [1e9, "G"], [1e6, "M"], [1e3, "k"]]) {
+      if (abs >= f) return +(n / f).toPrecision(3) + " " + prefix + u;
+    }
+    return String(+n.toPrecision(3)) + (u ? " " + u : "");
+  }
+
+  function fmt(n) { return si(n); }
 
   function summary(s) {
     const pts = s.points;
@@ -65,7 +98,11 @@
         : 0,
       writes: sum("writes"),
       held: sum("held"),
-      refused: sum("refused"),
+      // Refusals apart: a 429 is a write the rate quota turned away (the client must send
+      // it again later); a 413 a request larger than the quota could ever admit, which
+      // the SDK splits and sends again at once, so its ops are usually written after all.
+      refused_429: sum("refused_429"),
+      refused_413: sum("refused_413"),
     };
   }
 
@@ -77,9 +114,9 @@
       tr.dataset.producer = r.producer;
       if (r.producer === selected) tr.className = "selected";
       const cap = r.quota ? r.quota.max_bytes_stored : null;
-      const cells = [r.producer, fmt(r.growth), fmt(r.bytes), fmt(cap),
+      const cells = [r.producer, si(r.growth, "B"), si(r.bytes, "B"), si(cap, "B"),
         r.used_pct === null || r.used_pct === undefined ? "–" : r.used_pct.toFixed(1) + " %",
-        fmt(r.keys), fmt(r.writes), fmt(r.held), fmt(r.refused)];
+        fmt(r.keys), fmt(r.writes), fmt(r.held), fmt(r.refused_429), fmt(r.refused_413)];
       for (const c of cells) {
         const td = document.createElement("td");
         td.textContent = c;
@@ -90,7 +127,7 @@
     }
   }
 
-  function plot(id, title, s, columns, cap) {
+  function plot(id, title, s, columns, cap, unit) {
     const el = $(id);
     if (charts[id]) charts[id].destroy();
     const xs = s.points.map((p) => p.t);
@@ -113,9 +150,16 @@
     el.dataset.sum = String(first.reduce((a, v) => a + (v || 0), 0));
     el.dataset.since = String(xs[0]);
     el.replaceChildren();
+    // The y axis in SI units; the labels drawn are kept in data-ylabels (the canvas has
+    // no text to read back), for the page's tests.
+    const yValues = (u, splits) => {
+      const labels = splits.map((v) => si(v, unit));
+      el.dataset.ylabels = labels.join("|");
+      return labels;
+    };
     charts[id] = new uPlot(
       { title, width: Math.max(el.clientWidth, 520), height: 220, series,
-        scales: { x: { time: true } }, axes: [{}, { size: 70 }] },
+        scales: { x: { time: true } }, axes: [{}, { size: 70, values: yValues }] },
       data, el);
   }
 
@@ -126,11 +170,12 @@
     plot("chart-writes", "writes / deletes / duplicates per " + s.step, s,
       [["writes", "writes"], ["deletes", "deletes"], ["duplicates", "duplicates"]]);
     plot("chart-bytes-written", "bytes written per " + s.step, s,
-      [["bytes_written", "bytes written"]]);
-    plot("chart-quota", "held / refused per " + s.step, s,
-      [["held", "held"], ["refused", "refused"]]);
+      [["bytes_written", "bytes written"]], null, "B");
+    plot("chart-quota", "ops held / refused (429) / too large (413) per " + s.step, s,
+      [["held", "held"], ["refused_429", "refused (429)"],
+        ["refused_413", "too large (413: the SDK splits and resends)"]]);
     plot("chart-stored", "stored bytes (and the cap)", s, [["bytes", "stored bytes"]],
-      s.max_bytes_stored);
+      s.max_bytes_stored, "B");
   }
 
   function cells(tr, values) {
@@ -154,7 +199,7 @@
     tbody.replaceChildren();
     for (const k of page.keys) {
       const tr = document.createElement("tr");
-      cells(tr, [k.key !== undefined ? k.key : "base64:" + k.key_b64, fmt(k.bytes), k.version]);
+      cells(tr, [k.key !== undefined ? k.key : "base64:" + k.key_b64, si(k.bytes, "B"), k.version]);
       tbody.appendChild(tr);
     }
     $("unused-keys").dataset.keys = String(page.keys.length);
@@ -171,8 +216,8 @@
       tr.dataset.producer = r.producer;
       tr.dataset.keyspace = r.keyspace;
       tr.dataset.unused = String(r.unused_keys);
-      cells(tr, [r.producer, r.keyspace, fmt(r.keys), fmt(r.unused_keys), fmt(r.unused_bytes),
-        fmt(r.too_new)]);
+      cells(tr, [r.producer, r.keyspace, fmt(r.keys), fmt(r.unused_keys),
+        si(r.unused_bytes, "B"), fmt(r.too_new)]);
       tr.addEventListener("click", () => {
         showUnusedKeys(r.producer, r.keyspace).catch((e) => status(e.message, true));
       });
@@ -191,6 +236,7 @@
     if (!token()) { status("enter a token to see usage"); return; }
     status("loading…");
     try {
+      if ($("range").value === "auto") autoSince = await findStart();
       const own = await api(seriesPath(null));
       if (own.producer !== null) {  // a producer's token: its own usage only
         const sm = summary(own);
