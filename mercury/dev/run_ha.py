@@ -131,6 +131,7 @@ def _examples(token: str, cands: tuple[Node, ...], replica: Node, leader: Node, 
     ub = f"http://{standby.flag('--listen')}"
     rd = f"http://{replica.flag('--listen')}"
     standbys = ", ".join(c.name for c in cands if c is not leader)
+    urls = ",".join(f"http://{c.flag('--listen')}" for c in cands)
     return f"""
 Mercury is running: three root candidates elected through a local etcd, and a replica.
 {leader.name} leads now ({leader.flag("--advertise-url")}); {standbys} are its standbys.
@@ -139,6 +140,9 @@ Demo producer '{DEMO_PRODUCER}' owns keyspace '{DEMO_KEYSPACE}'; its token is in
 
   # who leads: role, term and the leader's URL, from any candidate
   curl {ua}/v1/status; echo; curl {ub}/v1/status
+  # write with every candidate's URL: the CLI and the SDK find the leader, and go on
+  # through a failover (Client([...]) in Python)
+  .venv/bin/mercury kv put --url {urls} --token-file {var}/demo.token demo/cli 'hi'
   # write through a standby: it answers 307 to the leader (--location-trusted
   # follows it with the token; plain -L would drop the Authorization header)
   curl --location-trusted -X PUT -H "Authorization: Bearer {token}" --data-binary 'hello world' \\

@@ -18,7 +18,7 @@ import pytest
 
 from mercury.dev.run import main, parse_args
 from mercury.dev.topology import Ports
-from testkit.procs import Procs, free_port
+from testkit.procs import Procs, free_port, run_mercury
 from testkit.replication import wait_for
 
 DEADLINE_S = 120.0
@@ -86,7 +86,15 @@ def test_ha_make_run_fails_over_and_stops(tmp_path: Path, procs: Procs) -> None:
         "the write on the replica",
     )
 
+    urls = ",".join(f"http://127.0.0.1:{cport[c]}" for c in ("root-a", "root-b", "root-c"))
+    assert f"--url {urls}" in text
+
     os.kill(int((var / f"{leader}.pid").read_text()), signal.SIGKILL)
+    # The printed CLI command, given every candidate, rides the failover by itself.
+    cli = run_mercury(
+        "kv", "put", "--url", urls, "--token-file", str(var / "demo.token"), "demo/cli", "hi"
+    )
+    assert cli.returncode == 0, cli.stderr
     others = [c for c in cport if c != leader]
     wait_for(
         lambda: any(_status(cport[c]).get("role") == "leader" for c in others),
