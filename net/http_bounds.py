@@ -74,10 +74,11 @@ CLOSED = Counter(
 )
 
 
-#: A connection whose request has been arriving (its head read, its body not whole) this
-#: long since its last answer may be evicted at the cap, the longest first: short, so a
-#: flood of trickled bodies cannot make every slot unevictable by being young.
-STALLED_BODY_S = 1.0
+#: A connection whose request is arriving (its head read, its body not whole) may be
+#: evicted at the cap however recently it began, the longest without an answer first: any
+#: grace would let a flood of trickled bodies that reconnect as they are cut keep every
+#: slot unevictable by being young (an honest request, begun after them, goes after them).
+STALLED_BODY_S = 0.0
 
 
 def authenticated(scope: MutableMapping[str, Any], principal: Principal) -> None:

@@ -85,8 +85,9 @@ MAX_BUFFER_WHILE_BUSY = 1 << 20
 #: A connection buffering more than this counts against its listener's
 #: `max_buffered_bytes` (smaller buffers are bounded by the connection cap alone).
 BIG_BUFFER = 1 << 20
-#: A connection whose partial request began this long ago may be evicted at the cap.
-STALLED_S = 1.0
+#: A connection whose partial request began this long ago may be evicted at the cap (none:
+#: as `net.http_bounds.STALLED_BODY_S`).
+STALLED_S = 0.0
 #: How often every connection's timeouts are checked.
 SWEEP_SECONDS = 1.0
 #: How long a connection refused at the cap is held for its first byte when its busy reply
