@@ -329,7 +329,8 @@ async def start_tls(
 
     limits = getattr(uvicorn_http.protocol_class(server.config), "limits", None)
     cap = limits.max_connections if isinstance(limits, HttpBounds) else MAX_HANDSHAKES
-    await uvicorn_http.start_tls_server(server, sockets, context, HANDSHAKE_TIMEOUT_S, cap)
+    share = limits.principal_share if isinstance(limits, HttpBounds) else 1.0
+    await uvicorn_http.start_tls_server(server, sockets, context, HANDSHAKE_TIMEOUT_S, cap, share)
 
 
 class _BoundedProtocol(HttpProtocol):

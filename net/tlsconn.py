@@ -46,7 +46,8 @@ from typing import Any
 
 from prometheus_client import Counter
 
-from net.budget import TLS_LABELS, Budget, Principal, Reason
+from net.budget import TLS_LABELS, Budget, Principal, Reason, peer_principal
+from net.metrics import budget_hooks
 
 log = logging.getLogger(__name__)
 
@@ -504,6 +505,7 @@ class TlsServer:
         context: ssl.SSLContext,
         handshake_timeout: float,
         max_handshakes: int = MAX_HANDSHAKES,
+        share: float = 1.0,
     ) -> None:
         self.loop = loop
         self.protocol_factory = protocol_factory
@@ -514,7 +516,11 @@ class TlsServer:
         #: evicts the one waiting longest, so a flood of peers that connect and do not
         #: finish cannot lock newcomers out for the whole handshake timeout (each holds a
         #: descriptor and OpenSSL's state).
-        self.handshakes: Budget[_Handshake] = Budget(max_handshakes, _count, fifo=True)
+        #: One peer address holds at most `share` of them once they are at the cap.
+        count, on_size = budget_hooks("tls_handshakes", max_handshakes, _count)
+        self.handshakes: Budget[_Handshake] = Budget(
+            max_handshakes, count, on_size=on_size, fifo=True, share=share
+        )
         self.max_handshakes = max_handshakes
         self.transports: set[TlsTransport] = set()
         self.closed = False
@@ -537,7 +543,7 @@ class TlsServer:
     def _accept(self) -> None:
         for _ in range(ACCEPTS_PER_TURN):
             try:
-                raw, _addr = self.sock.accept()
+                raw, addr = self.sock.accept()
             except (BlockingIOError, InterruptedError):
                 return
             except OSError as err:
@@ -558,7 +564,8 @@ class TlsServer:
                 raw.close()
                 continue
             h = _Handshake(self, tls)
-            self.handshakes.admit(h)  # (fifo: never refused, the oldest goes)
+            # (fifo: never refused, the oldest goes; its own oldest at its peer's share)
+            self.handshakes.admit(h, peer_principal(addr))
             h.step()
 
     def _watch(self) -> None:

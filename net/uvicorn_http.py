@@ -373,6 +373,7 @@ async def start_tls_server(
     context: ssl.SSLContext,
     handshake_timeout: float,
     max_handshakes: int,
+    share: float = 1.0,
 ) -> None:
     """`uvicorn.Server.startup` serving `sockets` over `net.tlsconn.TlsServer` (TLS on the
     socket, driven by readiness) instead of the loop's TLS layer: what uvicorn's own
@@ -388,7 +389,7 @@ async def start_tls_server(
         )
 
     tls = [
-        TlsServer(loop, create_protocol, s, context, handshake_timeout, max_handshakes)
+        TlsServer(loop, create_protocol, s, context, handshake_timeout, max_handshakes, share)
         for s in sockets
     ]
     server.servers = tls  # type: ignore[assignment]
