@@ -6,7 +6,8 @@ A real `mercury root` and `mercury replica`, both with their default bounds (con
 1. ``root_writes``: `--conns` (default 1,000) connections that send a PUT head with one
    producer's token and then one body byte every `--every` seconds (default 2, inside the
    red team's 1-4 s), reconnecting whenever they are cut, while a second producer PUTs one
-   key at a time on a keep-alive connection;
+   key at a time on a keep-alive connection (the root's batch window `--window-ms`, default
+   20: a write is answered once its batch commits);
 2. ``replica_get_bulk``: the same with POST /v1/get_bulk heads and no credentials on the
    replica, while a reader sends get_bulks of two keys.
 
@@ -161,6 +162,13 @@ def main() -> int:
     p.add_argument("--every", type=float, default=2.0)
     p.add_argument("--ramp", type=float, default=5.0, help="seconds the attack runs first")
     p.add_argument("--only", default="root_writes,replica_get_bulk")
+    p.add_argument(
+        "--window-ms",
+        type=int,
+        default=20,
+        help="the root's batch window: a write is answered after its batch commits, so the "
+        "default 500 ms window alone would be every write's latency",
+    )
     args = p.parse_args()
     only = set(args.only.split(","))
     out: dict[str, Any] = {
@@ -184,6 +192,8 @@ def main() -> int:
                 f"127.0.0.1:{gw}",
                 "--repl-listen",
                 f"127.0.0.1:{repl}",
+                "--batch-window-ms",
+                str(args.window_ms),
                 name="root",
             )
             wait_http(f"http://127.0.0.1:{gw}/healthz", proc=root)

@@ -636,7 +636,8 @@ class _BoundedProtocol(HttpProtocol):
                 f"bytes/s; at least {rate.min_rate:g} bytes/s are required"
             )
             hint = "send the body at once; the node's bound is --http-min-body-rate"
-        log.info("HTTP listener: closing a connection: %s", detail)
+        # Debug only: a flood of trickled bodies must not flood the log (each is counted).
+        log.debug("HTTP listener: closing a connection: %s", detail)
         if self.abandon_request():
             self.transport.write(timeout_answer(detail, hint))
         self.close_now()

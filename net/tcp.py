@@ -745,7 +745,9 @@ class TcpService:
             reason = c.expired(now)
             if reason is not None and c.transport is not None:
                 self.budget.count(reason)
-                log.info("%s listener: closing a connection (%s)", self.name, TCP_LABELS[reason])
+                # Debug only: hostile clients cut by the thousand must not flood the log
+                # (each is counted in the metrics).
+                log.debug("%s listener: closing a connection (%s)", self.name, TCP_LABELS[reason])
                 c.abort()  # unsent replies to a slow reader are dropped too
             elif c.transport is not None:
                 n = c.transport.get_write_buffer_size()
