@@ -7,6 +7,12 @@ Real etcd, real `mercury root --ha-etcd` candidates, real sockets; one JSON obje
   to the first write acknowledged afterwards, then restarts the killed node (it rejoins as
   a standby). P50/P99 over `--rounds` (goal: at most the lease TTL + 2 s). Every
   acknowledged write is checked on every node at the end.
+- ``sdk``: the same failover as clients see it: `--sdk-writers` threads, each a
+  `mercury_client.Client` given all three candidates' URLs with its default settings (retry
+  budget included), writing unique keys; each of `--sdk-rounds` rounds SIGKILLs the leader.
+  Reports failed writes (goal: 0), the failover P50/P99 (kill to the first write another
+  node acknowledged) and the longest single write, and checks every acknowledged write on
+  every node. Lease TTL `--ttl` (default 5, the server's default).
 - ``ack``: single-key PUTs on a fixed schedule of `--rate`/s (latency from the scheduled
   send time) against a leader with one synchronous standby and against a leader whose
   standby is not waited for (`--sync-standbys 0`), both clusters running at once and the
@@ -21,7 +27,8 @@ Real etcd, real `mercury root --ha-etcd` candidates, real sockets; one JSON obje
   past the phase, so the bench also reports how far behind it was and the sustained rate:
   pairs over the phase plus the standby's catch-up time.
 
-Usage: python bench/failover.py [--only failover,ack,bulk] [--rounds N] [--ttl S] [--keep-logs DIR]
+Usage: python bench/failover.py [--only failover,sdk,ack,bulk] [--rounds N] [--ttl S]
+       [--keep-logs DIR] [--sdk-rounds N] [--sdk-writers N]
        [--rate N] [--seconds S] [--repeats N] [--ack-conns N] [--bulk-conns N]
 """
 
@@ -38,6 +45,7 @@ import signal
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -49,9 +57,11 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from bench.gateway_write import closed_loop, open_loop, pct, req
+from mercury_client import Client, MercuryClientError
 from testkit.etcd import Etcd
 from testkit.hacluster import Cluster, Writers, log_records, lost_writes
 from testkit.procs import Procs
+from testkit.wait import wait_until
 
 
 def pctl(xs: list[float], p: float) -> float:
@@ -104,6 +114,122 @@ def failover(base: Path, procs: Procs, etcd: Etcd, rounds: int, ttl: int) -> dic
         "log_records_compared": len(common),
         "log_records_differing": differ,
     }
+
+
+#: Writes one SDK writer makes at most (the phase ends long before, by its rounds).
+SDK_MAX_WRITES = 1_000_000
+
+
+class SdkWriters:
+    """`n` threads, each a `mercury_client.Client` with every candidate's URL and default
+    settings, writing unique keys until stopped; every acknowledged write is recorded as
+    `Writers` records it (time, key, value, the node that answered) and every failed one
+    (the exception the SDK raised after its retries) is counted."""
+
+    def __init__(self, cluster: Cluster, n: int) -> None:
+        self.cluster = cluster
+        self.urls = [node.url for node in cluster.nodes]
+        self.by_url = {node.url: node.name for node in cluster.nodes}
+        self.acked: list[tuple[float, str, bytes, str]] = []
+        self.failed: list[str] = []
+        self.longest_s = 0.0
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._threads = [threading.Thread(target=self._run, args=(i,)) for i in range(n)]
+
+    def __enter__(self) -> SdkWriters:
+        for t in self._threads:
+            t.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        for t in self._threads:
+            t.join(60)
+
+    def _run(self, w: int) -> None:
+        with Client(self.urls, self.cluster.token) as c:
+            for i in range(SDK_MAX_WRITES):
+                if self._stop.is_set():
+                    return
+                key, value = f"k/s{w}/{i}", f"{w}:{i}".encode()
+                t = time.monotonic()
+                try:
+                    c.put(key, value)
+                except MercuryClientError as err:
+                    with self._lock:
+                        self.failed.append(f"{key}: {err}"[:300])
+                    continue
+                done = time.monotonic()
+                # The URL the client keeps to is the one that answered this write.
+                node = self.by_url.get(c._writes.base(), "?")
+                with self._lock:
+                    self.acked.append((done, key, value, node))
+                    self.longest_s = max(self.longest_s, done - t)
+
+    def count(self) -> int:
+        with self._lock:
+            return len(self.acked)
+
+    def first_ack_after(self, t0: float, not_by: str, timeout: float = 120.0) -> float:
+        """Seconds from `t0` to the first write another node than `not_by` acknowledged."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with self._lock:
+                after = [a[0] for a in self.acked if a[0] > t0 and a[3] != not_by]
+            if after:
+                return min(after) - t0
+            time.sleep(0.02)
+        raise AssertionError(f"no write acknowledged {timeout}s after the kill")
+
+
+def sdk_failover(
+    base: Path, procs: Procs, etcd: Etcd, rounds: int, ttl: int, writers: int
+) -> dict[str, Any]:
+    cluster = Cluster(procs, base / "sdk", etcd.url, n=3, ttl_s=ttl)
+    cluster.start()
+    times: list[float] = []
+    failure = None
+    with SdkWriters(cluster, writers) as sdk:
+        for r in range(rounds):
+            # Writes flowing through the current leader before it dies (a count, not a pause).
+            want = sdk.count() + 200
+            wait_until(lambda: sdk.count() >= want, 120, "writes before the kill")  # noqa: B023
+            old = cluster.wait_leader()
+            cluster.kill(old)
+            t0 = time.monotonic()
+            try:
+                times.append(sdk.first_ack_after(t0, old.name))
+                cluster.wait_leader(not_=old)
+                cluster.start_node(old)
+                cluster.wait_standbys(2, timeout=120)
+            except AssertionError as err:
+                failure = f"round {r + 1}: {str(err)[:300]}"
+                break
+            print(f"sdk round {r + 1}: {times[-1]:.2f} s", file=sys.stderr)
+    out: dict[str, Any] = {
+        "rounds": rounds,
+        "rounds_done": len(times),
+        "lease_ttl_s": ttl,
+        "writers": writers,
+        "client": "mercury_client.Client(every candidate's URL), default settings",
+        "acknowledged_writes": len(sdk.acked),
+        "failed_writes": len(sdk.failed),
+        "failed_examples": sdk.failed[:5],
+        "failover_s": [round(t, 2) for t in times],
+        "longest_write_s": round(sdk.longest_s, 3),
+    }
+    if times:
+        out |= {"failover_p50_s": pctl(times, 0.5), "failover_p99_s": pctl(times, 0.99)}
+    if failure is not None:
+        return out | {"failure": failure}
+    cluster.wait_converged()
+    for node in cluster.nodes:
+        cluster.stop(node)
+    out["acknowledged_writes_lost"] = sum(
+        len(lost_writes(n.data_dir, sdk.acked)) for n in cluster.nodes
+    )
+    return out
 
 
 #: Histograms each leader exports that split a write's latency (seconds): request received
@@ -307,7 +433,9 @@ def ack_and_bulk(
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--only", default="failover,ack,bulk")
+    ap.add_argument("--only", default="failover,sdk,ack,bulk")
+    ap.add_argument("--sdk-rounds", type=int, default=10)
+    ap.add_argument("--sdk-writers", type=int, default=8)
     ap.add_argument("--rounds", type=int, default=20)
     ap.add_argument("--ttl", type=int, default=5)
     ap.add_argument("--rate", type=float, default=2000.0)
@@ -332,6 +460,10 @@ def main() -> int:
             etcd = Etcd(procs, base / "etcd")
             if "failover" in only:
                 result["failover"] = failover(base, procs, etcd, args.rounds, args.ttl)
+            if "sdk" in only:
+                result["sdk_failover"] = sdk_failover(
+                    base, procs, etcd, args.sdk_rounds, args.ttl, args.sdk_writers
+                )
             if only & {"ack", "bulk"}:
                 result.update(
                     ack_and_bulk(
