@@ -1,7 +1,8 @@
 """The SDK pointed at an HA candidate that does not lead (a real `ha_front.Front` on a real
 socket) in front of a real root: a standby's 307 is followed to the leader with the same
 request and token, never read as a value or a result; during an election the 503 is
-retried; a redirect that would leave HTTPS is not followed."""
+retried; a redirect that would leave HTTPS is not followed; given several URLs, a dead,
+electing or stale candidate moves the call on to the next at once."""
 
 from __future__ import annotations
 
@@ -128,3 +129,46 @@ def test_admin_commands_sent_to_a_standby_name_the_leader(
         r = run_mercury(*argv, "--url", standby.url, "--admin-token-file", str(token_file))
         assert r.returncode != 0, r.stdout  # not the standby's answer printed as a report
         assert f"--url {root.url}" in r.stderr, r.stderr
+
+
+def test_several_urls_skip_a_dead_one_an_electing_one_and_a_307_to_a_dead_leader(
+    root: Root,
+) -> None:
+    """Every way an HA candidate can fail a call moves it on to the next URL at once, with
+    no wait between (a wait comes only once every URL failed)."""
+    name, token = root.producer()
+    dead = f"http://127.0.0.1:{free_port()}"
+    electing, stale = StandbyFront(None), StandbyFront(dead)  # stale: a 307 to a dead leader
+    electing.start()
+    stale.start()
+    try:
+        urls = [dead, electing.url, stale.url, root.url]
+        slept: list[float] = []
+        with Client(urls, token, sleep=slept.append) as c:
+            assert c.put(f"{name}/a", b"1").status == "written"
+            assert slept == []
+            assert c._writes.base() == root.url  # kept: the next call goes there first
+            assert c.get(f"{name}/a") == b"1"
+
+        async def same_with_async() -> list[float]:
+            waits: list[float] = []
+
+            async def sleep(s: float) -> None:
+                waits.append(s)
+
+            async with AsyncClient(",".join(urls), token, sleep=sleep) as ac:
+                assert (await ac.put(f"{name}/b", b"2")).status == "written"
+            return waits
+
+        assert asyncio.run(same_with_async()) == []
+        # Every URL failing: one wait per round, and the call ends once its tries are spent.
+        fast = RetryPolicy(attempts=2, base=0.01, cap=0.01)
+        with (
+            Client([dead, electing.url], token, retries=fast, sleep=slept.append) as c,
+            pytest.raises(Unavailable),
+        ):
+            c.put(f"{name}/c", b"3")
+        assert len(slept) == 1
+    finally:
+        electing.stop()
+        stale.stop()
