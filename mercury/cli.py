@@ -3,18 +3,32 @@
 Each component's commands live in a `mercury/cmd_*.py` module with a ``register(sub)``
 function that adds its subparsers; this module only assembles them, gives every command
 `--log-level` (one logging setup for every process: `mercury/logsetup.py`) and turns
-Mercury errors into a clear message and exit status 2.
+every failure into one line on stderr and a documented exit status (`EXIT_STATUSES`): no
+traceback reaches a user (`--log-level debug` logs it, for a bug report).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
+import logging
+import ssl
 import sys
 from collections.abc import Sequence
 
+import httpx
+
 from core.errors import MercuryError
 from mercury import logsetup
+
+log = logging.getLogger("mercury.cli")
+
+#: The exit statuses of every command (`mercury kv` adds 3 not found and 4 refused).
+EXIT_STATUSES = """\
+exit status: 0 done; 1 a failure the command reports (e.g. verify) or an internal error;
+2 bad arguments, an unreadable or malformed file, or a refusal by the node; 5 the node
+could not be reached (connection refused or cut, TLS, timeout)"""
 
 COMMAND_MODULES = (
     "mercury.cmd_store",
@@ -25,6 +39,7 @@ COMMAND_MODULES = (
     "mercury.cmd_kv",
     "mercury.cmd_kt_bridge",
     "mercury.cmd_certs",
+    "mercury.cmd_completion",
 )
 
 
@@ -33,6 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="mercury",
         description="Mercury: configuration distribution (gateway, store, replication, reads).",
+        epilog=EXIT_STATUSES,
     )
     parser.add_argument(
         "--version", action="version", version=f"%(prog)s {logsetup.mercury_version()}"
@@ -48,6 +64,8 @@ def _add_log_level(parser: argparse.ArgumentParser) -> None:
     """Give every leaf command (`root`, `acl apply`, ...) the same `--log-level`."""
     subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
     if not subs:
+        # main() reports an unknown flag with this command's usage, not the top level's
+        parser.set_defaults(_parser=parser)
         parser.add_argument(
             "--log-level",
             default="info",
@@ -62,16 +80,77 @@ def _add_log_level(parser: argparse.ArgumentParser) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one command; return its exit status."""
-    args = build_parser().parse_args(argv)
+    args, extra = build_parser().parse_known_args(argv)
+    if extra:
+        # argparse lets a subcommand's unknown flags reach the top-level parser, whose usage
+        # says nothing of them: the command's own parser reports them.
+        args._parser.error(f"unrecognized arguments: {' '.join(extra)}")
     logsetup.setup(args.log_level)
     try:
         status = args.func(args)
-    except MercuryError as err:
-        print(f"mercury: error: {err}", file=sys.stderr)
-        return 2
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # e.g. `mercury acl log | head`
+        sys.stderr.close()
+        return 0
+    except Exception as err:  # every failure becomes one line and a status
+        message, status = describe(err)
+        print(f"mercury: error: {message}", file=sys.stderr)
+        log.debug("command failed", exc_info=err)
+        return status
     return int(status or 0)
+
+
+def describe(err: BaseException) -> tuple[str, int]:
+    """One line naming what failed (the URL, the file, the answer) with a hint, and the
+    exit status (`EXIT_STATUSES`)."""
+    if isinstance(err, MercuryError):
+        return str(err), 2
+    if isinstance(err, (httpx.UnsupportedProtocol, httpx.InvalidURL)):
+        return f"{err}: --url must be http://HOST:PORT or https://HOST:PORT", 2
+    if isinstance(err, httpx.TransportError):
+        return transport_message(err), 5
+    if isinstance(err, OSError) and err.filename is not None:
+        return f"cannot read {err.filename}: {err.strerror or err}", 2
+    if isinstance(err, OSError):
+        return str(err), 2
+    return (
+        f"internal error ({type(err).__name__}: {err}); "
+        "run with --log-level debug for the traceback",
+        1,
+    )
+
+
+def transport_message(err: BaseException, flag: str = "--url") -> str:
+    """A failed connection as one line: the URL, what happened, what to check (`flag`: the
+    option that gave the URL)."""
+    url = failed_url(err)
+    what = str(err) or type(err).__name__
+    where = f"cannot reach {url}" if url else "cannot reach the node"
+    if _tls_failure(err):
+        hint = "the node's TLS certificate was not verified: give its CA with --ca FILE"
+    elif isinstance(err, httpx.TimeoutException):
+        hint = "the node did not answer in time (--timeout)"
+    else:
+        hint = f"is the node running and listening there? ({flag})"
+    return f"{where}: {what} (hint: {hint})"
+
+
+def failed_url(err: BaseException) -> str:
+    """The URL an httpx request error was for ("" when it carries none)."""
+    with contextlib.suppress(RuntimeError):  # an httpx error without its request
+        return str(err.request.url) if isinstance(err, httpx.RequestError) else ""
+    return ""
+
+
+def _tls_failure(err: BaseException | None) -> bool:
+    seen = 0
+    while err is not None and seen < 8:  # the ssl error is a cause of httpx's
+        if isinstance(err, ssl.SSLError) or "CERTIFICATE_VERIFY_FAILED" in str(err):
+            return True
+        err = err.__cause__ or err.__context__
+        seen += 1
+    return False
 
 
 if __name__ == "__main__":

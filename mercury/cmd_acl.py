@@ -23,7 +23,7 @@ from typing import Any
 import orjson
 
 from core.errors import ConfigError
-from mercury.cmd_gateway import _check, _client, _client_args
+from mercury.cmd_gateway import _check, _client, _client_args, json_output, output_args
 from mercury_client.wire import segment
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
@@ -61,12 +61,13 @@ def register(sub: Any) -> None:
     tc.add_argument("--label", default="", help="what the token is for (shown in listings)")
     tc.add_argument("--expires", help="lifetime such as 90d, 12h, 30m, 3600s (default: never)")
     tc.add_argument("--consumer", action="store_true", help="NAME is a consumer")
-    tc.add_argument("--json", action="store_true", help="print the JSON answer")
+    output_args(tc, "the JSON answer")
     _client_args(tc)
     tc.set_defaults(func=_token_create)
     tl = tacts.add_parser("list", help="token ids, labels, created, expires, last used")
     tl.add_argument("name", metavar="NAME")
     tl.add_argument("--consumer", action="store_true", help="NAME is a consumer")
+    output_args(tl, "one JSON token record per line")
     _client_args(tl)
     tl.set_defaults(func=_token_list)
     tr = tacts.add_parser("revoke", help="revoke a token (refused from the next request on)")
@@ -78,7 +79,7 @@ def register(sub: Any) -> None:
 
     lg = acts.add_parser("log", help="the audit records of admin changes")
     lg.add_argument("--since", help="a seq (records after it) or an RFC 3339 time")
-    lg.add_argument("--json", action="store_true", help="one JSON record per line")
+    output_args(lg, "one JSON record per line")
     _client_args(lg)
     lg.set_defaults(func=_log)
 
@@ -141,7 +142,7 @@ def _token_create(args: argparse.Namespace) -> int:
         body["expires_in_s"] = parse_duration(args.expires)
     with _client(args) as c:
         got = _check(c.post(_holder_path(args) + "/tokens", json=body))
-    if args.json:
+    if json_output(args):
         sys.stdout.write(orjson.dumps(got).decode() + "\n")
         return 0
     print(got["token"])
@@ -157,6 +158,9 @@ def _token_list(args: argparse.Namespace) -> int:
     with _client(args) as c:
         tokens = _check(c.get(_holder_path(args) + "/tokens"))["tokens"]
     for t in tokens:
+        if json_output(args):
+            sys.stdout.write(orjson.dumps(t).decode() + "\n")
+            continue
         print(
             f"{t['token_id']}  label={t['label']!r}  created={t['created']}  "
             f"expires={t['expires'] or 'never'}  last_used={t['last_used'] or '-'}"
@@ -176,7 +180,7 @@ def _log(args: argparse.Namespace) -> int:
     with _client(args) as c:
         records = _check(c.get("/v1/admin/audit", params=params))["records"]
     for rec in records:
-        if args.json:
+        if json_output(args):
             sys.stdout.write(orjson.dumps(rec).decode() + "\n")
             continue
         print(f"{rec['seq']}  {rec['time']}  {rec['who']}  {rec['action']} {rec['target']}")

@@ -4,12 +4,13 @@
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 from typing import Any
 
 import httpx
 
-from core.errors import GatewayError
+from core.errors import ConfigError, GatewayError
 from mercury import ha_flags, retention_flags, tls, upgrade
 from net import http_bounds
 from net.tcp import add_listener_flags
@@ -118,11 +119,52 @@ def register(sub: Any) -> None:
     p.set_defaults(func=_root)
 
 
+def http_url(text: str) -> str:
+    """An argparse type: one http(s) URL, or several separated by commas (kept as given),
+    so that `--url 127.0.0.1:8080` is a usage error, not a failed connection."""
+    for part in text.split(","):
+        if not part.strip().lower().startswith(("http://", "https://")):
+            raise argparse.ArgumentTypeError(
+                f"{part!r} is not an http:// or https:// URL (e.g. http://{part.strip()})"
+            )
+    return text
+
+
 def _client_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--url", default="http://127.0.0.1:8080", help="gateway base URL")
     p.add_argument(
-        "--admin-token-file", required=True, help="file holding the admin token (admin.token)"
+        "--url",
+        type=http_url,
+        default=os.environ.get("MERCURY_URL", "http://127.0.0.1:8080"),
+        help="the root's gateway URL (default $MERCURY_URL or http://127.0.0.1:8080)",
     )
+    env_file = os.environ.get("MERCURY_ADMIN_TOKEN_FILE")
+    p.add_argument(
+        "--admin-token-file",
+        required=env_file is None,
+        default=env_file,
+        help="file holding the admin token, e.g. DATA_DIR/admin.token "
+        "(default $MERCURY_ADMIN_TOKEN_FILE)",
+    )
+    p.add_argument("--ca", help="CA bundle (PEM) that verifies the root's TLS certificate")
+    p.add_argument(
+        "--timeout", type=float, default=30.0, help="seconds per network wait (default 30)"
+    )
+
+
+def output_args(p: argparse.ArgumentParser, json_help: str = "print JSON") -> None:
+    """`-o json|text` (and its older spelling `--json`) on a command that prints data."""
+    p.add_argument(
+        "-o",
+        "--output",
+        choices=("text", "json"),
+        default="text",
+        help=f"text (default) or json: {json_help}",
+    )
+    p.add_argument("--json", action="store_true", help="the same as -o json")
+
+
+def json_output(args: argparse.Namespace) -> bool:
+    return bool(args.json or args.output == "json")
 
 
 def _root(args: argparse.Namespace) -> int:
@@ -132,11 +174,18 @@ def _root(args: argparse.Namespace) -> int:
 
 
 def _client(args: argparse.Namespace) -> httpx.Client:
-    token = Path(args.admin_token_file).read_text().strip()
+    try:
+        token = Path(args.admin_token_file).read_text().strip()
+    except OSError as err:
+        raise ConfigError(
+            f"cannot read --admin-token-file {args.admin_token_file}: {err.strerror or err}",
+            hint="the root's DATA_DIR/admin.token (written by `mercury init`)",
+        ) from err
     return httpx.Client(
         base_url=args.url.rstrip("/"),
         headers={"Authorization": f"Bearer {token}"},
-        timeout=30.0,
+        timeout=getattr(args, "timeout", 30.0),
+        verify=getattr(args, "ca", None) or True,
     )
 
 

@@ -6,13 +6,15 @@
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from collections.abc import Sequence
 from typing import Any
 
 import orjson
 
-from mercury.cmd_gateway import _check, _client, _client_args
+from core.errors import ConfigError
+from mercury.cmd_gateway import _check, _client, _client_args, json_output, output_args
 
 BARS = "▁▂▃▄▅▆▇█"
 #: Cells of a sparkline: points are summed into this many bins.
@@ -40,7 +42,7 @@ def register(sub: Any) -> None:
         help="window start: relative (24h, 7d, 90m) or RFC 3339 (2026-11-23T10:00:00Z)",
     )
     up.add_argument("--producer", help="only this producer")
-    up.add_argument("--json", action="store_true", help="print the JSON report")
+    output_args(up, "the JSON report")
     up.add_argument(
         "--days",
         type=float,
@@ -69,8 +71,17 @@ def sparkline(values: Sequence[int], width: int = SPARK_WIDTH) -> str:
 
 
 def _since(s: str) -> str:
-    """`24h` means the last 24 hours: the API's relative form is `-24h`."""
-    return s if s.startswith("-") or "T" in s or s == "now" else "-" + s
+    """`24h` means the last 24 hours: the API's relative form is `-24h`. Anything that is
+    neither a duration nor an RFC 3339 time is a usage error naming what was given (never
+    sent on as `-yesterday`)."""
+    if s == "now" or "T" in s:
+        return s
+    if not re.fullmatch(r"-?\d+[smhd]", s.strip()):
+        raise ConfigError(
+            f"--since {s!r}: expected a duration such as 90m, 24h, 7d, or an RFC 3339 time "
+            "such as 2026-11-23T10:00:00Z"
+        )
+    return s.strip() if s.strip().startswith("-") else "-" + s.strip()
 
 
 def _table(cols: Sequence[str], rows: Sequence[Sequence[str]], left: int = 1) -> None:
@@ -86,13 +97,15 @@ def _table(cols: Sequence[str], rows: Sequence[Sequence[str]], left: int = 1) ->
 
 
 def _usage(args: argparse.Namespace) -> int:
+    if args.since:
+        _since(args.since)  # a malformed window fails before anything is asked
     if args.report == "unused":
         return _unused(args)
     with _client(args) as c:
         report = _check(c.get("/v1/usage"))
         rows = [r for r in report["producers"] if args.producer in (None, r["producer"])]
         if args.since is None:
-            if args.json:
+            if json_output(args):
                 out = orjson.dumps({"producers": rows}, option=orjson.OPT_INDENT_2)
                 sys.stdout.write(out.decode() + "\n")
                 return 0
@@ -111,7 +124,7 @@ def _usage(args: argparse.Namespace) -> int:
             )
             windows.append((r, s))
     out_rows = [_window(r, s) for r, s in windows]
-    if args.json:
+    if json_output(args):
         doc = {"since": _since(args.since), "producers": out_rows}
         sys.stdout.write(orjson.dumps(doc, option=orjson.OPT_INDENT_2).decode() + "\n")
         return 0
@@ -184,7 +197,7 @@ def _unused(args: argparse.Namespace) -> int:
                 q["cursor"] = page["next_cursor"]
             more = more or len(keys) > args.limit
             keys = keys[: args.limit]
-    if args.json:
+    if json_output(args):
         doc = {**summary, "rows": rows, **({"keys": keys} if args.producer else {})}
         sys.stdout.write(orjson.dumps(doc, option=orjson.OPT_INDENT_2).decode() + "\n")
         return 0

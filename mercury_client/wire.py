@@ -243,7 +243,7 @@ def range_query(
         raise ValueError("give either prefix or start/end, not both")
     parts: list[str] = []
     for name, v in (("prefix", prefix), ("start", start), ("end", end)):
-        if v is not None:
+        if v is not None and (v or name != "prefix"):  # an empty prefix: every key
             parts.append(f"{name}={quote(as_bytes(v), safe='')}")
     if keys_only:
         parts.append("keys_only=true")

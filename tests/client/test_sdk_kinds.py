@@ -60,8 +60,9 @@ def test_delete_prefix_repeats_until_nothing_remains(cluster: Cluster) -> None:
 
 
 def test_a_413_sizes_this_and_later_batches(cluster: Cluster) -> None:
-    # burst + rate x max_delay = 20 + 100 x 0.1 = 30 ops: the largest request ever admitted
-    name, token = cluster.root.producer(quota={"ops_per_s": 100, "burst": 20, "max_delay_ms": 100})
+    # burst + rate x max_delay = 30 + 3000 x 0 = 30 ops (refilled in 10 ms): the largest
+    # request ever admitted
+    name, token = cluster.root.producer(quota={"ops_per_s": 3000, "burst": 30, "max_delay_ms": 0})
     acked: list[int] = []
     with Client(cluster.root.url, token) as c:
         r = c.batch([("set", f"{name}/a{i}", "v") for i in range(90)], on_done=acked.append)
