@@ -10,7 +10,11 @@ built. pip's download cache (``~/.cache/pip``) is the machine's own unless
 ``--cold-pip-cache`` (then pip downloads every package again: ``PIP_NO_CACHE_DIR``); the
 document says which, and the machine's load average when each run started.
 
-Usage: .venv/bin/python bench/first_write.py [--cold-pip-cache] [--keep DIR]
+``--commit REV`` measures another commit of this repository instead (an earlier one, for a
+before/after: its `make run` must write ``var/plain/demo.token`` and print "Up and
+checked", as from the commit that added this script on).
+
+Usage: .venv/bin/python bench/first_write.py [--cold-pip-cache] [--keep DIR] [--commit REV]
 """
 
 from __future__ import annotations
@@ -111,14 +115,19 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--cold-pip-cache", action="store_true", help="pip downloads everything")
     p.add_argument("--keep", help="clone into this directory and keep it (default: a temp dir)")
+    p.add_argument("--commit", default="HEAD", help="the commit to measure (default HEAD)")
     args = p.parse_args()
     head = subprocess.run(
-        ["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True, check=True
+        ["git", "-C", str(REPO), "rev-parse", args.commit],
+        capture_output=True,
+        text=True,
+        check=True,
     ).stdout.strip()
     tmp = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="mercury-fresh-"))
     try:
         clone = tmp / "mercury"
         subprocess.run(["git", "clone", "-q", str(REPO), str(clone)], check=True)
+        subprocess.run(["git", "-C", str(clone), "checkout", "-q", head], check=True)
         env = dict(os.environ)
         env.pop("VIRTUAL_ENV", None)
         for f in fields(Ports):

@@ -163,9 +163,9 @@ Its token is in {var}/demo.token; the admin token in {ROOT.data_dir}/admin.token
   # Kyoto Tycoon protocol (RESTful and TSV-RPC)
   curl http://{kt}/demo%2Fhello        # KT REST: a '/' in a key travels as %2F
   curl -X POST -H 'Content-Type: text/tab-separated-values' --data-binary $'prefix\\tdemo/' http://{kt}/rpc/match_prefix
-  # memcached text protocol
-  .venv/bin/python -c "from pymemcache.client.base import Client; \\
-      print(Client(('{mc_host}', {mc_port})).get_many(['demo/hello', 'demo/a']))"
+  # memcached text protocol (over a plain socket: make run installs no memcached client)
+  .venv/bin/python -c "import socket; s = socket.create_connection(('{mc_host}', {mc_port})); \\
+      s.sendall(b'get demo/hello demo/a\\r\\n'); print(s.recv(65536).decode())"
   # operators
   {ca_env}.venv/bin/mercury usage --url {gw} --admin-token-file {ROOT.data_dir}/admin.token
   .venv/bin/mercury status {ROOT.data_dir}
@@ -265,8 +265,8 @@ def _run(var: str, secure: bool, ROOT: Node, REPLICA: Node) -> int:
         db_id = str(httpx.get(f"{gw}/v1/status", verify=verify, timeout=5).json()["db_id"])
         rd = f"{REPLICA.scheme}://{REPLICA.flag('--listen')}"
         wait_streaming(rd, db_id, procs[REPLICA.name], verify, f"rm -rf {REPLICA.data_dir}")
-        print(_examples(token, ROOT, REPLICA, var, reader), flush=True)
         print(_came_up(procs, var, db_id), flush=True)
+        print(_examples(token, ROOT, REPLICA, var, reader), flush=True)
         while not stopping() and all(p.poll() is None for p in procs.values()):
             time.sleep(0.5)
         if stopping():
