@@ -17,6 +17,7 @@ Ctrl-C or SIGTERM stops every process by PID.
 from __future__ import annotations
 
 import contextlib
+import shutil
 import subprocess
 import sys
 import time
@@ -166,6 +167,10 @@ def run(ports: Ports, var: str) -> int:
     a = cands[0]
     Path(var).mkdir(parents=True, exist_ok=True)
     if not Path(a.data_dir, "data.mdb").exists():
+        # A new database: the other candidates' and the replica's stores, and the election
+        # state in etcd, are left from another one (they would be refused, or lead it).
+        for stale in (*(c.data_dir for c in cands[1:]), replica.data_dir, f"{var}/etcd"):
+            shutil.rmtree(stale, ignore_errors=True)
         subprocess.run(mercury_argv("init", a.data_dir), check=True)
     etcd_url = f"http://127.0.0.1:{ports.etcd}"
     peer = f"http://127.0.0.1:{ports.etcd_peer}"
