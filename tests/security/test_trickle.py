@@ -14,18 +14,27 @@ from __future__ import annotations
 
 import json
 import socket
-from collections.abc import Iterator
+import ssl
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 
+from net.tlsconf import TlsContexts
 from testkit import metrics
 from testkit.procs import Procs, free_port, wait_http
 from testkit.replication import RootNode, wait_seq
 from testkit.trickle import Trickler, post_head, put_head
 from testkit.wait import wait_until
 from tests.gateway.conftest import Root, make_root
+from tests.replicator.nodes import start_replica
+from tests.security.test_tls import (
+    Pki,
+    pki,  # noqa: F401 - the fixture
+    tls_flags,
+    wait_https,
+)
 
 CAP = 40  # --http-max-connections / --listener-max-connections
 GRACE = "1"  # --http-body-grace / --listener-body-grace-s
@@ -184,3 +193,99 @@ def test_a_trickled_memcached_set_is_cut_for_its_rate_while_another_client_is_se
         text, "mercury_listener_refused_total", listener="memcached", reason="slow_body"
     )
     assert got >= 1
+
+
+def _attack_while_reading(
+    port: int, head: bytes, read: Callable[[], bool], ctx: ssl.SSLContext | None = None
+) -> Trickler:
+    """Run the trickler (over the cap) while `read` is called GOOD times: >= 99 % of
+    them succeed. Returns the stopped trickler."""
+    t = Trickler(port, head, conns=CAP + 10, ctx=ctx)
+    t.start()
+    try:
+        wait_until(lambda: t.opened >= CAP, 20, "the trickler holds the cap")
+        results = []
+        for _ in range(GOOD):
+            try:
+                results.append(read())
+            except httpx.HTTPError:
+                results.append(False)
+        assert _good_share(results) >= 0.99, results
+        wait_until(lambda: t.closed >= CAP, 30, "trickled bodies cut")
+    finally:
+        t.stop()
+    return t
+
+
+def test_a_consumer_token_trickling_get_bulks_cannot_stop_another_consumers_reads(
+    tmp_path: Path, procs: Procs
+) -> None:
+    """`--read-auth`: the hostile connections hold their slots for a verified read token
+    (over its share at the cap), the good reader's for its own."""
+    root = make_root(procs, tmp_path / "root")
+    try:
+        tokens = {}
+        for name in ("hostile", "good"):
+            r = root.admin().put(f"/v1/admin/consumers/{name}", json={"keyspaces": ["app/"]})
+            assert r.status_code in (200, 201), r.text
+            r = root.admin().post(f"/v1/admin/consumers/{name}/tokens")
+            assert r.status_code == 201, r.text
+            tokens[name] = r.json()["token"]
+        r = root.admin().put("/v1/admin/producers/p", json={"keyspaces": ["app/"]})
+        assert r.status_code in (200, 201), r.text
+        ptok = root.admin().post("/v1/admin/producers/p/tokens").json()["token"]
+        assert root.client(ptok).put("/v1/kv/app/k", content=b"v").status_code == 200
+        replica = start_replica(
+            procs,
+            tmp_path / "r1",
+            [int(root.args[3].split(":")[1])],
+            "--read-auth",
+            "--http-max-connections",
+            str(CAP),
+            name="r1",
+        )
+        url = f"http://127.0.0.1:{replica.http}"
+        with httpx.Client(
+            base_url=url, timeout=10, headers={"Authorization": f"Bearer {tokens['good']}"}
+        ) as c:
+
+            def read() -> bool:
+                r = c.post("/v1/get_bulk", json={"keys": ["app/k"]})
+                return r.status_code == 200 and '"app/k"' in r.text
+
+            wait_until(read, 30, "the replica serves the good consumer")
+            head = post_head("/v1/get_bulk", tokens["hostile"])
+            _attack_while_reading(replica.http, head, read)
+            assert _closed(c, "share") >= 1  # the hostile token held over its share
+    finally:
+        root.close_clients()
+
+
+def test_trickled_get_bulks_over_https_cannot_stop_a_readers_get_bulks(
+    tmp_path: Path,
+    procs: Procs,
+    pki: Pki,  # noqa: F811
+) -> None:
+    tls_source = RootNode(str(tmp_path / "tls-root"), tls=TlsContexts(pki.issue("root")))
+    try:
+        tls_source.write(50)
+        files = pki.issue("replica")
+        port = free_port()
+        args = ["replica", str(tmp_path / "tls"), "--listen", f"127.0.0.1:{port}"]
+        args += ["--source", f"127.0.0.1:{tls_source.port}", "--no-sync"]
+        args += ["--http-max-connections", str(CAP), *tls_flags(files)]
+        p = procs.start_mercury(*args, name="tls")
+        wait_https(f"https://127.0.0.1:{port}/healthz", files, p)
+        ctx = ssl.create_default_context(cafile=files.ca)
+        ctx.check_hostname = False
+        with httpx.Client(base_url=f"https://127.0.0.1:{port}", timeout=10, verify=ctx) as c:
+
+            def read() -> bool:
+                r = c.post("/v1/get_bulk", json={"keys": ["k00000007"]})
+                return r.status_code == 200 and "k00000007" in r.text
+
+            wait_until(read, 60, "the replica serves the reader")
+            _attack_while_reading(port, post_head("/v1/get_bulk", None), read, ctx)
+            assert _closed(c, "evicted", "slow_body") >= CAP
+    finally:
+        tls_source.close()
