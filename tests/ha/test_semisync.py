@@ -71,3 +71,7 @@ def test_writes_need_a_standby_in_sync(etcd: Etcd, procs: Procs, tmp_path: Path)
     assert put("c").json()["status"] == "duplicate"
     seq, _ = cluster.wait_converged()
     assert seq >= r.json()["seq"]
+    # A clean SIGTERM is a clean exit for every candidate, leading or standing by.
+    for node in (leader, standbys[1]):
+        assert node.proc is not None
+        assert Procs.terminate(node.proc, timeout=30) == 0, procs.logs()
