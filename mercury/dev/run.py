@@ -121,8 +121,8 @@ Secure setup (MERCURY_SECURE=1 make run does all of this):
   # a consumer for the demo keyspace, and a read token for it (shown once)
   curl --cacert {var}/certs/ca.crt -X PUT -H "Authorization: Bearer $(cat {admin})" \\
        -d '{{"keyspaces":["{DEMO_KEYSPACE}"]}}' {gw}/v1/admin/consumers/{DEMO_CONSUMER}
-  SSL_CERT_FILE={var}/certs/ca.crt .venv/bin/mercury acl token create {DEMO_CONSUMER} \\
-       --consumer --label laptop --url {gw} --admin-token-file {admin}
+  READ_TOKEN=$(.venv/bin/mercury acl token create {DEMO_CONSUMER} --consumer \\
+       --label laptop --url {gw} --admin-token-file {admin} --ca {var}/certs/ca.crt)
   # read with it (401 without, 403 outside {DEMO_KEYSPACE})
   curl --cacert {var}/certs/ca.crt -H "Authorization: Bearer $READ_TOKEN" {rd}/v1/kv/demo/hello
 """
