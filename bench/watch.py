@@ -19,6 +19,16 @@ receive times with the PUT's send time on CLOCK_MONOTONIC (`time.perf_counter`),
 every process on the machine shares.
 
 Usage: .venv/bin/python bench/watch.py [--watchers N] [--samples N] [--window-ms MS]
+
+``--attack catchup``: the hostile catch-up instead (`catchup_attack`). About `--fill-mb`
+MB (default 40) written under ``big/`` in `--batch-mb` batches, then `--watchers` streams
+(default 200) open ``GET /v1/watch?prefix=big/&from_seq=1`` on the target (`--target
+replica|root`; the root's watch takes the producer's token) with a small receive buffer and
+never read; meanwhile a well-behaved client reads a small key from the target (one request
+at a time, 2 s timeout each). Printed: that client's success % and P50/P99 before and
+during the attack, the target's serving process's anonymous RSS before, at its peak during
+the attack and after the streams closed, and the watch metrics. Goal: RSS growth <= 256
+MB, the well-behaved client >= 99 % successful with P99 <= 100 ms.
 """
 
 from __future__ import annotations
@@ -36,6 +46,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from testkit import procstat
 from testkit.procs import Procs, free_port, run_mercury, wait_http
 
 
@@ -217,6 +228,137 @@ async def bench(args: argparse.Namespace, gw: int, http: int, ptoken: str) -> di
     }
 
 
+async def _reader(url: str, key: str, stop: asyncio.Event, out: list[float | None]) -> None:
+    """A well-behaved client: GET `key` one request at a time until `stop`; each latency
+    (None: failed or over 2 s) into `out`."""
+    async with httpx.AsyncClient(base_url=url, timeout=2.0) as c:
+        while not stop.is_set():
+            t0 = time.perf_counter()
+            try:
+                r = await c.get(f"/v1/kv/{key}")
+                out.append(time.perf_counter() - t0 if r.status_code == 200 else None)
+            except httpx.HTTPError:
+                out.append(None)
+            await asyncio.sleep(0.01)
+
+
+def _summary(lat: list[float | None]) -> dict[str, Any]:
+    ok = [x for x in lat if x is not None]
+    return {
+        "requests": len(lat),
+        "success_pct": round(100 * len(ok) / len(lat), 2) if lat else None,
+        "p50_ms": pct(ok, 50),
+        "p99_ms": pct(ok, 99),
+        "max_ms": round(max(ok) * 1000, 2) if ok else None,
+    }
+
+
+async def catchup_attack(
+    args: argparse.Namespace, url: str, pid: int, token: str | None
+) -> dict[str, Any]:
+    """`--watchers` never-reading catch-up streams from seq 1 against `url` (served by
+    process `pid`), beside a well-behaved reader (module docstring)."""
+    host, port = url.removeprefix("http://").split(":")
+    stop = asyncio.Event()
+    before_lat: list[float | None] = []
+    during_lat: list[float | None] = []
+    rss: list[int] = []
+
+    async def sample(until: asyncio.Event) -> None:
+        while not until.is_set():
+            rss.append(procstat.anon_rss_bytes(pid))
+            await asyncio.sleep(0.1)
+
+    mb = 1 << 20
+    t = asyncio.create_task(_reader(url, "ok/k", stop, before_lat))
+    await asyncio.sleep(args.phase_seconds)
+    stop.set()
+    await t
+    rss_before = procstat.anon_rss_bytes(pid)
+    stop = asyncio.Event()
+    sampler = asyncio.create_task(sample(stop))
+    reader = asyncio.create_task(_reader(url, "ok/k", stop, during_lat))
+    auth = f"Authorization: Bearer {token}\r\n" if token else ""
+    req = (
+        f"GET /v1/watch?prefix=big/&from_seq=1 HTTP/1.1\r\nHost: bench\r\n{auth}\r\n"
+    ).encode()
+    socks: list[Any] = []
+    statuses: dict[str, int] = {}
+    t_open = time.monotonic()
+    try:
+        for _ in range(args.watchers):
+            s = __import__("socket").socket()
+            s.setsockopt(__import__("socket").SOL_SOCKET, __import__("socket").SO_RCVBUF, 4096)
+            s.setblocking(False)
+            loop = asyncio.get_running_loop()
+            await loop.sock_connect(s, (host, int(port)))
+            await loop.sock_sendall(s, req)
+            socks.append(s)
+        await asyncio.sleep(args.hold_seconds)
+        stop.set()
+        await asyncio.gather(sampler, reader)
+        # What the streams got (a peek: each holds at most its receive buffer).
+        for s in socks:
+            try:
+                head = s.recv(64)
+            except (BlockingIOError, OSError):
+                head = b""
+            code = head[9:12].decode("latin-1") if head.startswith(b"HTTP/1.1 ") else "none"
+            statuses[code] = statuses.get(code, 0) + 1
+    finally:
+        for s in socks:
+            s.close()
+    held_s = time.monotonic() - t_open
+    metrics_text = httpx.get(url + "/metrics", timeout=30).text
+    # Memory after: the streams' ends reach the server; give it a few seconds to let go.
+    after: list[int] = []
+    for _ in range(int(args.settle_seconds * 10)):
+        await asyncio.sleep(0.1)
+        after.append(procstat.anon_rss_bytes(pid))
+    peak = max(rss) if rss else rss_before
+    watch_metrics = {
+        line.split(" ")[0]: float(line.split(" ")[1])
+        for line in metrics_text.splitlines()
+        if line.startswith("mercury_watch") and " " in line
+    }
+    return {
+        "reader_before": _summary(before_lat),
+        "reader_during": _summary(during_lat),
+        "watch_answers": statuses,
+        "attack_seconds": round(held_s, 1),
+        "rss_mb": {
+            "before": round(rss_before / mb, 1),
+            "peak": round(peak / mb, 1),
+            "after_close": round(after[-1] / mb, 1) if after else None,
+            "growth_peak": round((peak - rss_before) / mb, 1),
+            "growth_after_close": round((after[-1] - rss_before) / mb, 1) if after else None,
+        },
+        "watch_metrics": watch_metrics,
+    }
+
+
+def fill(gw: int, ptoken: str, fill_mb: int, batch_mb: int, value_kb: int) -> int:
+    """Write about `fill_mb` MB under ``big/`` in batches of `batch_mb` MB, and ``ok/k``;
+    the last seq."""
+    headers = {"Authorization": f"Bearer {ptoken}"}
+    value = "v" * (value_kb << 10)
+    per_batch = max(1, (batch_mb << 10) // value_kb)
+    total = (fill_mb << 10) // value_kb
+    seq = 0
+    with httpx.Client(base_url=f"http://127.0.0.1:{gw}", headers=headers, timeout=120) as c:
+        for start in range(0, total, per_batch):
+            ops = [
+                {"op": "set", "key": f"big/{i:06d}", "value": value}
+                for i in range(start, min(total, start + per_batch))
+            ]
+            r = c.post("/v1/batch", json={"ops": ops})
+            r.raise_for_status()
+            seq = int(r.json()["seq"])
+        r = c.put("/v1/kv/ok/k", content=b"fine")
+        r.raise_for_status()
+    return max(seq, int(r.json()["seq"]))
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--watchers", type=int, default=1000)
@@ -224,7 +366,23 @@ def main() -> int:
     p.add_argument("--window-ms", type=int, default=10)
     p.add_argument("--max-seconds", type=float, default=300)
     p.add_argument("--crowd-port", type=int, default=None, help=argparse.SUPPRESS)
+    p.add_argument("--attack", choices=("catchup",), default=None)
+    p.add_argument("--target", choices=("replica", "root"), default="replica")
+    p.add_argument("--fill-mb", type=int, default=40)
+    p.add_argument("--batch-mb", type=int, default=4)
+    p.add_argument("--value-kb", type=int, default=64)
+    p.add_argument("--hold-seconds", type=float, default=20.0)
+    p.add_argument("--phase-seconds", type=float, default=5.0)
+    p.add_argument("--settle-seconds", type=float, default=5.0)
+    p.add_argument(
+        "--server-flag",
+        action="append",
+        default=[],
+        help="an extra flag for the target process (repeat; e.g. --server-flag=--x=1)",
+    )
     args = p.parse_args()
+    if args.attack is not None and args.watchers == 1000:
+        args.watchers = 200
     if args.crowd_port is not None:
         asyncio.run(crowd(args.crowd_port, args.watchers))
         return 0
@@ -246,6 +404,7 @@ def main() -> int:
                 f"127.0.0.1:{repl}",
                 "--batch-window-ms",
                 str(args.window_ms),
+                *(args.server_flag if args.attack and args.target == "root" else []),
                 name="root",
             )
             wait_http(f"http://127.0.0.1:{gw}/healthz", proc=root)
@@ -253,7 +412,7 @@ def main() -> int:
                 base_url=f"http://127.0.0.1:{gw}", headers={"Authorization": f"Bearer {token}"}
             ) as admin:
                 admin.put(
-                    "/v1/admin/producers/bench", json={"keyspaces": ["bench/"]}
+                    "/v1/admin/producers/bench", json={"keyspaces": ["bench/", "big/", "ok/"]}
                 ).raise_for_status()
                 ptoken = admin.post("/v1/admin/producers/bench/tokens").json()["token"]
             replica = procs.start_mercury(
@@ -263,10 +422,37 @@ def main() -> int:
                 f"127.0.0.1:{repl}",
                 "--listen",
                 f"127.0.0.1:{http}",
+                *(args.server_flag if args.attack and args.target == "replica" else []),
                 name="replica",
             )
             wait_http(f"http://127.0.0.1:{http}/healthz", timeout=60, proc=replica)
-            out = asyncio.run(bench(args, gw, http, ptoken))
+            if args.attack is None:
+                out = asyncio.run(bench(args, gw, http, ptoken))
+            else:
+                seq = fill(gw, ptoken, args.fill_mb, args.batch_mb, args.value_kb)
+                t_end = time.monotonic() + 120
+                while time.monotonic() < t_end:  # the replica has it all
+                    st = httpx.get(f"http://127.0.0.1:{http}/v1/status", timeout=10).json()
+                    if int(st["seq"]) >= seq:
+                        break
+                    time.sleep(0.2)
+                on_root = args.target == "root"
+                url = f"http://127.0.0.1:{gw if on_root else http}"
+                pid = (root if on_root else replica).pid
+                out = {
+                    "bench": "watch-catchup-attack",
+                    "settings": {
+                        "target": args.target,
+                        "watchers": args.watchers,
+                        "fill_mb": args.fill_mb,
+                        "batch_mb": args.batch_mb,
+                        "value_kb": args.value_kb,
+                        "hold_seconds": args.hold_seconds,
+                        "server_flags": args.server_flag,
+                    },
+                    **asyncio.run(catchup_attack(args, url, pid, ptoken if on_root else None)),
+                    "goal": {"rss_growth_mb": 256, "success_pct": 99, "p99_ms": 100},
+                }
         except BaseException:
             print(procs.logs()[-6000:], file=sys.stderr)
             raise

@@ -17,10 +17,13 @@ rather than buffered without bound, so a slow consumer costs the others nothing.
 
 from __future__ import annotations
 
+import array
 import asyncio
 import collections
 import contextlib
+import gc
 import logging
+import threading
 import time
 from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
@@ -36,9 +39,10 @@ from core.errors import CorruptionError, CRCError, InvalidReadError, LogRetentio
 from reads import jsonkv
 from reads.metrics import WATCH_ENDED, WATCH_STREAMS
 from reads.problems import problem
+from replicator import heap
 from replicator.notify import WakeListener
 from store import codec
-from store.format import MAX_KEY, OP_DELETE, OP_SET
+from store.format import ENTRY_HEADER, MAX_KEY, OP_DELETE, OP_SET
 from store.store import Store
 
 NDJSON = "application/x-ndjson"
@@ -55,6 +59,16 @@ SLICE_BYTES = 4 << 20
 #: A watcher's queue bound: bytes and chunks not yet handed to its socket.
 QUEUE_BYTES = 4 << 20
 QUEUE_CHUNKS = 4096
+#: Bytes of lines one catch-up step makes (at least one line): a catching-up watcher holds
+#: at most this in its socket's buffer plus this waiting to go in (module docstring).
+CATCHUP_STEP_BYTES = 256 << 10
+#: Catch-up steps running at once in a process (each may decompress one log record).
+CATCHUP_STEPS = 2
+#: Decompressed log records the catch-ups of a process share (plus the newest one).
+RECORD_CACHE_BYTES = 64 << 20
+#: Seconds after the last catch-up ended before their memory is let go (`_release`): the
+#: streams of a burst end together, one release serves them all.
+RELEASE_DELAY_S = 1.0
 #: Concurrent watch streams per process; more are refused with 503.
 MAX_WATCHERS = 10_000
 #: Seconds a cut-off watcher gets to take its final line before its stream is cancelled
@@ -106,24 +120,144 @@ def read_slice(store: Store, from_seq: int) -> tuple[list[Line], int]:
     return out, nxt
 
 
-def group(lines: list[Line], prefixes: list[bytes]) -> dict[bytes, bytes]:
-    """For each prefix, the joined lines of the changes under it (absent when none)."""
-    out: dict[bytes, bytes] = {}
+def group(lines: list[Line], prefixes: list[bytes]) -> dict[bytes, tuple[int, bytes]]:
+    """For each prefix, the seq of the first change under it and the joined lines of all
+    of them (absent when none)."""
+    out: dict[bytes, tuple[int, bytes]] = {}
     for p in prefixes:
-        chunk = b"".join(x.line for x in lines if x.key.startswith(p))
-        if chunk:
-            out[p] = chunk
+        mine = [x for x in lines if x.key.startswith(p)]
+        if mine:
+            out[p] = (mine[0].seq, b"".join(x.line for x in mine))
     return out
 
 
+@dataclass(frozen=True, slots=True)
+class Decoded:
+    """One log record decompressed, with where each of its entries starts (entry i holds
+    seq `first + i`: a record's seqs are consecutive)."""
+
+    first: int
+    count: int
+    payload: bytes
+    offsets: array.array[int]
+
+    @property
+    def size(self) -> int:
+        return len(self.payload) + 8 * len(self.offsets)
+
+
+def decode_record(first: int, count: int, compressed: bytes) -> Decoded:
+    """`compressed` (a record's payload) decompressed, its entries located."""
+    payload = snappy.decompress(compressed)
+    offsets = array.array("Q")
+    pos, n, hs = 0, len(payload), ENTRY_HEADER.size
+    while pos < n:
+        if pos + hs > n:
+            raise CorruptionError(f"log record at seq {first}: truncated entry header")
+        _seq, _op, on, kn, vn = ENTRY_HEADER.unpack_from(payload, pos)
+        offsets.append(pos)
+        pos += hs + on + kn + vn
+    if pos != n or len(offsets) != count:
+        raise CorruptionError(f"log record at seq {first}: entries do not match its header")
+    return Decoded(first, count, payload, offsets)
+
+
+class RecordCache:
+    """The records a process's catch-ups decompressed last, shared (thread-safe), at most
+    `max_bytes` of them plus the newest one. Catch-ups from an old seq read the same
+    records (an attack opens hundreds from seq 1), and one catch-up takes a big record a
+    step at a time: each step finds it here instead of decompressing it again."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self._lock = threading.Lock()
+        self._recs: collections.OrderedDict[int, Decoded] = collections.OrderedDict()
+        self._size = 0
+
+    def find(self, seq: int) -> Decoded | None:
+        with self._lock:
+            for d in reversed(self._recs.values()):
+                if d.first <= seq < d.first + d.count:
+                    self._recs.move_to_end(d.first)
+                    return d
+        return None
+
+    def add(self, d: Decoded) -> None:
+        with self._lock:
+            if d.first in self._recs:
+                return
+            self._recs[d.first] = d
+            self._size += d.size
+            # Always keep the newest (a record over the bound is still taken step by step).
+            while self._size > self.max_bytes and len(self._recs) > 1:
+                _, old = self._recs.popitem(last=False)
+                self._size -= old.size
+
+    def clear(self) -> None:
+        with self._lock:
+            self._recs.clear()
+            self._size = 0
+
+
+def catchup_step(
+    store: Store,
+    cache: RecordCache,
+    pos: int,
+    limit: int,
+    prefix: bytes,
+    max_bytes: int,
+) -> tuple[bytes, int]:
+    """One step of a catch-up: the lines of the changes under `prefix` with `pos` <= seq <
+    `limit`, from `pos` on, until they reach `max_bytes` (at least one line, however big)
+    or SLICE_RECORDS records were looked at; and the seq to go on from. Blocking: call it
+    in a worker thread. Raises LogRetentionError when `pos` was collected.
+
+    Only what the step returns is new memory of the watcher's: the records come from the
+    process's `cache` (read from the store one at a time when missing), and a line is built
+    only for a change under the prefix, so a catch-up from any seq holds at most one step
+    of lines whatever the log holds after it."""
+    out: list[bytes] = []
+    size = 0
+    hs = ENTRY_HEADER.size
+    for _ in range(SLICE_RECORDS):
+        if pos >= limit or size >= max_bytes:
+            break
+        d = cache.find(pos)
+        if d is None:
+            recs = store.read_log(pos, max_records=1, max_bytes=1)
+            if not recs or recs[0].last_seq < pos:
+                break  # the log holds nothing there (yet)
+            rec = recs[0]
+            d = decode_record(rec.first_seq, rec.num_entries, rec.payload)
+            del recs, rec
+            cache.add(d)
+        payload, offsets = d.payload, d.offsets
+        end = min(d.first + d.count, limit)
+        while pos < end and size < max_bytes:
+            at = offsets[pos - d.first]
+            seq, op, on, kn, vn = ENTRY_HEADER.unpack_from(payload, at)
+            if seq != pos:
+                raise CorruptionError(f"log record at seq {d.first}: entry {seq} at {pos}")
+            k = at + hs + on
+            # Op 3 (replicated documents) never touches user keys: not a change to watch.
+            if op in (OP_SET, OP_DELETE) and payload.startswith(prefix, k, k + kn):
+                line = change_line(seq, op, payload[k : k + kn], payload[k + kn : k + kn + vn])
+                out.append(line)
+                size += len(line)
+            pos += 1
+    return b"".join(out), pos
+
+
 class Watcher:
-    """One stream's bounded queue of chunks (filled by the hub, drained by the stream)."""
+    """One stream's bounded queue of chunks (filled by the hub, drained by the stream).
+    Each chunk is queued with the first seq it does not cover for sure: its first change's,
+    or a heartbeat's seq + 1 (every change up to that seq came before it)."""
 
     __slots__ = ("chunks", "event", "final", "prefix", "size", "task")
 
     def __init__(self, prefix: bytes) -> None:
         self.prefix = prefix
-        self.chunks: collections.deque[bytes] = collections.deque()
+        self.chunks: collections.deque[tuple[int, bytes]] = collections.deque()
         self.size = 0
         self.event = asyncio.Event()
         #: Set when the stream must end: its last line.
@@ -143,8 +277,19 @@ class WatchHub:
         queue_chunks: int = QUEUE_CHUNKS,
         max_watchers: int = MAX_WATCHERS,
         cutoff_grace_s: float = CUTOFF_GRACE_S,
+        catchup_step_bytes: int = CATCHUP_STEP_BYTES,
+        catchup_steps: int = CATCHUP_STEPS,
+        record_cache_bytes: int = RECORD_CACHE_BYTES,
     ) -> None:
         self.store = store
+        self.catchup_step_bytes = catchup_step_bytes
+        #: Catch-up steps in flight at once (the memory of their records is bounded by it).
+        self._steps = asyncio.Semaphore(catchup_steps)
+        self.records = RecordCache(record_cache_bytes)
+        #: Catch-ups in progress: when the last ends, the records go (memory comes back).
+        self._catching_up = 0
+        self._steps_running = 0
+        self._release_timer: asyncio.TimerHandle | None = None
         self.heartbeat_s = heartbeat_s
         self.queue_bytes = queue_bytes
         self.queue_chunks = queue_chunks
@@ -256,19 +401,24 @@ class WatchHub:
                 return  # the log holds nothing there yet (a commit between two reads)
             for prefix, group_ in list(self._groups.items()):
                 if prefix in chunks:
-                    chunk: bytes | None = chunks[prefix]
+                    chunk: tuple[int, bytes] | None = chunks[prefix]
                 elif prefix in prefixes:
                     chunk = None
                 else:  # a watcher with a new prefix joined while the slice was read
                     chunk = group(lines, [prefix]).get(prefix)
                 if chunk:
                     for w in list(group_):
-                        self._push(w, chunk)
+                        self._push(w, *chunk)
             self.next_seq = nxt
 
-    def _push(self, w: Watcher, chunk: bytes) -> None:
-        if w.size + len(chunk) > self.queue_bytes or len(w.chunks) >= self.queue_chunks:
-            resume = self._resume_seq(w)
+    def _push(self, w: Watcher, first_seq: int, chunk: bytes) -> None:
+        # Into an empty queue a chunk always goes, whatever its size: one change's line may
+        # be bigger than the bound (a 25 MiB value), and a watcher that takes everything
+        # it is sent must not be cut off for it.
+        if w.chunks and (
+            w.size + len(chunk) > self.queue_bytes or len(w.chunks) >= self.queue_chunks
+        ):
+            resume = self._resume_seq(w, first_seq)
             self._cut(
                 w,
                 orjson.dumps(
@@ -280,24 +430,22 @@ class WatchHub:
                 + b"\n",
             )
             return
-        w.chunks.append(chunk)
+        w.chunks.append((first_seq, chunk))
         w.size += len(chunk)
         w.event.set()
 
     @staticmethod
-    def _resume_seq(w: Watcher) -> int:
-        """The first seq a cut-off watcher has not been sent: its oldest queued change."""
-        if w.chunks:
-            with contextlib.suppress(Exception):
-                return int(orjson.loads(w.chunks[0].split(b"\n", 1)[0]).get("seq", 0))
-        return 0
+    def _resume_seq(w: Watcher, refused: int) -> int:
+        """The first seq a cut-off watcher may not have been sent: that of its oldest queued
+        chunk, or of the chunk refused when none is queued."""
+        return w.chunks[0][0] if w.chunks else refused
 
     def _heartbeat(self) -> None:
         line = heartbeat_line(self.next_seq - 1)
         for group_ in self._groups.values():
             for w in group_:
                 if not w.chunks:  # a stream with data pending needs no heartbeat
-                    w.chunks.append(line)
+                    w.chunks.append((self.next_seq, line))
                     w.size += len(line)
                     w.event.set()
 
@@ -350,6 +498,61 @@ class WatchHub:
             )
         return start
 
+    async def _step(self, pos: int, limit: int, prefix: bytes) -> tuple[bytes, int]:
+        """`catchup_step` in a worker thread, at most `catchup_steps` at once. A step runs
+        to its end even when its stream is cancelled meanwhile (a thread cannot be
+        stopped): it keeps its place among the steps until then, and the last to end
+        lets the records go."""
+        await self._steps.acquire()
+        self._steps_running += 1
+        fut = asyncio.get_running_loop().run_in_executor(
+            None,
+            catchup_step,
+            self.store,
+            self.records,
+            pos,
+            limit,
+            prefix,
+            self.catchup_step_bytes,
+        )
+
+        def done(f: asyncio.Future[tuple[bytes, int]]) -> None:
+            self._steps.release()
+            self._steps_running -= 1
+            if not f.cancelled():
+                f.exception()  # retrieved: a cancelled stream no longer awaits it
+            self._release_if_idle()
+
+        fut.add_done_callback(done)
+        return await asyncio.shield(fut)
+
+    def _release_if_idle(self) -> None:
+        """With no catch-up left, let their memory go soon (`_release`)."""
+        if self._catching_up or self._steps_running or self._release_timer is not None:
+            return
+        with contextlib.suppress(RuntimeError):  # the loop is closing
+            self._release_timer = asyncio.get_running_loop().call_later(
+                RELEASE_DELAY_S, self._release
+            )
+
+    def _release(self) -> None:
+        """The memory of the catch-ups, back to the system once none runs: the shared
+        records go; the streams' garbage is collected (a stream that ends on its client's
+        disconnect leaves reference cycles through its exception's traceback, which hold
+        its last step's lines until a collection, and an idle server may not run one for
+        hours); then what the steps freed in the worker threads' heaps is handed back
+        (glibc keeps it there otherwise, and the process would keep the peak of a burst of
+        catch-ups for ever)."""
+        self._release_timer = None
+        if self._catching_up or self._steps_running:
+            return
+        self.records.clear()
+        t0 = time.perf_counter()
+        found = gc.collect()
+        log.debug("watch: %d objects collected in %.1f ms", found, (time.perf_counter() - t0) * 1e3)
+        with contextlib.suppress(RuntimeError):  # the loop is closing
+            asyncio.get_running_loop().run_in_executor(None, heap.release_free_memory)
+
     async def stream(self, prefix: bytes, start: int) -> AsyncGenerator[bytes, None]:
         """The NDJSON of one watcher: the history from `start` up to the hub, read in
         bounded slices in a worker thread, then the hub's live chunks and heartbeats."""
@@ -368,21 +571,27 @@ class WatchHub:
                     yield heartbeat_line(start - 1)
                     quiet_since = time.monotonic()
                 await asyncio.sleep(POLL_S)
+            # The history, a step at a time, each step only once the last was handed to
+            # the socket (the ASGI server's send waits while the client takes nothing):
+            # a watcher that reads nothing holds at most two steps, whatever it asked for.
             pos = start
-            while pos < self.next_seq:
-                try:
-                    lines, nxt = await asyncio.to_thread(read_slice, self.store, pos)
-                except (LogRetentionError, CRCError, CorruptionError) as err:
-                    yield orjson.dumps({"error": str(err), "resume_from_seq": pos}) + b"\n"
-                    return
-                # Only what the hub has already handed out: the rest comes from the hub.
-                limit = self.next_seq
-                chunk = b"".join(
-                    x.line for x in lines if x.seq < limit and x.key.startswith(prefix)
-                )
-                if chunk:
-                    yield chunk
-                pos = min(nxt, limit) if nxt > pos else limit
+            self._catching_up += 1
+            try:
+                while pos < self.next_seq:
+                    # Only what the hub has already handed out: the rest comes from it.
+                    limit = self.next_seq
+                    try:
+                        chunk, nxt = await self._step(pos, limit, prefix)
+                    except (LogRetentionError, CRCError, CorruptionError) as err:
+                        yield orjson.dumps({"error": str(err), "resume_from_seq": pos}) + b"\n"
+                        return
+                    if chunk:
+                        yield chunk
+                        del chunk
+                    pos = nxt if nxt > pos else limit
+            finally:
+                self._catching_up -= 1
+                self._release_if_idle()
             # pos == next_seq here, with no await since the check: join the hub.
             self._register(w)
             yield heartbeat_line(self.next_seq - 1)
@@ -390,7 +599,7 @@ class WatchHub:
                 await w.event.wait()
                 w.event.clear()
                 while w.chunks:
-                    chunk = w.chunks.popleft()
+                    _, chunk = w.chunks.popleft()
                     w.size -= len(chunk)
                     yield chunk
                 if w.final is not None:

@@ -52,3 +52,18 @@ def keep_freed_memory(trim_bytes: int = TRIM_BYTES, mmap_bytes: int = MMAP_BYTES
     return bool(mallopt(M_MMAP_THRESHOLD, mmap_bytes)) and bool(
         mallopt(M_TRIM_THRESHOLD, trim_bytes)
     )
+
+
+def release_free_memory() -> bool:
+    """Hand the memory every heap of this process holds free back to the system
+    (`malloc_trim(0)`: the free pages inside each heap too, not only at its top). For
+    after a burst that no longer runs (the catch-ups of many watchers, `reads/watch.py`):
+    glibc keeps what it freed in each thread's heap, so without it the process would keep
+    the burst's peak for ever. True when the C library did release some."""
+    try:
+        trim = ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError):
+        return False
+    trim.argtypes = (ctypes.c_size_t,)
+    trim.restype = ctypes.c_int
+    return bool(trim(0))
