@@ -228,10 +228,13 @@ async def bench(args: argparse.Namespace, gw: int, http: int, ptoken: str) -> di
     }
 
 
-async def _reader(url: str, key: str, stop: asyncio.Event, out: list[float | None]) -> None:
+async def _reader(
+    url: str, key: str, stop: asyncio.Event, out: list[float | None], token: str | None
+) -> None:
     """A well-behaved client: GET `key` one request at a time until `stop`; each latency
-    (None: failed or over 2 s) into `out`."""
-    async with httpx.AsyncClient(base_url=url, timeout=2.0) as c:
+    (None: failed or over 2 s) into `out`. `token`: the root's point GET takes one."""
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    async with httpx.AsyncClient(base_url=url, timeout=2.0, headers=headers) as c:
         while not stop.is_set():
             t0 = time.perf_counter()
             try:
@@ -270,18 +273,16 @@ async def catchup_attack(
             await asyncio.sleep(0.1)
 
     mb = 1 << 20
-    t = asyncio.create_task(_reader(url, "ok/k", stop, before_lat))
+    t = asyncio.create_task(_reader(url, "ok/k", stop, before_lat, token))
     await asyncio.sleep(args.phase_seconds)
     stop.set()
     await t
     rss_before = procstat.anon_rss_bytes(pid)
     stop = asyncio.Event()
     sampler = asyncio.create_task(sample(stop))
-    reader = asyncio.create_task(_reader(url, "ok/k", stop, during_lat))
+    reader = asyncio.create_task(_reader(url, "ok/k", stop, during_lat, token))
     auth = f"Authorization: Bearer {token}\r\n" if token else ""
-    req = (
-        f"GET /v1/watch?prefix=big/&from_seq=1 HTTP/1.1\r\nHost: bench\r\n{auth}\r\n"
-    ).encode()
+    req = (f"GET /v1/watch?prefix=big/&from_seq=1 HTTP/1.1\r\nHost: bench\r\n{auth}\r\n").encode()
     socks: list[Any] = []
     statuses: dict[str, int] = {}
     t_open = time.monotonic()

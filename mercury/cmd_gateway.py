@@ -14,6 +14,7 @@ from core.errors import ConfigError, GatewayError
 from mercury import ha_flags, retention_flags, tls, upgrade
 from net import http_bounds
 from net.tcp import add_listener_flags
+from reads import watch
 
 
 def register(sub: Any) -> None:
@@ -68,6 +69,7 @@ def register(sub: Any) -> None:
     )
     add_listener_flags(p)
     http_bounds.add_flags(p)
+    watch.add_flags(p)  # the watch streams' budget and bounds
     p.add_argument(
         "--batch-window-ms", type=float, default=500.0, help="batch window (default 500)"
     )

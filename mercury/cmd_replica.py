@@ -8,6 +8,7 @@ from typing import Any
 from mercury import retention_flags, tls, upgrade
 from net import http_bounds
 from net.tcp import add_listener_flags
+from reads import watch
 from replicator.client import APPLY_WINDOW
 from replicator.heap import HEAP_KEEP_MB
 
@@ -71,6 +72,7 @@ def register(sub: Any) -> None:
     )
     add_listener_flags(p)
     http_bounds.add_flags(p)  # the read API's bounds, named and defaulted as the root's
+    watch.add_flags(p)  # the watch streams' budget and bounds, as the root's
     p.add_argument(
         "--read-workers",
         type=int,

@@ -26,7 +26,7 @@ from mercury.listeners import ListenerSettings, replica_services, root_services
 from net import http_bounds, uvicorn_http
 from net.tcp import TcpService, add_listener_flags, listener_limits
 from net.uvicorn_http import HttpProtocol
-from reads import workermetrics, workers
+from reads import watch, workermetrics, workers
 from reads.auth import AclTokenIndex, ReadAuth
 from reads.fasthttp import fast_read_protocol
 from reads.http_app import create_read_app
@@ -42,6 +42,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--memcached-listen", default=None, help="memcached text protocol H:P")
     add_listener_flags(p)
     http_bounds.add_flags(p)  # the HTTP listener's bounds, as `mercury replica`'s
+    watch.add_flags(p)
     p.add_argument("--role", default="replica", choices=("replica", "consumer", "root"))
     p.add_argument(
         "--read-auth",
@@ -73,6 +74,7 @@ async def serve(args: argparse.Namespace) -> None:
     n = max(1, int(args.read_workers))
     index = workers.worker_index()
     store = Store.open(args.data_dir, readonly=n > 1)
+    watch.set_limits(watch.WatchLimits.from_args(args))
     app = create_read_app(store, role=args.role, status=dict, read_auth=args.read_auth)
     tokens = AclTokenIndex(store) if args.read_auth else None
     guarded: Any = ReadAuth(app, tokens) if tokens is not None else app

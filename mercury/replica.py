@@ -493,7 +493,10 @@ def _move_aside(data_dir: str) -> None:
 def run_replica(args: argparse.Namespace) -> int:
     """Run the replica until SIGTERM/SIGINT."""
     config = ReplicaConfig.from_args(args)
+    from reads import watch
+
     bounds = http_bounds.HttpBounds.from_args(args)
+    watch.set_limits(watch.WatchLimits.from_args(args))  # every reader's hub
     n = max(1, int(getattr(args, "read_workers", 1)))
     if n > 1 and any(isinstance(a, UnixAddr) for a in (config.listen, config.listeners.memcached)):
         # Readers share a port through SO_REUSEPORT, which a unix socket has no use for.

@@ -62,6 +62,7 @@ def run_root(args: argparse.Namespace) -> int:
 
     cfg = RootConfig.from_args(args)
     bounds = http_bounds.HttpBounds.from_args(args)
+    reads_watch.set_limits(reads_watch.WatchLimits.from_args(args))
     # The commit thread and the event loop share the GIL; with the default 5 ms switch
     # interval a busy loop (a producer flooding) stretches every commit by several 5 ms
     # waits, which delays every producer's acks. A shorter interval keeps commits short.

@@ -53,9 +53,9 @@ principal its request authenticated as (`token_principal`/`cert_principal`, else
 client last took a byte while its writes are paused (None while it keeps up), so a full
 stream budget evicts the stream that has been stuck longest, never one that is being
 read; a newcomer finding none such is refused (`admit` False: answer 503 + Retry-After).
-Being a separate budget, streams never take the request budget's slots: the request that
-opened a stream leaves the request budget's count of working members only when its
-connection closes, so the request budget's cap must leave room for the stream cap.
+Being a separate budget, streams never take the request budget's slots: the connection
+whose request opened a stream leaves the request budget when its stream starts
+(`net.http_bounds.streaming`), and its answer is the last on it (`connection: close`).
 
 Request bodies (`BodyRate`): after a grace a body must keep arriving at an average of at
 least `min_rate` bytes a second since its head was read, and be complete within `total`,

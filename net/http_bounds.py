@@ -90,6 +90,19 @@ def authenticated(scope: MutableMapping[str, Any], principal: Principal) -> None
         conn.authenticated(principal)
 
 
+def streaming(scope: MutableMapping[str, Any]) -> tuple[Any, Principal] | None:
+    """The request of `scope` is answered with an endless stream (a watch): its connection
+    leaves the listener's connection budget, so streams never take the slots requests need
+    (the stream endpoint admits it to a budget of streams instead, and its answer is the
+    last on the connection). The connection (its `transport`, `write_paused()`) and the
+    principal it held its slot for; None for a request that came another way."""
+    conn = scope.get("extensions", {}).get(uvicorn_http.CONNECTION)
+    if conn is None:
+        return None
+    principal = conn.streaming()
+    return None if principal is None else (conn, principal)
+
+
 def _count(reason: Reason) -> None:
     CLOSED.labels(HTTP_LABELS[reason]).inc()
 
@@ -583,6 +596,16 @@ class _BoundedProtocol(HttpProtocol):
 
     def authenticated(self, principal: Principal) -> None:
         self.budget.tag(self, principal)
+
+    def streaming(self) -> Principal | None:
+        # Its slot goes back to the requests; the stream's budget counts it from now on.
+        # Its head/idle deadline does not run while it answers, the write deadline and the
+        # unsent cap still apply.
+        principal = self.budget.principal_of(self)
+        if principal is None:
+            principal = peer_principal(self.transport.get_extra_info("peername"))
+        self.budget.leave(self)
+        return principal
 
     def request_answered(self) -> None:
         """A request answered by the protocol itself, outside uvicorn's request-response

@@ -149,6 +149,12 @@ class HttpProtocol(HttpToolsProtocol):
         """The application authenticated a request of this connection as `principal`
         (`net.http_bounds.authenticated`, through the scope's `CONNECTION` extension)."""
 
+    def streaming(self) -> Principal | None:
+        """The application answers this connection's request with an endless stream (a
+        watch, `net.http_bounds.streaming`): the principal the connection holds its slot
+        for (None: no budget here)."""
+        return None
+
     def answer_segment(self, data: bytes) -> bytes | None:
         """With `answers_heads`: the whole answer to `data`, a segment received between
         requests with nothing being answered, when it is exactly one request answered

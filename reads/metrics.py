@@ -35,3 +35,9 @@ WATCH_STREAMS = Gauge("mercury_watch_streams", "Watch streams open on this node"
 WATCH_ENDED = Counter(
     "mercury_watch_ended_total", "Watch streams ended by the node, by reason", ["reason"]
 )
+#: Watch streams reading their history now (`from_seq` behind the node), a step at a time.
+WATCH_CATCHUPS = Gauge("mercury_watch_catchup_streams", "Watch streams catching up now")
+#: Decompressed log records the catching-up streams share (`reads.watch.RecordCache`).
+WATCH_RECORD_BYTES = Gauge(
+    "mercury_watch_record_cache_bytes", "Bytes of log records held for catching-up watch streams"
+)

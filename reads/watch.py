@@ -9,14 +9,22 @@ One `WatchHub` per process reads the log for all watchers: it wakes on commit
 notifications (same-process commits and the cross-process pings of `replicator.notify`),
 reads each new log slice once in a worker thread, encodes each change once, and hands each
 watcher only the lines under its prefix (one joined chunk per distinct prefix). A watcher
-that starts behind the hub first catches up by itself, in bounded slices read in a worker
-thread, then joins the hub exactly where the hub is. Each watcher has a bounded queue; one
+that starts behind the hub first catches up by itself, a step at a time (`catchup_step`,
+in a worker thread, over records the catch-ups of the process share), each step only once
+its socket took the last, then joins the hub exactly where the hub is: whatever `from_seq`
+asks, a client that reads nothing holds two steps. Each watcher has a bounded queue; one
 that falls too far behind gets a final ``{"error", "resume_from_seq"}`` line and is cut off
 rather than buffered without bound, so a slow consumer costs the others nothing.
+
+Streams have a budget of their own (`net.budget.Budget`, ``--watch-max-streams``): a watch
+leaves the HTTP listener's connection budget when its stream starts
+(`net.http_bounds.streaming`), and at the streams' cap a new one ends the stream whose
+client has taken nothing for longest (`Watcher` is the budget's member).
 """
 
 from __future__ import annotations
 
+import argparse
 import array
 import asyncio
 import collections
@@ -36,8 +44,11 @@ from fastapi import APIRouter, FastAPI, Request
 from starlette.responses import Response, StreamingResponse
 
 from core.errors import CorruptionError, CRCError, InvalidReadError, LogRetentionError
+from net import http_bounds
+from net.budget import ANONYMOUS, Budget, Principal, Reason
+from net.metrics import budget_hooks
 from reads import jsonkv
-from reads.metrics import WATCH_ENDED, WATCH_STREAMS
+from reads.metrics import WATCH_CATCHUPS, WATCH_ENDED, WATCH_RECORD_BYTES, WATCH_STREAMS
 from reads.problems import problem
 from replicator import heap
 from replicator.notify import WakeListener
@@ -198,6 +209,11 @@ class RecordCache:
             self._recs.clear()
             self._size = 0
 
+    @property
+    def size(self) -> int:
+        """Bytes held now."""
+        return self._size
+
 
 def catchup_step(
     store: Store,
@@ -251,18 +267,57 @@ def catchup_step(
 class Watcher:
     """One stream's bounded queue of chunks (filled by the hub, drained by the stream).
     Each chunk is queued with the first seq it does not cover for sure: its first change's,
-    or a heartbeat's seq + 1 (every change up to that seq came before it)."""
+    or a heartbeat's seq + 1 (every change up to that seq came before it).
 
-    __slots__ = ("chunks", "event", "final", "prefix", "size", "task")
+    Also the stream as its budget sees it (`net.budget.Member`): never idle (its answer is
+    in progress); stalled since its client last took a byte (`progress_at`: when its last
+    line was handed to the socket, which waits while the client takes nothing), so a full
+    budget evicts the stream stuck longest, never one whose client keeps up; `conn` is its
+    connection (None in-process)."""
 
-    def __init__(self, prefix: bytes) -> None:
+    __slots__ = (
+        "chunks",
+        "conn",
+        "event",
+        "evicted",
+        "final",
+        "prefix",
+        "progress_at",
+        "resume",
+        "size",
+        "task",
+    )
+
+    def __init__(self, prefix: bytes, conn: Any = None) -> None:
         self.prefix = prefix
+        self.conn = conn
         self.chunks: collections.deque[tuple[int, bytes]] = collections.deque()
         self.size = 0
         self.event = asyncio.Event()
         #: Set when the stream must end: its last line.
         self.final: bytes | None = None
         self.task: asyncio.Task[Any] | None = None
+        self.progress_at = time.monotonic()
+        #: The first seq it has not handed to its socket for sure (its client's resume).
+        self.resume = 0
+        #: Set by `evict`: the hub ends it (`WatchHub._evicted`).
+        self.evicted: Callable[[Watcher], None] | None = None
+
+    # --- net.budget.Member -------------------------------------------------------------
+
+    def idle_since(self) -> float | None:
+        return None
+
+    def stalled_since(self) -> float | None:
+        return self.progress_at
+
+    def gone(self) -> bool:
+        t = None if self.conn is None else self.conn.transport
+        return t is not None and t.is_closing()
+
+    def evict(self) -> None:
+        if self.evicted is not None:
+            self.evicted(self)
 
 
 class WatchHub:
@@ -276,6 +331,7 @@ class WatchHub:
         queue_bytes: int = QUEUE_BYTES,
         queue_chunks: int = QUEUE_CHUNKS,
         max_watchers: int = MAX_WATCHERS,
+        principal_share: float = 1.0,
         cutoff_grace_s: float = CUTOFF_GRACE_S,
         catchup_step_bytes: int = CATCHUP_STEP_BYTES,
         catchup_steps: int = CATCHUP_STEPS,
@@ -286,21 +342,29 @@ class WatchHub:
         #: Catch-up steps in flight at once (the memory of their records is bounded by it).
         self._steps = asyncio.Semaphore(catchup_steps)
         self.records = RecordCache(record_cache_bytes)
-        #: Catch-ups in progress: when the last ends, the records go (memory comes back).
-        self._catching_up = 0
+        #: Catch-ups in progress: when the last ends, their memory goes (`_release`).
+        self.catching_up = 0
         self._steps_running = 0
         self._release_timer: asyncio.TimerHandle | None = None
         self.heartbeat_s = heartbeat_s
         self.queue_bytes = queue_bytes
         self.queue_chunks = queue_chunks
         self.max_watchers = max_watchers
+        count, sized = budget_hooks("watch", max_watchers, self._counted)
+        #: The streams (`net.budget`): a budget of their own, never the requests'
+        #: (`net.http_bounds.streaming`). Full, a newcomer evicts the stream whose client
+        #: has taken nothing for longest (unauthenticated first, over-share principals
+        #: first); every stream may be evicted (its client resumes from the seq its last
+        #: line names).
+        self.streams: Budget[Watcher] = Budget(
+            max_watchers, count, on_size=sized, stalled_body=0.0, share=principal_share
+        )
         self.cutoff_grace_s = cutoff_grace_s
         #: True once the server is stopping: every stream ends (see `end_streams_when`).
         self.closing: Callable[[], bool] = lambda: False
         #: The next seq the hub reads; everything before it was handed to the watchers.
         self.next_seq = 0
         self._groups: dict[bytes, set[Watcher]] = {}
-        self._count = 0
         self._wake: asyncio.Event | None = None
         self._task: asyncio.Task[None] | None = None
         self._listener: WakeListener | None = None
@@ -484,19 +548,58 @@ class WatchHub:
 
     def admit(self, from_seq: int | None) -> int:
         """The first seq a new stream sends (now when `from_seq` is None); raises
-        LogRetentionError when that history is gone, OverflowError when full."""
-        if self._count >= self.max_watchers:
-            raise OverflowError
+        LogRetentionError when that history is gone."""
         self._ensure_started()
         if from_seq is None:
-            return self.next_seq
-        start = max(from_seq, 1)
-        first, _ = self.store.log_bounds()
-        if start < first:
-            raise LogRetentionError(
-                f"seq {from_seq} is no longer retained (the log starts at {first})", seq=from_seq
-            )
+            start = self.next_seq
+        else:
+            start = max(from_seq, 1)
+            first, _ = self.store.log_bounds()
+            if start < first:
+                raise LogRetentionError(
+                    f"seq {from_seq} is no longer retained (the log starts at {first})",
+                    seq=from_seq,
+                )
         return start
+
+    def join(self, w: Watcher, start: int, principal: Principal = ANONYMOUS) -> bool:
+        """Admit `w` (to stream from `start`) to the streams' budget for `principal`,
+        ending another stream if the budget is full; False: none may be ended for it."""
+        w.resume = start
+        w.evicted = self._evicted
+        return self.streams.admit(w, principal)
+
+    @staticmethod
+    def _counted(reason: Reason) -> None:
+        if reason in (Reason.EVICTED, Reason.SHARE):
+            WATCH_ENDED.labels("evicted").inc()
+
+    def _evicted(self, w: Watcher) -> None:
+        """End `w` for a newcomer (it left the budget): a last line naming where to resume
+        when its client takes bytes; when its client takes nothing, its connection is
+        dropped at once (the line could never reach it, and the slot is wanted now)."""
+        self._unregister(w)
+        w.chunks.clear()
+        w.size = 0
+        w.final = (
+            orjson.dumps(
+                {
+                    "error": "this watch was ended to make room for another "
+                    "(the node's watch streams are at their cap)",
+                    "resume_from_seq": w.resume,
+                }
+            )
+            + b"\n"
+        )
+        w.event.set()
+        conn = w.conn
+        if conn is None:
+            return  # in-process (tests): no connection to hold
+        if conn.write_paused() or conn.transport.is_closing():
+            conn.transport.abort()
+        elif w.task is not None:
+            # One that takes its last line ends at once; else its grace runs out.
+            asyncio.get_running_loop().call_later(self.cutoff_grace_s, w.task.cancel)
 
     async def _step(self, pos: int, limit: int, prefix: bytes) -> tuple[bytes, int]:
         """`catchup_step` in a worker thread, at most `catchup_steps` at once. A step runs
@@ -528,7 +631,7 @@ class WatchHub:
 
     def _release_if_idle(self) -> None:
         """With no catch-up left, let their memory go soon (`_release`)."""
-        if self._catching_up or self._steps_running or self._release_timer is not None:
+        if self.catching_up or self._steps_running or self._release_timer is not None:
             return
         with contextlib.suppress(RuntimeError):  # the loop is closing
             self._release_timer = asyncio.get_running_loop().call_later(
@@ -544,7 +647,7 @@ class WatchHub:
         (glibc keeps it there otherwise, and the process would keep the peak of a burst of
         catch-ups for ever)."""
         self._release_timer = None
-        if self._catching_up or self._steps_running:
+        if self.catching_up or self._steps_running:
             return
         self.records.clear()
         t0 = time.perf_counter()
@@ -553,12 +656,16 @@ class WatchHub:
         with contextlib.suppress(RuntimeError):  # the loop is closing
             asyncio.get_running_loop().run_in_executor(None, heap.release_free_memory)
 
-    async def stream(self, prefix: bytes, start: int) -> AsyncGenerator[bytes, None]:
+    async def stream(
+        self, prefix: bytes, start: int, w: Watcher | None = None
+    ) -> AsyncGenerator[bytes, None]:
         """The NDJSON of one watcher: the history from `start` up to the hub, read in
-        bounded slices in a worker thread, then the hub's live chunks and heartbeats."""
-        self._count += 1
+        bounded steps in a worker thread, then the hub's live chunks and heartbeats. `w`:
+        its watcher, admitted to the streams' budget (`admit`); it leaves it here."""
         WATCH_STREAMS.inc()
-        w = Watcher(prefix)
+        if w is None:
+            w = Watcher(prefix)
+            w.resume = start
         w.task = asyncio.current_task()
         try:
             # A replica behind the asked seq: wait until it has applied up to there, with
@@ -566,18 +673,21 @@ class WatchHub:
             # Their seq is start - 1: every change of what was asked (>= start) up to
             # there was sent, vacuously, and a resume asks for `start` again.
             quiet_since = time.monotonic()
-            while self.next_seq < start and not self.closing():
+            while self.next_seq < start and not self.closing() and w.final is None:
                 if time.monotonic() - quiet_since >= self.heartbeat_s:
                     yield heartbeat_line(start - 1)
-                    quiet_since = time.monotonic()
+                    w.progress_at = quiet_since = time.monotonic()
                 await asyncio.sleep(POLL_S)
             # The history, a step at a time, each step only once the last was handed to
             # the socket (the ASGI server's send waits while the client takes nothing):
             # a watcher that reads nothing holds at most two steps, whatever it asked for.
             pos = start
-            self._catching_up += 1
+            self.catching_up += 1
             try:
                 while pos < self.next_seq:
+                    if w.final is not None:  # evicted meanwhile
+                        yield w.final
+                        return
                     # Only what the hub has already handed out: the rest comes from it.
                     limit = self.next_seq
                     try:
@@ -588,26 +698,36 @@ class WatchHub:
                     if chunk:
                         yield chunk
                         del chunk
-                    pos = nxt if nxt > pos else limit
+                        w.progress_at = time.monotonic()  # its client took bytes
+                    pos = w.resume = nxt if nxt > pos else limit
             finally:
-                self._catching_up -= 1
+                self.catching_up -= 1
                 self._release_if_idle()
+            if w.final is not None:  # evicted during its last step
+                yield w.final
+                return
             # pos == next_seq here, with no await since the check: join the hub.
             self._register(w)
             yield heartbeat_line(self.next_seq - 1)
+            w.progress_at = time.monotonic()
             while True:
                 await w.event.wait()
                 w.event.clear()
                 while w.chunks:
-                    _, chunk = w.chunks.popleft()
+                    seq, chunk = w.chunks.popleft()
                     w.size -= len(chunk)
+                    w.resume = seq
                     yield chunk
+                    w.progress_at = time.monotonic()
+                    # Handed to the socket: the next unsent is the next chunk's, or, with
+                    # none queued, whatever the hub hands out next.
+                    w.resume = w.chunks[0][0] if w.chunks else self.next_seq
                 if w.final is not None:
                     yield w.final
                     return
         finally:
             self._unregister(w)
-            self._count -= 1
+            self.streams.leave(w)
             WATCH_STREAMS.dec()
 
 
@@ -642,14 +762,6 @@ async def watch(request: Request) -> Response:
         return problem(503, "stopping", "this node is stopping", title="Node stopping")
     try:
         start = hub.admit(from_seq)
-    except OverflowError:
-        return problem(
-            503,
-            "too-many-watchers",
-            f"this node serves at most {hub.max_watchers} watch streams",
-            title="Too many watchers",
-            hint="retry later or watch another replica",
-        )
     except LogRetentionError as err:
         first, _ = hub.store.log_bounds()
         return problem(
@@ -663,17 +775,99 @@ async def watch(request: Request) -> Response:
             title="Watch history no longer retained",
             log_first_seq=first,
         )
+    # The connection leaves the listener's connection budget for the streams' (a stream
+    # never holds a slot requests need); its answer is the last on it (`connection:
+    # close`), so it never serves requests again outside the connection budget.
+    seat = http_bounds.streaming(request.scope)
+    conn, principal = seat if seat is not None else (None, ANONYMOUS)
+    w = Watcher(prefix, conn)
+    if not hub.join(w, start, principal):
+        response = problem(
+            503,
+            "too-many-watchers",
+            f"this node serves at most {hub.max_watchers} watch streams and none may be "
+            "ended for this one",
+            title="Too many watchers",
+            hint="retry later or watch another replica",
+        )
+        response.headers["Retry-After"] = "5"
+        response.headers["Connection"] = "close"
+        return response
     return StreamingResponse(
-        hub.stream(prefix, start),
+        hub.stream(prefix, start, w),
         media_type=NDJSON,
-        headers={"Cache-Control": "no-store"},
+        headers={"Cache-Control": "no-store", "Connection": "close"},
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class WatchLimits:
+    """A process's bounds on watch streams (the ``--watch-*`` flags): `max_streams`, its
+    budget of streams; `queue_bytes`, each stream's queue of live changes not yet handed
+    to its socket; `principal_share`, the part of a full budget one principal may hold
+    (``--http-principal-share``, the connections' share)."""
+
+    max_streams: int = MAX_WATCHERS
+    queue_bytes: int = QUEUE_BYTES
+    principal_share: float = 1.0
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> WatchLimits:
+        return cls(
+            max_streams=int(args.watch_max_streams),
+            queue_bytes=int(args.watch_queue_bytes),
+            principal_share=float(getattr(args, "http_principal_share", 1.0)),
+        )
+
+
+#: This process's watch bounds (`set_limits`; what `install` builds a hub with).
+LIMITS = WatchLimits()
+
+
+def set_limits(limits: WatchLimits) -> None:
+    """The bounds of the hubs `install` builds from now on (the wiring, from the flags)."""
+    global LIMITS
+    LIMITS = limits
+
+
+def add_flags(p: argparse.ArgumentParser) -> None:
+    """The ``--watch-*`` flags of `mercury root`, `mercury replica` and `python -m
+    mercury.readserve`."""
+    d = WatchLimits()
+    p.add_argument(
+        "--watch-max-streams",
+        type=int,
+        default=d.max_streams,
+        metavar="N",
+        help="watch streams at most (per process), a budget of their own beside the HTTP "
+        "connections' (a stream never takes a connection slot); when full, a new watch "
+        "ends the stream whose client has taken nothing for longest (unauthenticated "
+        "first); one principal may hold --http-principal-share of them "
+        f"(default {d.max_streams})",
+    )
+    p.add_argument(
+        "--watch-queue-bytes",
+        type=int,
+        default=d.queue_bytes,
+        metavar="BYTES",
+        help="live changes queued for one watch stream and not yet handed to its socket, at "
+        "most; a stream over it is cut off with the seq to resume from "
+        f"(default {d.queue_bytes})",
     )
 
 
 def install(app: FastAPI, store: Store) -> WatchHub:
-    """Serve `GET /v1/watch` on `app` from a hub over `store` (``app.state.watch_hub``)."""
-    hub = WatchHub(store)
+    """Serve `GET /v1/watch` on `app` from a hub over `store` (``app.state.watch_hub``),
+    under this process's `LIMITS`."""
+    hub = WatchHub(
+        store,
+        queue_bytes=LIMITS.queue_bytes,
+        max_watchers=LIMITS.max_streams,
+        principal_share=LIMITS.principal_share,
+    )
     app.state.watch_hub = hub
+    WATCH_CATCHUPS.set_function(lambda: hub.catching_up)
+    WATCH_RECORD_BYTES.set_function(lambda: hub.records.size)
     app.include_router(router)
     return hub
 
