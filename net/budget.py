@@ -50,9 +50,11 @@ A second budget (streamed answers, e.g. a watch) uses the same class: its own `B
 principal its request authenticated as (`token_principal`/`cert_principal`, else
 `peer_principal` of the connection's peer), `leave` when the stream ends. A stream's
 `idle_since` is None (its answer is in progress) and its `stalled_since` is when its
-client last took a byte while its writes are paused (None while it keeps up), so a full
-stream budget evicts the stream that has been stuck longest, never one that is being
-read; a newcomer finding none such is refused (`admit` False: answer 503 + Retry-After).
+client last took a byte (`reads/watch.py`: when its last line was handed to its socket,
+which waits while the client takes nothing), with `stalled_body` 0: every stream may go
+(its client resumes where it was), the one stuck longest first and one whose client keeps
+up last, so a budget filled by streams nobody reads (on a quiet prefix they are never
+paused) still makes room, over-share principals' first.
 Being a separate budget, streams never take the request budget's slots: the connection
 whose request opened a stream leaves the request budget when its stream starts
 (`net.http_bounds.streaming`), and its answer is the last on it (`connection: close`).
