@@ -77,6 +77,7 @@ _HOP = frozenset(
         "upgrade",
         "host",
         "content-length",
+        "expect",
     }
 )
 
@@ -272,7 +273,9 @@ class Front:
         assert fw is not None
         fw.inflight += length
         try:
-            async with asyncio.timeout(HEAD_TIMEOUT_S):
+            if length and _header(head, "expect").lower() == "100-continue":
+                writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")  # or curl waits a second
+            async with asyncio.timeout(FORWARD_TIMEOUT_S):
                 body = await reader.readexactly(length) if length else b""
             answer = await fw.forward(leader, method, target, head, body)
         finally:
@@ -375,6 +378,12 @@ def _header_list(head: bytes) -> list[tuple[str, str]]:
 def _has_header(head: bytes, name: str) -> bool:
     lname = name.lower()
     return any(k.lower() == lname for k, _ in _header_list(head))
+
+
+def _header(head: bytes, name: str) -> str:
+    """The first value of header `name` ("" when absent)."""
+    lname = name.lower()
+    return next((v for k, v in _header_list(head) if k.lower() == lname), "")
 
 
 def _response(

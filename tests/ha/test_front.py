@@ -9,15 +9,17 @@ import contextlib
 import socket
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
 from ha import front as ha_front
-from ha.front import Front
-from testkit.procs import free_port
+from ha.front import Forwarder, Front
+from testkit.procs import Procs, free_port
 from testkit.wait import wait_until
+from tests.gateway.conftest import make_root
 
 
 def test_standby_redirects_and_electing_refuses() -> None:
@@ -147,3 +149,65 @@ def test_refusals_are_answered_and_large_bodies_do_not_reset_the_307(
     finally:
         done.set()
         t.join(30)
+
+
+def test_forwarding_front_passes_writes_to_a_real_root_and_refuses_honestly(
+    tmp_path: Path, procs: Procs
+) -> None:
+    """`--ha-forward`'s front before a real root: a write comes back with the root's own
+    answer (Expect: 100-continue answered, not waited out); a leader that refuses
+    connections is a 503 + Retry-After; reads keep the 307."""
+    root = make_root(procs, tmp_path / "root")
+    name, token = root.producer()
+    port = free_port()
+    state: dict[str, Any] = {"url": root.url}
+
+    def status() -> tuple[str, int | None, str | None, dict[str, object]]:
+        return "standby", 3, state["url"], {}
+
+    async def scenario() -> None:
+        front = Front("127.0.0.1", port, status, forward=Forwarder("n1"))
+        await front.start()
+        h = {"Authorization": f"Bearer {token}", "Idempotency-Key": "f-1"}
+        try:
+            async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=30) as c:
+                r = await c.put(f"/v1/kv/{name}/a", content=b"1", headers=h)
+                assert (r.status_code, r.json()["status"]) == (200, "written"), r.text
+                again = await c.put(f"/v1/kv/{name}/a", content=b"1", headers=h)
+                assert again.headers.get("idempotent-replayed") == "true"
+                r = await c.get(f"/v1/kv/{name}/a", headers=h)
+                assert (r.status_code, r.headers["location"]) == (307, f"{root.url}/v1/kv/{name}/a")
+                state["url"] = f"http://127.0.0.1:{free_port()}"  # a leader gone meanwhile
+                r = await c.put(f"/v1/kv/{name}/b", content=b"2", headers=h)
+                assert (r.status_code, r.headers.get("retry-after")) == (503, "1"), r.text
+                assert "unreachable" in r.json()["detail"]
+            # curl's way with a body: the head, then the body only after 100 Continue (a
+            # blocking socket: in a thread, this loop serves the front).
+            state["url"] = root.url
+            answer = await asyncio.to_thread(raw_put, f"/v1/kv/{name}/c", token, port)
+            assert answer.startswith(b"HTTP/1.1 200 "), answer
+        finally:
+            await front.stop()
+            await front.close()
+
+    try:
+        asyncio.run(scenario())
+        assert root.client(token).get(f"/v1/kv/{name}/c").content == b"3"
+        assert root.client(token).get(f"/v1/kv/{name}/b").status_code == 404
+    finally:
+        root.close_clients()
+
+
+def raw_put(path: str, token: str, port: int) -> bytes:
+    """PUT one byte as curl does with `Expect: 100-continue`; the whole answer."""
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
+        s.sendall(
+            f"PUT {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}"
+            "\r\nContent-Length: 1\r\nExpect: 100-continue\r\n\r\n".encode()
+        )
+        assert s.recv(64).startswith(b"HTTP/1.1 100 Continue\r\n\r\n")
+        s.sendall(b"3")
+        answer = b""
+        while chunk := s.recv(65536):
+            answer += chunk
+        return answer
