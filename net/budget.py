@@ -342,10 +342,10 @@ class Budget(Generic[M]):
             reason = Reason.EVICTED
             if self.share_cap < self.cap and self.holds(principal) >= self.share_cap:
                 # At its share: it may only take the slot of one of its own.
-                victim = self.victim(self.held.get(principal, {}))
+                victim = self.victim([principal])
                 if victim is None:
                     # "share_refused" only when the share made the difference.
-                    other = self.victim(self.members)
+                    other = self.victim(self.held)
                     self.count(Reason.REFUSED if other is None else Reason.SHARE_REFUSED)
                     return False
             else:
@@ -353,7 +353,7 @@ class Budget(Generic[M]):
                 if victim is not None and self.members[victim] != principal:
                     reason = Reason.SHARE  # displaced: its principal held over its share
                 elif victim is None:
-                    victim = self.victim(self.members)
+                    victim = self.victim(self.held)
             if victim is None:
                 self.count(Reason.REFUSED)
                 return False
@@ -389,39 +389,47 @@ class Budget(Generic[M]):
         for m in [m for m in self.members if m.gone()]:
             self.leave(m)
 
-    def victim(self, pool: Iterable[M]) -> M | None:
-        """The member of `pool` (in admission order) to evict, or None (module
-        docstring): unauthenticated before authenticated, then the longest without
-        progress; the older admitted wins a tie."""
+    def victim(self, principals: Iterable[Principal]) -> M | None:
+        """The member of `principals`' to evict, or None (module docstring):
+        unauthenticated before authenticated, then the longest without progress; the
+        older admitted wins a tie. (Scanned a principal at a time: its members share its
+        authentication, and once an unauthenticated one is found no authenticated
+        principal's members need looking at.)"""
+        if self.fifo and principals is self.held:
+            return next(iter(self.members), None)  # the oldest admitted, without a scan
+        pools = [p for p in principals if p in self.held]
         if self.fifo:
-            return next(iter(pool), None)
+            firsts = [next(iter(self.held[p])) for p in pools]
+            return min(firsts, key=self._order, default=None)
+        pools.sort(key=lambda p: p.authenticated)
         best: M | None = None
-        best_key: tuple[bool, float, int] = (True, math.inf, 0)
+        best_at = math.inf
+        best_auth = True
         cutoff = -math.inf if self.stalled_body is None else self.clock() - self.stalled_body
-        for m in pool:
-            at = m.idle_since()
-            if at is None:
-                if self.stalled_body is None:
-                    continue
-                s = m.stalled_since()
-                if s is None or s > cutoff:
-                    continue
-                at = s
-            key = (self.members[m].authenticated, at, self._seq[m])
-            if key < best_key:
-                best, best_key = m, key
+        stalled = self.stalled_body is not None
+        for p in pools:
+            auth = p.authenticated
+            if best is not None and auth and not best_auth:
+                break  # an unauthenticated one goes before any of these
+            for m in self.held[p]:
+                at = m.idle_since()
+                if at is None:
+                    if not stalled:
+                        continue
+                    at = m.stalled_since()
+                    if at is None or at > cutoff:
+                        continue
+                if best is None or (auth, at) < (best_auth, best_at):
+                    best, best_at, best_auth = m, at, auth
+                elif (auth, at) == (best_auth, best_at) and self._seq[m] < self._seq[best]:
+                    best = m
         return best
 
-    def _over_share(self) -> list[M]:
-        """Members of the principals holding more than their share, in admission order."""
+    def _over_share(self) -> list[Principal]:
+        """The principals holding more than their share."""
         if self.share_cap >= self.cap:
             return []
-        over = [p for p, ms in self.held.items() if len(ms) > self.share_cap]
-        if not over:
-            return []
-        if len(over) == 1:
-            return list(self.held[over[0]])
-        return sorted((m for p in over for m in self.held[p]), key=self._order)
+        return [p for p, ms in self.held.items() if len(ms) > self.share_cap]
 
     def _order(self, m: M) -> int:
         return self._seq[m]
