@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import base64
 import binascii
+import heapq
+import itertools
 import re
 import struct
 from collections.abc import Generator
@@ -22,6 +24,7 @@ from email.utils import formatdate
 from urllib.parse import unquote_to_bytes
 
 from core.errors import ReadProtocolError
+from core.slices import CHUNK, SliceClock
 
 # --- limits ---------------------------------------------------------------------------
 
@@ -683,30 +686,34 @@ def rpc_input(req: HttpRequest) -> dict[bytes, bytes]:
             return params
 
 
-#: Body lines (TSV) or parts (form) `rpc_input_slices` decodes per slice.
-RPC_SLICE = 8192
+#: Body lines (TSV) or parts (form) `rpc_input_slices` decodes between two looks at the
+#: slice clock (`core/slices.py`: a slice ends after `SLICE_S`, whatever the count).
+RPC_SLICE = CHUNK
 
 
 def rpc_input_slices(req: HttpRequest) -> Generator[bytes, None, dict[bytes, bytes]]:
-    """`rpc_input` in slices of RPC_SLICE body items, yielding b"" between them (a 16 MiB
-    body of a million keys is decoded without holding a listener's loop); returns the map.
-    Raises ReadProtocolError(400) on a TSV column invalid in its `colenc` and on a broken
-    `%` escape in the query string or a form body (`parse_form`)."""
+    """`rpc_input` in time-bounded slices (`core.slices.SliceClock`), yielding b"" between
+    them (a 16 MiB body of a million keys is decoded without holding a listener's loop);
+    returns the map. Raises ReadProtocolError(400) on a TSV column invalid in its `colenc`
+    and on a broken `%` escape in the query string or a form body (`parse_form`)."""
     params = parse_form(req.query)
     ctype = req.headers.get("content-type", "")
     low = ctype.lower()
+    clock = SliceClock()
     if low.startswith("application/x-www-form-urlencoded"):
         parts = req.body.replace(b";", b"&").split(b"&")
         for i in range(0, len(parts), RPC_SLICE):
-            if i:
+            if clock.due():
                 yield b""
+                clock.start()
             _form_parts(parts[i : i + RPC_SLICE], params)
     elif low.startswith("text/tab-separated-values"):
         colenc = colenc_of(ctype)
         lines = req.body.split(b"\n")
         for i in range(0, len(lines), RPC_SLICE):
-            if i:
+            if clock.due():
                 yield b""
+                clock.start()
             _tsv_lines(lines[i : i + RPC_SLICE], colenc, params)
     return params
 
@@ -742,22 +749,52 @@ def encode_tsv(out: dict[bytes, bytes]) -> tuple[bytes, str]:
             return bytes(body), str(ctype)
 
 
+def sorted_slices(
+    out: dict[bytes, bytes], clock: SliceClock
+) -> Generator[bytes, None, list[tuple[bytes, bytes]]]:
+    """`sorted(out.items())` in time-bounded slices: runs of RPC_SLICE sorted one at a
+    time, then merged (`heapq.merge`, lazily, a chunk at a time), yielding b"" between."""
+    items = list(out.items())
+    runs: list[list[tuple[bytes, bytes]]] = []
+    for i in range(0, len(items), RPC_SLICE * 16):
+        if clock.due():
+            yield b""
+            clock.start()
+        runs.append(sorted(items[i : i + RPC_SLICE * 16]))
+    if len(runs) <= 1:
+        return runs[0] if runs else []
+    merged = heapq.merge(*runs)
+    result: list[tuple[bytes, bytes]] = []
+    while True:
+        if clock.due():
+            yield b""
+            clock.start()
+        chunk = list(itertools.islice(merged, RPC_SLICE))
+        if not chunk:
+            return result
+        result.extend(chunk)
+
+
 def encode_tsv_slices(out: dict[bytes, bytes]) -> Generator[bytes, None, tuple[bytes, str]]:
-    """`encode_tsv` in slices of RPC_SLICE lines, yielding b"" between them."""
-    items = sorted(out.items())
+    """`encode_tsv` in time-bounded slices, yielding b"" between them."""
+    clock = SliceClock()
+    items = yield from sorted_slices(out, clock)
     n = len(items)
     ctype = "text/tab-separated-values"
     needs = False
     for i in range(0, n, RPC_SLICE):
-        if i:
+        if clock.due():
             yield b""
+            clock.start()
         if any(_needs_encoding(k) or _needs_encoding(v) for k, v in items[i : i + RPC_SLICE]):
             needs = True
             break
     if needs:
         blen = ulen = 0
         for i in range(0, n, RPC_SLICE):
-            yield b""
+            if clock.due():
+                yield b""
+                clock.start()
             part = items[i : i + RPC_SLICE]
             blen += sum(_b64_len(k) + _b64_len(v) for k, v in part)
             ulen += sum(_url_len(k) + _url_len(v) for k, v in part)
@@ -765,7 +802,9 @@ def encode_tsv_slices(out: dict[bytes, bytes]) -> Generator[bytes, None, tuple[b
         ctype += "; colenc=B" if blen < ulen else "; colenc=U"
     lines: list[bytes] = []
     for i in range(0, n, RPC_SLICE):
-        yield b""
+        if clock.due():
+            yield b""
+            clock.start()
         part = items[i : i + RPC_SLICE]
         if needs:
             lines.extend(enc(k) + b"\t" + enc(v) + b"\n" for k, v in part)

@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable, Generator
 
 from core.errors import CRCError, ReadProtocolError
+from core.slices import CHUNK, SliceClock
 from kt import protocol as kt
 from net.tcp import ListenerLimits, Run, TcpService, drain
 from reads import readstats, replystream
@@ -323,24 +324,37 @@ class KtHandler:
     def _rpc_get_bulk(
         self, params: dict[bytes, bytes]
     ) -> Generator[bytes, None, tuple[int, dict[bytes, bytes]]]:
-        keys = [k[1:] for k in params if k.startswith(b"_")]
+        # Time-bounded slices (`core/slices.py`): other connections, and the gateway's
+        # writes on the root, run between them; each slice reads in its own transaction.
+        clock = SliceClock()
+        names = list(params)
+        keys: list[bytes] = []
+        for start in range(0, len(names), BULK_SLICE):
+            if clock.due():
+                yield b""
+                clock.start()
+            keys.extend(k[1:] for k in names[start : start + BULK_SLICE] if k.startswith(b"_"))
         out: dict[bytes, bytes] = {}
         size = 0
-        for start in range(0, len(keys), BULK_SLICE):
-            if start:
-                yield b""  # other connections run before the next slice
+        start = 0
+        while start < len(keys):
+            if clock.due():
+                yield b""
+                clock.start()
             with self.store.reader() as r:
-                for k in keys[start : start + BULK_SLICE]:
-                    v = r.get(k) if 1 <= len(k) <= MAX_KEY else None
-                    if v is not None:
-                        readstats.note_read(k)
-                        out[b"_" + k] = v.value
-                        size += len(v.value)
-                        if size > MAX_BULK_BYTES:
-                            return 400, {
-                                b"ERROR": b"invalid parameters: the values exceed %d bytes; "
-                                b"ask for fewer keys" % MAX_BULK_BYTES
-                            }
+                while start < len(keys) and not clock.due():
+                    for k in keys[start : start + CHUNK]:
+                        v = r.get(k) if 1 <= len(k) <= MAX_KEY else None
+                        if v is not None:
+                            readstats.note_read(k)
+                            out[b"_" + k] = v.value
+                            size += len(v.value)
+                            if size > MAX_BULK_BYTES:
+                                return 400, {
+                                    b"ERROR": b"invalid parameters: the values exceed %d "
+                                    b"bytes; ask for fewer keys" % MAX_BULK_BYTES
+                                }
+                    start += CHUNK
         self.cnt_get += len(keys)
         self.cnt_get_misses += len(keys) - len(out)
         out[b"num"] = b"%d" % len(out)

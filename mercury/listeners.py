@@ -47,7 +47,21 @@ def root_services(
 ) -> list[Service]:
     """Listeners the root runs beside the gateway: KT with point and bulk reads, and with
     writes through `kt_writer` when given (`--kt-producer`); memcached, with writes through
-    `memcached_writer` when given (`--memcached-producer`)."""
+    `memcached_writer` when given (`--memcached-producer`). Their bulk work gives way to
+    the store's commits (`TcpService.yield_to`): a heavy read never delays a write's ack."""
+    out = _root_services(store, settings, kt_writer, memcached_writer)
+    for svc in out:
+        if isinstance(svc, TcpService):
+            svc.yield_to = store.commit_gate
+    return out
+
+
+def _root_services(
+    store: Store,
+    settings: ListenerSettings,
+    kt_writer: KtWriter | None,
+    memcached_writer: KtWriter | None,
+) -> list[Service]:
     out: list[Service] = []
     if settings.memcached is not None:
         host, port = _tcp(settings.memcached)

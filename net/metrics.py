@@ -16,6 +16,14 @@ READ_ERRORS = Counter(
     "mercury_read_errors_total", "Read requests answered with an error", ["op", "reason"]
 )
 
+#: Times a connection's bulk work (a slice of a big request) waited for the store's
+#: commits in flight to end before its next slice (`TcpService.yield_to`, the root).
+LISTENER_COMMIT_WAITS = Counter(
+    "mercury_listener_commit_waits",
+    "Times bulk work on a TCP listener waited for a commit in flight before its next slice",
+    ["listener"],
+)
+
 #: Connections open now on each TCP read listener (`kt`, `memcached`).
 LISTENER_CONNECTIONS = Gauge(
     "mercury_listener_connections", "Connections open on a TCP read listener", ["listener"]

@@ -48,6 +48,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from core.addr import UnixAddr
+from core.commitgate import CommitGate
 from net import fastconn, handover
 from net.budget import (
     TCP_LABELS,
@@ -59,6 +60,7 @@ from net.budget import (
     peer_principal,
 )
 from net.metrics import (
+    LISTENER_COMMIT_WAITS,
     LISTENER_CONNECTIONS,
     LISTENER_HELD_REFUSED,
     LISTENER_QUEUED,
@@ -464,6 +466,7 @@ class _Conn(_ConnBase, asyncio.Protocol):
             return
         out: list[bytes] = []
         close = False
+        sliced = False
         try:
             size = 0
             for _ in range(STEPS_PER_TURN):
@@ -473,6 +476,7 @@ class _Conn(_ConnBase, asyncio.Protocol):
                     chunk.future.add_done_callback(self._wait_done)
                     break  # resumed by _wait_done
                 if not chunk:
+                    sliced = True
                     break  # a slice of a big request: other connections go first
                 out.append(chunk)
                 size += len(chunk)
@@ -500,8 +504,15 @@ class _Conn(_ConnBase, asyncio.Protocol):
             t.close()
             return
         if self.work is not None:
-            # More to do: let every other connection run first.
-            if self.write_paused_at is None:
+            # More to do: let every other connection run first, and a commit in flight
+            # finish first (its thread needs the GIL this work would hold).
+            gate = self.service.yield_to
+            idle = gate.idle() if sliced and gate is not None else None
+            if idle is not None and self.waiting is None:
+                LISTENER_COMMIT_WAITS.labels(self.service.name).inc()
+                self.waiting = idle
+                idle.add_done_callback(self._wait_done)
+            elif self.write_paused_at is None:
                 self._schedule()
             return
         self._idle_again()
@@ -646,6 +657,10 @@ class TcpService:
         self.reuse_port = False
         #: Listen on this unix socket instead of host:port (`--memcached-listen unix:`).
         self.unix: UnixAddr | None = None
+        #: The commits this listener's bulk work gives way to (the root's store): between
+        #: two slices of a big request, a connection waits until none is in flight
+        #: (`core/commitgate.py`). None: slices follow each other on the loop's turns.
+        self.yield_to: CommitGate | None = None
         self._server: asyncio.Server | None = None
         self._sweeper: asyncio.TimerHandle | None = None
 

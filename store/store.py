@@ -30,6 +30,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
+from core.commitgate import CommitGate
 from core.errors import CorruptionError, StoreExistsError
 from store import chainhash, codec, docs, layout, nodedocs, replica_apply, txlog
 from store.batchwrite import AnswersFn, BatchWriter, now_us
@@ -75,6 +76,9 @@ class Store:
         self.dbs = dbs
         self.readonly = readonly
         self._listeners: list[Callable[[int], None]] = []
+        #: Commits of `apply` in flight: sliced bulk reads on the same process wait for
+        #: them to end between slices (`core/commitgate.py`, `net/tcp.py`).
+        self.commit_gate = CommitGate()
         with env.begin(db=dbs.meta) as txn:
             raw = txn.get(K_DB_ID)
             if raw is None:
@@ -246,9 +250,10 @@ class Store:
         through the log in the same transaction, after the ops (`store/docs.py`).
         Raises InvalidOpError before touching anything, StoreFullError when the map is full.
         """
-        out = self._writer.apply(
-            ops, throttled=throttled, answers=answers, time_us=time_us, doc_changes=doc_changes
-        )
+        with self.commit_gate.held():
+            out = self._writer.apply(
+                ops, throttled=throttled, answers=answers, time_us=time_us, doc_changes=doc_changes
+            )
         if out.last_seq:
             self._committed(out.last_seq)
         return out
