@@ -264,6 +264,8 @@ class Batcher:
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = 0.0
         self._committed_seq = 0
+        #: Until then every batch commits as soon as it opens (`hurry`).
+        self._hurry_until = 0.0
 
     # -- public ---------------------------------------------------------------------------
 
@@ -275,6 +277,16 @@ class Batcher:
     def start(self) -> None:
         """Start the commit loop (on the running event loop)."""
         self._task = asyncio.get_running_loop().create_task(self._run(), name="batcher")
+
+    def hurry(self, seconds: float = float("inf")) -> None:
+        """Commit the open batch now, and each one opened in the next `seconds` as soon as
+        it opens (window 0). The old root of a hand-over (`kill -USR2`) hurries for good:
+        the new root, with every writer, waits for its last answers; the new one hurries
+        for a window: its first writers already waited through the switch."""
+        self._hurry_until = time.monotonic() + seconds
+        if self._open.requests:
+            self._full.set()
+            self._wake.set()
 
     async def close(self) -> None:
         """Stop accepting, commit the open batch (acknowledging it), stop the loop."""
@@ -409,7 +421,9 @@ class Batcher:
             await self._wake.wait()
             b = self._open
             if not self._closing and not self._queued:
-                remaining = b.opened + self.window_s - time.monotonic()
+                now = time.monotonic()
+                window = 0.0 if now < self._hurry_until else self.window_s
+                remaining = b.opened + window - now
                 if remaining > 0 and not self._full.is_set():
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(self._full.wait(), remaining)

@@ -260,6 +260,8 @@ async def _serve_reader(
         loop.create_task(workers.exit_with_parent(stop)),
     ]
     serving = loop.create_task(server.serve(sockets=[sock]))
+    # Started by a new reader 0 during a hand-over: its startup niceness, undone.
+    handover.restore_priority()
     stopper = loop.create_task(stop.wait())
     await asyncio.wait({serving, stopper}, return_when=asyncio.FIRST_COMPLETED)
     server.should_exit = True

@@ -16,6 +16,7 @@ import signal
 import socket
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 import uvicorn
@@ -168,6 +169,12 @@ def run_root(args: argparse.Namespace) -> int:
         )
         server = _RootServer(config)
         server.drain_s = args.drain_s
+        server.on_hand_over = lambda: app.state.gw.batcher.hurry()
+        if takeover:
+            # The writers queued through the switch are answered at once, not a window on.
+            server.on_serving = lambda: app.state.gw.batcher.hurry(
+                cfg.gateway.batch_window_ms / 1000
+            )
         server.handover_timeout_s = args.handover_timeout_s
         # GET /v1/watch on the root too; its endless streams end once the server stops.
         reads_watch.install(app, store)
@@ -187,6 +194,10 @@ class _RootServer(uvicorn_http.Server):
 
     drain_s = upgrade.DRAIN_S
     handover_timeout_s = upgrade.HANDOVER_TIMEOUT_S
+    #: Called as the hand-over begins: the batcher commits what it holds at once.
+    on_hand_over: Callable[[], None] | None = None
+    #: Called once this server accepts (a hand-over's new root).
+    on_serving: Callable[[], None] | None = None
 
     async def serve(self, sockets: list[socket.socket] | None = None) -> None:
         loop = asyncio.get_running_loop()
@@ -201,7 +212,7 @@ class _RootServer(uvicorn_http.Server):
             timeout=self.handover_timeout_s,
         ).install(loop)
         stopped = asyncio.Event()
-        ready = loop.create_task(upgrade.report_when_serving(self, stopped))
+        ready = loop.create_task(upgrade.report_when_serving(self, stopped, self.on_serving))
         try:
             await super().serve(sockets)
         finally:
@@ -212,6 +223,8 @@ class _RootServer(uvicorn_http.Server):
         # Idle keep-alive connections get a short grace only: the writer lock (and with it
         # the new root) waits for every connection of this one to end.
         self.drain(min(upgrade.ROOT_IDLE_GRACE_S, self.drain_s), self.drain_s)
+        if self.on_hand_over is not None:
+            self.on_hand_over()
 
 
 def _take_writer_lock(data_dir: str, timeout: float) -> WriterLock:

@@ -25,7 +25,7 @@ HANDOVER_TIMEOUT_S = 60.0
 DRAIN_S = 10.0
 #: A root's idle keep-alive connection gets this long for one last request while the old
 #: root drains (a replica's gets the whole `--drain-s`: nothing waits for its drain).
-ROOT_IDLE_GRACE_S = 0.25
+ROOT_IDLE_GRACE_S = 0.1
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -111,10 +111,14 @@ def report_ready() -> None:
     handover.report(handover.READY)
 
 
-async def report_when_serving(server: object, stop: asyncio.Event) -> None:
-    """`report_ready` once uvicorn's `server.started` (its sockets accept)."""
+async def report_when_serving(
+    server: object, stop: asyncio.Event, then: Callable[[], None] | None = None
+) -> None:
+    """`report_ready` (and `then`) once uvicorn's `server.started` (its sockets accept)."""
     while not getattr(server, "started", False):
         if stop.is_set():
             return
         await asyncio.sleep(0.005)
+    if then is not None:
+        then()
     report_ready()

@@ -27,6 +27,8 @@ import asyncio
 import contextlib
 import logging
 import os
+import resource
+import shutil
 import socket
 import stat
 import subprocess
@@ -41,6 +43,11 @@ log = logging.getLogger("mercury.handover")
 
 HANDOVER_FDS_ENV = "MERCURY_HANDOVER_FDS"
 HANDOVER_PIPE_ENV = "MERCURY_HANDOVER_PIPE"
+#: The niceness the successor returns to once ready (it starts `STARTUP_NICE` above it).
+HANDOVER_NICE_ENV = "MERCURY_HANDOVER_NICE"
+#: The successor's interpreter starts (imports, opens, builds its app: seconds of CPU)
+#: this much nicer than the old process, which serves meanwhile on the same cores.
+STARTUP_NICE = 10
 #: systemd's first passed descriptor (SD_LISTEN_FDS_START).
 SD_LISTEN_FDS_START = 3
 
@@ -298,9 +305,43 @@ def report(stage: str, why: str = "") -> None:
     # root says so at PREPARED already: the old one exits before this one is READY, and
     # systemd would take the main process's exit for the service's end.
     if stage == PREPARED:
+        # A root's startup from here on (the store, its app) is the write gap: at full speed.
+        restore_priority()
         sd_notify(f"MAINPID={os.getpid()}")
     elif stage == READY:
+        restore_priority()
         sd_notify(f"MAINPID={os.getpid()}\nREADY=1")
+
+
+def restore_priority() -> None:
+    """Back to the old process's niceness after a startup at `STARTUP_NICE` (every thread:
+    Linux keeps a niceness per thread). Children started meanwhile (reader processes) call
+    it themselves once they serve."""
+    raw = os.environ.get(HANDOVER_NICE_ENV, "")
+    if not raw.lstrip("-").isdigit():
+        return
+    for tid in _threads():
+        try:
+            os.setpriority(os.PRIO_PROCESS, tid, int(raw))
+        except OSError as err:
+            log.warning("hand-over: cannot return to niceness %s: %s", raw, err)
+            return
+
+
+def _threads() -> list[int]:
+    try:
+        return [int(t) for t in os.listdir("/proc/self/task")]
+    except OSError:
+        return [0]
+
+
+def _can_renice(now: int) -> bool:
+    """Whether a process of ours may return from `now + STARTUP_NICE` to `now` (lowering a
+    niceness takes CAP_SYS_NICE, or an RLIMIT_NICE that allows it)."""
+    if os.geteuid() == 0:
+        return True
+    soft = resource.getrlimit(resource.RLIMIT_NICE)[0]
+    return soft == resource.RLIM_INFINITY or soft >= 20 - now
 
 
 def sd_notify(message: str, env: Mapping[str, str] | None = None) -> bool:
@@ -351,12 +392,23 @@ class Successor:
         """Start `argv` with `sockets` (by name) and a pipe to report on."""
         r, w = os.pipe()
         fds = {name: s.fileno() for name, s in sockets.items()}
-        env = {k: v for k, v in os.environ.items() if k not in ("LISTEN_PID", "LISTEN_FDS")}
+        env = {
+            k: v
+            for k, v in os.environ.items()
+            if k not in ("LISTEN_PID", "LISTEN_FDS", HANDOVER_NICE_ENV)
+        }
         env.update(extra_env or {})
         env[HANDOVER_FDS_ENV] = format_handover_fds(fds)
         env[HANDOVER_PIPE_ENV] = str(w)
+        argv = list(argv)
+        now = os.getpriority(os.PRIO_PROCESS, 0)
+        nice = shutil.which("nice")
+        if nice is not None and _can_renice(now):
+            # `nice` execs the command: the PID stays the successor's.
+            argv = [nice, "-n", str(STARTUP_NICE), *argv]
+            env[HANDOVER_NICE_ENV] = str(now)
         try:
-            proc = subprocess.Popen(list(argv), env=env, pass_fds=(*fds.values(), w))
+            proc = subprocess.Popen(argv, env=env, pass_fds=(*fds.values(), w))
         except BaseException:
             os.close(r)
             raise
