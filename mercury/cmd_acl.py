@@ -23,7 +23,8 @@ from typing import Any
 import orjson
 
 from core.errors import ConfigError
-from mercury.cmd_gateway import _check, _client, _client_args, json_output, output_args
+from mercury.cliopts import json_output, output_args
+from mercury.cmd_gateway import _check, _client, _client_args
 from mercury_client.wire import segment
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}

@@ -12,6 +12,7 @@ import httpx
 
 from core.errors import ConfigError, GatewayError
 from mercury import ha_flags, retention_flags, tls, upgrade
+from mercury.cliopts import http_url
 from net import http_bounds
 from net.tcp import add_listener_flags
 from reads import watch
@@ -121,17 +122,6 @@ def register(sub: Any) -> None:
     p.set_defaults(func=_root)
 
 
-def http_url(text: str) -> str:
-    """An argparse type: one http(s) URL, or several separated by commas (kept as given),
-    so that `--url 127.0.0.1:8080` is a usage error, not a failed connection."""
-    for part in text.split(","):
-        if not part.strip().lower().startswith(("http://", "https://")):
-            raise argparse.ArgumentTypeError(
-                f"{part!r} is not an http:// or https:// URL (e.g. http://{part.strip()})"
-            )
-    return text
-
-
 def _client_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--url",
@@ -153,22 +143,6 @@ def _client_args(p: argparse.ArgumentParser) -> None:
     )
 
 
-def output_args(p: argparse.ArgumentParser, json_help: str = "print JSON") -> None:
-    """`-o json|text` (and its older spelling `--json`) on a command that prints data."""
-    p.add_argument(
-        "-o",
-        "--output",
-        choices=("text", "json"),
-        default="text",
-        help=f"text (default) or json: {json_help}",
-    )
-    p.add_argument("--json", action="store_true", help="the same as -o json")
-
-
-def json_output(args: argparse.Namespace) -> bool:
-    return bool(args.json or args.output == "json")
-
-
 def _root(args: argparse.Namespace) -> int:
     from mercury.root import run_root
 
@@ -176,6 +150,11 @@ def _root(args: argparse.Namespace) -> int:
 
 
 def _client(args: argparse.Namespace) -> httpx.Client:
+    if "," in args.url:
+        raise ConfigError(
+            f"--url {args.url}: an administration command takes one URL",
+            hint="the HA leader's (a standby answers with its leader's address)",
+        )
     try:
         token = Path(args.admin_token_file).read_text().strip()
     except OSError as err:

@@ -22,7 +22,7 @@ from typing import Any, BinaryIO
 from tqdm import tqdm
 
 from mercury.cli import failed_url, transport_message
-from mercury.cmd_gateway import http_url
+from mercury.cliopts import http_url
 from mercury_client import (
     Client,
     Gone,

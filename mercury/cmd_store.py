@@ -15,6 +15,7 @@ from tqdm import tqdm
 from acl.tokens import hash_token, new_token
 from core.cpuflags import cpu_flags
 from core.errors import MercuryError
+from mercury.cliopts import json_output, output_args
 from migrations import runner
 from store import chainhash, setaside
 from store import check as store_check
@@ -57,7 +58,7 @@ def register(sub: Any) -> None:
         "(last committed/applied), hash_head and log_first_seq.",
     )
     p.add_argument("data_dir", metavar="DATA_DIR")
-    p.add_argument("--json", action="store_true", help="print one JSON object")
+    output_args(p, "one JSON object")
     p.set_defaults(func=cmd_status)
 
     p = sub.add_parser(
@@ -109,7 +110,7 @@ def register(sub: Any) -> None:
         help="seed a replica's store instead of restoring a root's: log nothing, drop the "
         "source node's node-local documents",
     )
-    p.add_argument("--json", action="store_true", help="print one JSON object only")
+    output_args(p, "one JSON object only")
     p.set_defaults(func=cmd_restore)
 
     p = sub.add_parser(
@@ -173,7 +174,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         st = store.status()
     finally:
         store.close()
-    if args.json:
+    if json_output(args):
         print(json.dumps(st))
     else:
         for k, v in st.items():
@@ -256,7 +257,7 @@ def cmd_restore(args: argparse.Namespace) -> int:
     2 when DATA_DIR is held by a running process or the snapshot fails a check."""
     with WriterLock.acquire(args.data_dir):
         done = restore(args.snapshot, args.data_dir, replica=args.replica)
-    if args.json:
+    if json_output(args):
         print(done.to_json())
         return 0
     for line in restore_report(done, args.replica):

@@ -14,7 +14,8 @@ from typing import Any
 import orjson
 
 from core.errors import ConfigError
-from mercury.cmd_gateway import _check, _client, _client_args, json_output, output_args
+from mercury.cliopts import json_output, output_args
+from mercury.cmd_gateway import _check, _client, _client_args
 
 BARS = "▁▂▃▄▅▆▇█"
 #: Cells of a sparkline: points are summed into this many bins.

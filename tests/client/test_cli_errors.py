@@ -7,9 +7,10 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+import httpx
 import pytest
 
-from mercury.cli import build_parser, main
+from mercury.cli import build_parser, describe, main
 from testkit.procs import free_port
 from tests.test_api_doc import leaf_commands
 
@@ -116,3 +117,16 @@ def test_a_command_reports_its_own_usage_and_urls_need_a_scheme(
     assert status == 2 and "http://127.0.0.1:8080" in err
     status, err = run(["usage", "--admin-token-file", "t", "--since", "yesterday"], capsys)
     assert status == 2 and "'yesterday'" in err and "-yesterday" not in err
+
+
+def test_connection_failures_name_the_url_and_a_tls_failure_suggests_ca() -> None:
+    request = httpx.Request("GET", "https://root.example:8443/v1/admin/audit")
+    tls = httpx.ConnectError("[SSL: CERTIFICATE_VERIFY_FAILED] self-signed", request=request)
+    message, status = describe(tls)
+    assert status == 5 and "https://root.example:8443/v1/admin/audit" in message
+    assert "--ca" in message
+    refused = httpx.ConnectError("[Errno 111] Connection refused", request=request)
+    message, status = describe(refused)
+    assert status == 5 and "--ca" not in message and "--url" in message
+    message, status = describe(RuntimeError("a bug"))
+    assert status == 1 and "--log-level debug" in message
