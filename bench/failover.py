@@ -12,7 +12,8 @@ Real etcd, real `mercury root --ha-etcd` candidates, real sockets; one JSON obje
   budget included), writing unique keys; each of `--sdk-rounds` rounds SIGKILLs the leader.
   Reports failed writes (goal: 0), the failover P50/P99 (kill to the first write another
   node acknowledged) and the longest single write, and checks every acknowledged write on
-  every node. Lease TTL `--ttl` (default 5, the server's default).
+  every node. Lease TTL `--ttl` (default 5, the server's default). Then a rolling restart of
+  the three (SIGTERM, start again, rejoin, in turn) under the same writers: its failed writes.
 - ``ack``: single-key PUTs on a fixed schedule of `--rate`/s (latency from the scheduled
   send time) against a leader with one synchronous standby and against a leader whose
   standby is not waited for (`--sync-standbys 0`), both clusters running at once and the
@@ -207,6 +208,27 @@ def sdk_failover(
                 failure = f"round {r + 1}: {str(err)[:300]}"
                 break
             print(f"sdk round {r + 1}: {times[-1]:.2f} s", file=sys.stderr)
+        # Then a rolling restart (SIGTERM, start again, rejoin) of every candidate in turn,
+        # the leader among them, under the same writers.
+        failed_before, acked_before = len(sdk.failed), sdk.count()
+        rolling_done = 0
+        if failure is None:
+            try:
+                for node in list(cluster.nodes):
+                    want = sdk.count() + 200
+                    wait_until(lambda: sdk.count() >= want, 120, "writes before a restart")  # noqa: B023
+                    cluster.stop(node)
+                    cluster.start_node(node)
+                    cluster.wait_standbys(2, timeout=120)
+                    rolling_done += 1
+                    print(f"sdk rolling restart: {node.name} back", file=sys.stderr)
+            except AssertionError as err:
+                failure = f"rolling restart: {str(err)[:300]}"
+        rolling = {
+            "candidates_restarted": rolling_done,
+            "acknowledged_writes": sdk.count() - acked_before,
+            "failed_writes": len(sdk.failed) - failed_before,
+        }
     out: dict[str, Any] = {
         "rounds": rounds,
         "rounds_done": len(times),
@@ -218,6 +240,7 @@ def sdk_failover(
         "failed_examples": sdk.failed[:5],
         "failover_s": [round(t, 2) for t in times],
         "longest_write_s": round(sdk.longest_s, 3),
+        "rolling_restart": rolling,
     }
     if times:
         out |= {"failover_p50_s": pctl(times, 0.5), "failover_p99_s": pctl(times, 0.99)}
