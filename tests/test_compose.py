@@ -137,7 +137,7 @@ def test_prometheus_scrapes_every_node(config: dict[str, Any]) -> None:
     (sd,) = ha["dns_sd_configs"]
     ha_config = compose_config("--profile", "ha")["services"]
     candidates = {n for n, svc in ha_config.items() if "--ha-etcd" in str(svc.get("command"))}
-    assert set(sd["names"]) == candidates == {"root-a", "root-b"}
+    assert set(sd["names"]) == candidates == {"root-a", "root-b", "root-c"}
     for name in candidates:
         assert f"--listen 0.0.0.0:{sd['port']}" in " ".join(ha_config[name]["command"])
     address = [r for r in ha["relabel_configs"] if r.get("target_label") == "__address__"]

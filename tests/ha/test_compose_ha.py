@@ -1,4 +1,4 @@
-"""docker-compose.yml's HA profile: three etcd members and two root candidates, validated
+"""docker-compose.yml's HA profile: three etcd members and three root candidates, validated
 by a real Compose implementation; without the profile the topology keeps one root."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from mercury.cli import build_parser
 from testkit.compose import compose_config
 
 REPO = Path(__file__).resolve().parents[2]
-HA = {"etcd-1", "etcd-2", "etcd-3", "certs-ha", "root-a", "root-b"}
+HA = {"etcd-1", "etcd-2", "etcd-3", "certs-ha", "root-a", "root-b", "root-c"}
 ETCD = ["etcd-1", "etcd-2", "etcd-3"]
 
 
@@ -31,7 +31,7 @@ def test_make_run_topology_stays_single_root() -> None:
     assert not HA & set(_config()["services"])
 
 
-def test_ha_profile_etcd_and_two_candidates() -> None:
+def test_ha_profile_etcd_and_three_candidates() -> None:
     s = _config("--profile", "ha")["services"]
     assert set(s) >= HA
     for name in ETCD:
@@ -42,9 +42,9 @@ def test_ha_profile_etcd_and_two_candidates() -> None:
     certs = s["certs-ha"]["command"]
     assert certs[:2] == ["certs", "/certs"]
     made = {certs[i + 1] for i, a in enumerate(certs) if a == "--node"}
-    assert made == {"root-a", "root-b"}
+    assert made == {"root-a", "root-b", "root-c"}
     groups = set()
-    for name in ("root-a", "root-b"):
+    for name in ("root-a", "root-b", "root-c"):
         argv = _candidate_argv(s[name])
         args = build_parser().parse_args(argv)  # `mercury root` accepts every flag
         assert args.ha_etcd == ",".join(f"http://{m}:2379" for m in ETCD)
@@ -56,4 +56,5 @@ def test_ha_profile_etcd_and_two_candidates() -> None:
         assert set(s[name]["depends_on"]) >= {"certs-ha", *ETCD}
     assert len(groups) == 1
     assert "mercury init /data" in s["root-a"]["command"][0]
-    assert "mercury init" not in s["root-b"]["command"][0]  # bootstraps from the leader
+    for name in ("root-b", "root-c"):
+        assert "mercury init" not in s[name]["command"][0]  # bootstraps from the leader
