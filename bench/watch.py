@@ -29,6 +29,11 @@ at a time, 2 s timeout each). Printed: that client's success % and P50/P99 befor
 during the attack, the target's serving process's anonymous RSS before, at its peak during
 the attack and after the streams closed, and the watch metrics. Goal: RSS growth <= 256
 MB, the well-behaved client >= 99 % successful with P99 <= 100 ms.
+
+``--attack streams``: the same, with `--watchers` (default 1,200: past the HTTP listener's
+1,000 connections) live streams on a quiet prefix (``GET /v1/watch?prefix=quiet/``) that
+never read, and the well-behaved client alternating a point read and ``GET /metrics``
+(with ``--target root``, a write too): streams hold no connection slot, so it is served.
 """
 
 from __future__ import annotations
@@ -229,16 +234,30 @@ async def bench(args: argparse.Namespace, gw: int, http: int, ptoken: str) -> di
 
 
 async def _reader(
-    url: str, key: str, stop: asyncio.Event, out: list[float | None], token: str | None
+    url: str,
+    key: str,
+    stop: asyncio.Event,
+    out: list[float | None],
+    token: str | None,
+    mixed: bool = False,
 ) -> None:
     """A well-behaved client: GET `key` one request at a time until `stop`; each latency
-    (None: failed or over 2 s) into `out`. `token`: the root's point GET takes one."""
+    (None: failed or over 2 s) into `out`. `token`: the root's point GET takes one.
+    `mixed`: every other request is ``GET /metrics``, and with a token every third a PUT
+    of `key` (the root)."""
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     async with httpx.AsyncClient(base_url=url, timeout=2.0, headers=headers) as c:
+        i = 0
         while not stop.is_set():
+            i += 1
             t0 = time.perf_counter()
             try:
-                r = await c.get(f"/v1/kv/{key}")
+                if mixed and token and i % 3 == 0:
+                    r = await c.put(f"/v1/kv/{key}", content=b"fine")
+                elif mixed and i % 2 == 0:
+                    r = await c.get("/metrics")
+                else:
+                    r = await c.get(f"/v1/kv/{key}")
                 out.append(time.perf_counter() - t0 if r.status_code == 200 else None)
             except httpx.HTTPError:
                 out.append(None)
@@ -262,6 +281,7 @@ async def catchup_attack(
     """`--watchers` never-reading catch-up streams from seq 1 against `url` (served by
     process `pid`), beside a well-behaved reader (module docstring)."""
     host, port = url.removeprefix("http://").split(":")
+    mixed = args.attack == "streams"
     stop = asyncio.Event()
     before_lat: list[float | None] = []
     during_lat: list[float | None] = []
@@ -273,16 +293,17 @@ async def catchup_attack(
             await asyncio.sleep(0.1)
 
     mb = 1 << 20
-    t = asyncio.create_task(_reader(url, "ok/k", stop, before_lat, token))
+    t = asyncio.create_task(_reader(url, "ok/k", stop, before_lat, token, mixed))
     await asyncio.sleep(args.phase_seconds)
     stop.set()
     await t
     rss_before = procstat.anon_rss_bytes(pid)
     stop = asyncio.Event()
     sampler = asyncio.create_task(sample(stop))
-    reader = asyncio.create_task(_reader(url, "ok/k", stop, during_lat, token))
+    reader = asyncio.create_task(_reader(url, "ok/k", stop, during_lat, token, mixed))
     auth = f"Authorization: Bearer {token}\r\n" if token else ""
-    req = (f"GET /v1/watch?prefix=big/&from_seq=1 HTTP/1.1\r\nHost: bench\r\n{auth}\r\n").encode()
+    query = "prefix=big/&from_seq=1" if args.attack == "catchup" else "prefix=quiet/"
+    req = (f"GET /v1/watch?{query} HTTP/1.1\r\nHost: bench\r\n{auth}\r\n").encode()
     socks: list[Any] = []
     statuses: dict[str, int] = {}
     t_open = time.monotonic()
@@ -367,7 +388,7 @@ def main() -> int:
     p.add_argument("--window-ms", type=int, default=10)
     p.add_argument("--max-seconds", type=float, default=300)
     p.add_argument("--crowd-port", type=int, default=None, help=argparse.SUPPRESS)
-    p.add_argument("--attack", choices=("catchup",), default=None)
+    p.add_argument("--attack", choices=("catchup", "streams"), default=None)
     p.add_argument("--target", choices=("replica", "root"), default="replica")
     p.add_argument("--fill-mb", type=int, default=40)
     p.add_argument("--batch-mb", type=int, default=4)
@@ -383,7 +404,9 @@ def main() -> int:
     )
     args = p.parse_args()
     if args.attack is not None and args.watchers == 1000:
-        args.watchers = 200
+        args.watchers = 200 if args.attack == "catchup" else 1200
+    if args.attack == "streams":
+        args.fill_mb = min(args.fill_mb, 1)
     if args.crowd_port is not None:
         asyncio.run(crowd(args.crowd_port, args.watchers))
         return 0
@@ -413,7 +436,8 @@ def main() -> int:
                 base_url=f"http://127.0.0.1:{gw}", headers={"Authorization": f"Bearer {token}"}
             ) as admin:
                 admin.put(
-                    "/v1/admin/producers/bench", json={"keyspaces": ["bench/", "big/", "ok/"]}
+                    "/v1/admin/producers/bench",
+                    json={"keyspaces": ["bench/", "big/", "ok/", "quiet/"]},
                 ).raise_for_status()
                 ptoken = admin.post("/v1/admin/producers/bench/tokens").json()["token"]
             replica = procs.start_mercury(
@@ -441,7 +465,7 @@ def main() -> int:
                 url = f"http://127.0.0.1:{gw if on_root else http}"
                 pid = (root if on_root else replica).pid
                 out = {
-                    "bench": "watch-catchup-attack",
+                    "bench": f"watch-{args.attack}-attack",
                     "settings": {
                         "target": args.target,
                         "watchers": args.watchers,

@@ -31,6 +31,7 @@ import collections
 import contextlib
 import gc
 import logging
+import math
 import threading
 import time
 from collections.abc import AsyncGenerator, Callable
@@ -80,6 +81,9 @@ RECORD_CACHE_BYTES = 64 << 20
 #: Seconds after the last catch-up ended before their memory is let go (`_release`): the
 #: streams of a burst end together, one release serves them all.
 RELEASE_DELAY_S = 1.0
+#: Seconds between two releases at least (each collects the process's garbage, some tens
+#: of ms on the loop): streams that end one by one cost one every so often, not each.
+RELEASE_EVERY_S = 30.0
 #: Concurrent watch streams per process; more are refused with 503.
 MAX_WATCHERS = 10_000
 #: Seconds a cut-off watcher gets to take its final line before its stream is cancelled
@@ -346,6 +350,7 @@ class WatchHub:
         self.catching_up = 0
         self._steps_running = 0
         self._release_timer: asyncio.TimerHandle | None = None
+        self._released_at = -math.inf
         self.heartbeat_s = heartbeat_s
         self.queue_bytes = queue_bytes
         self.queue_chunks = queue_chunks
@@ -630,13 +635,13 @@ class WatchHub:
         return await asyncio.shield(fut)
 
     def _release_if_idle(self) -> None:
-        """With no catch-up left, let their memory go soon (`_release`)."""
+        """A stream ended: with no catch-up left, let the memory of the ended ones go soon
+        (`_release`), at most every `RELEASE_EVERY_S`."""
         if self.catching_up or self._steps_running or self._release_timer is not None:
             return
+        wait = max(RELEASE_DELAY_S, self._released_at + RELEASE_EVERY_S - time.monotonic())
         with contextlib.suppress(RuntimeError):  # the loop is closing
-            self._release_timer = asyncio.get_running_loop().call_later(
-                RELEASE_DELAY_S, self._release
-            )
+            self._release_timer = asyncio.get_running_loop().call_later(wait, self._release)
 
     def _release(self) -> None:
         """The memory of the catch-ups, back to the system once none runs: the shared
@@ -648,7 +653,8 @@ class WatchHub:
         catch-ups for ever)."""
         self._release_timer = None
         if self.catching_up or self._steps_running:
-            return
+            return  # the last to end asks again
+        self._released_at = time.monotonic()
         self.records.clear()
         t0 = time.perf_counter()
         found = gc.collect()
@@ -729,6 +735,7 @@ class WatchHub:
             self._unregister(w)
             self.streams.leave(w)
             WATCH_STREAMS.dec()
+            self._release_if_idle()
 
 
 def _query(qs: bytes) -> dict[str, bytes]:
