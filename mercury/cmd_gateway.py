@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import ssl
 from pathlib import Path
 from typing import Any
 
@@ -166,8 +167,18 @@ def _client(args: argparse.Namespace) -> httpx.Client:
         base_url=args.url.rstrip("/"),
         headers={"Authorization": f"Bearer {token}"},
         timeout=getattr(args, "timeout", 30.0),
-        verify=getattr(args, "ca", None) or True,
+        verify=_verify(getattr(args, "ca", None)),
     )
+
+
+def _verify(ca: str | None) -> ssl.SSLContext | bool:
+    """--ca: that CA only; else the system's (and SSL_CERT_FILE's, which httpx honours)."""
+    if not ca:
+        return True
+    try:
+        return ssl.create_default_context(cafile=ca)
+    except (OSError, ssl.SSLError) as err:
+        raise ConfigError(f"cannot read --ca {ca}: {err.strerror or err}") from err
 
 
 def _check(resp: httpx.Response) -> Any:
