@@ -49,7 +49,7 @@ def run_root(args: argparse.Namespace) -> int:
     if args.ha_etcd and not args.ha_await_go:  # a root candidate (ha/candidate.py)
         from ha.candidate import run_candidate
 
-        return run_candidate(args, tls.files_from_args(args))
+        return run_candidate(args, tls.files_from_args(args, frozenset({"root"})))
     # Imported here so `mercury --help` does not load the other components.
     from mercury import listeners as reads_wiring
     from reads import watch as reads_watch

@@ -18,8 +18,10 @@ import logging
 import signal
 import ssl
 from collections.abc import Callable, Iterable
+from pathlib import Path
 
 from core.errors import ConfigError
+from net import certs
 from net.tlsconf import TlsContexts, TlsFiles, reload_in_place
 
 log = logging.getLogger("mercury.tls")
@@ -80,8 +82,13 @@ def check_tokenless_listeners(
             )
 
 
-def files_from_args(args: argparse.Namespace) -> TlsFiles | None:
-    """The TLS files named by the flags, None without them; ConfigError for a partial set."""
+def files_from_args(
+    args: argparse.Namespace, roles: frozenset[str] = certs.REPLICATION_ROLES
+) -> TlsFiles | None:
+    """The TLS files named by the flags, None without them; ConfigError for a partial set,
+    and for a certificate whose role is not one of `roles` (a node started with a
+    consumer's certificate; an HA candidate, which replicates as a standby, needs
+    ``root``): its peers would refuse it anyway, with a less clear message."""
     given = (args.tls_cert, args.tls_key, args.tls_ca)
     if not any(given):
         return None
@@ -93,7 +100,24 @@ def files_from_args(args: argparse.Namespace) -> TlsFiles | None:
             "--tls-allow-roleless: replication peers whose certificate carries no role are "
             "accepted (each logged); reissue them with `mercury certs --role root|replica`"
         )
+    _check_own_role(Path(args.tls_cert), roles, roleless)
     return TlsFiles(cert=args.tls_cert, key=args.tls_key, ca=args.tls_ca, allow_roleless=roleless)
+
+
+def _check_own_role(cert: Path, roles: frozenset[str], roleless: bool) -> None:
+    try:
+        role = certs.role_of_file(cert)
+    except (OSError, ValueError):
+        return  # unreadable or malformed: loading the TLS context says so, as before
+    if role is None and roleless:
+        return
+    if role not in roles:
+        need = " or ".join(sorted(roles))
+        raise ConfigError(
+            f"{cert} carries role {role or 'none'}; this node needs {need}",
+            hint=f"issue it with `mercury certs OUT --node NAME --role {'|'.join(sorted(roles))}`"
+            + ("" if role is not None else ", or pass --tls-allow-roleless"),
+        )
 
 
 def uvicorn_ssl(files: TlsFiles | None) -> dict[str, object]:

@@ -236,3 +236,24 @@ def test_connect_refuses_a_source_without_a_replication_role(tmp_path: Path, bul
                 await listener.close()
 
     asyncio.run(go())
+
+
+def test_a_node_refuses_to_start_with_a_certificate_it_cannot_replicate_with(
+    tmp_path: Path,
+) -> None:
+    """A root (or replica) with a consumer's certificate, and an HA candidate (a standby
+    replicates from the leader) with anything but a root certificate, stop at start with
+    exit 2 naming the role, before binding anything."""
+    pki = _certs(tmp_path / "certs")
+    data = tmp_path / "data"
+    assert run_mercury("init", str(data)).returncode == 0
+    listen = ["--listen", f"127.0.0.1:{free_port()}"]
+    res = run_mercury("root", str(data), *listen, *tls_flags(pki["c1"]))
+    assert res.returncode == 2 and "carries role consumer" in res.stderr, res.stderr
+    res = run_mercury("replica", str(tmp_path / "r"), *listen, "--source", "127.0.0.1:1",
+                      *tls_flags(pki["legacy"]))  # fmt: skip
+    assert res.returncode == 2 and "carries role none" in res.stderr, res.stderr
+    candidate = ["--ha-etcd", "http://127.0.0.1:1", "--ha-group", "g", "--advertise-url",
+                 "https://127.0.0.1:1"]  # fmt: skip
+    res = run_mercury("root", str(data), *listen, *candidate, *tls_flags(pki["r1"]))
+    assert res.returncode == 2 and "this node needs root" in res.stderr, res.stderr
