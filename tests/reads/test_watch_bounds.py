@@ -162,6 +162,47 @@ def test_a_full_budget_ends_the_stream_whose_client_took_nothing_longest(tmp_pat
         store.close()
 
 
+def test_a_full_budget_ends_an_unauthenticated_stream_before_an_authenticated_one(
+    tmp_path: Path,
+) -> None:
+    """At the cap, a stream held for a verified token outlasts an anonymous one, even one
+    whose client took bytes more recently; and no principal holds more than its share
+    once the budget is full (its newcomer ends one of its own)."""
+    from net.budget import peer_principal, token_principal
+    from reads.watch import Watcher, WatchHub
+    from store.store import Store
+
+    store = Store.create(str(tmp_path / "s"), sync=False, map_size=1 << 28)
+
+    async def run() -> None:
+        hub = WatchHub(store, max_watchers=4, principal_share=0.5)
+        try:
+            token = token_principal("t0ken")
+            anon = peer_principal(("10.0.0.1", 1))
+            authed = [Watcher(b"k/") for _ in range(2)]
+            for w in authed:
+                assert hub.join(w, hub.admit(None), token)
+            fresh = [Watcher(b"k/") for _ in range(2)]
+            for w in fresh:  # admitted later: their clients took bytes more recently
+                assert hub.join(w, hub.admit(None), anon)
+            # a newcomer of a third principal: an anonymous stream goes, the stalest of them
+            assert hub.join(Watcher(b"k/"), hub.admit(None), peer_principal(("10.0.0.2", 1)))
+            assert fresh[0] not in hub.streams and fresh[1] in hub.streams
+            assert all(w in hub.streams for w in authed)
+            # the token at its share (2 of 4): its newcomer ends one of its own
+            again = Watcher(b"k/")
+            assert hub.join(again, hub.admit(None), token)
+            assert again in hub.streams and authed[0] not in hub.streams
+            assert hub.streams.holds(token) == 2
+        finally:
+            await hub.stop()
+
+    try:
+        asyncio.run(run())
+    finally:
+        store.close()
+
+
 def test_catch_up_from_seq_1_by_clients_that_never_read_is_bounded(
     tmp_path: Path, procs: Procs
 ) -> None:
