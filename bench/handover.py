@@ -457,11 +457,19 @@ def new_holder(data: Path, old: int) -> int:
 def startup_of(log: Path, t_signal: float) -> dict[str, Any]:
     start = events(log, "handover-start")[-1]
     done = events(log, "handover")[-1]
-    return {
+    out = {
         "signal_to_ready_s": round(ts(done) - t_signal, 3),
         "new_start_to_ready_s": round(ts(done) - ts(start), 3),
         "stage": done.get("stage"),
     }
+    # The new process logs to the same file (it inherits the old one's output): a root's
+    # part after PREPARED (the old one's drain, the lock, the store's open, its app).
+    locked = [e for e in events(log, "writer-lock") if ts(e) >= ts(done)]
+    began = [e for e in events(log, "start") if ts(e) >= ts(done)]
+    if locked and began:
+        out["prepared_to_lock_s"] = round(ts(locked[0]) - ts(done), 3)
+        out["lock_to_start_event_s"] = round(ts(began[0]) - ts(locked[0]), 3)
+    return out
 
 
 def startup_scenario(tmp: Path, args: argparse.Namespace) -> dict[str, Any]:
