@@ -129,23 +129,23 @@ def source(tmp_path: Path) -> Iterator[RootNode]:
         root.close()
 
 
-def _replica(tmp_path: Path, procs: Procs, source: RootNode) -> tuple[int, int]:
-    port, mc = free_port(), free_port()
+def _replica(tmp_path: Path, procs: Procs, source: RootNode) -> tuple[int, int, int]:
+    port, mc, ktp = free_port(), free_port(), free_port()
     args = ["replica", str(tmp_path / "replica"), "--listen", f"127.0.0.1:{port}"]
     args += ["--source", f"127.0.0.1:{source.port}", "--no-sync"]
-    args += ["--memcached-listen", f"127.0.0.1:{mc}"]
+    args += ["--memcached-listen", f"127.0.0.1:{mc}", "--kt-listen", f"127.0.0.1:{ktp}"]
     args += ["--http-max-connections", str(CAP), "--http-body-grace", GRACE]
     args += ["--listener-max-connections", str(CAP), "--listener-body-grace-s", GRACE]
     p = procs.start_mercury(*args, name="replica")
     wait_http(f"http://127.0.0.1:{port}/healthz", timeout=60, proc=p)
     wait_seq(port, source.store.last_seq())
-    return port, mc
+    return port, mc, ktp
 
 
 def test_trickled_get_bulks_without_credentials_cannot_stop_a_readers_get_bulks(
     tmp_path: Path, procs: Procs, source: RootNode
 ) -> None:
-    port, _mc = _replica(tmp_path, procs, source)
+    port, _mc, _kt = _replica(tmp_path, procs, source)
     t = Trickler(port, post_head("/v1/get_bulk", None), conns=CAP + 10)
     t.start()
     try:
@@ -165,22 +165,37 @@ def test_trickled_get_bulks_without_credentials_cannot_stop_a_readers_get_bulks(
         t.stop()
 
 
-def test_a_trickled_memcached_set_is_cut_for_its_rate_while_another_client_is_served(
-    tmp_path: Path, procs: Procs, source: RootNode
+#: Per listener: a request announcing 100,000 bytes that never all come, and a request
+#: and the start of its answer.
+PROTOCOL_TRICKLES = {
+    "memcached": (b"set k 0 0 100000\r\n", b"version\r\n", b"VERSION"),
+    "kt": (
+        b"POST /rpc/set HTTP/1.1\r\nHost: x\r\nContent-Length: 100000\r\n\r\nkey=",
+        b"GET /rpc/void HTTP/1.1\r\nHost: x\r\n\r\n",
+        b"HTTP/1.1 200",
+    ),
+}
+
+
+@pytest.mark.parametrize("listener", ["memcached", "kt"])
+def test_a_trickled_protocol_request_is_cut_for_its_rate_while_another_client_is_served(
+    tmp_path: Path, procs: Procs, source: RootNode, listener: str
 ) -> None:
-    port, mc = _replica(tmp_path, procs, source)
-    # A storage command announcing 100,000 bytes of data, sent a byte every half second,
-    # on half the cap (at the full cap its reconnections would evict its own first).
-    t = Trickler(mc, b"set k 0 0 100000\r\n", conns=CAP // 2)
+    port, mc, ktp = _replica(tmp_path, procs, source)
+    target = mc if listener == "memcached" else ktp
+    trickle, ask, ok_start = PROTOCOL_TRICKLES[listener]
+    # Sent a byte every half second, on half the cap (at the full cap its reconnections
+    # would evict its own first).
+    t = Trickler(target, trickle, conns=CAP // 2)
     t.start()
     try:
         wait_until(lambda: t.opened >= CAP // 2, 20, "the trickler's connections open")
         ok = 0
         for _ in range(GOOD):
             try:
-                with socket.create_connection(("127.0.0.1", mc), timeout=10) as s:
-                    s.sendall(b"version\r\n")
-                    ok += s.recv(100).startswith(b"VERSION")
+                with socket.create_connection(("127.0.0.1", target), timeout=10) as s:
+                    s.sendall(ask)
+                    ok += s.recv(100).startswith(ok_start)
             except OSError:
                 pass
         assert ok >= 0.99 * GOOD
@@ -190,7 +205,7 @@ def test_a_trickled_memcached_set_is_cut_for_its_rate_while_another_client_is_se
     with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=10) as c:
         text = c.get("/metrics").text
     got = metrics.value(
-        text, "mercury_listener_refused_total", listener="memcached", reason="slow_body"
+        text, "mercury_listener_refused_total", listener=listener, reason="slow_body"
     )
     assert got >= 1
 
