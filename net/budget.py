@@ -336,33 +336,49 @@ class Budget(Generic[M]):
     def admit(self, newcomer: M, principal: Principal = ANONYMOUS) -> bool:
         """Count `newcomer` in for `principal`, evicting a member at the cap; False
         (counted as refused): no member may be evicted for it, it is not admitted."""
-        if len(self.members) >= self.cap and not self.fifo:
-            self.prune()
-        if len(self.members) >= self.cap:
-            reason = Reason.EVICTED
-            if self.share_cap < self.cap and self.holds(principal) >= self.share_cap:
-                # At its share: it may only take the slot of one of its own.
-                victim = self.victim([principal])
-                if victim is None:
-                    # "share_refused" only when the share made the difference.
-                    other = self.victim(self.held)
-                    self.count(Reason.REFUSED if other is None else Reason.SHARE_REFUSED)
-                    return False
-            else:
-                victim = self.victim(self._over_share())
-                if victim is not None and self.members[victim] != principal:
-                    reason = Reason.SHARE  # displaced: its principal held over its share
-                elif victim is None:
-                    victim = self.victim(self.held)
-            if victim is None:
-                self.count(Reason.REFUSED)
-                return False
-            self.count(reason)
-            self.leave(victim)
-            victim.evict()
+        if len(self.members) >= self.cap and not self._make_room(principal):
+            return False
         self._add(newcomer, principal)
         self._sized()
         return True
+
+    def _make_room(self, principal: Principal) -> bool:
+        """At the cap: a slot for a newcomer of `principal` (module docstring), or False
+        (counted). The scans drop the members already gone they meet (`victim`): when
+        that makes room, nobody is evicted."""
+        reason = Reason.EVICTED
+        if self.share_cap < self.cap and self.holds(principal) >= self.share_cap:
+            # At its share: it may only take the slot of one of its own.
+            victim = self.victim([principal])
+            if self._room():
+                return True
+            if victim is None:
+                # "share_refused" only when the share made the difference.
+                other = self.victim(self.held)
+                if self._room():
+                    return True
+                self.count(Reason.REFUSED if other is None else Reason.SHARE_REFUSED)
+                return False
+        else:
+            victim = self.victim(self._over_share())
+            if self._room():
+                return True
+            if victim is not None and self.members[victim] != principal:
+                reason = Reason.SHARE  # displaced: its principal held over its share
+            elif victim is None:
+                victim = self.victim(self.held)
+                if self._room():
+                    return True
+        if victim is None:
+            self.count(Reason.REFUSED)
+            return False
+        self.count(reason)
+        self.leave(victim)
+        victim.evict()
+        return True
+
+    def _room(self) -> bool:
+        return len(self.members) < self.cap
 
     def tag(self, m: M, principal: Principal) -> None:
         """`m` now holds its slot for `principal` (its request authenticated as that).
@@ -392,9 +408,11 @@ class Budget(Generic[M]):
     def victim(self, principals: Iterable[Principal]) -> M | None:
         """The member of `principals`' to evict, or None (module docstring):
         unauthenticated before authenticated, then the longest without progress; the
-        older admitted wins a tie. (Scanned a principal at a time: its members share its
-        authentication, and once an unauthenticated one is found no authenticated
-        principal's members need looking at.)"""
+        older admitted wins a tie. Members already gone (`Member.gone`) it meets leave the
+        budget. (Scanned a principal at a time: its members share its authentication, and
+        once an unauthenticated one is found no authenticated principal's members need
+        looking at; one pass, not a separate one for the gone, as at the cap under a flood
+        this runs for every newcomer.)"""
         if self.fifo and principals is self.held:
             return next(iter(self.members), None)  # the oldest admitted, without a scan
         pools = [p for p in principals if p in self.held]
@@ -407,11 +425,15 @@ class Budget(Generic[M]):
         best_auth = True
         cutoff = -math.inf if self.stalled_body is None else self.clock() - self.stalled_body
         stalled = self.stalled_body is not None
+        gone: list[M] = []
         for p in pools:
             auth = p.authenticated
             if best is not None and auth and not best_auth:
                 break  # an unauthenticated one goes before any of these
             for m in self.held[p]:
+                if m.gone():
+                    gone.append(m)  # already closing: it no longer counts
+                    continue
                 at = m.idle_since()
                 if at is None:
                     if not stalled:
@@ -423,6 +445,8 @@ class Budget(Generic[M]):
                     best, best_at, best_auth = m, at, auth
                 elif (auth, at) == (best_auth, best_at) and self._seq[m] < self._seq[best]:
                     best = m
+        for m in gone:
+            self.leave(m)
         return best
 
     def _over_share(self) -> list[Principal]:

@@ -14,11 +14,14 @@ for ever, and it counts no connections, so 20,000 idle sockets exhaust the descr
 the process that also runs the store and the replication source (or a replica's reads).
 Here every connection has
 a deadline for its next complete request head (from its opening, then from each response):
-bytes trickling in do not move it. At the connection cap a new connection evicts the
-connection that has waited longest for a request head (an idle one), or else the one whose
-request body has stalled longest (nothing received for `STALLED_BODY_S`), so neither idle
-sockets nor bodies dribbled a byte at a time can lock a producer out; only when every
-connection is busy is the newcomer closed.
+bytes trickling in do not move it. A request body must keep arriving at a minimum rate
+after a grace and be whole within a deadline (`net.budget.BodyRate`), else 408 and close.
+At the connection cap a new connection evicts the connection that has held its slot
+longest without an answer — waiting for a request head, or with a request still arriving
+— unauthenticated ones first and those of a principal over its share before them
+(`net.budget`; the application names a connection's principal, `authenticated`), so
+neither idle sockets nor bodies dribbled a byte at a time can lock a producer out; only
+when every connection is being answered is the newcomer closed.
 
 A request head is bounded however it arrives: in pieces while the connection waits, in one
 segment (its parsed line and headers are counted), or while an earlier request is still
@@ -224,8 +227,9 @@ def add_flags(p: argparse.ArgumentParser) -> None:
         "--http-max-connections",
         type=int,
         default=d.max_connections,
-        help="open HTTP connections at most (per process); at the cap the longest-idle one "
-        f"is closed (default {d.max_connections})",
+        help="open HTTP connections at most (per process); at the cap the one longest "
+        "without an answer (idle, or with a request still arriving) is closed "
+        f"(default {d.max_connections})",
     )
     p.add_argument(
         "--http-max-header-bytes",

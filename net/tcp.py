@@ -20,13 +20,15 @@ piece (a piece is at most one value plus a little), whatever its request asks fo
 
 Limits (`ListenerLimits`, one per listener; the cap and the deadlines are `net/budget.py`'s,
 the rules every listener applies): a connection cap (at it, a newcomer evicts the
-connection idle the longest — no request in progress, nothing left to write — and only when
-none is idle is the newcomer refused with the protocol's busy reply, if any; a listener
+connection longest without an answer — idle, or with a request still arriving; never one
+being answered or with replies left to write; a peer over its share first — and only when
+none may go is the newcomer refused with the protocol's busy reply, if any; a listener
 whose busy reply depends on the protocol the client speaks — KT: HTTP or binary on one
 port — holds the refused connection, outside the count, up to `REFUSE_WAIT` for its first
 byte, `MAX_REFUSING` of them at most, others answered at once), a header timeout (a
 request's head must arrive within it from its first byte), a body timeout (the whole
-request within it), an idle timeout (no request for that long), and a write timeout (a
+request within it), a minimum rate of a partial request after a grace
+(`net.budget.BodyRate`), an idle timeout (no request for that long), and a write timeout (a
 client that reads none of its replies for that long). One sweep per second checks every
 connection and samples the bytes queued for writing; metrics
 `mercury_listener_connections{listener}`,
@@ -218,8 +220,8 @@ def add_listener_flags(p: argparse.ArgumentParser) -> None:
         default=d.max_connections,
         metavar="N",
         help=f"connections each KT/memcached listener serves at once; at the cap a newcomer "
-        f"evicts the longest-idle one, or is refused when none is idle "
-        f"(default {d.max_connections})",
+        f"evicts the one longest without an answer (idle, or with a request still "
+        f"arriving), or is refused when none may go (default {d.max_connections})",
     )
     for name, what in (
         ("idle", "with no request in progress"),
