@@ -24,12 +24,15 @@ endef
 # selenium, import-linter...), which `make run` never waits for. Quiet: pip's output is
 # kept in .venv/pip.log and shown only when it fails. Setuptools comes from the venv (no
 # isolated build environment to fill first) and builds the extensions in parallel (setup.py).
+# The venv's own pip does (no self-upgrade, no check for a newer one: both cost a fresh
+# clone seconds and change nothing it installs).
+PIP := $(PY) -m pip -q --disable-pip-version-check
 $(STAMP): pyproject.toml setup.py
 	$(need_c_deps)
 	$(PYTHON) -m venv $(VENV)
 	@echo "installing the runtime dependencies and compiling the Cython modules (pip log: $(VENV)/pip.log)"
-	@$(PY) -m pip install -q --upgrade pip 'setuptools>=70.1' Cython >$(VENV)/pip.log 2>&1 \
-	  && $(PY) -m pip install -q --no-build-isolation -e . >>$(VENV)/pip.log 2>&1 \
+	@$(PIP) install 'setuptools>=70.1' Cython >$(VENV)/pip.log 2>&1 \
+	  && $(PIP) install --no-build-isolation -e . >>$(VENV)/pip.log 2>&1 \
 	  || { cat $(VENV)/pip.log >&2; exit 1; }
 	@touch $(STAMP)
 
@@ -38,7 +41,7 @@ $(STAMP): pyproject.toml setup.py
 $(DEV_STAMP): $(STAMP)
 	@echo "installing the dev and test tools (pip log: $(VENV)/pip.log)"
 	@$(PY) -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['optional-dependencies']['dev']))" >$(VENV)/dev-requirements.txt
-	@$(PY) -m pip install -q -r $(VENV)/dev-requirements.txt >>$(VENV)/pip.log 2>&1 \
+	@$(PIP) install -r $(VENV)/dev-requirements.txt >>$(VENV)/pip.log 2>&1 \
 	  || { cat $(VENV)/pip.log >&2; exit 1; }
 	@touch $(DEV_STAMP)
 
