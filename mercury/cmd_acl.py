@@ -51,6 +51,7 @@ def register(sub: Any) -> None:
     ap.add_argument(
         "--prune", action="store_true", help="remove producers and consumers FILE omits"
     )
+    output_args(ap, 'the root\'s answer {"version", "changes", "committed", "dry_run"}')
     # accepted for old scripts: keeping what FILE omits is the default now
     ap.add_argument("--keep-unlisted", action="store_true", help=argparse.SUPPRESS)
     ap.set_defaults(func=_apply)
@@ -124,6 +125,9 @@ def _apply(args: argparse.Namespace) -> int:
         headers = {"If-Match": r.headers["etag"], "Content-Type": "application/json"}
         answer = _check(c.put("/v1/admin/acl", params=params, content=orjson.dumps(body),
                               headers=headers))  # fmt: skip
+    if json_output(args):
+        sys.stdout.write(orjson.dumps(answer).decode() + "\n")
+        return 0
     changes = answer["changes"]
     if not changes:
         print("no changes")

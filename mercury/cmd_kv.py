@@ -386,9 +386,8 @@ def _put(client: Client, args: argparse.Namespace) -> int:
 
 def _get(client: Client, args: argparse.Namespace) -> int:
     if args.prefix:
-        n = 0
         for prefix in args.keys:
-            n += _print_items(client.range(prefix), True)
+            _print_items(client.range(prefix), True)
         return OK
     if len(args.keys) > 1:
         values = client.get_many(args.keys)

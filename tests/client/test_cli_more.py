@@ -180,3 +180,22 @@ def test_import_progress_follows_each_acknowledged_request(
     # the bar moved at each acknowledged request (tqdm redraws it on each update)
     shown = {int(m.split(b"/")[0]) for m in r.stderr.replace(b"\r", b"\n").split() if b"/300" in m}
     assert shown == set(range(0, 301, 30)), r.stderr
+
+
+def test_admin_commands_print_json_and_take_the_environment(
+    cluster: Cluster, tmp_path: Path, mercury: Run, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    admin = tmp_path / "admin.token"
+    admin.write_text(cluster.root.admin_token + "\n")
+    monkeypatch.setenv("MERCURY_URL", cluster.root.url)
+    monkeypatch.setenv("MERCURY_ADMIN_TOKEN_FILE", str(admin))
+    doc = tmp_path / "acl.yaml"
+    doc.write_text('producers:\n  jsonout: {keyspaces: ["jsonout/"]}\n')
+    r = mercury("acl", "apply", str(doc), "--dry-run", "-o", "json")
+    assert r.returncode == 0, r.stderr
+    answer = json.loads(r.stdout)
+    assert answer["dry_run"] is True and "+ producer jsonout" in answer["changes"]
+    r = mercury("acl", "log", "-o", "json")
+    assert r.returncode == 0 and all(json.loads(x)["seq"] for x in r.stdout.splitlines())
+    r = mercury("usage", "-o", "json")
+    assert r.returncode == 0 and "producers" in json.loads(r.stdout), r.stderr
