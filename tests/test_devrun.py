@@ -2,13 +2,16 @@
 free ports in a temporary var directory comes up, prints its examples and what came up, and
 stops both processes on SIGTERM; it owns its state directory (a second run refuses naming
 the first one's PID, another topology's directory is refused with the reset command, a
-taken port is named); a replica of another database is reported and the run exits
-non-zero; the secure variant runs end to end."""
+taken port is named); a node that dies under it, or a replica of another database, is reported
+and the run exits non-zero; the secure variant runs end to end."""
 
 from __future__ import annotations
 
 import contextlib
+import os
+import re
 import shutil
+import signal
 import socket
 import ssl
 import subprocess
@@ -101,8 +104,19 @@ def test_make_run_on_other_ports(tmp_path: Path, procs: Procs) -> None:
     # as if all were well, and the run exits non-zero.
     other = tmp_path / "other"
     first = procs.start(_argv(other, ports), name="other")
-    wait_until(lambda: (other / "demo.token").exists(), 120, "the other run's token")
-    assert procs.terminate(first, timeout=60) == 0
+    other_log = next(procs.log_dir.glob("other-*.log"))
+
+    def up() -> str | None:
+        text = other_log.read_text()
+        return text if "Up and checked" in text else None
+
+    banner = wait_until(up, 120, "the banner")
+    # A node that dies under the run is reported, and the run exits non-zero.
+    pid = re.search(r"replica: PID (\d+)", banner)
+    assert pid, banner
+    os.kill(int(pid.group(1)), signal.SIGKILL)
+    assert first.wait(60) == 1
+    assert "replica exited with -9" in other_log.read_text()
     shutil.rmtree(var / "replica")
     shutil.copytree(other / "replica", var / "replica")
     done = subprocess.run(_argv(var, ports), capture_output=True, text=True, timeout=180)
