@@ -466,7 +466,7 @@ def startup_of(log: Path, t_signal: float) -> dict[str, Any]:
     # part after PREPARED (the old one's drain, the lock, the store's open, its app).
     locked = [e for e in events(log, "writer-lock") if ts(e) >= ts(done)]
     began = [e for e in events(log, "start") if ts(e) >= ts(done)]
-    if locked and began:
+    if locked and began and done.get("stage") == "PREPARED":
         out["prepared_to_lock_s"] = round(ts(locked[0]) - ts(done), 3)
         out["lock_to_start_event_s"] = round(ts(began[0]) - ts(locked[0]), 3)
     return out
