@@ -40,6 +40,7 @@ from ha.errors import NotInSyncError
 from ha.gate import ack_verdict
 from ha.lease import LeaseClock
 from ha.syncack import SyncTracker
+from net import certs
 from replicator import upstream
 from replicator.source import ReplicationSource
 from replicator.terms import store_term
@@ -49,6 +50,11 @@ from store.store import Store
 from store.terms import StaleTermError, TermGuard, term_fields
 
 log = logging.getLogger("mercury.ha.leader")
+
+#: Certificate roles whose link may report as a standby: a candidate's (``root``); a link
+#: without TLS (None: nothing to tell) and one let in without a role by
+#: --tls-allow-roleless ("none") as before roles.
+STANDBY_ROLES = frozenset({certs.ROOT, "none", None})
 
 
 class LeaderGate:
@@ -61,11 +67,26 @@ class LeaderGate:
         self.clock = LeaseClock(margin_s=0.0)  # deadlines arrive with the margin applied
         self._changed = asyncio.Event()
         self.not_in_sync = 0
+        #: APPLIED reports dropped: their link's certificate is not a standby's.
+        self.foreign_reports = 0
         #: called after each report (the replication sources: their horizon moved)
         self.on_applied: list[Callable[[], None]] = []
 
     def applied(self, origin: upstream.Origin, _kind: int, payload: bytes) -> None:
-        """Upstream handler of `upstream.APPLIED`."""
+        """Upstream handler of `upstream.APPLIED`. Over TLS only a candidate's (``root``)
+        certificate speaks for a standby: a replica's report would let the leader
+        acknowledge writes no standby holds, so it is dropped and logged."""
+        if origin.role not in STANDBY_ROLES:
+            self.foreign_reports += 1
+            if self.foreign_reports == 1 or self.foreign_reports % 1000 == 0:
+                log.warning(
+                    "ignored APPLIED reports from %s (%d so far): its certificate has role "
+                    "%s; a standby needs a root certificate",
+                    origin.peer,
+                    self.foreign_reports,
+                    origin.role,
+                )
+            return
         self.tracker.applied(origin.client_id, upstream.decode_applied(payload), time.monotonic())
         ev, self._changed = self._changed, asyncio.Event()
         ev.set()

@@ -361,7 +361,7 @@ class ReplicationSource:
             if hello.mode == frames.MODE_SNAPSHOT:
                 await self._send_snapshot(hello, link)
             elif upstream and self.upstream is not None:
-                origin = Origin(hello.client_id, peer)
+                origin = Origin(hello.client_id, peer, getattr(link, "peer_role", None))
                 await self.upstream.serve_beside(link, origin, self._stream(hello, link))
             else:
                 await self._stream(hello, link)

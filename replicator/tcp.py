@@ -218,6 +218,9 @@ class TcpLink:
         self._frames: wire.FrameReader | None = None
         self._pushed = False
         self._closed = False
+        #: An accepted TLS link's peer role once `handshake` passed (`net.certs`; "none":
+        #: a certificate without a role let in by --tls-allow-roleless); None without TLS.
+        self.peer_role: str | None = None
 
     # -- identity and handshake --
 
@@ -253,7 +256,7 @@ class TcpLink:
             ssl_object = tls_transport.get_extra_info("ssl_object")
             der = ssl_object.getpeercert(binary_form=True) if ssl_object is not None else None
             try:
-                check_replication_peer(
+                self.peer_role = check_replication_peer(
                     der, allow_roleless=hs.allow_roleless, peer=f"replica {self.address}"
                 )
             except PeerRoleError as err:

@@ -85,10 +85,13 @@ FRAMES = Counter(
 class Origin(NamedTuple):
     """Which connection an upstream frame came in on: the client's id (from its HELLO)
     and its address. A relayed frame's origin is the relaying replica, not the node that
-    made it: a payload that needs its maker names it itself."""
+    made it: a payload that needs its maker names it itself. `role`: the role of the
+    peer's TLS certificate (`net.certs`; "none" for one without a role let in by
+    --tls-allow-roleless), None on a link without TLS."""
 
     client_id: bytes
     peer: str
+    role: str | None = None
 
 
 Handler = Callable[[Origin, int, bytes], None]

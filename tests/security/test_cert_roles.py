@@ -11,6 +11,7 @@ import asyncio
 import datetime
 import socket
 import ssl
+import time
 import uuid
 from pathlib import Path
 
@@ -21,9 +22,10 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+from ha.leader import LeaderGate
 from net import certs
 from net.tlsconf import PeerRoleError, TlsContexts, TlsFiles
-from replicator import frames
+from replicator import frames, upstream
 from replicator.tcp import TcpTransport
 from replicator.transport import Link
 from testkit import metrics
@@ -218,9 +220,12 @@ def test_connect_refuses_a_source_without_a_replication_role(tmp_path: Path, bul
     """Both kinds of connected link (a stream's, a bootstrap's) check the source."""
     pki = _certs(tmp_path / "certs")
 
+    roles: list[str | None] = []
+
     async def go() -> None:
         async def handler(link: Link) -> None:
             await link.handshake(5)
+            roles.append(getattr(link, "peer_role", None))
 
         for source, ok in (("c1-server", False), ("legacy", False), ("root", True)):
             listener = await TcpTransport(TlsContexts(pki[source])).listen("127.0.0.1", 0, handler)
@@ -236,6 +241,22 @@ def test_connect_refuses_a_source_without_a_replication_role(tmp_path: Path, bul
                 await listener.close()
 
     asyncio.run(go())
+    # The accepted link names its peer's role (what the source hands the upstream channel).
+    assert "replica" in roles
+
+
+def test_only_a_root_certificate_reports_as_a_standby() -> None:
+    """An HA leader counts APPLIED reports (which release its acknowledgements) only from
+    a link whose certificate is a candidate's: a replica's certificate cannot make the
+    leader acknowledge writes no standby holds."""
+    gate = LeaderGate(1, 60.0)
+    gate.applied(upstream.Origin(b"r" * 16, "127.0.0.1:1", "replica"), upstream.APPLIED,
+                 upstream.encode_applied(10))  # fmt: skip
+    assert gate.tracker.synced_seq(time.monotonic()) == 0
+    assert gate.foreign_reports == 1
+    gate.applied(upstream.Origin(b"s" * 16, "127.0.0.1:2", "root"), upstream.APPLIED,
+                 upstream.encode_applied(7))  # fmt: skip
+    assert gate.tracker.synced_seq(time.monotonic()) == 7
 
 
 def test_a_node_refuses_to_start_with_a_certificate_it_cannot_replicate_with(
