@@ -20,6 +20,7 @@ Usage: .venv/bin/python bench/first_write.py [--cold-pip-cache] [--keep DIR] [--
 from __future__ import annotations
 
 import argparse
+import ast
 import contextlib
 import json
 import os
@@ -30,7 +31,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import fields
 from pathlib import Path
 
 import httpx
@@ -39,12 +39,26 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from mercury.dev.topology import Ports  # noqa: E402
 from testkit.procs import free_port  # noqa: E402
 
 #: Longest wait for one `make run` to take its first write (a loaded 2-core machine
 #: compiling the Cython modules takes minutes).
 DEADLINE_S = 900.0
+
+
+def _port_names(clone: Path) -> list[str]:
+    """The fields of the clone's own `Ports` dataclass (mercury/dev/topology.py), read as
+    source: a bench never imports `mercury` (the `nothing-imports-mercury` contract), and the
+    commit benched may name other ports than this checkout does."""
+    tree = ast.parse((clone / "mercury" / "dev" / "topology.py").read_text())
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef) and node.name == "Ports":
+            return [
+                s.target.id
+                for s in node.body
+                if isinstance(s, ast.AnnAssign) and isinstance(s.target, ast.Name)
+            ]
+    raise SystemExit(f"{clone}: mercury/dev/topology.py has no Ports class")
 
 
 def _first_write(clone: Path, env: dict[str, str], log: Path) -> dict[str, float]:
@@ -130,8 +144,8 @@ def main() -> int:
         subprocess.run(["git", "-C", str(clone), "checkout", "-q", head], check=True)
         env = dict(os.environ)
         env.pop("VIRTUAL_ENV", None)
-        for f in fields(Ports):
-            env[f"MERCURY_{f.name.upper()}_PORT"] = str(free_port())
+        for name in _port_names(clone):
+            env[f"MERCURY_{name.upper()}_PORT"] = str(free_port())
         if args.cold_pip_cache:
             env["PIP_NO_CACHE_DIR"] = "1"
         log = tmp / "make-run.log"

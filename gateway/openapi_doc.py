@@ -49,7 +49,7 @@ _WHEN: dict[int, str] = {
 
 _RATE_HEADERS: Doc = {
     "RateLimit-Policy": {
-        "description": "the producer's quotas (IETF draft syntax: `\"ops\";q=N;w=S`, N per "
+        "description": 'the producer\'s quotas (IETF draft syntax: `"ops";q=N;w=S`, N per '
         "S seconds: the burst over the bucket's depth, so N/S is the rate)",
         "schema": {"type": "string"},
     },
