@@ -524,8 +524,6 @@ class _BoundedProtocol(HttpProtocol):
         waits = self._waits
         waiting = self.waiting_since is not None and not self._body_pending
         in_head = self._in_head  # a head already begun: this segment continues it
-        if self._body_pending:
-            self._body_bytes += len(data)
         super().data_received(data)
         if self.transport.is_closing():
             return
@@ -561,6 +559,9 @@ class _BoundedProtocol(HttpProtocol):
         self._body_pending = True
         self._body_since = time.monotonic()
         self._body_bytes = 0
+
+    def body_received(self, n: int) -> None:
+        self._body_bytes += n  # the body rate's count (`_body_check`)
 
     def message_done(self) -> None:
         self._body_pending = False

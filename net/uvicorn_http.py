@@ -14,9 +14,10 @@ and this module refuses to load under a uvicorn outside `TESTED_RANGE` (the rang
 server against this file, then widening both.
 
 What the others see is `HttpProtocol`, uvicorn's protocol with named hooks (`head_begun`,
-`head_bytes`, `head_done`, `message_done`, `malformed`, `response_done`,
-`request_answered`) and questions (`answering`, `write_paused`), plus, for a subclass that
-answers some requests itself, `answer_segment` and `answer_head`. Its `transport` and
+`head_bytes`, `head_done`, `body_received`, `message_done`, `malformed`, `response_done`,
+`request_answered`, `authenticated`), questions (`answering`, `write_paused`), one action
+(`abandon_request`), the scope extension naming the connection (`CONNECTION`), plus, for a
+subclass that answers some requests itself, `answer_segment` and `answer_head`. Its `transport` and
 `loop` are the connection's, as on any asyncio protocol. And `Server`, uvicorn's server
 leaving the signals to its caller, with HTTPS on a transport of the caller's choice.
 """
@@ -130,6 +131,10 @@ class HttpProtocol(HttpToolsProtocol):
 
     def head_done(self) -> None:
         """The request's head is complete (its body, if any, is to come)."""
+
+    def body_received(self, n: int) -> None:
+        """`n` bytes of the request's body were parsed (also those of a body whose answer
+        went out early, which uvicorn discards)."""
 
     def message_done(self) -> None:
         """The whole request (head and body) was received."""
@@ -260,6 +265,10 @@ class HttpProtocol(HttpToolsProtocol):
         super().on_headers_complete()
         if self._draining and self.cycle is not None and self.cycle is not _ANSWERED:
             self.cycle.keep_alive = False  # answered with `connection: close`, then closed
+
+    def on_body(self, body: bytes) -> None:
+        self.body_received(len(body))
+        super().on_body(body)
 
     def on_message_complete(self) -> None:
         self._mid_request = False
