@@ -14,7 +14,7 @@ from tqdm import tqdm
 
 from acl.tokens import hash_token, new_token
 from core.cpuflags import cpu_flags
-from core.errors import MercuryError
+from core.errors import MercuryError, StoreNotFoundError
 from mercury.cliopts import json_output, output_args
 from migrations import runner
 from store import chainhash, setaside
@@ -255,14 +255,32 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
 def cmd_restore(args: argparse.Namespace) -> int:
     """`mercury restore SNAPSHOT DATA_DIR [--replica] [--json]`: exit 0 with what was done,
     2 when DATA_DIR is held by a running process or the snapshot fails a check."""
-    with WriterLock.acquire(args.data_dir):
-        done = restore(args.snapshot, args.data_dir, replica=args.replica)
+    created = _first_missing(args.data_dir)
+    try:
+        with WriterLock.acquire(args.data_dir):
+            done = restore(args.snapshot, args.data_dir, replica=args.replica)
+    except BaseException:
+        # A refused restore leaves nothing behind: not the directory the lock created
+        # (an empty DATA_DIR would later read as "no store" rather than "never restored").
+        if created is not None:
+            shutil.rmtree(created, ignore_errors=True)
+        raise
     if json_output(args):
         print(done.to_json())
         return 0
     for line in restore_report(done, args.replica):
         print(line)
     return 0
+
+
+def _first_missing(path: str) -> str | None:
+    """The outermost directory of `path` that does not exist yet (None when it exists)."""
+    path = os.path.abspath(path)
+    if os.path.exists(path):
+        return None
+    while not os.path.exists(os.path.dirname(path)):
+        path = os.path.dirname(path)
+    return path
 
 
 def restore_report(done: Restored, replica: bool) -> list[str]:
@@ -296,7 +314,10 @@ def restore_report(done: Restored, replica: bool) -> list[str]:
 
 
 def cmd_prune_aside(args: argparse.Namespace) -> int:
-    """`mercury prune-aside DATA_DIR [--older-than SECONDS]`."""
+    """`mercury prune-aside DATA_DIR [--older-than SECONDS]`: exit 2 when DATA_DIR is
+    not a directory (a mistyped path must not read as "nothing to prune")."""
+    if not os.path.isdir(args.data_dir):
+        raise StoreNotFoundError(f"no data directory {args.data_dir!r}")
     for s in setaside.prune(args.data_dir, args.older_than):
         print(f"removed {s.name} ({s.bytes} bytes)")
     return 0

@@ -73,6 +73,9 @@ class Restored:
 
 def read_info(snapshot_file: str) -> SnapshotInfo:
     """The sidecar of `snapshot_file`; a missing or unreadable one is a StoreError."""
+    if not os.path.isfile(snapshot_file):
+        # Named first: "no X.json beside the snapshot" misleads when the path is mistyped.
+        raise StoreError(f"no snapshot file {snapshot_file!r}")
     path = sidecar(snapshot_file)
     try:
         with open(path) as f:

@@ -130,3 +130,23 @@ def test_seeding_a_replica_logs_nothing_and_a_root_restore_refuses_its_dir(
     (rep / "replication.json").write_text("{}")  # as a replica's worker leaves it
     r = run_mercury("restore", str(snap), str(rep))
     assert r.returncode == 2 and "replica's store" in r.stderr, r.stderr
+
+
+def test_a_refused_restore_into_a_new_data_dir_leaves_nothing(tmp_path: Path) -> None:
+    fresh = tmp_path / "new" / "root"  # neither exists: restore would create both
+    r = run_mercury("restore", str(tmp_path / "missing.mdb"), str(fresh))
+    assert r.returncode == 2 and "no snapshot file" in r.stderr, r.stderr
+    assert r.stderr.count("\n") == 1
+    d, snap = tmp_path / "root", tmp_path / "snap.mdb"
+    _root(d, 1)
+    _snapshot(d, snap)
+    snap.write_bytes(snap.read_bytes()[:-1])  # fails its size check under the lock
+    r = run_mercury("restore", str(snap), str(fresh))
+    assert r.returncode == 2, r.stderr
+    assert not (tmp_path / "new").exists()
+
+
+def test_prune_aside_names_a_missing_data_dir(tmp_path: Path) -> None:
+    r = run_mercury("prune-aside", str(tmp_path / "typo"))
+    assert r.returncode == 2 and "no data directory" in r.stderr, r.stderr
+    assert r.stderr.count("\n") == 1 and r.stdout == ""
