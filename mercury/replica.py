@@ -235,7 +235,11 @@ async def _read_side(
 
 
 async def _serve_reader(
-    config: ReplicaConfig, bounds: http_bounds.HttpBounds, index: int, n: int
+    config: ReplicaConfig,
+    bounds: http_bounds.HttpBounds,
+    index: int,
+    n: int,
+    drain_s: float = upgrade.DRAIN_S,
 ) -> int:
     """Reader `index` of `n` (`--read-workers`): the read side only, on the same ports as
     reader 0 (the replica process), until SIGTERM or until reader 0 is gone. The store is
@@ -262,12 +266,17 @@ async def _serve_reader(
     serving = loop.create_task(server.serve(sockets=[sock]))
     # Started by a new reader 0 during a hand-over: its startup niceness, undone.
     handover.restore_priority()
+    # A hand-over: reader 0 asks for this reader's sockets (for the new executable's
+    # reader `index`), then sends SIGQUIT: drain as reader 0 does, and exit.
+    channel = loop.create_task(handover.serve_channel(handover.SOCKETS))
+    loop.add_signal_handler(signal.SIGQUIT, server.drain, drain_s, drain_s)
     stopper = loop.create_task(stop.wait())
     await asyncio.wait({serving, stopper}, return_when=asyncio.FIRST_COMPLETED)
     server.should_exit = True
     stop.set()
     with contextlib.suppress(Exception):
         await serving
+    channel.cancel()
     for h in (*helpers, stopper):
         with contextlib.suppress(Exception):
             await h
@@ -358,7 +367,13 @@ async def _serve(
         # Readers 1..n-1: this command again, as readers only (run_replica), same ports.
         metrics_dir = os.path.join(cfg.data_dir, "readers")
         workermetrics.clear(metrics_dir)
-        pool = workers.ReaderPool([sys.executable, "-m", "mercury", *sys.argv[1:]], n)
+        pool = workers.ReaderPool(
+            [sys.executable, "-m", "mercury", *sys.argv[1:]],
+            n,
+            stop_timeout=drain_s + 5,
+            # After a hand-over: each reader starts on the old reader's sockets.
+            first_sockets={i: handover.SOCKETS.take_group(i) for i in range(1, n)},
+        )
         await pool.start()
         helpers.append(loop.create_task(workermetrics.keep_writing(metrics_dir, 0, stop)))
     logsetup.event(
@@ -387,12 +402,19 @@ async def _serve(
         # An idle keep-alive connection may take the whole drain for one last request:
         # nothing waits for this process any more.
         server.drain(drain_s, drain_s)
+        if pool is not None:
+            pool.drain(signal.SIGQUIT)  # readers 1..n-1 drain alike
         await sup.stop()
         for held in lock:
             held.release()
 
     upgrader = upgrade.Upgrader(
-        "replica", wait_for=handover.READY, on_go=hand_over, timeout=handover_timeout_s
+        "replica",
+        wait_for=handover.READY,
+        on_go=hand_over,
+        timeout=handover_timeout_s,
+        # Readers 1..n-1's sockets too: the new executable's readers start on them.
+        extra_sockets=pool.collect_sockets if pool is not None else None,
     )
     upgrader.install(loop)
     reboot = loop.create_task(sup.rebootstrap.wait())
@@ -510,7 +532,8 @@ def run_replica(args: argparse.Namespace) -> int:
     if index > 0:
         # A reader started by reader 0's pool: no writer lock, no replication worker.
         eventloop.install()
-        return asyncio.run(_serve_reader(config, bounds, index, n))
+        drain_s = getattr(args, "drain_s", upgrade.DRAIN_S)
+        return asyncio.run(_serve_reader(config, bounds, index, n, drain_s))
     lock: list[WriterLock] = []
     takeover = handover.handed_over()
     if not takeover:

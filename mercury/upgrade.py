@@ -12,6 +12,7 @@ import argparse
 import asyncio
 import logging
 import signal
+import socket
 from collections.abc import Awaitable, Callable
 
 from mercury import logsetup
@@ -58,7 +59,9 @@ class Upgrader:
         wait_for: str,
         on_go: Callable[[handover.Successor], Awaitable[None]],
         timeout: float,
+        extra_sockets: Callable[[], Awaitable[dict[str, socket.socket]]] | None = None,
     ) -> None:
+        self.extra_sockets = extra_sockets
         self.role = role
         self.wait_for = wait_for
         self.on_go = on_go
@@ -81,13 +84,21 @@ class Upgrader:
         """Start the successor and hand over to it, or keep serving."""
         try:
             sockets = dict(handover.SOCKETS.active)
-            succ = handover.Successor.start(handover.successor_argv(), sockets)
+            if self.extra_sockets is not None:
+                sockets.update(await self.extra_sockets())
+            named = {k: handover.describe(s) for k, s in sockets.items()}
+            try:
+                succ = handover.Successor.start(handover.successor_argv(), sockets)
+            finally:
+                for k, s in sockets.items():
+                    if k not in handover.SOCKETS.active:
+                        s.close()  # copies of a reader's: it and the new process hold them
             logsetup.event(
                 log,
                 "handover-start",
                 role=self.role,
                 new_pid=succ.pid,
-                sockets={k: handover.describe(s) for k, s in sockets.items()},
+                sockets=named,
             )
             try:
                 await succ.wait_for(self.wait_for, self.timeout)

@@ -48,6 +48,8 @@ HANDOVER_NICE_ENV = "MERCURY_HANDOVER_NICE"
 #: The successor's interpreter starts (imports, opens, builds its app: seconds of CPU)
 #: this much nicer than the old process, which serves meanwhile on the same cores.
 STARTUP_NICE = 10
+#: A reader process's end of the channel its reader 0 asks for its sockets on.
+READER_CHANNEL_ENV = "MERCURY_READER_CHANNEL"
 #: systemd's first passed descriptor (SD_LISTEN_FDS_START).
 SD_LISTEN_FDS_START = 3
 
@@ -196,6 +198,17 @@ class Sockets:
             self.active[name] = sock
         return sock
 
+    def take_group(self, index: int) -> dict[str, socket.socket]:
+        """The inherited sockets of reader `index` (named ``NAME#index``), by NAME, not
+        recorded as this process's: its reader pool hands them to that reader."""
+        out: dict[str, socket.socket] = {}
+        suffix = f"#{index}"
+        for name in [n for n in self._inherited if n.endswith(suffix)]:
+            fd = self._inherited.pop(name)
+            os.set_inheritable(fd, False)
+            out[name[: -len(suffix)]] = socket.socket(fileno=fd)
+        return out
+
     def leftovers(self) -> list[str]:
         """Inherited sockets no listener took (a flag removed between versions)."""
         return sorted(self._inherited)
@@ -282,6 +295,52 @@ def _take_pipe() -> int:
 
 
 _PIPE = [_take_pipe()]
+
+
+def _take_channel() -> socket.socket | None:
+    raw = os.environ.pop(READER_CHANNEL_ENV, "")
+    if not raw.isdigit():
+        return None
+    os.set_inheritable(int(raw), False)
+    return socket.socket(fileno=int(raw))
+
+
+_CHANNEL = [_take_channel()]
+
+
+def channel_pair() -> tuple[socket.socket, socket.socket]:
+    """(reader 0's end, the reader's end) of a reader's socket channel."""
+    return socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+
+
+def fetch_sockets(channel: socket.socket, timeout: float) -> dict[str, socket.socket]:
+    """Blocking: the listening sockets of the reader at the other end of `channel` (copies
+    of its descriptors, SCM_RIGHTS), by name."""
+    channel.settimeout(timeout)
+    channel.sendall(b"give\n")
+    msg, fds, _flags, _addr = socket.recv_fds(channel, 4096, 16)
+    names = [n for n in msg.decode().split(",") if n and n != "-"]
+    if len(names) != len(fds):
+        for fd in fds:
+            os.close(fd)
+        raise OSError(f"reader sent {len(fds)} sockets for {len(names)} names")
+    return {name: socket.socket(fileno=fd) for name, fd in zip(names, fds, strict=True)}
+
+
+async def serve_channel(sockets: Sockets) -> None:
+    """In a reader process: hand this process's listening sockets to its reader 0 whenever
+    it asks (a hand-over passes them on to the new executable's readers)."""
+    ch = _CHANNEL[0]
+    if ch is None:
+        return
+    ch.setblocking(False)
+    loop = asyncio.get_running_loop()
+    while True:
+        if not await loop.sock_recv(ch, 64):
+            return  # reader 0 is gone
+        names = list(sockets.active)
+        fds = [sockets.active[n].fileno() for n in names]
+        socket.send_fds(ch, [(",".join(names) or "-").encode()], fds)
 
 
 # -- the successor's side -------------------------------------------------------------------

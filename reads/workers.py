@@ -35,6 +35,8 @@ import socket
 import time
 from collections.abc import Sequence
 
+from net import handover
+
 log = logging.getLogger("mercury.reads.workers")
 
 #: Environment variable naming a reader process's index (absent in reader 0).
@@ -88,10 +90,22 @@ class ReaderPool:
     """Readers 1..n-1 of a node: started with `argv` and the parent's environment plus
     `READ_WORKER_ENV`, restarted when they die, stopped by PID (module docstring)."""
 
-    def __init__(self, argv: Sequence[str], n: int, *, stop_timeout: float = 10.0) -> None:
+    def __init__(
+        self,
+        argv: Sequence[str],
+        n: int,
+        *,
+        stop_timeout: float = 10.0,
+        first_sockets: dict[int, dict[str, socket.socket]] | None = None,
+    ) -> None:
         self.argv = list(argv)
         self.n = n
         self.stop_timeout = stop_timeout
+        #: Sockets each reader is started with the first time (a hand-over's, by name).
+        self.first_sockets = dict(first_sockets or {})
+        #: Each reader's channel (`net.handover`): asked for its sockets at a hand-over.
+        self.channels: dict[int, socket.socket] = {}
+        self._drained = False
         self.procs: dict[int, asyncio.subprocess.Process] = {}
         self.restarts = 0
         self._tasks: list[asyncio.Task[None]] = []
@@ -115,10 +129,9 @@ class ReaderPool:
 
     async def _watch(self, index: int) -> None:
         delay = RESTART_BASE
-        env = {**os.environ, READ_WORKER_ENV: str(index)}
         while not self._stopping:
             started = time.monotonic()
-            proc = await asyncio.create_subprocess_exec(*self.argv, env=env)
+            proc = await self._spawn(index)
             self.procs[index] = proc
             code = await proc.wait()
             if self._stopping:
@@ -130,6 +143,55 @@ class ReaderPool:
             await asyncio.sleep(delay)
             delay = min(RESTART_CAP, delay * 2)
 
+    async def _spawn(self, index: int) -> asyncio.subprocess.Process:
+        env = {**os.environ, READ_WORKER_ENV: str(index)}
+        mine, theirs = handover.channel_pair()
+        first = self.first_sockets.pop(index, {})
+        env[handover.READER_CHANNEL_ENV] = str(theirs.fileno())
+        if first:
+            # Its listening sockets as the old process's reader `index` had them: no
+            # connection waiting in their queues is lost across a hand-over.
+            env[handover.HANDOVER_FDS_ENV] = handover.format_handover_fds(
+                {name: s.fileno() for name, s in first.items()}
+            )
+        try:
+            return await asyncio.create_subprocess_exec(
+                *self.argv,
+                env=env,
+                pass_fds=(theirs.fileno(), *(s.fileno() for s in first.values())),
+            )
+        finally:
+            theirs.close()
+            for s in first.values():
+                s.close()  # the reader's now: a socket held here would keep its queue
+            old = self.channels.pop(index, None)
+            if old is not None:
+                old.close()
+            self.channels[index] = mine
+
+    async def collect_sockets(self, timeout: float = 5.0) -> dict[str, socket.socket]:
+        """Every running reader's listening sockets, named ``NAME#index`` (a hand-over
+        passes them to the new executable, whose pool starts its readers on them)."""
+        out: dict[str, socket.socket] = {}
+        for index, ch in sorted(self.channels.items()):
+            p = self.procs.get(index)
+            if p is None or p.returncode is not None:
+                continue
+            try:
+                got = await asyncio.to_thread(handover.fetch_sockets, ch, timeout)
+            except OSError as err:
+                log.warning("reader %d did not hand its sockets over: %s", index, err)
+                continue
+            out.update({f"{name}#{index}": s for name, s in got.items()})
+        return out
+
+    def drain(self, sig: int) -> None:
+        """Stop restarting readers and send each `sig` (a hand-over: each drains its
+        connections and exits; `stop` then waits for them)."""
+        self._stopping = True
+        self._drained = True
+        self.signal(sig)
+
     def signal(self, sig: int) -> None:
         """Send `sig` to every running reader (by PID)."""
         for p in self.procs.values():
@@ -140,7 +202,8 @@ class ReaderPool:
     async def stop(self) -> None:
         """SIGTERM every reader, SIGKILL those still running after `stop_timeout`."""
         self._stopping = True
-        self.signal(signal.SIGTERM)
+        if not self._drained:
+            self.signal(signal.SIGTERM)
         for p in list(self.procs.values()):
             if p.returncode is None:
                 try:
@@ -153,6 +216,9 @@ class ReaderPool:
             t.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await t
+        for ch in self.channels.values():
+            ch.close()
+        self.channels.clear()
 
 
 async def exit_with_parent(stop: asyncio.Event) -> None:

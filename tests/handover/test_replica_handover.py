@@ -9,7 +9,9 @@ import signal
 import socket
 from pathlib import Path
 
+from reads.workers import READ_WORKER_ENV
 from store.lock import holder_pid
+from testkit import procstat
 from testkit.procs import Procs, alive
 from testkit.replication import status
 from testkit.sockets import recv_until
@@ -101,3 +103,51 @@ def test_a_new_replica_that_fails_leaves_the_old_one_serving(
     assert rd.tally.failed == []
     assert rep.proc.poll() is None and holder_pid(str(rep.data_dir)) == rep.proc.pid
     assert "exited with 3" in log.read_text()
+
+
+def _listening(port: int) -> set[int]:
+    """Inodes of the sockets listening on 127.0.0.1:`port` (every process's)."""
+    out = set()
+    with open("/proc/net/tcp") as f:
+        for line in f.readlines()[1:]:
+            cols = line.split()
+            if cols[3] == "0A" and int(cols[1].split(":")[1], 16) == port:
+                out.add(int(cols[9]))
+    return out
+
+
+def _readers(pid: int) -> list[int]:
+    """Reader processes 1..n-1 of replica `pid` (its children that are not the worker)."""
+    return [c for c in procstat.children(pid) if procstat.environ(c).get(READ_WORKER_ENV)]
+
+
+def test_a_replica_with_reader_processes_hands_each_readers_sockets_over(
+    tmp_path: Path, procs: Procs
+) -> None:
+    root = make_root(procs, tmp_path / "root")
+    _, tok = root.producer(["p/"])
+    assert root.client(tok).put("/v1/kv/p/k", content=b"v1").status_code in (200, 201)
+    root.close_clients()
+    repl_port = int(root.args[root.args.index("--repl-listen") + 1].rsplit(":", 1)[1])
+    rep = start_replica(procs, tmp_path / "rep", [repl_port], "--read-workers", "2", repl=False)
+    old = rep.proc.pid
+    old_reader = wait_until(lambda: _readers(old), 60, "reader 1 started")[0]
+    # reader 0's socket and reader 1's, both in the SO_REUSEPORT group
+    sockets = wait_until(lambda: len(_listening(rep.http)) == 2 and _listening(rep.http), 60, "2")
+    with Readers(f"http://127.0.0.1:{rep.http}", "/v1/kv/p/k", b"v1", keepalive=2, fresh=2) as rd:
+        wait_until(lambda: rd.tally.ok >= 50, 30, "reads before the hand-over")
+        os.kill(old, signal.SIGUSR2)
+        assert rep.proc.wait(60) == 0, procs.logs()
+        new = wait_until(
+            lambda: (holder_pid(str(rep.data_dir)) or old) != old and holder_pid(str(rep.data_dir)),
+            30,
+            "new lock holder",
+        )
+        wait_until(lambda: _readers(new), 60, "new reader 1")
+        after = rd.tally.ok
+        wait_until(lambda: rd.tally.ok >= after + 100, 30, "reads after the hand-over")
+    assert rd.tally.failed == [], (len(rd.tally.failed), rd.tally.failed[:5])
+    wait_until(lambda: not alive(old_reader), 30, "old reader 1 gone")
+    # The new readers listen on the old readers' very sockets: none was bound afresh, none
+    # closed (so no connection waiting in a queue was dropped).
+    assert _listening(rep.http) == sockets
