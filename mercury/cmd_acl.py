@@ -23,7 +23,7 @@ from typing import Any
 import orjson
 
 from core.errors import ConfigError
-from mercury.cliopts import json_output, output_args
+from mercury.cliopts import cell, json_output, output_args, render_table, table_output
 from mercury.cmd_gateway import _check, _client, _client_args
 from mercury_client.wire import segment
 
@@ -69,7 +69,7 @@ def register(sub: Any) -> None:
     tl = tacts.add_parser("list", help="token ids, labels, created, expires, last used")
     tl.add_argument("name", metavar="NAME")
     tl.add_argument("--consumer", action="store_true", help="NAME is a consumer")
-    output_args(tl, "one JSON token record per line")
+    output_args(tl, "one JSON token record per line", table=True)
     _client_args(tl)
     tl.set_defaults(func=_token_list)
     tr = tacts.add_parser("revoke", help="revoke a token (refused from the next request on)")
@@ -81,7 +81,7 @@ def register(sub: Any) -> None:
 
     lg = acts.add_parser("log", help="the audit records of admin changes")
     lg.add_argument("--since", help="a seq (records after it) or an RFC 3339 time")
-    output_args(lg, "one JSON record per line")
+    output_args(lg, "one JSON record per line", table=True)
     _client_args(lg)
     lg.set_defaults(func=_log)
 
@@ -128,6 +128,8 @@ def _apply(args: argparse.Namespace) -> int:
     if json_output(args):
         sys.stdout.write(orjson.dumps(answer).decode() + "\n")
         return 0
+    if args.quiet:
+        return 0
     changes = answer["changes"]
     if not changes:
         print("no changes")
@@ -151,6 +153,8 @@ def _token_create(args: argparse.Namespace) -> int:
         sys.stdout.write(orjson.dumps(got).decode() + "\n")
         return 0
     print(got["token"])
+    if args.quiet:
+        return 0
     print(
         f"token_id {got['token_id']}  label {got['label']!r}  expires {got['expires'] or 'never'}"
         "  (the token is shown only now)",
@@ -162,6 +166,11 @@ def _token_create(args: argparse.Namespace) -> int:
 def _token_list(args: argparse.Namespace) -> int:
     with _client(args) as c:
         tokens = _check(c.get(_holder_path(args) + "/tokens"))["tokens"]
+    if table_output(args):
+        cols = ("token_id", "label", "created", "expires", "last_used")
+        rows = [[cell(t[k] or ("never" if k == "expires" else "-")) for k in cols] for t in tokens]
+        sys.stdout.write(render_table(cols, rows))
+        return 0
     for t in tokens:
         if json_output(args):
             sys.stdout.write(orjson.dumps(t).decode() + "\n")
@@ -176,7 +185,8 @@ def _token_list(args: argparse.Namespace) -> int:
 def _token_revoke(args: argparse.Namespace) -> int:
     with _client(args) as c:
         _check(c.delete(_holder_path(args) + "/tokens/" + segment(args.token_id)))
-    print(f"revoked {args.token_id}")
+    if not args.quiet:
+        print(f"revoked {args.token_id}")
     return 0
 
 
@@ -184,6 +194,13 @@ def _log(args: argparse.Namespace) -> int:
     params = {"since": args.since} if args.since else {}
     with _client(args) as c:
         records = _check(c.get("/v1/admin/audit", params=params))["records"]
+    if table_output(args):
+        cols = ("seq", "time", "who", "action", "target")
+        rows = [
+            [*(cell(str(rec[k])) for k in cols), cell("; ".join(rec["diff"]))] for rec in records
+        ]
+        sys.stdout.write(render_table((*cols, "diff"), rows))
+        return 0
     for rec in records:
         if json_output(args):
             sys.stdout.write(orjson.dumps(rec).decode() + "\n")
@@ -212,5 +229,6 @@ def _admin_rotate(args: argparse.Namespace) -> int:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, out)
-    print(f"admin token rotated at {answer['created']}; the new token is in {out}")
+    if not args.quiet:
+        print(f"admin token rotated at {answer['created']}; the new token is in {out}")
     return 0

@@ -142,6 +142,13 @@ def _client_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--timeout", type=float, default=30.0, help="seconds per network wait (default 30)"
     )
+    p.add_argument(
+        "-q",
+        "--quiet",
+        action="store_true",
+        help="print only data and errors (no change lists, confirmations or notes): the exit "
+        "status says what happened",
+    )
 
 
 def _root(args: argparse.Namespace) -> int:

@@ -22,7 +22,7 @@ from typing import Any, BinaryIO
 from tqdm import tqdm
 
 from mercury.cli import failed_url, transport_message
-from mercury.cliopts import http_url
+from mercury.cliopts import cell, http_url, render_table
 from mercury_client import (
     Client,
     Gone,
@@ -109,9 +109,10 @@ def _output(p: argparse.ArgumentParser, text: str, json_: str) -> None:
     p.add_argument(
         "-o",
         "--output",
-        choices=("text", "json"),
+        choices=("text", "json", "table"),
         default="text",
-        help=f"text: {text} (default); json: {json_}",
+        help=f"text: {text} (default); json: {json_}; table: a bordered table, as etcdctl "
+        "-w table (read whole before it prints)",
     )
 
 
@@ -385,12 +386,19 @@ def _put(client: Client, args: argparse.Namespace) -> int:
 
 
 def _get(client: Client, args: argparse.Namespace) -> int:
+    table = args.output == "table"
     if args.prefix:
         for prefix in args.keys:
-            _print_items(client.range(prefix), True)
+            _print_items(client.range(prefix), "table" if table else "json")
         return OK
     if len(args.keys) > 1:
         values = client.get_many(args.keys)
+        if table:
+            keys = dict.fromkeys(wire.as_bytes(k) for k in args.keys)
+            rows = [[cell(k), cell(values.get(k))] for k in keys]
+            _out().write(render_table(("key", "value"), rows).encode())
+            _out().flush()
+            return NOT_FOUND if any(v is None for v in values.values()) else OK
         for k in dict.fromkeys(wire.as_bytes(k) for k in args.keys):
             doc: dict[str, Any] = {}
             _put_bytes(doc, "key", k)
@@ -414,6 +422,11 @@ def _get(client: Client, args: argparse.Namespace) -> int:
         doc["seq"] = got.seq
         _json_line(doc)
         return OK
+    if table:
+        row = [cell(key), cell(got.value), str(got.seq)]
+        _out().write(render_table(("key", "value", "seq"), [row]).encode())
+        _out().flush()
+        return OK
     _out().write(got.value)
     _out().flush()
     return OK
@@ -434,15 +447,29 @@ def _del(client: Client, args: argparse.Namespace) -> int:
 
 
 def _ls(client: Client, args: argparse.Namespace) -> int:
-    json_ = args.values or args.output == "json"
-    _print_items(client.range(args.prefix or None, keys_only=not args.values), json_)
+    if args.output == "table":
+        mode = "table"
+    else:
+        mode = "json" if args.values or args.output == "json" else "text"
+    _print_items(client.range(args.prefix or None, keys_only=not args.values), mode)
     return OK
 
 
-def _print_items(items: Iterator[wire.Item], as_json: bool) -> int:
+def _print_items(items: Iterator[wire.Item], mode: str) -> int:
+    """Print `items` as `mode` ("text": one key a line, "json": JSON lines, "table": one
+    table, so the items are read whole first)."""
+    if mode == "table":
+        got = list(items)
+        if any(it.value is not None for it in got):
+            rows = [[cell(it.key), cell(it.value)] for it in got]
+            _out().write(render_table(("key", "value"), rows).encode())
+        else:
+            _out().write(render_table(("key",), [[cell(it.key)] for it in got]).encode())
+        _out().flush()
+        return len(got)
     n = 0
     for it in items:
-        if as_json:
+        if mode == "json":
             doc: dict[str, Any] = {}
             _put_bytes(doc, "key", it.key)
             if it.value is not None:
@@ -459,7 +486,7 @@ def _export(client: Client, args: argparse.Namespace) -> int:
     # One seq for the whole export (Client.snapshot), so it never mixes two moments of the
     # prefix; the seq goes to stderr, where `watch --from-seq` can take over from.
     snap = client.snapshot(args.prefix)
-    n = _print_items(snap.items, True)
+    n = _print_items(snap.items, "json")
     _note(args, f"exported {n} keys at seq {snap.seq}")
     return OK
 

@@ -111,6 +111,9 @@ def register(sub: Any) -> None:
         "source node's node-local documents",
     )
     output_args(p, "one JSON object only")
+    p.add_argument(
+        "-q", "--quiet", action="store_true", help="print nothing when done (errors still print)"
+    )
     p.set_defaults(func=cmd_restore)
 
     p = sub.add_parser(
@@ -267,6 +270,8 @@ def cmd_restore(args: argparse.Namespace) -> int:
         raise
     if json_output(args):
         print(done.to_json())
+        return 0
+    if args.quiet:
         return 0
     for line in restore_report(done, args.replica):
         print(line)

@@ -144,7 +144,7 @@ def _usage(args: argparse.Namespace) -> int:
         ],
         left=2,
     )
-    if out_rows:
+    if out_rows and not args.quiet:
         step = windows[0][1]["step"]
         print(f"(since {args.since}; one bar = {_bar_span(len(windows[0][1]['points']), step)})")
     return 0
@@ -206,12 +206,13 @@ def _unused(args: argparse.Namespace) -> int:
     if rows:
         _table(cols, [[str(r[k]) for k in cols] for r in rows], left=2)
     note = "" if summary["complete"] else " (incomplete: tracking began later, or reads dropped)"
-    print(f"(not read on any node for {args.days:g} days{note}; too_new: written since)")
+    if not args.quiet:
+        print(f"(not read on any node for {args.days:g} days{note}; too_new: written since)")
     if args.producer and keys:
         print()
         table = [[k.get("key") or "b64:" + k["key_b64"], str(k["bytes"]), str(k["version"])]
                  for k in keys]  # fmt: skip
         _table(("key", "bytes", "version"), table)
-        if more:
+        if more and not args.quiet:
             print(f"(first {args.limit} keys; --limit N for more, --json for all fields)")
     return 0

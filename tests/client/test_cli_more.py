@@ -199,3 +199,49 @@ def test_admin_commands_print_json_and_take_the_environment(
     assert r.returncode == 0 and all(json.loads(x)["seq"] for x in r.stdout.splitlines())
     r = mercury("usage", "-o", "json")
     assert r.returncode == 0 and "producers" in json.loads(r.stdout), r.stderr
+
+
+def test_tables_and_quiet_admin_commands(
+    cluster: Cluster, tmp_path: Path, kv: Run, mercury: Run, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`-o table` (etcdctl's -w table) on kv get/ls and the admin listings; `-q` on admin
+    commands prints no confirmation."""
+    name, token = cluster.root.producer()
+    tf = _token_file(tmp_path, token)
+    assert kv(cluster, tf, "put", f"{name}/t", "two\nlines").returncode == 0
+    cluster.caught_up()
+    r = kv(cluster, tf, "get", f"{name}/t", "-o", "table")
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.decode().splitlines()
+    assert lines[0].startswith("+-") and lines[1].split() == [
+        "|",
+        "KEY",
+        "|",
+        "VALUE",
+        "|",
+        "SEQ",
+        "|",
+    ]
+    assert f"| {name}/t | two\\nlines |" in lines[3]  # one row stays one line
+    r = kv(cluster, tf, "ls", f"{name}/", "--values", "-o", "table")
+    assert (
+        r.returncode == 0 and "| VALUE" in r.stdout.decode() and "two\\nlines" in r.stdout.decode()
+    )
+    r = kv(cluster, tf, "get", f"{name}/t", f"{name}/none", "-o", "table")
+    assert r.returncode == 3 and f"| {name}/none |" in r.stdout.decode()
+
+    admin = tmp_path / "admin.token"
+    admin.write_text(cluster.root.admin_token + "\n")
+    monkeypatch.setenv("MERCURY_URL", cluster.root.url)
+    monkeypatch.setenv("MERCURY_ADMIN_TOKEN_FILE", str(admin))
+    r = mercury("acl", "token", "list", name, "-o", "table")
+    assert r.returncode == 0 and "| TOKEN_ID" in r.stdout.decode(), r.stderr
+    r = mercury("acl", "log", "-o", "table")
+    assert r.returncode == 0 and "| SEQ" in r.stdout.decode(), r.stderr
+    r = mercury("acl", "token", "create", name, "-q")
+    assert r.returncode == 0 and r.stderr == b"" and r.stdout.count(b"\n") == 1
+    doc = tmp_path / "acl.yaml"
+    doc.write_text('producers:\n  quiet: {keyspaces: ["quiet/"]}\n')
+    r = mercury("acl", "apply", str(doc), "-q")
+    assert (r.returncode, r.stdout, r.stderr) == (0, b"", b"")
+    assert "+ producer quiet" in mercury("acl", "log").stdout.decode()  # it was applied
