@@ -94,8 +94,9 @@ def _common(p: argparse.ArgumentParser) -> None:
         "--retries",
         type=int,
         default=None,
-        help="tries per request in all (default: 6, and on while the waits are under "
-        f"{DEFAULT_BUDGET_S:.0f} s: one HA failover)",
+        help="rounds per request in all, a round one try of each --url (default: 6, and "
+        f"on while the waits between rounds are under {DEFAULT_BUDGET_S:.0f} s: one HA "
+        "failover)",
     )
     p.add_argument(
         "-q",
