@@ -144,6 +144,15 @@ class Candidate:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.stopping.set)
+        # No hand-over upgrade for a candidate (its default action would end it: an
+        # operator's `kill -USR2` meant for a root must not fail the group over).
+        loop.add_signal_handler(
+            signal.SIGUSR2,
+            lambda: log.warning(
+                "SIGUSR2: a root candidate has no hand-over; upgrade "
+                "candidates one at a time (stop, upgrade, start)"
+            ),
+        )
         log.info(
             "candidate %s of group %s (etcd %s, lease %ds)",
             self.node,

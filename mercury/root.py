@@ -169,6 +169,7 @@ def run_root(args: argparse.Namespace) -> int:
         )
         server = _RootServer(config)
         server.drain_s = args.drain_s
+        server.upgradable = not args.ha_await_go
         server.on_hand_over = lambda: app.state.gw.batcher.hurry()
         if takeover:
             # The writers queued through the switch are answered at once, not a window on.
@@ -194,6 +195,8 @@ class _RootServer(uvicorn_http.Server):
 
     drain_s = upgrade.DRAIN_S
     handover_timeout_s = upgrade.HANDOVER_TIMEOUT_S
+    #: An HA candidate's root (`--ha-await-go`) is not handed over: its candidate owns it.
+    upgradable = True
     #: Called as the hand-over begins: the batcher commits what it holds at once.
     on_hand_over: Callable[[], None] | None = None
     #: Called once this server accepts (a hand-over's new root).
@@ -205,12 +208,15 @@ class _RootServer(uvicorn_http.Server):
             loop.add_signal_handler(sig, self.handle_exit, sig, None)
         # SIGUSR2: hand the sockets and then the writer lock to the new executable
         # (mercury/upgrade.py); the old root answers everything it took and exits 0.
-        upgrade.Upgrader(
-            "root",
-            wait_for=handover.PREPARED,
-            on_go=self._hand_over,
-            timeout=self.handover_timeout_s,
-        ).install(loop)
+        if self.upgradable:
+            upgrade.Upgrader(
+                "root",
+                wait_for=handover.PREPARED,
+                on_go=self._hand_over,
+                timeout=self.handover_timeout_s,
+            ).install(loop)
+        else:
+            upgrade.refuse_handover(loop, "an HA candidate's root (upgrade candidates one by one)")
         stopped = asyncio.Event()
         ready = loop.create_task(upgrade.report_when_serving(self, stopped, self.on_serving))
         try:

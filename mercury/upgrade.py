@@ -117,6 +117,13 @@ class Upgrader:
             self.running = False
 
 
+def refuse_handover(loop: asyncio.AbstractEventLoop, why: str) -> None:
+    """SIGUSR2 logged and ignored (its default action would end the process)."""
+    loop.add_signal_handler(
+        signal.SIGUSR2, lambda: log.warning("SIGUSR2: no hand-over for %s; ignored", why)
+    )
+
+
 def report_ready() -> None:
     """This process serves: tell the old process (after a hand-over) and systemd."""
     handover.report(handover.READY)
