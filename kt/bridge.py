@@ -62,6 +62,8 @@ MAX_KEY = 500
 DEAD_AFTER_S = 30.0
 #: Pause before reconnecting after the master went away.
 RECONNECT_S = 1.0
+#: While the master stays away, how often the bridge says it still waits for it.
+WAITING_LOG_S = 60.0
 #: Pause before sending a batch again after the root did not take it.
 RETRY_S = 2.0
 
@@ -244,20 +246,43 @@ class Bridge:
         self.stop = stop
         self.batch = Batch()
         self.seen_ts = state.ts  # every entry up to here is in `batch` or acknowledged
+        self._followed = False  # this session got past the handshake (for the log)
         self.last_seq = 0
         self.applied = 0
 
     # the connection ----------------------------------------------------------------------
 
     def run(self) -> None:
-        """Follow the master until `stop()`; reconnect when it goes away."""
+        """Follow the master until `stop()`; reconnect when it goes away.
+
+        A bridge is a daemon: it waits for its ktserver however long it is away, and says
+        what it waits for (the address, the error, since when) once, then every
+        `WAITING_LOG_S` while it still waits, rather than one line a second forever."""
+        host, port = self.o.kt
+        down_since: float | None = None
+        said = 0.0
         while not self.stop():
+            self._followed = False
             try:
                 self.session()
             except (OSError, kt_ulog.KtStreamError) as err:
                 if isinstance(err, kt_ulog.KtStreamError):
                     raise KtBridgeError(f"malformed replication stream: {err}") from err
-                log.warning("kt-bridge: master connection lost: %s; reconnecting", err)
+                now = time.monotonic()
+                if self._followed or down_since is None:
+                    down_since, said = now, now
+                    what = "lost the" if self._followed else "cannot reach the"
+                    log.warning(
+                        "kt-bridge: %s ktserver at %s:%d (%s); retrying every %g s, from "
+                        "ts %d",
+                        what, host, port, err, RECONNECT_S, self.state.ts,
+                    )  # fmt: skip
+                elif now - said >= WAITING_LOG_S:
+                    said = now
+                    log.warning(
+                        "kt-bridge: still waiting for the ktserver at %s:%d after %.0f s (%s)",
+                        host, port, now - down_since, err,
+                    )  # fmt: skip
                 self.batch = Batch()
                 self.seen_ts = self.state.ts
                 time.sleep(RECONNECT_S)
@@ -274,6 +299,7 @@ class Bridge:
                     hint="start ktserver with an update log: -ulog DIR -sid N",
                 )
             log.info("kt-bridge: following %s:%d after ts %d", host, port, self.state.ts)
+            self._followed = True
             parser = kt_ulog.StreamParser()
             heard = time.monotonic()
             while not self.stop():
