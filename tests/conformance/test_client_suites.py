@@ -39,8 +39,10 @@ from testkit.procs import REPO, Procs, free_port
 from tests.gateway.conftest import Root, make_root
 from tests.replicator.nodes import start_replica
 
-#: ukt tests passing against Mercury when this figure was recorded (docs/kt-compat.md).
-UKT_PASSED = 29
+#: ukt tests passing against Mercury when this figure was recorded (docs/kt-compat.md):
+#: 29 until KT's WAIT/SIGNAL parameters were refused (501) instead of ignored, which
+#: `test_http_signal` (x2) relied on.
+UKT_PASSED = 27
 #: pymemcache integration tests passing against Mercury (docs/kt-compat.md).
 PYMEMCACHE_PASSED = 85
 #: Per-test bound inside the suite (a hang is a failure, never a stuck run); generous,
