@@ -779,6 +779,18 @@ def sorted_slices(
 
 def encode_tsv_slices(out: dict[bytes, bytes]) -> Generator[bytes, None, tuple[bytes, str]]:
     """`encode_tsv` in time-bounded slices, yielding b"" between them."""
+    pieces, ctype = yield from tsv_pieces(out)
+    return b"".join(pieces), ctype
+
+
+#: Bytes of encoded lines joined into one piece of a reply (`tsv_pieces`).
+PIECE_BYTES = 256 << 10
+
+
+def tsv_pieces(out: dict[bytes, bytes]) -> Generator[bytes, None, tuple[list[bytes], str]]:
+    """`encode_tsv`'s body as pieces of about PIECE_BYTES, in time-bounded slices
+    (yielding b"" between them): a reply of a million lines is never joined, or written,
+    in one step of the loop."""
     clock = SliceClock()
     keys = yield from sorted_slices(out, clock)
     n = len(keys)
@@ -802,17 +814,26 @@ def encode_tsv_slices(out: dict[bytes, bytes]) -> Generator[bytes, None, tuple[b
             ulen += sum(_url_len(k) + _url_len(out[k]) for k in part)
         enc = base64.b64encode if blen < ulen else url_encode
         ctype += "; colenc=B" if blen < ulen else "; colenc=U"
+    pieces: list[bytes] = []
     lines: list[bytes] = []
+    size = 0
     for i in range(0, n, RPC_SLICE):
         if clock.due():
             yield b""
             clock.start()
         part = keys[i : i + RPC_SLICE]
         if needs:
-            lines.extend(enc(k) + b"\t" + enc(out[k]) + b"\n" for k in part)
+            more = [enc(k) + b"\t" + enc(out[k]) + b"\n" for k in part]
         else:
-            lines.extend(k + b"\t" + out[k] + b"\n" for k in part)
-    return b"".join(lines), ctype
+            more = [k + b"\t" + out[k] + b"\n" for k in part]
+        lines.extend(more)
+        size += sum(map(len, more))
+        if size >= PIECE_BYTES:
+            pieces.append(b"".join(lines))
+            lines, size = [], 0
+    if lines or not pieces:
+        pieces.append(b"".join(lines))
+    return pieces, ctype
 
 
 def decode_tsv_response(body: bytes, content_type: str) -> dict[bytes, bytes]:

@@ -178,12 +178,15 @@ class KtHandler:
     def handle_http(self, req: kt.HttpRequest) -> tuple[bytes, bool]:
         """(reply bytes, keep the connection open) of one HTTP request."""
         gen = self.http_slices(req)
+        parts: list[bytes] = []  # a reply given in pieces (a big TSV-RPC one)
         while True:
             try:
-                next(gen)
+                chunk = next(gen)
             except StopIteration as stop:
                 reply, keep = stop.value
-                return bytes(reply), bool(keep)
+                return b"".join(parts) + bytes(reply), bool(keep)
+            if chunk:
+                parts.append(bytes(chunk))
 
     def http_slices(self, req: kt.HttpRequest) -> Generator[bytes, None, tuple[bytes, bool]]:
         """One HTTP request in slices (yields b"" between them); returns (reply, keep)."""
@@ -191,17 +194,22 @@ class KtHandler:
         path = req.path
         if path.startswith(b"/rpc/"):
             status, out = yield from self._rpc(kt.url_decode(path[5:]), req)
-            body, ctype = yield from kt.encode_tsv_slices(out)
-            return (
-                kt.encode_http_response(
-                    status,
-                    body,
-                    headers=[("Content-Type", ctype)],
-                    keep_alive=keep,
-                    date=self._http_date(),
-                ),
-                keep,
+            pieces, ctype = yield from kt.tsv_pieces(out)
+            head = kt.encode_http_response(
+                status,
+                headers=[("Content-Type", ctype)],
+                keep_alive=keep,
+                head=True,
+                content_length=sum(map(len, pieces)),
+                date=self._http_date(),
             )
+            if len(pieces) == 1:
+                return head + pieces[0], keep
+            # A big reply: handed on a piece at a time, as the client takes it (the
+            # connection writes at most `TURN_BYTES` a turn, and waits when it lags).
+            yield head
+            yield from pieces
+            return b"", keep
         return self._rest(req, keep), keep
 
     def _rest(self, req: kt.HttpRequest, keep: bool) -> bytes:
