@@ -23,7 +23,7 @@ import httpx
 
 from mercury.dev.run import parse_args
 from mercury.dev.topology import Ports, local
-from testkit.procs import Procs, free_port, wait_http
+from testkit.procs import REPO, Procs, free_port, wait_http
 from testkit.wait import wait_until
 
 
@@ -80,6 +80,20 @@ def test_make_run_on_other_ports(tmp_path: Path, procs: Procs) -> None:
     assert f"http://127.0.0.1:{ports['root']}/v1/kv/demo/hello" in text, text
     assert f"('127.0.0.1', {ports['replica_memcached']})" in text
     token = (var / "demo.token").read_text()
+    # The command-line examples it prints work as printed (run from the checkout, as a user
+    # does; the replica may apply the put a moment after it is acknowledged: the get waits).
+    start = text.index("# the command line")
+    cli = text[start : text.index("# operators", start)]
+    assert "kv put" in cli and "-o table" in cli, cli
+
+    def cli_ran() -> subprocess.CompletedProcess[str] | None:
+        done = subprocess.run(
+            ["bash", "-e", "-c", cli], capture_output=True, text=True, timeout=60, cwd=REPO
+        )
+        return done if done.returncode == 0 else None
+
+    done = wait_until(cli_ran, 30, "the printed mercury kv examples")
+    assert "from the CLI" in done.stdout and "| demo/cli" in done.stdout, done.stdout
     # A second run on the same state refuses at once, naming the first; it changes nothing.
     err = _refused(_argv(var, ports))
     assert f"PID {run.pid}" in err and "already running" in err, err

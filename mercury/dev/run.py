@@ -128,6 +128,15 @@ Secure setup (MERCURY_SECURE=1 make run does all of this):
 """
 
 
+def _cli(gw: str, rd: str, var: str) -> str:
+    """The same writes and reads through `mercury kv` (the plain mode's: docs/client.md)."""
+    return f"""  # the command line (docs/client.md): writes to MERCURY_URL, reads from MERCURY_READ_URL
+  export MERCURY_URL={gw} MERCURY_READ_URL={rd} MERCURY_TOKEN_FILE={var}/demo.token
+  .venv/bin/mercury kv put demo/cli 'from the CLI'
+  .venv/bin/mercury kv get demo/cli; echo; .venv/bin/mercury kv ls demo/ -o table
+"""
+
+
 def _examples(token: str, ROOT: Node, REPLICA: Node, var: str, reader: str | None = None) -> str:
     gw = f"{ROOT.scheme}://{ROOT.flag('--listen')}"
     rd = f"{REPLICA.scheme}://{REPLICA.flag('--listen')}"
@@ -166,7 +175,7 @@ Its token is in {var}/demo.token; the admin token in {ROOT.data_dir}/admin.token
   # memcached text protocol (over a plain socket: make run installs no memcached client)
   .venv/bin/python -c "import socket; s = socket.create_connection(('{mc_host}', {mc_port})); \\
       s.sendall(b'get demo/hello demo/a\\r\\n'); print(s.recv(65536).decode())"
-  # operators
+{"" if reader else _cli(gw, rd, var)}  # operators
   {ca_env}.venv/bin/mercury usage --url {gw} --admin-token-file {ROOT.data_dir}/admin.token
   .venv/bin/mercury status {ROOT.data_dir}
 {"" if reader else _secure_setup(var, ROOT, REPLICA)}
