@@ -130,7 +130,7 @@ Secure setup (MERCURY_SECURE=1 make run does all of this):
 
 def _cli(gw: str, rd: str, var: str) -> str:
     """The same writes and reads through `mercury kv` (the plain mode's: docs/client.md)."""
-    return f"""  # the command line (docs/client.md): writes to MERCURY_URL, reads from MERCURY_READ_URL
+    return f"""  # the command line (docs/client.md): writes to MERCURY_URL, reads MERCURY_READ_URL
   export MERCURY_URL={gw} MERCURY_READ_URL={rd} MERCURY_TOKEN_FILE={var}/demo.token
   .venv/bin/mercury kv put demo/cli 'from the CLI'
   .venv/bin/mercury kv get demo/cli; echo; .venv/bin/mercury kv ls demo/ -o table
