@@ -35,6 +35,7 @@ from mercury import logsetup, tls, upgrade
 from mercury.settings import ReplicaConfig
 from net import handover, http_bounds, uvicorn_http
 from net.metrics import watch_certs
+from net.tcp import TcpService
 from reads import workermetrics, workers
 from replicator import sched
 from replicator.metrics import (
@@ -269,7 +270,15 @@ async def _serve_reader(
     # A hand-over: reader 0 asks for this reader's sockets (for the new executable's
     # reader `index`), then sends SIGQUIT: drain as reader 0 does, and exit.
     channel = loop.create_task(handover.serve_channel(handover.SOCKETS))
-    loop.add_signal_handler(signal.SIGQUIT, server.drain, drain_s, drain_s)
+    drains: list[asyncio.Task[None]] = []
+
+    def quit_() -> None:
+        server.drain(drain_s, drain_s)
+        drains.extend(
+            loop.create_task(s.drain(drain_s)) for s in services if isinstance(s, TcpService)
+        )
+
+    loop.add_signal_handler(signal.SIGQUIT, quit_)
     stopper = loop.create_task(stop.wait())
     await asyncio.wait({serving, stopper}, return_when=asyncio.FIRST_COMPLETED)
     server.should_exit = True
@@ -277,7 +286,7 @@ async def _serve_reader(
     with contextlib.suppress(Exception):
         await serving
     channel.cancel()
-    for h in (*helpers, stopper):
+    for h in (*helpers, *drains, stopper):
         with contextlib.suppress(Exception):
             await h
     for s in reversed(services):
@@ -402,6 +411,9 @@ async def _serve(
         # An idle keep-alive connection may take the whole drain for one last request:
         # nothing waits for this process any more.
         server.drain(drain_s, drain_s)
+        for s in services:
+            if isinstance(s, TcpService):  # KT, memcached
+                helpers.append(loop.create_task(s.drain(drain_s)))
         if pool is not None:
             pool.drain(signal.SIGQUIT)  # readers 1..n-1 drain alike
         await sup.stop()

@@ -33,6 +33,7 @@ from mercury.settings import RootConfig
 from mercury.unused_wiring import RootUnused
 from net import handover, http_bounds, uvicorn_http
 from net.metrics import watch_certs
+from net.tcp import TcpService
 from net.tlsconf import TlsContexts
 from store import metrics as store_metrics
 from store.lock import StoreLockedError, WriterLock
@@ -170,7 +171,7 @@ def run_root(args: argparse.Namespace) -> int:
         server = _RootServer(config)
         server.drain_s = args.drain_s
         server.upgradable = not args.ha_await_go
-        server.on_hand_over = lambda: app.state.gw.batcher.hurry()
+        server.on_hand_over = lambda: _hand_over_services(app, services, args.drain_s)
         if takeover:
             # The writers queued through the switch are answered at once, not a window on.
             server.on_serving = lambda: app.state.gw.batcher.hurry(
@@ -231,6 +232,21 @@ class _RootServer(uvicorn_http.Server):
         self.drain(min(upgrade.ROOT_IDLE_GRACE_S, self.drain_s), self.drain_s)
         if self.on_hand_over is not None:
             self.on_hand_over()
+
+
+def _hand_over_services(app: Any, services: list[Service], drain_s: float) -> None:
+    """As the old root hands over: its batcher commits at once from now on, and its KT and
+    memcached listeners stop accepting and close each connection once it is idle."""
+    app.state.gw.batcher.hurry()
+    loop = asyncio.get_running_loop()
+    for s in services:
+        if isinstance(s, TcpService):
+            _DRAINS.add(task := loop.create_task(s.drain(drain_s)))
+            task.add_done_callback(_DRAINS.discard)
+
+
+#: The listeners' drains under way (held: the loop keeps only weak references to tasks).
+_DRAINS: set[asyncio.Task[None]] = set()
 
 
 def _take_writer_lock(data_dir: str, timeout: float) -> WriterLock:

@@ -774,6 +774,29 @@ class TcpService:
         LISTENER_QUEUED_MAX.labels(self.name).set(biggest)
         self._sweeper = asyncio.get_running_loop().call_later(SWEEP_SECONDS, self._sweep)
 
+    async def drain(self, bound: float) -> None:
+        """A hand-over's stop: stop accepting (the new process accepts on the same socket),
+        let every request in progress be answered, closing each connection as soon as
+        nothing of it is in progress (no partial or unanswered request, no reply unsent),
+        for at most `bound` seconds; `stop` closes what is left. These protocols have no
+        way to ask a client to reconnect: one that sends on an idle connection as it is
+        closed sees it closed."""
+        if self._server is None:
+            return
+        self._server.close()
+        deadline = time.monotonic() + bound
+        while True:
+            for c in list(self.conns):
+                t = c.transport
+                if t is None or c.aborted or t.is_closing():
+                    continue
+                idle = c.work is None and not c.buf and c.waiting is None
+                if idle and t.get_write_buffer_size() == 0:
+                    t.close()
+            if not self.conns or time.monotonic() >= deadline:
+                return
+            await asyncio.sleep(0.005)
+
     async def stop(self) -> None:
         """Stop listening and close every open connection."""
         if self._sweeper is not None:

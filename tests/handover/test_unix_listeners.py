@@ -54,6 +54,8 @@ def test_unix_listeners_serve_with_their_mode_and_survive_a_hand_over(
         f"unix:{mc}",
         "--unix-mode",
         "600",
+        "--drain-s",
+        "60",
         "--allow-unauthenticated-reads",
         repl=False,
         wait=False,
@@ -66,7 +68,32 @@ def test_unix_listeners_serve_with_their_mode_and_survive_a_hand_over(
     inodes = {p: os.stat(p).st_ino for p in (http, mc)}
 
     old = rep.proc.pid
+    log = next((tmp_path / "logs").glob("replica-*.log"))
+    # A memcached request half sent when the hand-over starts is answered by the old
+    # process (it drains), and only then is its connection closed.
+    half = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    half.connect(str(mc))
+    half.sendall(b"get p/")
+    # An idle memcached connection is closed as the drain starts, not at the end of the
+    # drain (which an idle kept-alive HTTP connection holds open up to --drain-s 60).
+    idle_mc = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    idle_mc.connect(str(mc))
+    idle_mc.sendall(b"get p/k\r\n")
+    assert recv_until(idle_mc, b"END\r\n").startswith(b"VALUE")
+    idle_http = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    idle_http.connect(str(http))
+    idle_http.sendall(b"GET /v1/kv/p/k HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert recv_until(idle_http, b"v1").startswith(b"HTTP/1.1 200")
     os.kill(old, signal.SIGUSR2)
+    wait_until(lambda: "draining" in log.read_text(), 60, "old one draining")
+    idle_mc.settimeout(30)
+    assert idle_mc.recv(1) == b""
+    idle_mc.close()
+    half.sendall(b"k\r\n")
+    assert recv_until(half, b"END\r\n") == b"VALUE p/k 0 2\r\nv1\r\nEND\r\n"
+    assert half.recv(1) == b""  # then closed: nothing of it in progress
+    half.close()
+    idle_http.close()
     assert rep.proc.wait(60) == 0, procs.logs()
     new = wait_until(
         lambda: holder_pid(str(rep.data_dir)) != old and holder_pid(str(rep.data_dir)),
