@@ -68,7 +68,9 @@ class _Refused(Collector):
             "mercury_repl_refused",
             "Connections a replication source closed without serving them, by reason "
             "(plaintext, no_certificate, untrusted_certificate, tls_failed, tls_timeout, "
-            "too_many, or the handshake refusal: db_id, self, bootstrap, protocol, not_ready, "
+            "too_many (at the cap, every slot a stream or transfer), share_refused, evicted and "
+            "share_evicted (a connection still without a HELLO closed at the cap for a newcomer), "
+            "or the handshake refusal: db_id, self, bootstrap, protocol, not_ready, "
             "diverged)",
             labels=["reason"],
         )

@@ -43,6 +43,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from core.errors import LogRetentionError, MercuryError, ProtocolError
+from net.budget import Budget, Principal, Reason, peer_principal
 from net.tlsconf import TlsContexts
 from replicator import frames, handshake, notify
 from replicator.heartbeat import HeartbeatSource
@@ -66,8 +67,13 @@ HELLO_TIMEOUT = 10.0
 #: and frees its bootstrap slot: a replica that asks for a snapshot and never reads must
 #: not block every other one.
 STALL_TIMEOUT = 30.0
-#: Connections served at once (streams, bootstraps and handshakes); more are closed at once.
+#: Connections served at once (streams, bootstraps and handshakes). At the cap a newcomer
+#: takes the slot of the connection that has waited longest for its HELLO (`_Conn`); it
+#: is closed at once only when every slot is a stream or a transfer.
 MAX_CONNECTIONS = 256
+#: The part of a full cap one peer address may hold (`net.budget.share_cap`): at its share
+#: a newcomer of that address only displaces its own connections still without a HELLO.
+PRINCIPAL_SHARE = 0.25
 #: A kept snapshot is reused for new bootstraps while younger than this.
 SNAPSHOT_MAX_AGE = 300.0
 #: A replica's first frame must be a HELLO (92 bytes): anything else closes at its header.
@@ -77,6 +83,52 @@ _FIRST_FRAME = frozenset({frames.HELLO})
 _COALESCE = 64 << 10
 #: Bytes of recently committed records kept for streams that are caught up (see `_Tail`).
 TAIL_BYTES = 4 << 20
+
+
+class _Conn:
+    """A replication connection as the connection budget (`net.budget`) sees it. Until its
+    HELLO is accepted (its TLS handshake and first frame still to come) it has made no
+    progress and may be evicted at the cap, the longest waiting first: a peer that opens
+    connections and sends nothing (or a HELLO a byte at a time) must not hold the cap a
+    replica needs for `hello_timeout` at a time, again and again. Once its HELLO is
+    accepted its stream or snapshot transfer is never evicted (its own stall timeout
+    bounds a replica that takes nothing)."""
+
+    __slots__ = ("link", "since", "task")
+
+    def __init__(self, task: asyncio.Task[None], link: Link) -> None:
+        self.task = task
+        self.link = link
+        #: Since when it waits for its HELLO (None: accepted, being served).
+        self.since: float | None = time.monotonic()
+
+    def idle_since(self) -> float | None:
+        return self.since
+
+    def stalled_since(self) -> float | None:
+        return None
+
+    def gone(self) -> bool:
+        return self.link.closing()
+
+    def evict(self) -> None:
+        self.link.abort()  # its descriptor goes now, not when its task next runs
+        self.task.cancel()
+
+
+def _link_principal(link: Link) -> Principal:
+    """The peer address a connection holds its slot for (`Link.address`, "host:port")."""
+    host, _, _port = link.address.rpartition(":")
+    return peer_principal((host or link.address,))
+
+
+#: `mercury_repl_refused{reason}` of the connection budget's refusals and evictions.
+_BUDGET_LABELS = {
+    Reason.REFUSED: "too_many",
+    Reason.SHARE_REFUSED: "share_refused",
+    Reason.EVICTED: "evicted",
+    Reason.SHARE: "share_evicted",
+}
 
 
 @dataclass
@@ -110,6 +162,7 @@ class ReplicationSource:
         max_bootstraps: int = 1,
         snapshot_dir: str | None = None,
         max_connections: int = MAX_CONNECTIONS,
+        principal_share: float = PRINCIPAL_SHARE,
         stall_timeout: float = STALL_TIMEOUT,
         hello_timeout: float = HELLO_TIMEOUT,
         tls: TlsContexts | None = None,
@@ -161,6 +214,10 @@ class ReplicationSource:
         self._held: set[asyncio.Event] = set()
         #: The tasks of the connections admitted (streams, bootstraps and handshakes).
         self._conns: set[asyncio.Task[None]] = set()
+        #: The same connections, held to `max_connections` (`_Conn`).
+        self._budget: Budget[_Conn] = Budget(
+            max_connections, self._budget_count, share=principal_share
+        )
         self._listener: Listener | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._wake_listener: notify.WakeListener | None = None
@@ -280,26 +337,36 @@ class ReplicationSource:
 
     # --- connections -----------------------------------------------------------------
 
-    def _admit(self, peer: object) -> bool:
-        """False (counted, logged) past the connection cap: every connection costs
-        buffers and a task, so the ones over it are closed before anything is read.
-        False (silently) once the source is stopping: a connection accepted as the
-        listener closed must not be served by a source that has stopped."""
+    def _admit(self, conn: _Conn) -> bool:
+        """False (counted, logged) when the connection budget has no slot for `conn` (every
+        one is a stream or a transfer, or its peer is at its share and none of its own may
+        go): every connection costs buffers and a task, so the ones over the cap are closed
+        before anything is read. False (silently) once the source is stopping: a connection
+        accepted as the listener closed must not be served by a source that has stopped."""
         if self._closing:
             return False
-        if len(self._conns) < self.max_connections:
+        if self._budget.admit(conn, _link_principal(conn.link)):
             return True
-        self.refused_connections += 1
-        self._refused("too_many")
-        log.warning("refused replica %s: %d connections open (the cap)", peer, self.max_connections)
+        log.warning(
+            "refused replica %s: %d connections open (the cap), none waiting for a HELLO "
+            "it may close",
+            conn.link.address,
+            self.max_connections,
+        )
         return False
+
+    def _budget_count(self, reason: Reason) -> None:
+        if reason in (Reason.REFUSED, Reason.SHARE_REFUSED):
+            self.refused_connections += 1
+        self._refused(_BUDGET_LABELS.get(reason, reason.value))
 
     async def _handle(self, link: Link) -> None:
         """One connection, from its acceptance (before the transport's own handshake)."""
         task = asyncio.current_task()
         assert task is not None
         peer = link.address
-        if not self._admit(peer):
+        conn = _Conn(task, link)
+        if not self._admit(conn):
             await link.close()
             return
         self._conns.add(task)
@@ -316,15 +383,16 @@ class ReplicationSource:
                 )
                 return
             try:
-                await self._serve(link, peer)
+                await self._serve(link, peer, conn)
             finally:
                 await link.close()
         except asyncio.CancelledError:
             link.abort()
         finally:
+            self._budget.leave(conn)
             self._conns.discard(task)
 
-    async def _serve(self, link: Link, peer: str) -> None:
+    async def _serve(self, link: Link, peer: str, conn: _Conn) -> None:
         """Handshake, then a stream or a snapshot transfer; every ending is logged."""
         try:
             ftype, _flags, body, _ok = await link.recv(self.hello_timeout, _FIRST_FRAME)
@@ -338,6 +406,7 @@ class ReplicationSource:
                 log.warning("refused replica %s: %s", peer, message)
                 await link.send(frames.encode_refuse(code, message))
                 return
+            conn.since = None  # accepted: its stream or transfer is never evicted
             first, _base = self.store.log_bounds()
             upstream = (
                 self.upstream is not None

@@ -26,6 +26,7 @@ from store.ops import SET, Op
 from testkit import metrics, procstat
 from testkit.procs import Procs, free_port, run_mercury, wait_http
 from testkit.replication import root_node, status, wait_for, wait_seq
+from testkit.trickle import Trickler
 from tests.replicator.nodes import start_replica
 
 
@@ -104,17 +105,73 @@ def test_oversized_hello_is_closed_at_its_header_without_growing_memory(
         assert _closed_within(s, 3.0)
 
 
-def test_replication_listener_refuses_connections_over_its_cap(tmp_path: Path) -> None:
+def _hello(db_id: bytes) -> bytes:
+    """A stream HELLO from a new replica (seq 0) of the store `db_id`."""
+    return frames.encode_hello(
+        frames.Hello(1, 1, 0x01, os.urandom(16), db_id, 0, 0, 0, frames.ZERO_SHA)
+    )
+
+
+def _welcomed(sock: socket.socket) -> bool:
+    """True when the source answers `sock`'s HELLO with a WELCOME."""
+    sock.settimeout(10)
+    with sock.makefile("rb") as f:
+        return _frame_type(f) == frames.WELCOME
+
+
+def test_replication_listener_refuses_connections_over_its_cap_when_every_slot_streams(
+    tmp_path: Path,
+) -> None:
     with root_node(str(tmp_path / "root"), max_connections=3) as root:
+        db_id = uuid.UUID(root.store.db_id).bytes
         held = [socket.create_connection(("127.0.0.1", root.port), 5) for _ in range(3)]
         try:
-            wait_for(lambda: len(root.source._conns) == 3, 10, "3 connections accepted")
+            for s in held:
+                s.sendall(_hello(db_id))
+                assert _welcomed(s)
             with socket.create_connection(("127.0.0.1", root.port), 5) as extra:
                 assert _closed_within(extra, 3.0)
             assert root.source.refused_connections == 1
+            for s in held:  # no stream was closed for it
+                assert not _closed_within(s, 0.2)
         finally:
             for s in held:
                 s.close()
+
+
+def test_connections_that_send_no_hello_cannot_lock_a_replica_out_at_the_cap(
+    tmp_path: Path, procs: Procs
+) -> None:
+    """Red team: sockets that connect to the replication port and send nothing (closed
+    after the HELLO timeout, reopened at once) held every slot of the cap, and every
+    replica that came was refused ("too_many"), for as long as the attack went on. At the
+    cap a newcomer now takes the slot of the one waiting longest for its HELLO; a stream
+    (past its HELLO) is never the one to go."""
+    _pid, gw, repl = _start_root(procs, tmp_path / "root")
+    db_id = uuid.UUID(httpx.get(f"http://127.0.0.1:{gw}/v1/status").json()["db_id"]).bytes
+    root_log = next(procs.log_dir.glob("root-*.log"))
+    cap = 256  # the source's default (replicator.source.MAX_CONNECTIONS)
+    streaming = socket.create_connection(("127.0.0.1", repl), 5)
+    attack = Trickler(repl, b"", conns=cap + 5, every_s=30.0, max_s=120.0)
+    try:
+        streaming.sendall(_hello(db_id))
+        assert _welcomed(streaming)
+        attack.start()
+        wait_for(lambda: attack.opened >= cap + 5, 30, "the attack holds the cap")
+        # A replica's HELLO at the full cap is welcomed, a real replica catches up.
+        with socket.create_connection(("127.0.0.1", repl), 5) as newcomer:
+            newcomer.sendall(_hello(db_id))
+            assert _welcomed(newcomer)
+        replica = start_replica(procs, tmp_path / "replica", [repl], repl=False)
+        wait_seq(replica.http, 1, timeout=60)
+        # The stream admitted before the attack was never evicted.
+        assert not _closed_within(streaming, 0.2)
+        text = httpx.get(f"http://127.0.0.1:{gw}/metrics", timeout=5).text
+        assert metrics.value(text, "mercury_repl_refused_total", reason="evicted") >= 5
+    finally:
+        attack.stop()
+        streaming.close()
+    assert "Traceback" not in root_log.read_text()
 
 
 def test_a_stream_client_that_hangs_up_is_a_disconnect_not_an_error(
