@@ -273,7 +273,7 @@ def cmd_restore(args: argparse.Namespace) -> int:
         return 0
     if args.quiet:
         return 0
-    for line in restore_report(done, args.replica):
+    for line in restore_report(done, args.replica, args.data_dir):
         print(line)
     return 0
 
@@ -288,12 +288,15 @@ def _first_missing(path: str) -> str | None:
     return path
 
 
-def restore_report(done: Restored, replica: bool) -> list[str]:
-    """What `mercury restore` says it did and what happens next."""
+def restore_report(done: Restored, replica: bool, data_dir: str) -> list[str]:
+    """What `mercury restore` says it did and what happens next (the set-aside copy by its
+    path, so that it is not looked for in the working directory)."""
     out = [f"restored db {done.db_id} at seq {done.seq} (hash head {done.hash_head})"]
     if done.set_aside is not None:
         was = f"seq {done.replaced_seq}" if done.replaced_seq is not None else "unreadable"
-        out.append(f"the replaced store ({was}) is kept in {done.set_aside}/")
+        out.append(
+            f"the replaced store ({was}) is kept in {os.path.join(data_dir, done.set_aside)}/"
+        )
     if replica:
         out.append(
             f"next: start `mercury replica` on this DATA_DIR: it streams from seq "

@@ -49,7 +49,7 @@ def test_restore_over_a_root_keeps_the_old_store_and_logs_the_restore(tmp_path: 
     r = run_mercury("restore", str(snap), str(d))
     assert r.returncode == 0, r.stderr
     assert "above seq 6" in r.stdout and "diverged" in r.stdout, r.stdout
-    assert "(seq 10) is kept in .replaced-" in r.stdout, r.stdout
+    assert f"(seq 10) is kept in {d}/.replaced-" in r.stdout, r.stdout  # by its path
     s = Store.open(str(d), readonly=True)
     try:
         assert s.last_seq() == 7 and s.get(b"later0") is None and s.get(b"k4") is not None
