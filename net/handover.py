@@ -19,6 +19,12 @@ stage, `PREPARED` then `READY`, or `FAILED why`) and to systemd (`sd_notify`:
 ``MAINPID=`` and ``READY=1``, so the unit follows the new process). The old process stops
 accepting only once the successor said READY (a replica) or PREPARED (a root: it cannot be
 ready before it holds the writer lock the old one gives up; `docs/operations.md`).
+
+Reader processes (`--read-workers`) each own their sockets; at a hand-over their reader 0
+fetches copies over a socket pair (`fetch_sockets`, `serve_channel`: SCM_RIGHTS) and
+passes them on as ``NAME#index``; the new reader 0 starts each reader on its own
+(`Sockets.take_group`). The successor starts `STARTUP_NICE` nicer and returns to the old
+niceness once ready (`restore_priority`), so its start does not slow the old one serving.
 """
 
 from __future__ import annotations
