@@ -116,7 +116,12 @@ def run_root(args: argparse.Namespace) -> int:
     unused = RootUnused(store)  # unused-key analytics: read summaries in, the ledger
     try:
         services: list[Service] = [
-            logsetup.StopLog(log, lambda: {"role": "root", "seq": store.last_seq()}),
+            # `handed_to`: the new root's PID after a hand-over (docs/operations.md), as a
+            # replica's stop says it.
+            logsetup.StopLog(
+                log,
+                lambda: {"role": "root", "seq": store.last_seq(), "handed_to": server.handed_to},
+            ),
             *repl_wiring.root_services(store, cfg.source, repl_tls, unused.router),
             *reads_wiring.root_services(store, cfg.listeners, kt_writer, mc_writer),
             RetentionService(store, cfg.retention),
@@ -202,6 +207,8 @@ class _RootServer(uvicorn_http.Server):
     on_hand_over: Callable[[], None] | None = None
     #: Called once this server accepts (a hand-over's new root).
     on_serving: Callable[[], None] | None = None
+    #: The new root's PID once a hand-over passed it the sockets (for the stop event).
+    handed_to: int | None = None
 
     async def serve(self, sockets: list[socket.socket] | None = None) -> None:
         loop = asyncio.get_running_loop()
@@ -226,7 +233,8 @@ class _RootServer(uvicorn_http.Server):
             stopped.set()
             await ready
 
-    async def _hand_over(self, _succ: handover.Successor) -> None:
+    async def _hand_over(self, succ: handover.Successor) -> None:
+        self.handed_to = succ.pid
         # Idle keep-alive connections get a short grace only: the writer lock (and with it
         # the new root) waits for every connection of this one to end.
         self.drain(min(upgrade.ROOT_IDLE_GRACE_S, self.drain_s), self.drain_s)
