@@ -71,7 +71,7 @@ class AsyncClient:
         self._rand = rand
         self._sleep = sleep
         tls = calls.ssl_context(verify, cert)
-        auth = {"Authorization": f"Bearer {token}"} if token else {}
+        auth = calls.bearer(token)
         urls = calls.node_urls(url)
         #: where writes go (and reads without `read_url`): every URL given, the leader first
         self._writes = calls.Route(urls)
@@ -83,7 +83,7 @@ class AsyncClient:
         if read_url is None:
             self._read = self._write
         else:
-            rauth = {"Authorization": f"Bearer {read_token}"} if read_token else {}
+            rauth = calls.bearer(read_token, "read_token")
             self._read = httpx.AsyncClient(
                 base_url=read_url, headers=rauth, verify=tls, timeout=timeout
             )
@@ -476,4 +476,4 @@ class AsyncClient:
 
 
 def _unavailable(err: httpx.TransportError) -> Unavailable:
-    return Unavailable(0, type(err).__name__, str(err) or "connection failed")
+    return calls.unavailable(err)

@@ -7,6 +7,7 @@ functions, so the two differ only in how they wait for the network.
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import ssl
 import uuid
@@ -17,7 +18,13 @@ from typing import Any
 import httpx
 
 from mercury_client import wire
-from mercury_client.errors import MercuryClientError, ServerError, from_answer, key_absent
+from mercury_client.errors import (
+    MercuryClientError,
+    ServerError,
+    Unavailable,
+    from_answer,
+    key_absent,
+)
 
 WRITE = "write"
 READ = "read"
@@ -106,6 +113,27 @@ class Route:
     def waited(self) -> None:
         """A wait between rounds passed: every URL may be tried again."""
         self._failures = 0
+
+
+def unavailable(err: httpx.TransportError) -> Unavailable:
+    """A request that got no answer, naming the URL it was for (with several URLs, which
+    one failed last is what a caller needs to know)."""
+    what = str(err) or "connection failed"
+    with contextlib.suppress(RuntimeError):  # an httpx error without its request
+        what = f"{err.request.url}: {what}"
+    return Unavailable(0, type(err).__name__, what)
+
+
+def bearer(token: str | None, what: str = "token") -> dict[str, str]:
+    """The Authorization header of `token` (none for None or empty). Surrounding whitespace
+    is dropped (a token read from its file ends in a newline); a token with whitespace or a
+    control character inside is a ValueError, not a request that fails as unavailable."""
+    if not token:
+        return {}
+    t = token.strip()
+    if not t or any(c.isspace() or not c.isprintable() for c in t):
+        raise ValueError(f"{what} holds whitespace or control characters: not a Mercury token")
+    return {"Authorization": f"Bearer {t}"}
 
 
 def success(r: httpx.Response, ok404: bool) -> bool:

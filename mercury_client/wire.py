@@ -90,8 +90,13 @@ class BatchResult:
 
 
 def as_bytes(x: str | bytes) -> bytes:
-    """Text as UTF-8; bytes as they are."""
-    return x.encode() if isinstance(x, str) else bytes(x)
+    """Text as UTF-8; bytes (or a bytearray, a memoryview) as they are. Anything else is a
+    TypeError: ``bytes(3)`` is three zero bytes, so an int would be stored as garbage."""
+    if isinstance(x, str):
+        return x.encode()
+    if isinstance(x, (bytes, bytearray, memoryview)):
+        return bytes(x)
+    raise TypeError(f"keys and values are str or bytes, not {type(x).__name__}")
 
 
 def kv_path(key: Key) -> str:

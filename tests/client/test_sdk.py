@@ -112,6 +112,14 @@ def test_refusals_are_typed_and_carry_the_problem(cluster: Cluster) -> None:
         assert "500 bytes" in large.value.detail
     with Client(cluster.root.url, "not-a-token") as c, pytest.raises(Unauthorized):
         c.put(f"{name}/k", "v")
+    # A token as read from its file (a trailing newline) works; one with a space inside
+    # is refused before any request (it was sent, and failed as unavailable after retries).
+    with Client(cluster.root.url, token + "\n") as c:
+        assert c.put(f"{name}/nl", "v").status in ("written", "duplicate")
+        with pytest.raises(TypeError, match="not int"):
+            c.put(f"{name}/n", 3)  # type: ignore[arg-type]  # bytes(3) is 3 zero bytes
+    with pytest.raises(ValueError, match="whitespace"):
+        Client(cluster.root.url, "mct_a b")
 
 
 def test_a_batch_over_the_node_limit_is_recut_after_413(cluster: Cluster) -> None:
@@ -193,10 +201,11 @@ def test_unreachable_node_is_unavailable_after_the_retries(cluster: Cluster) -> 
     url = f"http://127.0.0.1:{free_port()}"
     with (
         Client(url, "t", retries=RetryPolicy(attempts=3, base=0.01), sleep=slept.append) as c,
-        pytest.raises(Unavailable),
+        pytest.raises(Unavailable) as gone,
     ):
         c.get("k")
     assert len(slept) == 2
+    assert f"{url}/v1/kv/k" in str(gone.value)  # the URL that did not answer
 
 
 def test_unusable_tls_options_are_refused_before_any_request() -> None:
