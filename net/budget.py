@@ -13,7 +13,8 @@ whose handshake is done, which then enter the HTTP listener's). The rule is one 
 - then the member idle the longest is evicted: one waiting for its next request, never one
   with a request in progress or bytes left to write (closing it would lose its client an
   answer). What "idle" is belongs to the listener (`Member.idle_since`); a TLS handshake is
-  idle from its accept (`fifo`: the oldest goes);
+  idle from its accept until its peer's first message was whole and answered (`fifo`:
+  the oldest without that progress goes, else the oldest);
 - else, where the listener says a request body that makes no progress may go
   (`Deadlines.stalled_body`), the member whose body has received nothing for longest,
   at least that long (`Member.stalled_since`): nothing it sent was acted on yet;
@@ -289,7 +290,8 @@ class Budget(Generic[M]):
     told the member count after every change (the listener's gauge). `stalled_body`:
     a member whose partial request made no progress for this long may be evicted (None:
     never). `fifo`: every member is idle from its admission and its clock never restarts
-    (handshakes): the oldest admitted is the victim. `share`: the part of a full budget
+    (handshakes): the oldest admitted still idle (`idle_since` not None) is the victim,
+    else the oldest admitted. `share`: the part of a full budget
     one principal may hold (`share_cap`)."""
 
     def __init__(
@@ -414,11 +416,10 @@ class Budget(Generic[M]):
         looking at; one pass, not a separate one for the gone, as at the cap under a flood
         this runs for every newcomer.)"""
         if self.fifo and principals is self.held:
-            return next(iter(self.members), None)  # the oldest admitted, without a scan
+            return self._fifo_victim([self.members])
         pools = [p for p in principals if p in self.held]
         if self.fifo:
-            firsts = [next(iter(self.held[p])) for p in pools]
-            return min(firsts, key=self._order, default=None)
+            return self._fifo_victim([self.held[p] for p in pools])
         pools.sort(key=lambda p: p.authenticated)
         best: M | None = None
         best_at = math.inf
@@ -448,6 +449,26 @@ class Budget(Generic[M]):
         for m in gone:
             self.leave(m)
         return best
+
+    def _fifo_victim(self, pools: list[dict[M, Principal] | dict[M, None]]) -> M | None:
+        """The victim of a fifo budget among `pools` (each in admission order): the oldest
+        admitted that made no progress yet (`idle_since` not None), else the oldest. A
+        handshake whose peer sent its whole first message and was answered has progressed:
+        an attacker reconnecting at the cap as fast as it is cut must not evict an honest
+        peer's handshake for being a few milliseconds older than its own (it scans past
+        the progressed ones only, which an attacker can hold only by completing its first
+        message, paid for with the node's answer to it)."""
+        fresh: M | None = None
+        oldest: M | None = None
+        for ms in pools:
+            for m in ms:
+                if oldest is None or self._seq[m] < self._seq[oldest]:
+                    oldest = m
+                if m.idle_since() is not None:
+                    if fresh is None or self._seq[m] < self._seq[fresh]:
+                        fresh = m
+                    break  # the pool's oldest without progress
+        return fresh if fresh is not None else oldest
 
     def _over_share(self) -> list[Principal]:
         """The principals holding more than their share."""

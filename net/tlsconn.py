@@ -383,9 +383,12 @@ def _count(reason: Reason) -> None:
 class _Handshake:
     """Drives one accepted connection's handshake, then starts its transport. A member of
     its server's handshake budget (`net.budget.Member`): idle from its accept, as nothing
-    it sent has been acted on, so the oldest goes first."""
+    it sent has been acted on, so the oldest goes first; once its peer's first message
+    (the ClientHello) was whole and answered it has progressed, and goes only after every
+    handshake that has not (a ClientHello trickled a byte at a time, reconnecting as it is
+    cut, would otherwise evict an honest peer's handshake a few milliseconds older)."""
 
-    __slots__ = ("fd", "server", "sock", "timer", "waiting")
+    __slots__ = ("fd", "hello", "server", "sock", "timer", "waiting")
 
     def __init__(self, server: TlsServer, sock: ssl.SSLSocket) -> None:
         self.server = server
@@ -394,9 +397,12 @@ class _Handshake:
         loop = server.loop
         self.timer = loop.call_later(server.handshake_timeout, self._timeout)
         self.waiting: str | None = None  # "r" or "w": the callback registered
+        #: Its peer's first message was whole and answered (a cipher is chosen).
+        self.hello = False
 
     def idle_since(self) -> float | None:
-        return 0.0  # (a fifo budget: the oldest admitted goes)
+        # (a fifo budget: the oldest admitted without progress goes, else the oldest)
+        return None if self.hello else 0.0
 
     def stalled_since(self) -> float | None:
         return None
@@ -412,9 +418,11 @@ class _Handshake:
         try:
             self.sock.do_handshake()
         except ssl.SSLWantReadError:
+            self._progressed()
             self._wait("r")
             return
         except ssl.SSLWantWriteError:
+            self._progressed()
             self._wait("w")
             return
         except (OSError, ssl.SSLError) as err:
@@ -454,6 +462,10 @@ class _Handshake:
         except Exception:
             log.exception("TLS connection: connection_made failed; closing")
             t.abort()
+
+    def _progressed(self) -> None:
+        if not self.hello and self.sock.cipher() is not None:
+            self.hello = True  # OpenSSL chose a cipher: the ClientHello was whole
 
     def _wait(self, what: str) -> None:
         if self.waiting == what:

@@ -129,3 +129,20 @@ def post_head(path: str, token: str | None, length: int = 100_000) -> bytes:
         f"POST {path} HTTP/1.1\r\nHost: m\r\n{auth}Content-Type: application/json\r\n"
         f"Content-Length: {length}\r\n\r\n"
     ).encode()
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m testkit.trickle PORT HEAD_HEX CONNS EVERY_S MAX_S``: the attack in a
+    process of its own (a test's threads would share its interpreter lock with the client
+    they measure, slowing that client's side of each exchange). Runs `max_s` seconds."""
+    import sys
+
+    port, head, conns, every, max_s = (argv if argv is not None else sys.argv[1:])[:5]
+    t = Trickler(int(port), bytes.fromhex(head), int(conns), float(every), float(max_s))
+    t.start()
+    time.sleep(float(max_s))
+    t.stop()
+
+
+if __name__ == "__main__":
+    main()

@@ -145,6 +145,25 @@ def test_a_fifo_budget_evicts_the_oldest_admitted_and_never_refuses() -> None:
     assert c.seen == [Reason.EVICTED]
 
 
+def test_a_fifo_budget_evicts_the_oldest_without_progress_before_any_that_progressed() -> None:
+    """A handshake whose ClientHello was answered (`idle_since` None) is older than the
+    trickled ones reconnecting behind it: they go first, and it only when none is left."""
+    c = Counts()
+    b = c.budget(3, fifo=True)
+    honest = Conn("honest", idle_at=None)
+    t1, t2 = Conn("t1", idle_at=0.0), Conn("t2", idle_at=0.0)
+    for m in (honest, t1, t2):
+        b.admit(m)
+    assert b.admit(Conn("t3", idle_at=0.0))
+    assert t1.evicted and not honest.evicted
+    b2 = c.budget(2, fifo=True)
+    p1, p2 = Conn("p1", idle_at=None), Conn("p2", idle_at=None)
+    b2.admit(p1)
+    b2.admit(p2)
+    assert b2.admit(Conn("n", idle_at=0.0))
+    assert p1.evicted  # none without progress: the oldest
+
+
 @pytest.mark.parametrize(
     ("labels", "reason", "label"),
     [

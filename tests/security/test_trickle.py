@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import socket
 import ssl
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -302,5 +303,74 @@ def test_trickled_get_bulks_over_https_cannot_stop_a_readers_get_bulks(
             wait_until(read, 60, "the replica serves the reader")
             _attack_while_reading(port, post_head("/v1/get_bulk", None), read, ctx)
             assert _closed(c, "evicted", "slow_body") >= CAP
+    finally:
+        tls_source.close()
+
+
+def test_clienthellos_trickled_on_every_handshake_slot_cannot_stop_new_https_connections(
+    tmp_path: Path,
+    procs: Procs,
+    pki: Pki,  # noqa: F811
+) -> None:
+    """Red team: connections that send a TLS record header announcing a ClientHello and
+    then nothing (its bytes never come), reconnecting as fast as they are cut, from the
+    reader's own address (one principal: the share cannot tell them apart). The handshake
+    budget evicted the oldest handshake, and at thousands of reconnections a second an
+    honest handshake was the oldest within milliseconds: 13-18 % of a reader's new HTTPS
+    connections failed. A handshake whose ClientHello was answered now goes only after
+    every one whose ClientHello is not whole. (The rest are the handshakes cut before their
+    ClientHello arrived, which nothing tells from the attack's; a reader from another
+    address is protected by the share.)"""
+    tls_source = RootNode(str(tmp_path / "tls-root"), tls=TlsContexts(pki.issue("root")))
+    try:
+        tls_source.write(10)
+        files = pki.issue("replica")
+        port = free_port()
+        args = ["replica", str(tmp_path / "tls"), "--listen", f"127.0.0.1:{port}"]
+        args += ["--source", f"127.0.0.1:{tls_source.port}", "--no-sync"]
+        args += ["--http-max-connections", str(CAP), *tls_flags(files)]
+        p = procs.start_mercury(*args, name="tls")
+        wait_https(f"https://127.0.0.1:{port}/healthz", files, p)
+        ctx = ssl.create_default_context(cafile=files.ca)
+        ctx.check_hostname = False
+        url = f"https://127.0.0.1:{port}"
+
+        def read() -> bool:
+            # A new connection (a new handshake) for each read.
+            with httpx.Client(base_url=url, timeout=10, verify=ctx) as c:
+                r = c.get("/v1/kv/k00000007")
+                return r.status_code == 200
+
+        wait_until(read, 60, "the replica serves the reader")
+        record_header = "1603010200"  # a 512-byte handshake record, never sent
+        attack = procs.start(
+            [sys.executable, "-m", "testkit.trickle", str(port), record_header,
+             str(CAP + 10), "5", "60"],
+            name="attack",
+        )  # fmt: skip
+        try:
+            with httpx.Client(base_url=url, timeout=10, verify=ctx) as c:
+                wait_until(
+                    lambda: (
+                        metrics.value(
+                            c.get("/metrics").text,
+                            "mercury_budget_closed_total",
+                            budget="tls_handshakes",
+                            reason="evicted",
+                        )
+                        >= CAP
+                    ),
+                    30,
+                    "the attack holds every handshake slot, reconnecting",
+                )
+            results = []
+            for _ in range(GOOD):
+                try:
+                    results.append(read())
+                except httpx.HTTPError:
+                    results.append(False)
+            assert _good_share(results) >= 0.95, results
+        finally:
+            procs.kill(attack)
     finally:
         tls_source.close()
