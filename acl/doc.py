@@ -55,12 +55,22 @@ def normalize(name: str, d: dict[str, Any]) -> dict[str, Any]:
     return cfg
 
 
-def parse(text: str) -> dict[str, dict[str, Any]]:
-    """Desired producers (name -> normalized config) from a YAML document."""
+def _load(text: str, source: str) -> Any:
+    """The YAML document `text`; a YAML error is one line naming `source` and where."""
     try:
-        doc = yaml.safe_load(text)
+        return yaml.safe_load(text)
     except yaml.YAMLError as err:
-        raise AclDocError(f"ACL document is not valid YAML: {err}") from err
+        where = ""
+        mark = getattr(err, "problem_mark", None)
+        if mark is not None:
+            where = f" at line {mark.line + 1}, column {mark.column + 1}"
+        what = getattr(err, "problem", None) or str(err).splitlines()[0]
+        raise AclDocError(f"{source} is not valid YAML{where}: {what}") from err
+
+
+def parse(text: str, source: str = "ACL document") -> dict[str, dict[str, Any]]:
+    """Desired producers (name -> normalized config) from a YAML document."""
+    doc = _load(text, source)
     if doc is None:
         doc = {}
     if not isinstance(doc, dict) or set(doc) - {"producers"}:
@@ -229,13 +239,10 @@ def document_diff(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
     return out
 
 
-def parse_document(text: str) -> dict[str, Any]:
+def parse_document(text: str, source: str = "ACL document") -> dict[str, Any]:
     """A YAML (or JSON) ACL document as given to `mercury acl apply`: ``producers`` and
     ``consumers`` mappings, checked for shape only (the server validates everything)."""
-    try:
-        doc = yaml.safe_load(text)
-    except yaml.YAMLError as err:
-        raise AclDocError(f"ACL document is not valid YAML: {err}") from err
+    doc = _load(text, source)
     if doc is None:
         doc = {}
     if not isinstance(doc, dict) or set(doc) - {"producers", "consumers"}:

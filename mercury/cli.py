@@ -111,7 +111,7 @@ def describe(err: BaseException) -> tuple[str, int]:
     if isinstance(err, httpx.TransportError):
         return transport_message(err), 5
     if isinstance(err, OSError) and err.filename is not None:
-        return f"cannot read {err.filename}: {err.strerror or err}", 2
+        return f"cannot open {err.filename}: {err.strerror or err}", 2
     if isinstance(err, OSError):
         return str(err), 2
     return (

@@ -116,7 +116,7 @@ def _holder_path(args: argparse.Namespace) -> str:
 def _apply(args: argparse.Namespace) -> int:
     from acl import doc
 
-    desired = doc.parse_document(Path(args.file).read_text())
+    desired = doc.parse_document(Path(args.file).read_text(), f"ACL document {args.file}")
     with _client(args) as c:
         r = c.get("/v1/admin/acl")
         current = _check(r)

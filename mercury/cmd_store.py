@@ -14,7 +14,7 @@ from tqdm import tqdm
 
 from acl.tokens import hash_token, new_token
 from core.cpuflags import cpu_flags
-from core.errors import MercuryError, StoreNotFoundError
+from core.errors import ConfigError, MercuryError, StoreNotFoundError
 from mercury.cliopts import json_output, output_args
 from migrations import runner
 from store import chainhash, setaside
@@ -245,6 +245,9 @@ def _migrate(args: argparse.Namespace) -> int:
 
 def cmd_snapshot(args: argparse.Namespace) -> int:
     """`mercury snapshot DATA_DIR OUT`."""
+    where = os.path.dirname(os.path.abspath(args.out))
+    if not os.path.isdir(where):  # named before the store is read, as OUT (not OUT.partial)
+        raise ConfigError(f"cannot write the snapshot {args.out}: no directory {where}")
     store = Store.open(args.data_dir, readonly=True)
     try:
         with tqdm(unit="B", unit_scale=True, desc="snapshot", disable=None, file=sys.stderr) as bar:

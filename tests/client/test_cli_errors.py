@@ -130,3 +130,18 @@ def test_connection_failures_name_the_url_and_a_tls_failure_suggests_ca() -> Non
     assert status == 5 and "--ca" not in message and "--url" in message
     message, status = describe(RuntimeError("a bug"))
     assert status == 1 and "--log-level debug" in message
+
+
+def test_a_malformed_acl_file_is_one_line_naming_the_file_and_the_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bad = tmp_path / "acl.yaml"
+    bad.write_text('producers:\n  x: {keyspaces: ["x/"]\n')  # the flow mapping never closes
+    token = tmp_path / "token"
+    token.write_text("t0ken\n")
+    url = f"http://127.0.0.1:{free_port()}"
+    status, err = run(
+        ["acl", "apply", str(bad), "--url", url, "--admin-token-file", str(token)], capsys
+    )
+    assert status == 2 and err.count("\n") == 1, err  # pyyaml's message is five lines
+    assert f"{bad} is not valid YAML at line 3" in err, err
