@@ -34,18 +34,25 @@ import contextlib
 import json
 import logging
 import ssl
+import time
 from collections.abc import Callable
 from typing import Any
 
 import httpx
 
 from core.problems import problem_document
+from net.budget import Budget, Reason, peer_principal
 
 log = logging.getLogger("mercury.ha.front")
 
 MAX_HEAD = 16 << 10
 HEAD_TIMEOUT_S = 5.0
+#: Connections at once. At the cap a newcomer takes the slot of the one that has held its
+#: slot longest without an answer (its head, or its body, still arriving: `_Conn`), the
+#: ones of an address over its share (`PRINCIPAL_SHARE`) first; it is answered 503 only
+#: when every slot is being answered.
 MAX_CONNECTIONS = 256
+PRINCIPAL_SHARE = 0.25
 #: Bodies up to this size are read and dropped before answering (see `_handle`).
 MAX_DRAINED_BODY = 1 << 20
 #: After answering, what is left of a larger body (a value may be 25 MiB) is read and
@@ -138,6 +145,41 @@ class Forwarder:
         return _response(r.status_code, r.reason_phrase, ctype, r.content, out)
 
 
+def _count(reason: Reason) -> None:
+    # Debug only: a flood at the cap must not flood the log (its newcomers are answered 503).
+    log.debug("front: %s at the cap of %d connections", reason.value, MAX_CONNECTIONS)
+
+
+class _Conn:
+    """A connection of the front as its budget sees it (`net.budget.Member`): from its
+    accept until its head is whole it waits for a request (idle), then while its body
+    arrives it has made no progress (nothing it sent was acted on): either may be evicted
+    at the cap, the longest waiting first. Once its request is being answered, never.
+    Sockets that connect and send nothing (or a head a byte at a time), reopened as they
+    are closed, held every slot for the head timeout each and every newcomer was 503."""
+
+    __slots__ = ("body_since", "head_since", "task", "writer")
+
+    def __init__(self, task: asyncio.Task[None], writer: asyncio.StreamWriter) -> None:
+        self.task = task
+        self.writer = writer
+        self.head_since: float | None = time.monotonic()
+        self.body_since: float | None = None
+
+    def idle_since(self) -> float | None:
+        return self.head_since
+
+    def stalled_since(self) -> float | None:
+        return self.body_since
+
+    def gone(self) -> bool:
+        return self.writer.transport.is_closing()
+
+    def evict(self) -> None:
+        self.writer.transport.abort()
+        self.task.cancel()
+
+
 class Front:
     """Serves the non-leader face on `host:port`."""
 
@@ -161,6 +203,10 @@ class Front:
         self.ssl_context = ssl_context
         self._server: asyncio.Server | None = None
         self._conns: set[asyncio.Task[None]] = set()
+        #: The same connections, held to `MAX_CONNECTIONS` (`_Conn`).
+        self._budget: Budget[_Conn] = Budget(
+            MAX_CONNECTIONS, _count, stalled_body=0.0, share=PRINCIPAL_SHARE
+        )
 
     async def start(self) -> None:
         """Listen (retrying briefly: the root process that held the port may be exiting)."""
@@ -197,10 +243,14 @@ class Front:
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
+        conn: _Conn | None = None
         if task is not None:
             self._conns.add(task)
         try:
-            if len(self._conns) > MAX_CONNECTIONS:
+            conn = _Conn(task, writer) if task is not None else None
+            if conn is None or not self._budget.admit(
+                conn, peer_principal(writer.get_extra_info("peername"))
+            ):
                 # Answered and closed at once: lingering here would let a flood hold
                 # sockets past the cap (no request was read, so there is little to reset).
                 await self._refuse(
@@ -212,6 +262,8 @@ class Front:
                     head = await reader.readuntil(b"\r\n\r\n")
             except (asyncio.LimitOverrunError, ValueError):
                 head = b"x" * (MAX_HEAD + 1)  # past the stream's own limit: too large too
+            conn.head_since = None
+            conn.body_since = time.monotonic()  # its body (if any) arriving: no progress
             if len(head) > MAX_HEAD:
                 await self._refuse(writer, reader, 431, f"request head over {MAX_HEAD} bytes")
                 return
@@ -226,7 +278,7 @@ class Front:
             length = _content_length(head)
             leader = self._forward_to(method, head, length)
             if leader is not None:
-                await self._forward(reader, writer, leader, method, target, head, length)
+                await self._forward(reader, writer, conn, leader, method, target, head, length)
                 return
             # Read (and drop) a small body first: closing with unread bytes sends a reset
             # that can reach the client before our answer does.
@@ -234,14 +286,21 @@ class Front:
             if drained:
                 async with asyncio.timeout(HEAD_TIMEOUT_S):
                     await reader.readexactly(length)
+            conn.body_since = None  # answered now: never evicted while its answer goes out
             writer.write(self.answer(method, target, forwarded=_has_header(head, FORWARDED_HEADER)))
             async with asyncio.timeout(HEAD_TIMEOUT_S):
                 await writer.drain()
             if length != 0 and not drained:  # a large or chunked body: linger, then close
+                conn.head_since = time.monotonic()  # answered: evictable while it lingers
                 await _linger(reader, writer)
         except (TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, OSError):
             pass
+        except asyncio.CancelledError:
+            if conn is None or self._budget.principal_of(conn) is not None:
+                raise  # not an eviction (the front is stopping)
         finally:
+            if conn is not None:
+                self._budget.leave(conn)
             if task is not None:
                 self._conns.discard(task)
             writer.close()
@@ -263,6 +322,7 @@ class Front:
         self,
         reader: asyncio.StreamReader,
         writer: asyncio.StreamWriter,
+        conn: _Conn,
         leader: str,
         method: str,
         target: str,
@@ -277,6 +337,8 @@ class Front:
                 writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")  # or curl waits a second
             async with asyncio.timeout(FORWARD_TIMEOUT_S):
                 body = await reader.readexactly(length) if length else b""
+            # Passed to the leader: never evicted now (the write may apply there).
+            conn.body_since = None
             answer = await fw.forward(leader, method, target, head, body)
         finally:
             fw.inflight -= length

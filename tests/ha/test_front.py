@@ -121,13 +121,24 @@ def test_refusals_are_answered_and_large_bodies_do_not_reset_the_307(
     t.start()
     try:
         assert started.wait(10)
-        # over the connection cap (first: no earlier exchange still lingers): a 503 to
-        # retry, not a bare close
+        # at the connection cap, held by sockets that send nothing (first: no earlier
+        # exchange still lingers): the newcomer is served in the slot of the one waiting
+        # longest for its head (red team: reopened as they were closed, such sockets had
+        # every newcomer answered 503 for as long as they went on)
         held = [socket.create_connection(("127.0.0.1", port), 10) for _ in range(2)]
         try:
             wait_until(lambda: len(fronts[0]._conns) == 2, 10, "both connections accepted")
             reply = _exchange(port, b"GET /v1/status HTTP/1.1\r\nHost: x\r\n\r\n")
-            assert reply.startswith(b"HTTP/1.1 503") and b"Retry-After: 1" in reply, reply[:300]
+            assert reply.startswith(b"HTTP/1.1 200"), reply[:300]
+            held[0].settimeout(5)
+            try:
+                evicted = held[0].recv(1) == b""  # the oldest
+            except ConnectionResetError:
+                evicted = True
+            assert evicted
+            held[1].setblocking(False)
+            with pytest.raises(BlockingIOError):
+                held[1].recv(1)  # still open
         finally:
             for h in held:
                 h.close()
