@@ -113,7 +113,7 @@ def describe(err: BaseException) -> tuple[str, int]:
     if isinstance(err, OSError) and err.filename is not None:
         return f"cannot open {err.filename}: {err.strerror or err}", 2
     if isinstance(err, OSError):
-        return str(err), 2
+        return (err.strerror if err.errno and err.strerror else str(err)), 2
     return (
         f"internal error ({type(err).__name__}: {err}); "
         "run with --log-level debug for the traceback",

@@ -239,9 +239,11 @@ def bind_tcp(addr: tuple[str, int], *, reuse_port: bool, backlog: int = 2048) ->
         sock.bind((host, port))
         sock.listen(backlog)
         sock.setblocking(False)
-    except OSError:
+    except OSError as err:
         sock.close()
-        raise
+        # The address in the message: "Address already in use" alone does not say which
+        # of a node's listeners (--listen, --repl-listen, --kt-listen...) collided.
+        raise OSError(err.errno, f"cannot listen on {host}:{port}: {err.strerror}") from err
     return sock
 
 
@@ -267,9 +269,9 @@ def bind_unix(addr: UnixAddr, backlog: int = 2048) -> socket.socket:
         os.chmod(addr.path, addr.mode)
         sock.listen(backlog)
         sock.setblocking(False)
-    except OSError:
+    except OSError as err:
         sock.close()
-        raise
+        raise OSError(err.errno, f"cannot listen on {addr.path}: {err.strerror}") from err
     return sock
 
 

@@ -145,3 +145,24 @@ def test_a_malformed_acl_file_is_one_line_naming_the_file_and_the_line(
     )
     assert status == 2 and err.count("\n") == 1, err  # pyyaml's message is five lines
     assert f"{bad} is not valid YAML at line 3" in err, err
+
+
+def test_a_taken_port_is_named(tmp_path: Path) -> None:
+    """`mercury root --listen` on a port another process holds: one line naming it."""
+    import socket
+
+    from testkit.procs import run_mercury
+
+    data = tmp_path / "root"
+    assert run_mercury("init", str(data)).returncode == 0
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        done = run_mercury(
+            "root", str(data), "--listen", f"127.0.0.1:{port}", "--log-level", "error"
+        )
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip().splitlines()[-1] == (
+        f"mercury: error: cannot listen on 127.0.0.1:{port}: Address already in use"
+    ), done.stderr
