@@ -18,6 +18,18 @@ def http_url(text: str) -> str:
     return text
 
 
+def positive_seconds(text: str) -> float:
+    """An argparse type: seconds above 0 (`--timeout 0` would time every request out at
+    once, and then retry it for the whole retry budget)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: give seconds above 0")
+    return value
+
+
 def output_args(
     p: argparse.ArgumentParser, json_help: str = "print JSON", *, table: bool = False
 ) -> None:

@@ -13,7 +13,7 @@ import httpx
 
 from core.errors import ConfigError, GatewayError
 from mercury import ha_flags, retention_flags, tls, upgrade
-from mercury.cliopts import http_url
+from mercury.cliopts import http_url, positive_seconds
 from net import http_bounds
 from net.tcp import add_listener_flags
 from reads import watch
@@ -140,7 +140,10 @@ def _client_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--ca", help="CA bundle (PEM) that verifies the root's TLS certificate")
     p.add_argument(
-        "--timeout", type=float, default=30.0, help="seconds per network wait (default 30)"
+        "--timeout",
+        type=positive_seconds,
+        default=30.0,
+        help="seconds per network wait (default 30)",
     )
     p.add_argument(
         "-q",

@@ -22,7 +22,7 @@ from typing import Any, BinaryIO
 from tqdm import tqdm
 
 from mercury.cli import failed_url, transport_message
-from mercury.cliopts import cell, http_url, render_table
+from mercury.cliopts import cell, http_url, positive_seconds, render_table
 from mercury_client import (
     Client,
     Gone,
@@ -88,7 +88,10 @@ def _common(p: argparse.ArgumentParser) -> None:
     g.add_argument("--cert", help="client certificate (PEM) for mutual TLS")
     g.add_argument("--key", dest="cert_key", help="private key (PEM) of --cert")
     g.add_argument(
-        "--timeout", type=float, default=30.0, help="seconds per network wait (default 30)"
+        "--timeout",
+        type=positive_seconds,
+        default=30.0,
+        help="seconds per network wait (default 30)",
     )
     g.add_argument(
         "--retries",

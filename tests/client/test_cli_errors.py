@@ -115,6 +115,8 @@ def test_a_command_reports_its_own_usage_and_urls_need_a_scheme(
     assert status == 2 and "usage: mercury acl log" in err
     status, err = run(["kv", "get", "k", "--url", "127.0.0.1:8080"], capsys)
     assert status == 2 and "http://127.0.0.1:8080" in err
+    status, err = run(["kv", "get", "k", "--timeout", "0"], capsys)
+    assert status == 2 and "--timeout" in err and "above 0" in err  # not 14 s of retries
     status, err = run(["usage", "--admin-token-file", "t", "--since", "yesterday"], capsys)
     assert status == 2 and "'yesterday'" in err and "-yesterday" not in err
 
