@@ -16,7 +16,11 @@ One process per candidate node, on one asyncio loop:
   reports its applied seq upstream, while `ha/front.Front` answers on the gateway
   address (status; 307 to the leader, or with `--ha-forward` the leader's own answer to
   a write passed on; 503 + Retry-After during an election, and whenever the leader cannot
-  be confirmed: its lease not renewing on etcd, or our link to it broken — `ha.role.may_route`).
+  be confirmed: its lease not renewing on etcd, or our link to it broken — `ha.role.may_route`);
+- **hand-over** (`kill -USR2`, a standby only): the new executable takes the front's
+  socket and reports READY once it has read the election key; this process then revokes
+  its lease, closes its store, drains its front and exits 0; the new one opens the store
+  and follows the leader (`_hand_over`, `_take_over`; docs/ha.md). A leader refuses.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import json
 import logging
 import signal
 import sys
@@ -50,9 +55,11 @@ from ha.role import (
     progress_prefix,
 )
 from ha.standby import Standby
+from net import handover
 from net.tlsconf import TlsContexts, TlsFiles, client_context, server_context
 from replicator.terms import store_term
 from store import layout, setaside
+from store.lock import StoreLockedError, WriterLock
 from store.store import Store
 
 log = logging.getLogger("mercury.ha.candidate")
@@ -94,7 +101,23 @@ class Candidate:
             if getattr(args, "ha_forward", False)
             else None
         )
-        self.front = Front(*self.listen, self._status, front_ssl, metrics, forward)
+        #: Started by a hand-over (`kill -USR2` on the old candidate): the front takes the
+        #: old one's listening socket, and no standby starts (nor is a campaign run) until
+        #: the old process has released the store (`_take_over`).
+        self.inheriting = handover.handed_over()
+        self.front = Front(
+            *self.listen,
+            self._status,
+            front_ssl,
+            metrics,
+            forward,
+            sock=handover.SOCKETS.take(handover.HTTP),
+        )
+        #: a hand-over of ours under way (no campaign meanwhile), and its successor's PID
+        self._handing_over = False
+        self.handed_to: int | None = None
+        #: set once the election key was read (a new process reports READY then)
+        self._observed = asyncio.Event()
         #: whether the leader's lease was renewing at our last look at etcd (`ha.lease.renewing`)
         self._leader_renewing = False
         self.front_up = False
@@ -144,15 +167,9 @@ class Candidate:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.stopping.set)
-        # No hand-over upgrade for a candidate (its default action would end it: an
-        # operator's `kill -USR2` meant for a root must not fail the group over).
-        loop.add_signal_handler(
-            signal.SIGUSR2,
-            lambda: log.warning(
-                "SIGUSR2: a root candidate has no hand-over; upgrade "
-                "candidates one at a time (stop, upgrade, start)"
-            ),
-        )
+        # SIGUSR2: a standby hands over to the new executable (`_hand_over`); a leader
+        # refuses (docs/ha.md: its hand-over is not built; stop and start it instead).
+        loop.add_signal_handler(signal.SIGUSR2, self._usr2)
         log.info(
             "candidate %s of group %s (etcd %s, lease %ds)",
             self.node,
@@ -164,11 +181,14 @@ class Candidate:
         self.front_up = True
         lease = loop.create_task(self._lease_loop(), name="ha-lease")
         elect = loop.create_task(self._elect_loop(), name="ha-elect")
+        take = loop.create_task(self._take_over(), name="ha-take-over") if self.inheriting else None
         try:
             await self.stopping.wait()
         finally:
-            elect.cancel()
-            await asyncio.gather(elect, return_exceptions=True)
+            for t in (elect, take):
+                if t is not None:
+                    t.cancel()
+                    await asyncio.gather(t, return_exceptions=True)
             # The lease keeps being renewed while a leading root commits and answers its
             # open batch; then it is revoked.
             await self._stop_child()
@@ -202,9 +222,14 @@ class Candidate:
         if self.lease is not None:
             with contextlib.suppress(EtcdError):
                 await self.etcd.revoke(self.lease)  # our key goes: the others elect now
-        await self._stop_standby()
+        await self._stop_standby()  # the store closed, its writer lock free: the new one opens it
         if self.front_up:
-            await self.front.stop()
+            if self.handed_to is not None:
+                # The successor accepts on the same socket: only the requests in flight here
+                # (a forwarded write waits for the leader's answer) are left to finish.
+                await self.front.drain(getattr(self.args, "drain_s", 10.0))
+            else:
+                await self.front.stop()
         await self.etcd.close()
         await self.front.close()
         log.info("candidate stopped")
@@ -263,6 +288,7 @@ class Candidate:
                 if view.role is Role.LEADER and not self.clock.valid(time.monotonic()):
                     view = View(Role.ELECTING, None)
             await self._become(view)
+            self._observed.set()
             await asyncio.sleep(POLL_S)
 
     async def _observe(self) -> View:
@@ -277,10 +303,14 @@ class Candidate:
         else:
             self._leader_renewing = False
         mine = self._progress() if view.role is not Role.LEADER else None
-        if mine is not None and self.lease is not None:
+        # A new process publishes only once the old one stopped (and revoked its lease,
+        # with the progress key it had bound to it): the key names one node, not a process.
+        if mine is not None and self.lease is not None and not self.inheriting:
             await self._publish(mine)
         if (
             leader is None
+            and not self.inheriting
+            and not self._handing_over
             and mine is not None
             and self.lease is not None
             and now >= self._cooldown_until
@@ -361,6 +391,8 @@ class Candidate:
         if not self.front_up:
             await self.front.start()
             self.front_up = True
+        if self.inheriting:
+            return  # the old process still holds the store (`_take_over`)
         if layout.exists(self.data_dir):
             await self._warm()
         if view.role is Role.STANDBY and view.leader is not None and view.term is not None:
@@ -375,6 +407,75 @@ class Candidate:
         if self.standby is not None:
             sb, self.standby = self.standby, None
             await sb.stop()
+
+    # --- hand-over (kill -USR2) ---------------------------------------------------------
+
+    def _usr2(self) -> None:
+        if self._handing_over or self.handed_to is not None or self.inheriting:
+            log.warning("SIGUSR2: a hand-over is under way; ignored")
+            return
+        if self.child is not None or self.view.role is Role.LEADER:
+            # Not built (docs/ha.md): the leader's lease and term would have to pass to the
+            # new process with its batch and writer lock. Upgrade the leader as a standby.
+            log.warning(
+                "SIGUSR2: a leading candidate has no hand-over; upgrade the standbys first, "
+                "then stop this one (a standby takes over) and start it upgraded"
+            )
+            return
+        self._handing_over = True
+        asyncio.get_running_loop().create_task(self._hand_over(), name="ha-hand-over")
+
+    async def _hand_over(self) -> None:
+        """Start the new executable with the front's socket; once it is READY, stop here:
+        the lease is revoked, the standby's store closed (the new process opens it and
+        rejoins as a standby), the front's requests in flight finished; exit 0."""
+        try:
+            sock = self.front.listening_socket()
+            if sock is None:
+                log.warning("SIGUSR2: the front is not listening; no hand-over")
+                return
+            try:
+                succ = handover.Successor.start(handover.successor_argv(), {handover.HTTP: sock})
+            finally:
+                sock.close()  # a copy: the front and the new process hold the socket
+            _event("handover-start", new_pid=succ.pid, sockets={handover.HTTP: self.url})
+            try:
+                await succ.wait_for(handover.READY, getattr(self.args, "handover_timeout_s", 60.0))
+            except handover.HandoverError as err:
+                _event("handover-failed", new_pid=succ.pid, why=str(err))
+                code = await asyncio.to_thread(succ.abandon)
+                log.warning("hand-over abandoned (new process exit %s); still serving", code)
+                return
+            self.handed_to = succ.pid
+            succ.close()
+            _event("handover", new_pid=succ.pid, stage=handover.READY)
+            self.stopping.set()
+        except Exception:
+            log.exception("hand-over failed; still serving")
+        finally:
+            if self.handed_to is None:
+                self._handing_over = False
+
+    async def _take_over(self) -> None:
+        """A new process: READY once its front serves and the election key was read (it
+        routes writers like the old one); then, once the old process released the store
+        (its writer lock), follow the leader as a standby."""
+        await self._observed.wait()
+        handover.report(handover.READY)
+        bound = getattr(self.args, "drain_s", 10.0) + getattr(self.args, "handover_timeout_s", 60.0)
+        deadline = time.monotonic() + bound
+        while True:
+            try:
+                # Taken and given back at once: the standby takes it for good (`Standby._run`).
+                WriterLock.acquire(self.data_dir).release()
+                break
+            except StoreLockedError:
+                if time.monotonic() > deadline:
+                    log.error("the old process kept the store %.0f s; starting anyway", bound)
+                    break
+                await asyncio.sleep(0.02)
+        _event("writer-lock", how="handover")
+        self.inheriting = False
 
     # --- leading ---------------------------------------------------------------------
 
@@ -432,6 +533,11 @@ class Candidate:
         await child.wait()
         if self.child_term is not None:
             await self._resign(self.child_term)
+
+
+def _event(name: str, **fields: object) -> None:
+    """One structured line (``{"event": name, ...}``), as the roots' and replicas' are."""
+    log.info(json.dumps({"event": name, "role": "candidate", **fields}, default=str))
 
 
 def run_candidate(args: argparse.Namespace, files: TlsFiles | None) -> int:

@@ -33,6 +33,8 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
+import socket
 import ssl
 import time
 from collections.abc import Callable
@@ -191,8 +193,11 @@ class Front:
         ssl_context: ssl.SSLContext | None = None,
         metrics: MetricsFn | None = None,
         forward: Forwarder | None = None,
+        sock: socket.socket | None = None,
     ) -> None:
         self.host = host
+        #: a listening socket passed in (a hand-over's); used by the first `start` only
+        self.sock = sock
         #: passes writes to the leader (None: they get the 307)
         self.forward = forward
         self.port = port
@@ -210,6 +215,15 @@ class Front:
 
     async def start(self) -> None:
         """Listen (retrying briefly: the root process that held the port may be exiting)."""
+        if self.sock is not None:
+            sock, self.sock = self.sock, None
+            self._server = await asyncio.start_server(
+                self._handle,
+                sock=sock,
+                ssl=self.ssl_context,
+                ssl_handshake_timeout=HEAD_TIMEOUT_S if self.ssl_context else None,
+            )
+            return
         for attempt in range(50):
             try:
                 self._server = await asyncio.start_server(
@@ -235,6 +249,25 @@ class Front:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self._server.wait_closed(), 2)
             self._server = None
+
+    def listening_socket(self) -> socket.socket | None:
+        """A copy of the listening socket (for a hand-over; the caller closes it), or None
+        when not listening."""
+        if self._server is None or not self._server.sockets:
+            return None
+        return socket.socket(fileno=os.dup(self._server.sockets[0].fileno()))
+
+    async def drain(self, timeout: float) -> None:
+        """Stop accepting (this process's copy of the socket: a successor holding the same
+        one keeps the port open), let the requests in flight finish for up to `timeout`
+        seconds (a forwarded write waits for the leader's answer), then drop the rest."""
+        if self._server is None:
+            return
+        self._server.close()
+        conns = list(self._conns)
+        if conns:
+            await asyncio.wait(conns, timeout=timeout)
+        await self.stop()
 
     async def close(self) -> None:
         """Release the forwarding client (after `stop`)."""
