@@ -150,3 +150,12 @@ def test_prune_aside_names_a_missing_data_dir(tmp_path: Path) -> None:
     r = run_mercury("prune-aside", str(tmp_path / "typo"))
     assert r.returncode == 2 and "no data directory" in r.stderr, r.stderr
     assert r.stderr.count("\n") == 1 and r.stdout == ""
+
+
+def test_a_quiet_restore_prints_nothing(tmp_path: Path) -> None:
+    d, snap, rep = tmp_path / "root", tmp_path / "snap.mdb", tmp_path / "replica"
+    _root(d, 1)
+    info = _snapshot(d, snap)
+    r = run_mercury("restore", "--replica", "-q", str(snap), str(rep))
+    assert (r.returncode, r.stdout, r.stderr) == (0, "", ""), r
+    assert _head(rep) == (info["seq"], info["hash_head"])
