@@ -17,10 +17,12 @@ One process per candidate node, on one asyncio loop:
   address (status; 307 to the leader, or with `--ha-forward` the leader's own answer to
   a write passed on; 503 + Retry-After during an election, and whenever the leader cannot
   be confirmed: its lease not renewing on etcd, or our link to it broken — `ha.role.may_route`);
-- **hand-over** (`kill -USR2`, a standby only): the new executable takes the front's
-  socket and reports READY once it has read the election key; this process then revokes
-  its lease, closes its store, drains its front and exits 0; the new one opens the store
-  and follows the leader (`_hand_over`, `_take_over`; docs/ha.md). A leader refuses.
+- **hand-over** (`kill -USR2`): a standby's new executable takes the front's socket and
+  reports READY once it has read the election key; this process then revokes its lease,
+  closes its store, drains its front and exits 0; the new one opens the store and follows
+  the leader (`_hand_over`, `_take_over`). A leader first steps down (`_step_down`: its
+  root stops cleanly, the key is deleted, a standby wins at once), then hands over as a
+  standby (docs/ha.md).
 """
 
 from __future__ import annotations
@@ -116,6 +118,9 @@ class Candidate:
         #: a hand-over of ours under way (no campaign meanwhile), and its successor's PID
         self._handing_over = False
         self.handed_to: int | None = None
+        #: SIGUSR2 on a leader: step down first (`_step_down`), then hand over as a standby
+        self._stepping_down = False
+        self._upgrade_pending = False
         #: set once the election key was read (a new process reports READY then)
         self._observed = asyncio.Event()
         #: whether the leader's lease was renewing at our last look at etcd (`ha.lease.renewing`)
@@ -168,7 +173,7 @@ class Candidate:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.stopping.set)
         # SIGUSR2: a standby hands over to the new executable (`_hand_over`); a leader
-        # refuses (docs/ha.md: its hand-over is not built; stop and start it instead).
+        # steps down first (`_step_down`), then does the same.
         loop.add_signal_handler(signal.SIGUSR2, self._usr2)
         log.info(
             "candidate %s of group %s (etcd %s, lease %ds)",
@@ -383,6 +388,14 @@ class Candidate:
         self.view = view
         if view.role is Role.LEADER:
             assert view.term is not None
+            if self._stepping_down:
+                await self._step_down(view.term)
+                return
+            if self._upgrade_pending:
+                # No standby took the lead within the cool-down: leading again beats no
+                # leader at all; the operator sends SIGUSR2 again once a standby is in sync.
+                self._upgrade_pending = False
+                _event("handover-failed", why="no standby took the lead; leading again")
             if self.child is None:
                 await self._lead(view.term)
             return
@@ -402,6 +415,15 @@ class Candidate:
                 await self._stop_standby()
                 self.standby = Standby(self.data_dir, src, view.term, self.tls)
                 self.standby.start()
+        if (
+            self._upgrade_pending
+            and view.role is Role.STANDBY
+            and self.standby is not None
+            and self.standby.state == "streaming"
+        ):
+            # Stepped down and following the new leader: now hand over as a standby does.
+            self._upgrade_pending = False
+            self._usr2()
 
     async def _stop_standby(self) -> None:
         if self.standby is not None:
@@ -414,13 +436,15 @@ class Candidate:
         if self._handing_over or self.handed_to is not None or self.inheriting:
             log.warning("SIGUSR2: a hand-over is under way; ignored")
             return
+        if self._stepping_down or self._upgrade_pending:
+            log.warning("SIGUSR2: stepping down for a hand-over already; ignored")
+            return
         if self.child is not None or self.view.role is Role.LEADER:
-            # Not built (docs/ha.md): the leader's lease and term would have to pass to the
-            # new process with its batch and writer lock. Upgrade the leader as a standby.
-            log.warning(
-                "SIGUSR2: a leading candidate has no hand-over; upgrade the standbys first, "
-                "then stop this one (a standby takes over) and start it upgraded"
-            )
+            # A leader hands the lead to a standby first (docs/ha.md: its lease and term are
+            # not passed on); the election loop does it (`_step_down`), so that it never
+            # races `_lead` starting a root again.
+            _event("handover-step-down", term=self.view.term)
+            self._stepping_down = True
             return
         self._handing_over = True
         asyncio.get_running_loop().create_task(self._hand_over(), name="ha-hand-over")
@@ -455,6 +479,18 @@ class Candidate:
         finally:
             if self.handed_to is None:
                 self._handing_over = False
+
+    async def _step_down(self, term: int) -> None:
+        """Leader, on SIGUSR2: stop the root cleanly (it answers its open batch and waits
+        until the standbys confirmed everything it committed), delete the election key and
+        revoke the lease (a standby wins at once, not after the TTL) and keep out of the
+        next election for `COOLDOWN_S`; once following the new leader, hand over."""
+        await self._stop_child()  # the root gone: nobody writes for this term any more
+        self._cooldown_until = time.monotonic() + COOLDOWN_S
+        await self._resign(term)
+        self._stepping_down = False
+        self._upgrade_pending = True
+        _event("stepped-down", term=term)
 
     async def _take_over(self) -> None:
         """A new process: READY once its front serves and the election key was read (it

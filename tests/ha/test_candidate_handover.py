@@ -5,8 +5,9 @@ exits 0; the new one opens the store and streams from the leader again. SDK writ
 every candidate's URL (the standby's first: their writes pass through its front) see not
 one failure, and every acknowledged write is on every node.
 
-A leading candidate refuses SIGUSR2 (its hand-over is not built, docs/ha.md): it keeps
-leading and serving writes.
+`kill -USR2` on the leader: it steps down (its root answers its open batch, the election
+key is deleted: a standby wins), then hands over as a standby; the SDK writers see not one
+failure, no acknowledged write is lost, the old PID exits 0 and the new one streams.
 """
 
 from __future__ import annotations
@@ -152,18 +153,38 @@ def _streaming(node: Node) -> bool:
     return st is not None and st.get("standby_state") == "streaming"
 
 
-def test_a_leader_refuses_sigusr2_and_keeps_leading(
+def test_a_leader_steps_down_then_hands_over_under_sdk_writers(
     etcd: Etcd, procs: Procs, tmp_path: Path
 ) -> None:
-    cluster = Cluster(procs, tmp_path, etcd.url, n=2)
+    cluster = Cluster(procs, tmp_path, etcd.url, n=3, extra=("--ha-forward",))
     cluster.start()
     leader = cluster.wait_leader()
     assert leader.proc is not None
+    old = leader.proc.pid
     log = next((tmp_path / "logs").glob(f"{leader.name}-*.log"))
-    os.kill(leader.proc.pid, signal.SIGUSR2)
-    wait_until(lambda: "a leading candidate has no hand-over" in log.read_text(), 30, "refused")
-    with Client([leader.url], cluster.token) as c:
-        c.put("k/after", "a")
-        assert c.get("k/after") == b"a"
-    assert leader.proc.poll() is None
-    assert _new_pid(log) == 0
+    urls = [leader.url] + [n.url for n in cluster.nodes if n is not leader]
+    new = 0
+    try:
+        with _Writers(urls, cluster.token) as wr:
+            wait_until(lambda: len(wr.acked) >= 40, 60, "writes before the hand-over")
+            os.kill(old, signal.SIGUSR2)
+            # It hands the lead to a standby, then over to the new process as a standby.
+            successor = cluster.wait_leader(not_=leader)
+            wait_until(lambda: _new_pid(log) > 0, 60, "the new process started")
+            new = _new_pid(log)
+            assert leader.proc.wait(60) == 0, procs.logs()
+            wait_until(
+                lambda: _streaming(leader) and holder_pid(str(leader.data_dir)) == new,
+                60,
+                "the new process streaming",
+            )
+            after = len(wr.acked)
+            wait_until(lambda: len(wr.acked) >= after + 40, 60, "writes after the hand-over")
+        assert wr.failures == [], wr.failures
+        assert alive(new)
+        cluster.wait_converged()
+        with Client([successor.url], cluster.token) as c:
+            for key, value in wr.acked:
+                assert c.get(key) == value.encode(), key
+    finally:
+        _stop_pid(new)
