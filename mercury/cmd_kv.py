@@ -14,7 +14,9 @@ import hashlib
 import itertools
 import json
 import os
+import shutil
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -198,7 +200,8 @@ def register(sub: Any) -> None:
         "before the first write, and every bad one reported; resumable: a checkpoint file "
         "records the records acknowledged, and each batch's Idempotency-Key derives from the "
         "file's SHA-256 and its record numbers, so a rerun skips what was done and never "
-        "writes a batch twice",
+        "writes a batch twice. FILE - (or a pipe) is read whole into a temporary file first: "
+        "a rerun then resumes by the Idempotency-Keys alone (no checkpoint)",
     )
     p.add_argument("file", metavar="FILE", type=Path)
     p.add_argument(
@@ -612,7 +615,7 @@ def _checked(where: str, load: Any, b64: bool) -> Iterator[tuple[str, Op | str]]
         yield where, str(err)
 
 
-def _scan(path: Path, b64: bool) -> tuple[str, int]:
+def _scan(path: Path, b64: bool, shown: str | None = None) -> tuple[str, int]:
     """The file's SHA-256 and its number of records; every record is checked before any
     write, and every bad one reported (the first `MAX_REPORTED`) in one UsageError."""
     h = hashlib.sha256()
@@ -629,16 +632,40 @@ def _scan(path: Path, b64: bool) -> tuple[str, int]:
     except OSError as err:
         raise UsageError(f"cannot read {path}: {err.strerror or err}") from err
     if bad:
-        shown = "\n  ".join(bad[:MAX_REPORTED])
+        listed = "\n  ".join(bad[:MAX_REPORTED])
         more = f"\n  ... and {len(bad) - MAX_REPORTED} more" if len(bad) > MAX_REPORTED else ""
-        raise UsageError(f"{path}: {len(bad)} bad record(s), nothing written:\n  {shown}{more}")
+        raise UsageError(
+            f"{shown or path}: {len(bad)} bad record(s), nothing written:\n  {listed}{more}"
+        )
     return h.hexdigest(), n
 
 
 def _import(client: Client, args: argparse.Namespace) -> int:
     if args.batch_size < 1:
         raise UsageError("--batch-size must be at least 1")
-    digest, total = _scan(args.file, args.base64_values)
+    if str(args.file) != "-" and (not args.file.exists() or args.file.is_file()):
+        return _import_file(client, args)
+    # stdin or a pipe (/dev/stdin, <(...)): the import reads FILE twice (every record is
+    # checked before the first write), and a second read of a pipe finds it empty.
+    with tempfile.TemporaryDirectory(prefix="mercury-import-") as tmp:
+        spool = Path(tmp) / "stdin.jsonl"
+        try:
+            with spool.open("wb") as out:
+                if str(args.file) == "-":
+                    shutil.copyfileobj(sys.stdin.buffer, out)
+                else:
+                    with args.file.open("rb") as src:
+                        shutil.copyfileobj(src, out)
+        except OSError as err:
+            raise UsageError(f"cannot read {args.file}: {err.strerror or err}") from err
+        shown = "stdin" if str(args.file) == "-" else str(args.file)
+        return _import_file(client, argparse.Namespace(**{**vars(args), "file": spool}), shown)
+
+
+def _import_file(client: Client, args: argparse.Namespace, shown: str | None = None) -> int:
+    """`kv import` of a regular file (read twice: checked whole, then sent); `shown`: the
+    name its messages give it (what the user passed, not a spool file)."""
+    digest, total = _scan(args.file, args.base64_values, shown)
     ckpt: Path = args.checkpoint or args.file.with_name(args.file.name + ".mercury-import")
     done = 0
     if ckpt.exists():

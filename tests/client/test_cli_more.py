@@ -245,3 +245,22 @@ def test_tables_and_quiet_admin_commands(
     r = mercury("acl", "apply", str(doc), "-q")
     assert (r.returncode, r.stdout, r.stderr) == (0, b"", b"")
     assert "+ producer quiet" in mercury("acl", "log").stdout.decode()  # it was applied
+
+
+def test_import_from_stdin_writes_every_record(
+    cluster: Cluster, tmp_path: Path, kv: Run, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`kv import -` (a pipe is read twice otherwise: checked, then sent, and the second
+    read found it empty: 0 records, exit 0)."""
+    import io
+
+    name, token = cluster.root.producer()
+    tf = _token_file(tmp_path, token)
+    lines = f'{{"key": "{name}/s1", "value": "1"}}\n{{"key": "{name}/s2", "value": "2"}}\n'
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(lines.encode())))
+    r = kv(cluster, tf, "import", "-")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["written"] == 2, r.stdout
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(b"{bad\n")))
+    r = kv(cluster, tf, "import", "-")
+    assert r.returncode == 2 and b"stdin: 1 bad record(s)" in r.stderr, r.stderr
