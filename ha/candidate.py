@@ -32,6 +32,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
 import signal
 import sys
 import time
@@ -70,6 +71,9 @@ log = logging.getLogger("mercury.ha.candidate")
 POLL_S = 0.2
 #: After our root process died while leading, leave the next term to the others this long.
 COOLDOWN_S = 3.0
+#: How long a candidate turning leader lets its front's answers in flight finish (they are
+#: election 503s or forwards to a dead leader) before its root takes the socket's queue.
+LEAD_DRAIN_S = 1.0
 
 
 class Candidate:
@@ -520,9 +524,28 @@ class Candidate:
         w = self._warm_child
         if w is None or w.returncode is not None:
             argv = [sys.executable, "-m", "mercury", *sys.argv[1:], "--ha-await-go"]
-            w = self._warm_child = await asyncio.create_subprocess_exec(
-                *argv, stdin=asyncio.subprocess.PIPE, preexec_fn=lifeline.kill_with_parent
-            )
+            # The root serves on the front's own listening socket (a copy inherited now):
+            # once elected it accepts from the same queue the front stops accepting from,
+            # so the address is never closed while this candidate turns leader.
+            sock = self.front.listening_socket()
+            env = dict(os.environ)
+            fds: tuple[int, ...] = ()
+            if sock is not None:
+                env[handover.HANDOVER_FDS_ENV] = handover.format_handover_fds(
+                    {handover.HTTP: sock.fileno()}
+                )
+                fds = (sock.fileno(),)
+            try:
+                w = self._warm_child = await asyncio.create_subprocess_exec(
+                    *argv,
+                    stdin=asyncio.subprocess.PIPE,
+                    preexec_fn=lifeline.kill_with_parent,
+                    env=env,
+                    pass_fds=fds,
+                )
+            finally:
+                if sock is not None:
+                    sock.close()
         return w
 
     async def _lead(self, term: int) -> None:
@@ -530,7 +553,10 @@ class Candidate:
         self._warm_child = None
         await self._stop_standby()  # closes the store and frees the writer lock
         if self.front_up:
-            await self.front.stop()  # the root's gateway takes the address
+            # The root's gateway accepts on the same socket once it has its GO: the front
+            # stops accepting, lets its answers in flight (election 503s, forwards) finish
+            # for a moment, and keeps the socket (clients queue, none is refused).
+            await self.front.drain(LEAD_DRAIN_S)
             self.front_up = False
         assert child.stdin is not None
         child.stdin.write(f"{term} {self.clock.deadline!r}\n".encode())

@@ -196,7 +196,11 @@ class Front:
         sock: socket.socket | None = None,
     ) -> None:
         self.host = host
-        #: a listening socket passed in (a hand-over's); used by the first `start` only
+        #: The listening socket, held for the candidate's whole life (passed in by a
+        #: hand-over, else bound by the first `start`): the front serves on a copy of it,
+        #: and a leading root process accepts on another (`listening_socket`), so the port
+        #: never closes while the candidate turns leader or back (a client connecting in
+        #: between waits in the one accept queue instead of being refused).
         self.sock = sock
         #: passes writes to the leader (None: they get the 307)
         self.forward = forward
@@ -214,34 +218,32 @@ class Front:
         )
 
     async def start(self) -> None:
-        """Listen (retrying briefly: the root process that held the port may be exiting)."""
-        if self.sock is not None:
-            sock, self.sock = self.sock, None
-            self._server = await asyncio.start_server(
-                self._handle,
-                sock=sock,
-                ssl=self.ssl_context,
-                ssl_handshake_timeout=HEAD_TIMEOUT_S if self.ssl_context else None,
-            )
-            return
+        """Listen (binding the socket first, retrying briefly: a root process of an older
+        candidate that held the port may be exiting)."""
+        if self.sock is None:
+            self.sock = await self._bind()
+        self._server = await asyncio.start_server(
+            self._handle,
+            sock=_copy(self.sock),  # asyncio closes what it serves on: never the one held
+            ssl=self.ssl_context,
+            ssl_handshake_timeout=HEAD_TIMEOUT_S if self.ssl_context else None,
+        )
+
+    async def _bind(self) -> socket.socket:
         for attempt in range(50):
             try:
-                self._server = await asyncio.start_server(
-                    self._handle,
-                    self.host,
-                    self.port,
-                    reuse_address=True,
-                    ssl=self.ssl_context,
-                    ssl_handshake_timeout=HEAD_TIMEOUT_S if self.ssl_context else None,
-                )
-                return
+                sock = socket.create_server((self.host, self.port), backlog=2048)
+                sock.setblocking(False)
+                return sock
             except OSError:
                 if attempt == 49:
                     raise
                 await asyncio.sleep(0.1)
+        raise AssertionError("unreachable")
 
     async def stop(self) -> None:
-        """Stop listening and drop open connections (the port is free when this returns)."""
+        """Stop accepting and drop open connections (the port stays open: the socket is
+        held until `close`; a leading root accepts on its copy)."""
         if self._server is not None:
             self._server.close()
             for t in list(self._conns):
@@ -251,11 +253,9 @@ class Front:
             self._server = None
 
     def listening_socket(self) -> socket.socket | None:
-        """A copy of the listening socket (for a hand-over; the caller closes it), or None
-        when not listening."""
-        if self._server is None or not self._server.sockets:
-            return None
-        return socket.socket(fileno=os.dup(self._server.sockets[0].fileno()))
+        """A copy of the listening socket (for a hand-over or a leading root; the caller
+        closes it), or None when none was bound yet."""
+        return _copy(self.sock) if self.sock is not None else None
 
     async def drain(self, timeout: float) -> None:
         """Stop accepting (this process's copy of the socket: a successor holding the same
@@ -270,7 +270,10 @@ class Front:
         await self.stop()
 
     async def close(self) -> None:
-        """Release the forwarding client (after `stop`)."""
+        """Release the listening socket and the forwarding client (after `stop`)."""
+        if self.sock is not None:
+            self.sock.close()
+            self.sock = None
         if self.forward is not None:
             await self.forward.close()
 
@@ -522,3 +525,10 @@ def _content_length(head: bytes) -> int:
             except ValueError:
                 return -1
     return 0
+
+
+def _copy(sock: socket.socket) -> socket.socket:
+    """Another descriptor of the same listening socket (one accept queue)."""
+    out = socket.socket(fileno=os.dup(sock.fileno()))
+    out.setblocking(False)
+    return out

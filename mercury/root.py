@@ -74,7 +74,8 @@ def run_root(args: argparse.Namespace) -> int:
     # Started by a hand-over (`kill -USR2` on the old root): the old process holds the
     # writer lock until this one says it is prepared; it is taken below, just before the
     # store opens, so that everything up to there is done while the old one still serves.
-    takeover = handover.handed_over()
+    # A candidate's warm root inherits its front's socket, and no writer lock from anyone.
+    takeover = handover.handed_over() and not args.ha_await_go
     # One writer per store: a second root (or a replica worker) on this directory fails
     # here, naming the holder, before it opens anything.
     writer_lock = None if takeover else WriterLock.acquire(cfg.data_dir, create=False)

@@ -148,3 +148,30 @@ def test_sdk_with_every_candidate_writes_through_a_sigkill_failover(
         for w in range(WRITERS):
             for i in range(WRITES_EACH):
                 assert c.get(f"k/w{w}-{i}") == f"v{i}".encode(), (w, i)
+
+
+def test_a_standby_turning_leader_never_refuses_a_connection(
+    etcd: Etcd, procs: Procs, tmp_path: Path
+) -> None:
+    """The candidate's front and its root serve one listening socket in turn: while the
+    survivor of two turns leader, every connection to its address is answered (an
+    election 503, then the new root's), none refused."""
+    cluster = Cluster(procs, tmp_path, etcd.url, n=2, ttl_s=5)
+    cluster.start()
+    token = cluster.token
+    leader = cluster.wait_leader()
+    (standby,) = (n for n in cluster.nodes if n is not leader)
+    assert _put(leader, token, "k/turn", b"t").status_code == 200
+    cluster.kill(leader)
+    statuses: list[int] = []
+    refused: list[str] = []
+    for _ in range(20_000):  # bounded: the election takes the lease time (5 s)
+        try:
+            # A new connection each time: the accept queue is what is under test.
+            statuses.append(_get(standby, token, "k/turn").status_code)
+        except httpx.ConnectError as err:
+            refused.append(str(err))
+        if statuses and statuses[-1] == 200 and cluster.leader() is standby:
+            break
+    assert not refused, refused[:3]
+    assert statuses[-1] == 200 and cluster.leader() is standby, statuses[-5:]

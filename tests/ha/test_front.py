@@ -67,6 +67,7 @@ def test_standby_redirects_and_electing_refuses() -> None:
                 assert doc["leader_url"] is None and doc["type"].endswith("/no-leader")
         finally:
             await front.stop()
+            await front.close()  # the listening socket is held until close
 
     asyncio.run(scenario())
 
@@ -114,6 +115,7 @@ def test_refusals_are_answered_and_large_bodies_do_not_reset_the_307(
             started.set()
             await asyncio.to_thread(done.wait)
             await front.stop()
+            await front.close()
 
         asyncio.run(main())
 
