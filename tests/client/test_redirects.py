@@ -46,6 +46,8 @@ class StandbyFront:
 
     def stop(self) -> None:
         asyncio.run_coroutine_threadsafe(self.front.stop(), self.loop).result(10)
+        # The front holds its listening socket until close (a leading root shares it).
+        asyncio.run_coroutine_threadsafe(self.front.close(), self.loop).result(10)
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(10)
         self.loop.close()
