@@ -83,8 +83,11 @@ lint: build $(DEV_STAMP)
 # compiled module by tests/property in the first pass; the rest of the suite drives the
 # same twins through the same entry points again, so it runs on the compiled code only.
 # Measured 2026-12-07 on this 2-core machine, nothing else running, a clean clone's
-# .ci/run (fresh venv, build, lint, both passes), two runs: 10 min 15 s and 11 min 09 s in
-# all; first pass 1,005 tests in 7 min 07-24 s, second pass 508 tests in 1 min 50-52 s.
+# .ci/run (fresh venv, build, lint, both passes): 13 min 28 s in all, first pass 1,135
+# tests in 10 min 23 s, second pass 529 tests in 1 min 59 s — over the 10 min budget, and
+# CPU-bound (24 CPU minutes on 2 cores: more workers cannot help). Each test's mercury
+# processes pay their interpreter's imports; the largest files by serial seconds are
+# tests/gateway/test_acl_doc.py (104), tests/conformance (102), test_hostile_listeners (79).
 # The browser test (tests/browser: the usage page in headless Chromium via selenium) needs
 # Debian's chromium and its driver: installed when missing and we are root; otherwise the
 # test skips and says why.
