@@ -80,7 +80,16 @@ def test_a_socket_activated_root_serves_notifies_and_hands_over(
         # The first connection is what starts it (the activator waits for one): it waits
         # in the socket's queue meanwhile and is answered.
         with httpx.Client(timeout=60) as c:
-            assert c.get(f"http://127.0.0.1:{port}/healthz").status_code == 200
+
+            def first_answer() -> bool:
+                # Refused only until the activator has bound the socket (it starts as a
+                # process like any other); once a connection is queued it is answered.
+                try:
+                    return c.get(f"http://127.0.0.1:{port}/healthz").status_code == 200
+                except httpx.ConnectError:
+                    return False
+
+            wait_until(first_answer, 30, "the activator listens and the root answers")
             wait_until(lambda: any("READY=1" in m for m in notes.poll()), 30, "READY=1")
             assert f"MAINPID={p.pid}" in "".join(notes.got)
             assert holder_pid(str(data)) == p.pid  # the activator exec'd into the root
