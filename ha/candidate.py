@@ -462,21 +462,17 @@ class Candidate:
             if sock is None:
                 log.warning("SIGUSR2: the front is not listening; no hand-over")
                 return
-            try:
-                succ = handover.Successor.start(handover.successor_argv(), {handover.HTTP: sock})
-            finally:
-                sock.close()  # a copy: the front and the new process hold the socket
-            _event("handover-start", new_pid=succ.pid, sockets={handover.HTTP: self.url})
-            try:
-                await succ.wait_for(handover.READY, getattr(self.args, "handover_timeout_s", 60.0))
-            except handover.HandoverError as err:
-                _event("handover-failed", new_pid=succ.pid, why=str(err))
-                code = await asyncio.to_thread(succ.abandon)
-                log.warning("hand-over abandoned (new process exit %s); still serving", code)
+            # A copy: the front and the new process hold the socket (closed once passed).
+            succ = await handover.hand_over(
+                "candidate",
+                {handover.HTTP: sock},
+                wait_for=handover.READY,
+                timeout=getattr(self.args, "handover_timeout_s", 60.0),
+            )
+            if succ is None:
                 return
             self.handed_to = succ.pid
             succ.close()
-            _event("handover", new_pid=succ.pid, stage=handover.READY)
             self.stopping.set()
         except Exception:
             log.exception("hand-over failed; still serving")

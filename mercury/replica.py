@@ -401,7 +401,7 @@ async def _serve(
         tls=config.tls is not None,
     )
     serving = loop.create_task(server.serve(sockets=[sock]))
-    helpers.append(loop.create_task(upgrade.report_when_serving(server, stop)))
+    helpers.append(loop.create_task(handover.report_when_serving(server, stop)))
     if takeover:
         helpers.append(loop.create_task(_take_over_writer(cfg, sup, lock, stop)))
 
@@ -420,7 +420,7 @@ async def _serve(
         for held in lock:
             held.release()
 
-    upgrader = upgrade.Upgrader(
+    upgrader = handover.Upgrader(
         "replica",
         wait_for=handover.READY,
         on_go=hand_over,

@@ -218,16 +218,16 @@ class _RootServer(uvicorn_http.Server):
         # SIGUSR2: hand the sockets and then the writer lock to the new executable
         # (mercury/upgrade.py); the old root answers everything it took and exits 0.
         if self.upgradable:
-            upgrade.Upgrader(
+            handover.Upgrader(
                 "root",
                 wait_for=handover.PREPARED,
                 on_go=self._hand_over,
                 timeout=self.handover_timeout_s,
             ).install(loop)
         else:
-            upgrade.refuse_handover(loop, "an HA candidate's root (upgrade candidates one by one)")
+            handover.refuse_handover(loop, "an HA candidate's root (upgrade candidates one by one)")
         stopped = asyncio.Event()
-        ready = loop.create_task(upgrade.report_when_serving(self, stopped, self.on_serving))
+        ready = loop.create_task(handover.report_when_serving(self, stopped, self.on_serving))
         try:
             await super().serve(sockets)
         finally:

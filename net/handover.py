@@ -31,16 +31,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import os
 import resource
 import shutil
+import signal
 import socket
 import stat
 import subprocess
 import sys
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Iterable, Mapping, Sequence
 
 from core import failpoints
 from core.addr import UnixAddr
@@ -553,3 +555,122 @@ def _wake(fut: asyncio.Future[None]) -> None:
 def successor_argv() -> list[str]:
     """This process's command again: the executable on disk now (the upgraded one)."""
     return [sys.executable, "-m", "mercury", *sys.argv[1:]]
+
+
+# -- the sequence every node kind runs on SIGUSR2 ---------------------------------------
+
+
+def _event(name: str, **fields: object) -> None:
+    """One structured lifecycle line (``{"event": name, ...}``), as the nodes' others."""
+    log.info(json.dumps({"event": name, **fields}, default=str))
+
+
+async def hand_over(
+    role: str,
+    sockets: Mapping[str, socket.socket],
+    *,
+    wait_for: str,
+    timeout: float,
+    keep: Collection[str] = (),
+) -> Successor | None:
+    """Start the new executable with `sockets` and wait until it reports `wait_for`
+    (READY on a replica or a standby candidate, PREPARED on a root). The sockets not named
+    in `keep` are copies, closed once the new process holds them. None when it did not get
+    there: why is logged, the new process is stopped, and this one keeps serving."""
+    named = {k: describe(s) for k, s in sockets.items()}
+    try:
+        succ = Successor.start(successor_argv(), dict(sockets))
+    finally:
+        for k, s in sockets.items():
+            if k not in keep:
+                s.close()
+    _event("handover-start", role=role, new_pid=succ.pid, sockets=named)
+    try:
+        await succ.wait_for(wait_for, timeout)
+    except HandoverError as err:
+        _event("handover-failed", role=role, new_pid=succ.pid, why=str(err))
+        code = await asyncio.to_thread(succ.abandon)
+        log.warning("hand-over abandoned (new process exit %s); still serving", code)
+        return None
+    _event("handover", role=role, new_pid=succ.pid, stage=wait_for)
+    return succ
+
+
+class Upgrader:
+    """SIGUSR2 on the running loop of a root or a replica: one hand-over at a time, of
+    every socket this process listens on (`SOCKETS`, and `extra_sockets`: its readers')."""
+
+    def __init__(
+        self,
+        role: str,
+        *,
+        wait_for: str,
+        on_go: Callable[[Successor], Awaitable[None]],
+        timeout: float,
+        extra_sockets: Callable[[], Awaitable[dict[str, socket.socket]]] | None = None,
+    ) -> None:
+        self.extra_sockets = extra_sockets
+        self.role = role
+        self.wait_for = wait_for
+        self.on_go = on_go
+        self.timeout = timeout
+        self.running = False
+        #: The successor this process handed over to (then it drains and exits).
+        self.handed_to: Successor | None = None
+
+    def install(self, loop: asyncio.AbstractEventLoop) -> None:
+        loop.add_signal_handler(signal.SIGUSR2, self._signalled)
+
+    def _signalled(self) -> None:
+        if self.running or self.handed_to is not None:
+            log.warning("SIGUSR2: a hand-over is already under way; ignored")
+            return
+        self.running = True
+        asyncio.get_running_loop().create_task(self.run())
+
+    async def run(self) -> None:
+        """Start the successor and hand over to it, or keep serving."""
+        try:
+            sockets = dict(SOCKETS.active)
+            if self.extra_sockets is not None:
+                sockets.update(await self.extra_sockets())
+            succ = await hand_over(
+                self.role,
+                sockets,
+                wait_for=self.wait_for,
+                timeout=self.timeout,
+                keep=SOCKETS.active.keys(),  # a reader's copies are closed; ours serve on
+            )
+            if succ is None:
+                return
+            self.handed_to = succ
+            await self.on_go(succ)
+        except Exception:
+            log.exception("hand-over failed; still serving")
+        finally:
+            self.running = False
+
+
+def refuse_handover(loop: asyncio.AbstractEventLoop, why: str) -> None:
+    """SIGUSR2 logged and ignored (its default action would end the process)."""
+    loop.add_signal_handler(
+        signal.SIGUSR2, lambda: log.warning("SIGUSR2: no hand-over for %s; ignored", why)
+    )
+
+
+def report_ready() -> None:
+    """This process serves: tell the old process (after a hand-over) and systemd."""
+    report(READY)
+
+
+async def report_when_serving(
+    server: object, stop: asyncio.Event, then: Callable[[], None] | None = None
+) -> None:
+    """`report_ready` (and `then`) once uvicorn's `server.started` (its sockets accept)."""
+    while not getattr(server, "started", False):
+        if stop.is_set():
+            return
+        await asyncio.sleep(0.005)
+    if then is not None:
+        then()
+    report_ready()

@@ -89,7 +89,7 @@ def test_a_new_replica_that_fails_leaves_the_old_one_serving(
     _, tok = root.producer(["p/"])
     assert root.client(tok).put("/v1/kv/p/k", content=b"v1").status_code in (200, 201)
     repl_port = int(root.args[root.args.index("--repl-listen") + 1].rsplit(":", 1)[1])
-    # Only a process started by a hand-over reaches this failpoint (mercury/upgrade.py).
+    # Only a process started by a hand-over reaches this failpoint (net/handover.py).
     monkeypatch.setenv("MERCURY_FAILPOINTS", "handover-before-ready=exit")
     rep = start_replica(procs, tmp_path / "rep", [repl_port], repl=False)
     log = next((tmp_path / "logs").glob("replica-*.log"))
