@@ -93,10 +93,7 @@ def run(args: argparse.Namespace) -> int:
     state = BridgeState.load(Path(args.state))
     quarantine = Quarantine(Path(args.skip_refused)) if args.skip_refused else None
     if args.metrics_listen and not args.import_once:
-        import prometheus_client
-
-        host, port = parse_hostport(args.metrics_listen, "--metrics-listen")
-        prometheus_client.start_http_server(port, addr=host)
+        _serve_metrics(*parse_hostport(args.metrics_listen, "--metrics-listen"))
     client = Client(
         args.url,
         token,
@@ -125,3 +122,33 @@ def run(args: argparse.Namespace) -> int:
         )
         bridge.run()
         return 0
+
+
+#: A scrape endpoint: a few Prometheus servers, never a crowd.
+METRICS_MAX_CONNECTIONS = 64
+
+
+def _serve_metrics(host: str, port: int) -> None:
+    """`/metrics` on `host:port`, on the listener layer every other HTTP face uses (its
+    connection cap, deadlines and eviction: `net.http_bounds`), in a thread beside the
+    bridge's loop. prometheus_client's own server starts a thread per connection with no
+    cap and no deadline, which one client could hold or multiply."""
+    import threading
+
+    import prometheus_client
+    import uvicorn
+
+    from net import http_bounds, uvicorn_http
+
+    bounds = http_bounds.HttpBounds(max_connections=METRICS_MAX_CONNECTIONS)
+    config = uvicorn.Config(
+        prometheus_client.make_asgi_app(),
+        host=host,
+        port=port,
+        lifespan="off",
+        log_config=None,
+        access_log=False,
+        **http_bounds.uvicorn_options(bounds),
+    )
+    server = uvicorn_http.Server(config)
+    threading.Thread(target=server.run, name="metrics", daemon=True).start()

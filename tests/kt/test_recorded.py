@@ -5,6 +5,7 @@ SIGKILL midway that must cost neither a gap nor a write applied twice."""
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import time
 from pathlib import Path
@@ -13,6 +14,7 @@ import httpx
 import pytest
 
 from kt import ulog as kt_ulog
+from mercury.cmd_kt_bridge import METRICS_MAX_CONNECTIONS
 from testkit import metrics
 from testkit.procs import Procs, free_port
 from testkit.wait import wait_until
@@ -266,6 +268,28 @@ def test_bridge_metrics_show_when_it_last_heard_its_master(
         wait_until(
             heard, 30, "the bridge's metrics showing its last contact", ignore=(httpx.HTTPError,)
         )
+        # The scrape endpoint is a listener like the nodes' (`net.http_bounds`): sockets that
+        # never send a request beyond its cap are evicted, and a scrape is still answered.
+        idle = [socket.create_connection(("127.0.0.1", port), timeout=5) for _ in range(96)]
+        try:
+            wait_until(heard, 30, "a scrape answered over the idle sockets")
+
+            def evicted() -> int:
+                n = 0
+                for s in idle:
+                    s.setblocking(False)
+                    try:
+                        n += s.recv(1) == b""
+                    except BlockingIOError:
+                        pass
+                    except OSError:
+                        n += 1
+                return n
+
+            assert wait_until(lambda: evicted() >= 96 - METRICS_MAX_CONNECTIONS, 30, "evictions")
+        finally:
+            for s in idle:
+                s.close()
         assert procs.terminate(p) == 0
     finally:
         master.close()
