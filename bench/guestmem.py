@@ -25,6 +25,7 @@ their phases measure the systems, not what the host did with the guest's free me
 from __future__ import annotations
 
 import argparse
+import atexit
 import contextlib
 import json
 import mmap
@@ -135,6 +136,21 @@ def hold_if_asked(
     if state() is None or not can_hold():
         return contextlib.nullcontext(), "free page reporting absent or not writable: nothing held"
     return held_and_warmed(), None
+
+
+def hold_for_run(asked: bool) -> dict[str, Any]:
+    """`--hold-freed-memory` for a bench whose whole run is one phase: held (when asked and
+    possible) until the process exits, restored then whatever happened. What to record in
+    its output: whether it held, why not where asked, and the reporting's state."""
+    hold, why_not = hold_if_asked(asked)
+    stack = contextlib.ExitStack()
+    stack.enter_context(hold)
+    atexit.register(stack.close)
+    return {
+        "hold_freed_memory": asked and why_not is None,
+        "hold_note": why_not,
+        "free_page_reporting": state(),
+    }
 
 
 def write_cost(path: Path, mb: int) -> float:

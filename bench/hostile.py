@@ -41,6 +41,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench import guestmem
 from testkit import metrics
 from testkit.procs import Procs, anon_rss_mb, free_port, run_mercury, wait_http
 from testkit.trickle import Trickler, post_head, put_head
@@ -169,7 +170,14 @@ def main() -> int:
         help="the root's batch window: a write is answered after its batch commits, so the "
         "default 500 ms window alone would be every write's latency",
     )
+    p.add_argument(
+        "--hold-freed-memory",
+        action="store_true",
+        help="hold the VM's free page reporting off for the run (bench/guestmem.py): the RSS "
+        "figures then do not depend on what the host took back meanwhile",
+    )
     args = p.parse_args()
+    memory = guestmem.hold_for_run(args.hold_freed_memory)
     only = set(args.only.split(","))
     out: dict[str, Any] = {
         "settings": vars(args),
@@ -265,6 +273,7 @@ def main() -> int:
         finally:
             procs.stop_all()
     out["load_avg_at_end"] = os.getloadavg()
+    out |= memory
     print(json.dumps(out, indent=2))
     return 0
 

@@ -51,6 +51,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench import guestmem
 from testkit import procstat
 from testkit.procs import Procs, free_port, run_mercury, wait_http
 
@@ -402,6 +403,12 @@ def main() -> int:
         default=[],
         help="an extra flag for the target process (repeat; e.g. --server-flag=--x=1)",
     )
+    p.add_argument(
+        "--hold-freed-memory",
+        action="store_true",
+        help="hold the VM's free page reporting off for the run (bench/guestmem.py): the RSS "
+        "figures then do not depend on what the host took back meanwhile",
+    )
     args = p.parse_args()
     if args.attack is not None and args.watchers == 1000:
         args.watchers = 200 if args.attack == "catchup" else 1200
@@ -410,6 +417,7 @@ def main() -> int:
     if args.crowd_port is not None:
         asyncio.run(crowd(args.crowd_port, args.watchers))
         return 0
+    memory = guestmem.hold_for_run(args.hold_freed_memory)
     with tempfile.TemporaryDirectory(prefix="mercury-watch-bench-") as tmp_s:
         tmp = Path(tmp_s)
         (tmp / "logs").mkdir()
@@ -483,6 +491,7 @@ def main() -> int:
             raise
         finally:
             procs.stop_all()
+    out |= memory
     print(json.dumps(out, indent=2))
     return 0
 
