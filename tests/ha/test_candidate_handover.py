@@ -130,11 +130,7 @@ def test_a_standby_hands_over_under_sdk_writers(etcd: Etcd, procs: Procs, tmp_pa
             new = _new_pid(log)
             assert standby.proc.wait(60) == 0, procs.logs()
             # The new process follows the leader again, holding the store.
-            wait_until(
-                lambda: _streaming(standby) and holder_pid(str(standby.data_dir)) == new,
-                60,
-                "the new process streaming",
-            )
+            _wait_streaming(standby, new, log)
             after = len(wr.acked)
             wait_until(lambda: len(wr.acked) >= after + 40, 60, "writes after the hand-over")
         assert wr.failures == [], wr.failures
@@ -148,9 +144,22 @@ def test_a_standby_hands_over_under_sdk_writers(etcd: Etcd, procs: Procs, tmp_pa
         _stop_pid(new)
 
 
-def _streaming(node: Node) -> bool:
-    st = node.status()
-    return st is not None and st.get("standby_state") == "streaming"
+def _wait_streaming(node: Node, new: int, log: Path) -> None:
+    """Wait until the new process `new` holds `node`'s store and streams from the leader;
+    on a timeout, say what it was doing instead (its status and its log's tail)."""
+    seen: list[object] = []
+
+    def streaming() -> bool:
+        st = node.status()
+        seen[:] = [st, holder_pid(str(node.data_dir))]
+        return st is not None and st.get("standby_state") == "streaming" and seen[1] == new
+
+    try:
+        wait_until(streaming, 60, "the new process streaming")
+    except TimeoutError as err:
+        raise AssertionError(
+            f"{err}: pid {new}, last status and store holder {seen}\n{log.read_text()[-6000:]}"
+        ) from err
 
 
 def test_a_leader_steps_down_then_hands_over_under_sdk_writers(
@@ -173,11 +182,7 @@ def test_a_leader_steps_down_then_hands_over_under_sdk_writers(
             wait_until(lambda: _new_pid(log) > 0, 60, "the new process started")
             new = _new_pid(log)
             assert leader.proc.wait(60) == 0, procs.logs()
-            wait_until(
-                lambda: _streaming(leader) and holder_pid(str(leader.data_dir)) == new,
-                60,
-                "the new process streaming",
-            )
+            _wait_streaming(leader, new, log)
             after = len(wr.acked)
             wait_until(lambda: len(wr.acked) >= after + 40, 60, "writes after the hand-over")
         assert wr.failures == [], wr.failures
