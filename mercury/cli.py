@@ -36,6 +36,7 @@ COMMAND_MODULES = (
     "mercury.cmd_usage",
     "mercury.cmd_acl",
     "mercury.cmd_replica",
+    "mercury.cmd_cache",
     "mercury.cmd_kv",
     "mercury.cmd_kt_bridge",
     "mercury.cmd_certs",

@@ -79,6 +79,11 @@ Bodies by type:
 - ``WAIT`` (7), 4 bytes: position in the bootstrap queue (u32); the source bounds
   concurrent bootstraps and tells waiting replicas their turn.
 - ``END`` (8), 8 bytes: last seq sent (u64); the stop seq was reached, the source closes.
+- ``INVALIDATE`` (10), ``FETCH`` (11) and ``FETCHED`` (12): a cache node's connection
+  (HELLO mode 3); their bodies are `replicator/invalidation.py`'s. Mode 3 streams, instead
+  of RECORD frames, one INVALIDATE per log record (its last seq and the keys it changed,
+  no values) and answers FETCH frames (a cache's misses) with FETCHED. Only a mode-3 HELLO
+  gets them; an older source refuses mode 3 (code 4).
 - ``UPSTREAM`` (9, replica -> source, the only frame a client sends after HELLO), 2 + n
   bytes, n at most `MAX_UPSTREAM_PAYLOAD`: kind (u16), payload. The kinds and their
   payloads are `replicator/upstream.py`'s; a source ignores (and logs) a kind it does not
@@ -107,12 +112,20 @@ SNAPSHOT = 6
 WAIT = 7
 END = 8
 UPSTREAM = 9
-TYPES = frozenset({HELLO, WELCOME, REFUSE, RECORD, HEARTBEAT, SNAPSHOT, WAIT, END, UPSTREAM})
+INVALIDATE = 10
+FETCH = 11
+FETCHED = 12
+TYPES = frozenset(
+    {HELLO, WELCOME, REFUSE, RECORD, HEARTBEAT, SNAPSHOT, WAIT, END, UPSTREAM}
+    | {INVALIDATE, FETCH, FETCHED}
+)
 #: Longest REFUSE message accepted (the source sends one line).
 MAX_REFUSE_MESSAGE = 4096
 
 MODE_STREAM = 1
 MODE_SNAPSHOT = 2
+#: A cache node: invalidations and miss answers instead of records (`invalidation.py`).
+MODE_INVALIDATE = 3
 OPT_NEWEST_ONLY = 0x01
 OPT_UPSTREAM = 0x02
 OPT_STANDBY = 0x04
@@ -154,6 +167,9 @@ MAX_BODY_OF: dict[int, int] = {
     WAIT: _U32.size,
     END: _U64.size,
     UPSTREAM: _U16.size + MAX_UPSTREAM_PAYLOAD,
+    INVALIDATE: MAX_BODY,
+    FETCH: 1 << 20,
+    FETCHED: MAX_BODY,
 }
 
 

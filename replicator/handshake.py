@@ -47,7 +47,7 @@ def decide(
     """
     if hello.version != frames.PROTOCOL_VERSION:
         return Refusal(frames.REFUSE_PROTOCOL, f"protocol version {hello.version} is not supported")
-    if hello.mode not in (frames.MODE_STREAM, frames.MODE_SNAPSHOT):
+    if hello.mode not in (frames.MODE_STREAM, frames.MODE_SNAPSHOT, frames.MODE_INVALIDATE):
         return Refusal(frames.REFUSE_PROTOCOL, f"unknown mode {hello.mode}")
     if closing:
         return Refusal(frames.REFUSE_NOT_READY, "source is shutting down")
@@ -55,7 +55,12 @@ def decide(
         return Refusal(frames.REFUSE_DIVERGED, diverged)
     if hello.client_id == source_id:
         return Refusal(frames.REFUSE_SELF, "replicating from itself: the source is this very node")
-    unknown_ok = hello.mode == frames.MODE_SNAPSHOT and hello.db_id == frames.ZERO_ID
+    # An empty replica fetching a snapshot, or an empty cache node starting at the head,
+    # does not know the db id yet.
+    unknown_ok = hello.db_id == frames.ZERO_ID and (
+        hello.mode == frames.MODE_SNAPSHOT
+        or (hello.mode == frames.MODE_INVALIDATE and hello.newest_only)
+    )
     if hello.db_id != db_id and not unknown_ok:
         return Refusal(
             frames.REFUSE_DB_ID,
@@ -63,7 +68,7 @@ def decide(
             f"{uuid.UUID(bytes=hello.db_id)}",
         )
     if (
-        hello.mode == frames.MODE_STREAM
+        hello.mode in (frames.MODE_STREAM, frames.MODE_INVALIDATE)
         and not hello.newest_only
         and needs_bootstrap(True, hello.last_seq, first_retained)
     ):

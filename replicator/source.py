@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 from core.errors import LogRetentionError, MercuryError, ProtocolError
 from net.budget import Budget, Principal, Reason, peer_principal
 from net.tlsconf import TlsContexts
-from replicator import frames, handshake, notify
+from replicator import frames, handshake, invalidation, notify
 from replicator.heartbeat import HeartbeatSource
 from replicator.metrics import REFUSED
 from replicator.tcp import TcpTransport
@@ -408,6 +408,7 @@ class ReplicationSource:
                 return
             conn.since = None  # accepted: its stream or transfer is never evicted
             first, _base = self.store.log_bounds()
+            head = self.store.last_seq()  # a newest-only cache's stream starts right after
             upstream = (
                 self.upstream is not None
                 and hello.mode == frames.MODE_STREAM
@@ -419,7 +420,7 @@ class ReplicationSource:
                         frames.PROTOCOL_VERSION,
                         self.node_id,
                         self._db_id,
-                        self.store.last_seq(),
+                        head,
                         first,
                         self.heartbeat.interval_ms,
                         store_term(self.store) if hello.options & frames.OPT_TERM else None,
@@ -429,6 +430,8 @@ class ReplicationSource:
             )
             if hello.mode == frames.MODE_SNAPSHOT:
                 await self._send_snapshot(hello, link)
+            elif hello.mode == frames.MODE_INVALIDATE:
+                await invalidation.serve(self, hello, link, head)
             elif upstream and self.upstream is not None:
                 origin = Origin(hello.client_id, peer, getattr(link, "peer_role", None))
                 await self.upstream.serve_beside(link, origin, self._stream(hello, link))

@@ -35,6 +35,7 @@ PLANTS: dict[str, tuple[str, str]] = {
     "reads-no-writes": ("reads/_planted.py", "import gateway.quota"),
     "protocols-narrow": ("kt/_planted.py", "import gateway.writes"),
     "ha-rules-pure": ("ha/syncack.py", "import asyncio"),
+    "cache-rules-pure": ("cache/rules.py", "import lmdb"),
     "nothing-imports-mercury": ("ha/_planted.py", "import mercury.cli"),
     "sdk-alone": ("mercury_client/_planted.py", "import core.errors"),
     "bench-no-tests": ("bench/_planted.py", "import tests.conftest"),

@@ -1,0 +1,79 @@
+"""`mercury cache`'s process: the cache node's engine and its HTTP listener on one loop."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import signal
+
+import uvicorn
+
+from cache.http import CacheApp
+from cache.node import CacheNode, stop_task
+from cache.store import CacheStore
+from core import eventloop
+from core.addr import parse_hostport
+from core.errors import ConfigError
+from net import http_bounds, uvicorn_http
+from reads import workers
+from replicator.tcp import TcpTransport
+
+log = logging.getLogger("mercury.cache")
+
+
+def sources_of(values: list[str]) -> list[tuple[str, int]]:
+    """--source values (repeated and/or comma-separated) as (host, port), in order."""
+    out = []
+    for v in values:
+        for part in v.split(","):
+            if part.strip():
+                out.append(parse_hostport(part.strip(), "--source"))
+    return out
+
+
+def run_cache(args: argparse.Namespace) -> int:
+    """Run the cache node until SIGTERM/SIGINT."""
+    if args.refuse_when_lagging and args.max_lag is None:
+        raise ConfigError("--refuse-when-lagging needs --max-lag", hint="add --max-lag S")
+    eventloop.install()
+    asyncio.run(_serve(args))
+    return 0
+
+
+async def _serve(args: argparse.Namespace) -> None:
+    store = CacheStore(args.data_dir, args.max_bytes)
+    node = CacheNode(
+        store, args.max_bytes, sources_of(args.source), TcpTransport(None), max_lag=args.max_lag
+    )
+    app = CacheApp(node, refuse_when_lagging=args.refuse_when_lagging)
+    host, port = parse_hostport(args.listen, "--listen")
+    sock = workers.listen_socket(host, port, reuse_port=False)
+    config = uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        access_log=False,
+        log_level="warning",
+        lifespan="off",
+        **http_bounds.uvicorn_options(http_bounds.HttpBounds.from_args(args)),
+    )
+    server = uvicorn_http.Server(config)
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    following = loop.create_task(node.run())
+    serving = loop.create_task(server.serve(sockets=[sock]))
+    stopper = loop.create_task(stop.wait())
+    log.info("cache node serving on %s:%d", host, port)
+    try:
+        await asyncio.wait({serving, stopper, following}, return_when=asyncio.FIRST_COMPLETED)
+        server.should_exit = True
+        await serving
+    finally:
+        stopper.cancel()
+        await stop_task(following)
+        with contextlib.suppress(Exception):
+            store.close()

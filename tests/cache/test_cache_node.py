@@ -1,0 +1,126 @@
+"""A real tree: root -> replica -> `mercury cache`, over TCP, with real LMDB files.
+
+One test walks the whole life of a cache node, each step checking what it exists to catch:
+misses fetched and then served as hits, a negative entry, writes and deletes invalidating
+what is held (never served after the cache applied them), the budget held, a restart that
+starts warm, the source gone (hits served, misses 503 + Retry-After), failover to the next
+source, and ranges refused with a pointer.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from subprocess import Popen
+
+import httpx
+
+from testkit.procs import Procs, free_port, run_mercury, wait_http
+from testkit.replication import status, wait_for
+from tests.replicator.nodes import start_replica
+
+
+def _root(tmp_path: Path, procs: Procs) -> tuple[str, int, dict[str, str]]:
+    assert run_mercury("init", str(tmp_path / "root")).returncode == 0
+    token = (tmp_path / "root" / "admin.token").read_text().strip()
+    gw, repl = free_port(), free_port()
+    root = procs.start_mercury(
+        "root",
+        str(tmp_path / "root"),
+        "--listen",
+        f"127.0.0.1:{gw}",
+        "--repl-listen",
+        f"127.0.0.1:{repl}",
+        "--batch-window-ms",
+        "5",
+        name="root",
+    )
+    base = f"http://127.0.0.1:{gw}"
+    wait_http(f"{base}/healthz", proc=root)
+    admin = {"Authorization": f"Bearer {token}"}
+    httpx.put(f"{base}/v1/admin/producers/p", json={"keyspaces": ["cfg/"]}, headers=admin)
+    ptoken = httpx.post(f"{base}/v1/admin/producers/p/tokens", headers=admin).json()["token"]
+    return base, repl, {"Authorization": f"Bearer {ptoken}"}
+
+
+def _start_cache(procs: Procs, data: Path, http: int, sources: list[int]) -> Popen[bytes]:
+    src = ",".join(f"127.0.0.1:{s}" for s in sources)
+    p = procs.start_mercury(
+        "cache", str(data), "--source", src, "--max-bytes", "1MiB",
+        "--listen", f"127.0.0.1:{http}", "--max-lag", "30", name="cache",
+    )  # fmt: skip
+    wait_http(f"http://127.0.0.1:{http}/healthz", proc=p)
+    return p
+
+
+def test_root_replica_cache(tmp_path: Path, procs: Procs) -> None:
+    base, root_repl, producer = _root(tmp_path, procs)
+
+    def put(key: str, value: bytes) -> int:
+        r = httpx.put(f"{base}/v1/kv/{key}", content=value, headers=producer)
+        assert r.status_code == 200, r.text
+        return int(r.json()["seq"])
+
+    put("cfg/a", b"one")
+    replica = start_replica(procs, tmp_path / "replica", [root_repl], name="replica")
+    http = free_port()
+    cache = f"http://127.0.0.1:{http}"
+    proc = _start_cache(procs, tmp_path / "cache", http, [replica.repl, root_repl])
+    wait_for(lambda: status(http)["connected"], 30, "cache connected")
+
+    # A miss, then a hit; an absent key is a negative entry, then a negative hit.
+    r = httpx.get(f"{cache}/v1/kv/cfg/a")
+    assert (r.status_code, r.content, r.headers["x-mercury-cache"]) == (200, b"one", "miss")
+    r = httpx.get(f"{cache}/v1/kv/cfg/a")
+    assert (r.status_code, r.content, r.headers["x-mercury-cache"]) == (200, b"one", "hit")
+    assert httpx.get(f"{cache}/v1/kv/cfg/none").headers["x-mercury-cache"] == "miss"
+    r = httpx.get(f"{cache}/v1/kv/cfg/none")
+    assert (r.status_code, r.headers["x-mercury-cache"]) == (404, "negative_hit")
+
+    # A write invalidates both: once the cache applied its seq, the old value (and the old
+    # absence) is never served again.
+    seq = put("cfg/a", b"two")
+    seq = max(seq, put("cfg/none", b"now"))
+    wait_for(lambda: status(http)["seq"] >= seq, 30, "invalidation applied")
+    assert httpx.get(f"{cache}/v1/kv/cfg/a").content == b"two"
+    assert httpx.get(f"{cache}/v1/kv/cfg/none").content == b"now"
+    r = httpx.post(f"{cache}/v1/get_bulk", json={"keys": ["cfg/a", "cfg/none", "cfg/x"]})
+    assert r.json() == {"values": {"cfg/a": "two", "cfg/none": "now", "cfg/x": None}}
+    st = status(http)
+    assert st["hits"] >= 3 and st["negative_hits"] >= 1 and st["invalidations"] >= 2
+    assert 0 < st["bytes"] <= st["max_bytes"]
+    metrics = httpx.get(f"{cache}/metrics").text
+    for name in ("hits", "misses", "negative_hits", "evictions", "invalidations"):
+        assert f"mercury_cache_{name}_total" in metrics
+    assert "mercury_cache_miss_seconds_bucket" in metrics
+
+    # Ranges are a replica's: refused with a pointer, not served partially.
+    r = httpx.get(f"{cache}/v1/range", params={"prefix": "cfg/"})
+    assert r.status_code == 421 and str(replica.repl) in r.json()["detail"]
+
+    # Restart: warm (its entries are on disk), and a write made while it was down is
+    # invalidated as it catches up before the old value could be served.
+    assert procs.terminate(proc) == 0
+    seq = put("cfg/a", b"three")
+    wait_for(lambda: status(replica.http)["seq"] >= seq, 30, "replica applied")
+    proc = _start_cache(procs, tmp_path / "cache", http, [replica.repl, root_repl])
+    st = status(http)
+    assert st["entries"] >= 2 and st["hits"] == 0
+    wait_for(lambda: status(http)["seq"] >= seq, 30, "cache caught up")
+    r = httpx.get(f"{cache}/v1/kv/cfg/none")
+    assert (r.content, r.headers["x-mercury-cache"]) == (b"now", "hit")  # warm
+    assert httpx.get(f"{cache}/v1/kv/cfg/a").content == b"three"
+
+    # The replica gone: hits are still served; the cache fails over to the root.
+    procs.kill(replica.proc)
+    assert httpx.get(f"{cache}/v1/kv/cfg/none").headers["x-mercury-cache"] == "hit"
+    wait_for(lambda: status(http)["source"] == f"127.0.0.1:{root_repl}", 30, "failover")
+    seq = put("cfg/a", b"four")
+    wait_for(lambda: status(http)["seq"] >= seq, 30, "invalidation from the root")
+    assert httpx.get(f"{cache}/v1/kv/cfg/a").content == b"four"
+
+    # No source at all: hits served, a miss is 503 with Retry-After (never a 404).
+    procs.kill(procs.started[0])  # the root
+    wait_for(lambda: not status(http)["connected"], 30, "source lost")
+    assert httpx.get(f"{cache}/v1/kv/cfg/a").content == b"four"
+    r = httpx.get(f"{cache}/v1/kv/cfg/never-read")
+    assert r.status_code == 503 and r.headers["retry-after"] == "1", r.text
