@@ -22,7 +22,7 @@ from pathlib import Path
 import httpx
 
 from mercury.dev.run import parse_args
-from mercury.dev.topology import Ports, local
+from mercury.dev.topology import Ports, cache_node, local
 from testkit.procs import REPO, Procs, free_port, wait_http
 from testkit.wait import wait_until
 
@@ -191,3 +191,12 @@ def test_secure_make_run_end_to_end(tmp_path: Path, procs: Procs) -> None:
     else:
         assert plain.status_code == 400  # uvicorn's answer to HTTP on a TLS port
     assert procs.terminate(run, timeout=60) == 0
+
+
+def test_the_cache_node_follows_the_replica_then_the_root() -> None:
+    node = cache_node(Ports(replica_repl=5, root_repl=6, cache=7), "v")
+    assert node.argv()[:2] == ["cache", "v/cache"]
+    assert node.flag("--source") == "127.0.0.1:5,127.0.0.1:6"
+    assert node.flag("--listen") == "127.0.0.1:7"
+    args = parse_args(["--cache", "--cache-port", "9"], {})
+    assert args.with_cache and args.cache == 9

@@ -24,6 +24,11 @@ printed examples end with the commands of that secure setup.
 
 ``--ha`` (``MERCURY_HA=1 make run``) runs two root candidates on a local etcd instead of
 the one root (`mercury/dev/run_ha.py`).
+
+``--cache`` (``MERCURY_CACHE=1 make run``, plain mode) adds a cache node
+(`topology.cache_node`, ``mercury cache``) following the replica, then the root; it is not
+part of the topology a state directory records, so it can be added to a run and left out
+of the next.
 """
 
 from __future__ import annotations
@@ -61,6 +66,7 @@ from mercury.dev.topology import (
     DEMO_PRODUCER,
     Node,
     Ports,
+    cache_node,
     local,
     local_ha,
 )
@@ -98,6 +104,13 @@ def parse_args(argv: Sequence[str] | None, env: Mapping[str, str]) -> argparse.N
         default=env.get("MERCURY_HA", "") not in ("", "0"),
         help="two root candidates elected through a local etcd (env MERCURY_HA=1; "
         "mercury/dev/run_ha.py)",
+    )
+    p.add_argument(
+        "--cache",
+        dest="with_cache",  # `cache` is the cache node's port (`Ports.cache`)
+        action="store_true",
+        default=env.get("MERCURY_CACHE", "") not in ("", "0"),
+        help="also run a cache node following the replica (env MERCURY_CACHE=1; plain mode)",
     )
     return p.parse_args(argv)
 
@@ -215,6 +228,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
+    if args.with_cache and (args.ha or args.secure):
+        print("--cache runs in the plain mode only (a cache node has no TLS yet)", file=sys.stderr)
+        return 2
     os.chdir(REPO)
     # One topology per state directory: each mode has its own by default (var/plain,
     # var/secure, var/ha), so switching modes never mixes databases.
@@ -222,7 +238,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     nodes = _flat(local_ha(ports, var)) if args.ha else list(local(ports, var, secure=args.secure))
     try:
         claim_state(Path(var), _topology(mode, nodes))
-        busy = ports_in_use(_listens(nodes))
+        cache = cache_node(ports, var) if args.with_cache else None
+        busy = ports_in_use(_listens([*nodes, *([cache] if cache else [])]))
         if busy:
             raise SystemExit(
                 f"already in use: {', '.join(busy)} (another make run, or another service); "
@@ -233,10 +250,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     if args.ha:
         return run_ha.run(ports, var)
-    return _run(var, args.secure, *local(ports, var, secure=args.secure))
+    return _run(var, args.secure, *local(ports, var, secure=args.secure), cache=cache)
 
 
-def _run(var: str, secure: bool, ROOT: Node, REPLICA: Node) -> int:
+def _run(var: str, secure: bool, ROOT: Node, REPLICA: Node, cache: Node | None = None) -> int:
     """The root and its replica (`main` owns `var`): 0 once stopped as asked, 1 when
     something did not come up or exited under it (said on stderr)."""
     if not Path(ROOT.data_dir, "data.mdb").exists():
@@ -274,8 +291,12 @@ def _run(var: str, secure: bool, ROOT: Node, REPLICA: Node) -> int:
         db_id = str(httpx.get(f"{gw}/v1/status", verify=verify, timeout=5).json()["db_id"])
         rd = f"{REPLICA.scheme}://{REPLICA.flag('--listen')}"
         wait_streaming(rd, db_id, procs[REPLICA.name], verify, f"rm -rf {REPLICA.data_dir}")
+        if cache is not None:
+            _start_cache(cache, var, procs)
         print(_came_up(procs, var, db_id), flush=True)
         print(_examples(token, ROOT, REPLICA, var, reader), flush=True)
+        if cache is not None:
+            print(_cache_examples(cache), flush=True)
         while not stopping() and all(p.poll() is None for p in procs.values()):
             time.sleep(0.5)
         if stopping():
@@ -289,6 +310,25 @@ def _run(var: str, secure: bool, ROOT: Node, REPLICA: Node) -> int:
         return 1
     finally:
         stop_all(list(procs.values()))
+
+
+def _start_cache(cache: Node, var: str, procs: dict[str, subprocess.Popen[bytes]]) -> None:
+    """Start the cache node and wait until it serves (its stream connects on its own)."""
+    log = open(f"{var}/{cache.name}.log", "ab")  # noqa: SIM115 - handed to the child
+    procs[cache.name] = subprocess.Popen(mercury_argv(*cache.argv()), stdout=log, stderr=log)
+    log.close()
+    try:
+        wait_http(f"http://{cache.flag('--listen')}/healthz", procs[cache.name], True)
+    except SystemExit as err:
+        raise SystemExit(f"{cache.name}: {err} ({var}/{cache.name}.log)") from None
+
+
+def _cache_examples(cache: Node) -> str:
+    c = f"http://{cache.flag('--listen')}"
+    return f"""Cache node (holds only what is read; docs/replication.md, "Cache nodes"):
+  curl -i {c}/v1/kv/demo/hello      # X-Mercury-Cache: miss, then hit
+  curl -s {c}/v1/status; curl -s {c}/metrics | grep mercury_cache
+"""
 
 
 def _came_up(procs: Mapping[str, subprocess.Popen[bytes]], var: str, db_id: str) -> str:

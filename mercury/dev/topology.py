@@ -61,6 +61,8 @@ class Ports:
     root_c_repl: int = 7073
     etcd: int = 2379
     etcd_peer: int = 2380
+    #: The cache node of ``make run --cache`` (`cache_node`).
+    cache: int = 8084
 
 
 def secure_flags(node: str, certs: str) -> tuple[tuple[str, str | None], ...]:
@@ -109,6 +111,24 @@ def local(ports: Ports = Ports(), var: str = "var", *, secure: bool = False) -> 
 
 
 #: The election name of the HA variant's candidates.
+def cache_node(ports: Ports = Ports(), var: str = "var") -> Node:
+    """The cache node ``MERCURY_CACHE=1 make run`` adds (plain mode only): it follows the
+    replica's invalidation stream, the root's when the replica is down (docs/replication.md,
+    "Cache nodes")."""
+    lo = "127.0.0.1"
+    return Node(
+        "cache",
+        "cache",
+        f"{var}/cache",
+        (
+            ("--source", f"{lo}:{ports.replica_repl},{lo}:{ports.root_repl}"),
+            ("--max-bytes", "64MiB"),
+            ("--listen", f"{lo}:{ports.cache}"),
+            ("--max-lag", "10"),
+        ),
+    )
+
+
 HA_GROUP = "local-root"
 
 
