@@ -111,6 +111,10 @@ class RangeOnRootError(ReadError):
     """Range reads are refused on the root: they belong on consumer nodes."""
 
 
+class OutsideKeyspaceError(ReadError):
+    """A filtered replica asked for keys outside its keyspaces: served elsewhere (421)."""
+
+
 class ReadProtocolError(ReadError):
     """Malformed or oversized input on a KT or memcached listener.
 

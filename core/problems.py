@@ -57,6 +57,7 @@ TABLE: tuple[tuple[type[e.MercuryError], int, str | None, str | None], ...] = (
     (e.InvalidReadError, 400, "invalid-read", "Invalid read request"),
     (e.ReadTooLargeError, 413, "read-too-large", "Reply too large"),
     (e.RangeOnRootError, 421, "range-on-root", "Range reads are served by consumer nodes"),
+    (e.OutsideKeyspaceError, 421, "outside-keyspace", "Not held by this filtered replica"),
     # a stored value failed its CRC: a fault of this node, never retried into success
     (e.CRCError, 500, "corrupt-value", "Stored value failed its CRC"),
     # writes

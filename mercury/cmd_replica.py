@@ -33,6 +33,14 @@ def register(sub: Any) -> None:
         help="replication source (repeat: ordered list, first healthy wins)",
     )
     p.add_argument(
+        "--keyspace",
+        action="append",
+        default=None,
+        metavar="PREFIX",
+        help="hold only the keys under PREFIX (repeat for more): a filtered replica; its "
+        "sources ship only those keys (docs/replication.md, Filtered replicas)",
+    )
+    p.add_argument(
         "--listen",
         default="127.0.0.1:8081",
         metavar="H:P",

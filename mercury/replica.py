@@ -36,6 +36,7 @@ from mercury.settings import ReplicaConfig
 from net import handover, http_bounds, uvicorn_http
 from net.metrics import watch_certs
 from net.tcp import TcpService
+from reads import keyspaces as read_keyspaces
 from reads import workermetrics, workers
 from replicator import sched
 from replicator.metrics import (
@@ -139,12 +140,19 @@ class WorkerSupervisor:
                 await self._task
 
 
-def replica_status(data_dir: str) -> dict[str, object]:
-    """Replication facts for `GET /v1/status` (`source`, `lag_seconds`, worker state)."""
+def replica_status(data_dir: str, keyspaces: list[str] | None = None) -> dict[str, object]:
+    """Replication facts for `GET /v1/status` (`source`, `lag_seconds`, worker state,
+    and `keyspaces`: a filtered replica's prefixes, null for a full one)."""
     st = read_status(data_dir)
     if st is None:
-        return {"source": None, "lag_seconds": None, "replication_state": "starting"}
+        return {
+            "source": None,
+            "lag_seconds": None,
+            "replication_state": "starting",
+            "keyspaces": keyspaces,
+        }
     return {
+        "keyspaces": keyspaces,
         "source": st.source,
         "lag_seconds": st.lag(),
         "replication_state": st.state,
@@ -185,6 +193,8 @@ async def _read_side(
 
     cfg = config.worker
 
+    # A filtered replica answers reads outside its keyspaces with a 421 naming its sources.
+    read_keyspaces.configure(cfg.prefixes, (f"{h}:{p}" for h, p in cfg.sources))
     REPLICATION_LAG.set_function(lambda: lag_gauge(cfg.data_dir))
     DIVERGED.set_function(lambda: diverged(cfg.data_dir))
     STREAMING.set_function(lambda: streaming(cfg.data_dir))
@@ -197,7 +207,7 @@ async def _read_side(
     app = create_read_app(
         store,
         role="replica",
-        status=lambda: replica_status(cfg.data_dir),
+        status=lambda: replica_status(cfg.data_dir, cfg.keyspaces),
         read_auth=config.read_auth,
     )
     if n > 1:

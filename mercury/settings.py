@@ -21,6 +21,7 @@ from mercury.retention_flags import policy_from_args
 from mercury.tls import files_from_args
 from net.tcp import listener_limits
 from net.tlsconf import TlsFiles
+from replicator import filter as keyspace
 from replicator import sched
 from replicator.heap import HEAP_KEEP_MB
 from replicator.wiring import SourceSettings
@@ -154,6 +155,7 @@ class ReplicaConfig:
                 heap_keep_mb=_heap_keep_mb(args.applier_heap_keep_mb),
                 tls=asdict(tls) if tls is not None else None,
                 cpus=sorted(applier_cpus) if applier_cpus else None,
+                keyspaces=_keyspaces(getattr(args, "keyspace", None)),
             ),
             log_level=args.log_level,
             tls=tls,
@@ -161,6 +163,17 @@ class ReplicaConfig:
             allow_unauthenticated_reads=bool(args.allow_unauthenticated_reads),
             reader_cpus=reader_cpus,
         )
+
+
+def _keyspaces(values: list[str] | None) -> list[str] | None:
+    """`--keyspace`: a filtered replica's prefixes, normalized (`replicator/filter.py`);
+    None without the flag."""
+    if not values:
+        return None
+    try:
+        return [p.decode() for p in keyspace.normalize(v.encode() for v in values)]
+    except ValueError as err:
+        raise ConfigError(f"--keyspace: {err}") from err
 
 
 def _cpus(value: str | None) -> tuple[frozenset[int] | None, frozenset[int] | None]:

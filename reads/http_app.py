@@ -37,7 +37,17 @@ from core.errors import (
     ReadTooLargeError,
 )
 from core.problems import NO_SUCH_ROUTE, PROBLEM_JSON, no_route_detail
-from reads import bulkbody, jsonkv, openapi_doc, pointget, ranges, readstats, watch, workermetrics
+from reads import (
+    bulkbody,
+    jsonkv,
+    keyspaces,
+    openapi_doc,
+    pointget,
+    ranges,
+    readstats,
+    watch,
+    workermetrics,
+)
 from reads.metrics import READ_ERRORS, READ_SECONDS
 from reads.problems import problem, problem_body, problem_for
 from store import setaside
@@ -279,6 +289,7 @@ async def get_bulk(request: Request) -> Response:
     for k in (*text_keys, *b64_keys):
         if not 1 <= len(k) <= MAX_KEY:
             raise InvalidReadError(f"keys must be 1 to {MAX_KEY} bytes", key=k)
+    keyspaces.check_keys((*text_keys, *b64_keys))  # a filtered replica's: 421 outside
     found: list[Value | None] = []
     size = 0
     with store.reader() as r:
@@ -358,6 +369,7 @@ async def get_range(request: Request) -> Response:
     t0 = time.perf_counter()
     q = _raw_query(request.scope["query_string"])
     spec = ranges.make_spec(prefix=q.get("prefix"), start=q.get("start"), end=q.get("end"))
+    keyspaces.check_range(spec.start, spec.end)  # a filtered replica's: 421 outside
     # A read token's keyspaces (reads/auth.py, `--read-auth`): scan only inside them.
     spaces: tuple[bytes, ...] | None = request.scope.get(ranges.READ_KEYSPACES)
     keys_only = q.get("keys_only", b"false").lower() in (b"true", b"1", b"yes")

@@ -14,7 +14,7 @@ from urllib.parse import unquote_to_bytes
 
 from core.errors import CRCError
 from core.problems import NO_SUCH_KEY, PROBLEM_JSON
-from reads import readstats
+from reads import keyspaces, readstats
 from reads.fastobserve import BatchedObserve
 from reads.metrics import READ_ERRORS, READ_SECONDS
 from reads.problems import problem_body
@@ -56,7 +56,12 @@ def point_get(
         try:
             found = store.get(key)
             applied = store.last_seq()  # read after the value: always >= its seq
-            if found is None:
+            outside = keyspaces.outside_key_body(key) if found is None else None
+            if outside is not None:  # not held here, which a 404 would deny
+                status = 421
+                body = outside
+                headers = [(b"content-type", _PROBLEM)]
+            elif found is None:
                 status = 404
                 body = problem_body(
                     404,

@@ -48,12 +48,12 @@ from core.errors import CorruptionError, CRCError, InvalidReadError, LogRetentio
 from net import http_bounds
 from net.budget import ANONYMOUS, Budget, Principal, Reason
 from net.metrics import budget_hooks
-from reads import jsonkv
+from reads import jsonkv, keyspaces
 from reads.metrics import WATCH_CATCHUPS, WATCH_ENDED, WATCH_RECORD_BYTES, WATCH_STREAMS
 from reads.problems import problem
 from replicator import heap
 from replicator.notify import WakeListener
-from store import codec
+from store import codec, filtered
 from store.format import ENTRY_HEADER, MAX_KEY, OP_DELETE, OP_SET
 from store.store import Store
 
@@ -126,7 +126,8 @@ def read_slice(store: Store, from_seq: int) -> tuple[list[Line], int]:
     for rec in recs:
         # The chain was checked when the record was applied: decode only, not hash every
         # byte again in the process that serves reads.
-        entries = codec.decode_entries(snappy.decompress(rec.payload))
+        raw = filtered.entries_of(rec.header, snappy.decompress(rec.payload))
+        entries = codec.decode_entries(raw)
         for e in entries:
             # Op 3 (replicated documents) never touches user keys: not a change to watch.
             if e.seq >= from_seq and e.op in (OP_SET, OP_DELETE):
@@ -758,6 +759,7 @@ async def watch(request: Request) -> Response:
     prefix = q.get("prefix", b"")
     if len(prefix) > MAX_KEY:
         raise InvalidReadError(f"prefix must be at most {MAX_KEY} bytes")
+    keyspaces.check_prefixes([prefix])  # a filtered replica's: 421 outside its keyspaces
     raw = q.get("from_seq")
     try:
         from_seq = int(raw) if raw not in (None, b"") else None

@@ -87,6 +87,7 @@ async def fetch(
     board: StatusBoard,
     tls: TlsContexts | None = None,
     transport: Transport | None = None,
+    keyspaces: tuple[bytes, ...] | None = None,
 ) -> frames.SnapshotOffer:
     """Download (or finish downloading) a snapshot from `host:port` into DATA_DIR/.bootstrap,
     over `transport` (None: TCP, with mutual TLS when `tls`).
@@ -96,6 +97,8 @@ async def fetch(
     stream machinery would cost most of the throughput, and nothing else shares this
     connection). Raises SnapshotTransferError when the transfer is cut (call again to
     resume), the source's RefusedError subclasses, and OSError when it is unreachable.
+    A filtered replica names its `keyspaces` (a filtered source refuses others); the
+    snapshot is whole all the same, pruned once installed (`store/prune.py`).
     """
     transport = transport or TcpTransport(tls)
     part, meta = _paths(data_dir)
@@ -112,7 +115,7 @@ async def fetch(
         hello = frames.Hello(
             frames.PROTOCOL_VERSION,
             frames.MODE_SNAPSHOT,
-            0,
+            0 if keyspaces is None else frames.OPT_KEYSPACES,
             node_id,
             db_id,
             0,
@@ -120,7 +123,10 @@ async def fetch(
             have if offer is not None else 0,
             offer.sha256 if offer is not None else frames.ZERO_SHA,
         )
-        await link.send(frames.encode_hello(hello), IDLE_TIMEOUT)
+        request = frames.encode_hello(hello)
+        if keyspaces is not None:
+            request += frames.encode_keyspaces(frames.Keyspaces(frames.ZERO_SHA, keyspaces))
+        await link.send(request, IDLE_TIMEOUT)
         while True:
             try:
                 ftype, _, raw, _ = await link.recv(IDLE_TIMEOUT)

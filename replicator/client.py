@@ -167,8 +167,12 @@ class ReplicaClient:
         outbox: upstream.UpstreamOutbox | None = None,
         apply_window: float = 0.0,
         transport: Transport | None = None,
+        keyspaces: tuple[bytes, ...] | None = None,
     ) -> None:
         self.store = store
+        #: The prefixes this replica holds (None: every key): it asks its sources for a
+        #: filtered stream (`frames.KEYSPACES`, `store/filtered.py`).
+        self.keyspaces = keyspaces
         self.transport: Transport = transport or TcpTransport(tls)
         #: While the stream is heavy, the least time between the starts of two commits of
         #: the apply thread (seconds; 0: commit what is queued at once): records arriving
@@ -263,8 +267,14 @@ class ReplicaClient:
             raise ReplicationFailed(str(err)) from err
 
     def _hello(self, options: int) -> bytes:
-        """The HELLO frame asking to stream from the seq after ours (`options`: flags)."""
-        return frames.encode_hello(
+        """The HELLO frame asking to stream from the seq after ours (`options`: flags),
+        then a filtered replica's KEYSPACES frame (its head at that seq, its prefixes)."""
+        keyspaces = b""
+        if self.keyspaces is not None:
+            options |= frames.OPT_KEYSPACES
+            _seq, head = self.store.head()
+            keyspaces = frames.encode_keyspaces(frames.Keyspaces(head, self.keyspaces))
+        hello = frames.encode_hello(
             frames.Hello(
                 frames.PROTOCOL_VERSION,
                 frames.MODE_STREAM,
@@ -277,6 +287,7 @@ class ReplicaClient:
                 frames.ZERO_SHA,
             )
         )
+        return hello + keyspaces
 
     async def _session(self, host: str, port: int) -> None:
         self._source = f"{host}:{port}"

@@ -33,7 +33,8 @@ Bodies by type:
                   bit 2 = a root candidate's standby (a leader streams it records that
                   its standbys have not confirmed yet; other replicas wait for them);
                   bit 3 = term-aware (the client wants the source's term in WELCOME);
-                  bit 4 = head-aware (the client wants hash heads in HEARTBEAT frames)
+                  bit 4 = head-aware (the client wants hash heads in HEARTBEAT frames);
+                  bit 5 = keyspace-filtered (a KEYSPACES frame follows this HELLO)
       4   16  client id (random per process; equal to the source's id = itself)
       20  16  db id (all zero = unknown, allowed only with mode 2)
       36  8   last applied seq (the stream starts at last + 1)
@@ -55,7 +56,8 @@ Bodies by type:
 - ``REFUSE`` (3), 2 + n bytes: refusal code (u16), UTF-8 message. Codes: 1 db id
   mismatch, 2 replicating from itself, 3 history no longer retained (bootstrap needed),
   4 unsupported protocol or request, 5 source not ready, 6 the source stopped as diverged
-  (it holds a history its own source abandoned; see `diverged_refusal`). The source closes
+  (it holds a history its own source abandoned; see `diverged_refusal`), 7 keyspaces not
+  held (a filtered source asked for keys outside its prefixes). The source closes
   after it. An older client treats a code it does not know as a plain refusal (next source,
   backoff), so new codes need no negotiation.
 - ``RECORD`` (4): one log record exactly as stored — the 62-byte header of
@@ -84,6 +86,14 @@ Bodies by type:
   of RECORD frames, one INVALIDATE per log record (its last seq and the keys it changed,
   no values) and answers FETCH frames (a cache's misses) with FETCHED. Only a mode-3 HELLO
   gets them; an older source refuses mode 3 (code 4).
+- ``KEYSPACES`` (13, replica -> source, right after a HELLO with option bit 5), at most
+  `MAX_KEYSPACES_BODY` bytes: the replica's hash head at its last applied seq (32), the
+  number of prefixes (u16, 1..`MAX_KEYSPACES`), then each prefix as its length (u16,
+  1..500) and its bytes. The source streams the log filtered to keys under those prefixes
+  (`store/filtered.py`: RECORD frames then hold filtered records, flag bit 1 of the log
+  header) starting its chain of skip hashes at that head, or refuses with code 7 when it
+  does not hold them all (a filtered source holds only its own prefixes). A snapshot
+  request (mode 2) sends it too: a filtered source refuses a full replica either way.
 - ``UPSTREAM`` (9, replica -> source, the only frame a client sends after HELLO), 2 + n
   bytes, n at most `MAX_UPSTREAM_PAYLOAD`: kind (u16), payload. The kinds and their
   payloads are `replicator/upstream.py`'s; a source ignores (and logs) a kind it does not
@@ -115,9 +125,10 @@ UPSTREAM = 9
 INVALIDATE = 10
 FETCH = 11
 FETCHED = 12
+KEYSPACES = 13
 TYPES = frozenset(
     {HELLO, WELCOME, REFUSE, RECORD, HEARTBEAT, SNAPSHOT, WAIT, END, UPSTREAM}
-    | {INVALIDATE, FETCH, FETCHED}
+    | {INVALIDATE, FETCH, FETCHED, KEYSPACES}
 )
 #: Longest REFUSE message accepted (the source sends one line).
 MAX_REFUSE_MESSAGE = 4096
@@ -131,6 +142,7 @@ OPT_UPSTREAM = 0x02
 OPT_STANDBY = 0x04
 OPT_TERM = 0x08
 OPT_HEADS = 0x10
+OPT_KEYSPACES = 0x20
 #: WELCOME header flag: the source reads UPSTREAM frames on this connection.
 WELCOME_UPSTREAM = 0x01
 #: Largest UPSTREAM payload: senders split bigger summaries into several frames.
@@ -142,6 +154,7 @@ REFUSE_BOOTSTRAP = 3
 REFUSE_PROTOCOL = 4
 REFUSE_NOT_READY = 5
 REFUSE_DIVERGED = 6
+REFUSE_KEYSPACE = 7
 
 ZERO_ID = b"\x00" * 16
 ZERO_SHA = b"\x00" * 32
@@ -155,6 +168,10 @@ _SNAPSHOT = struct.Struct("<Q32s16sQ32sQ")
 _U32 = struct.Struct("<I")
 _U64 = struct.Struct("<Q")
 _U16 = struct.Struct("<H")
+#: Most prefixes one filtered replica asks for, and the longest (a key's bound).
+MAX_KEYSPACES = 64
+MAX_PREFIX = 500
+MAX_KEYSPACES_BODY = 32 + _U16.size + MAX_KEYSPACES * (_U16.size + MAX_PREFIX)
 
 #: The largest body each frame type may claim (see the module docstring).
 MAX_BODY_OF: dict[int, int] = {
@@ -170,6 +187,7 @@ MAX_BODY_OF: dict[int, int] = {
     INVALIDATE: MAX_BODY,
     FETCH: 1 << 20,
     FETCHED: MAX_BODY,
+    KEYSPACES: MAX_KEYSPACES_BODY,
 }
 
 
@@ -411,3 +429,45 @@ def decode_upstream(body: bytes) -> tuple[int, bytes]:
     if len(body) < _U16.size:
         raise ValueError("malformed UPSTREAM")
     return int(_U16.unpack_from(body)[0]), body[_U16.size :]
+
+
+class Keyspaces(NamedTuple):
+    """A filtered replica's request: its head and the prefixes it holds."""
+
+    head: bytes
+    prefixes: tuple[bytes, ...]
+
+
+def encode_keyspaces(k: Keyspaces) -> bytes:
+    """KEYSPACES frame."""
+    if len(k.head) != 32 or not 1 <= len(k.prefixes) <= MAX_KEYSPACES:
+        raise ValueError("a KEYSPACES frame holds a 32-byte head and 1..64 prefixes")
+    parts = [k.head, _U16.pack(len(k.prefixes))]
+    for p in k.prefixes:
+        if not 1 <= len(p) <= MAX_PREFIX:
+            raise ValueError(f"a prefix of {len(p)} bytes (1..{MAX_PREFIX})")
+        parts += [_U16.pack(len(p)), p]
+    return encode_frame(KEYSPACES, b"".join(parts))
+
+
+def decode_keyspaces(body: bytes) -> Keyspaces:
+    """Decode a KEYSPACES body; ValueError when malformed."""
+    if len(body) < 34:
+        raise ValueError("malformed KEYSPACES")
+    head = body[:32]
+    (n,) = _U16.unpack_from(body, 32)
+    if not 1 <= n <= MAX_KEYSPACES:
+        raise ValueError(f"KEYSPACES with {n} prefixes (1..{MAX_KEYSPACES})")
+    pos, out = 34, []
+    for _ in range(n):
+        if pos + 2 > len(body):
+            raise ValueError("malformed KEYSPACES")
+        (ln,) = _U16.unpack_from(body, pos)
+        pos += 2
+        if not 1 <= ln <= MAX_PREFIX or pos + ln > len(body):
+            raise ValueError("malformed KEYSPACES prefix")
+        out.append(body[pos : pos + ln])
+        pos += ln
+    if pos != len(body):
+        raise ValueError("malformed KEYSPACES: trailing bytes")
+    return Keyspaces(head, tuple(out))

@@ -45,7 +45,9 @@ from dataclasses import dataclass, field
 from core.errors import LogRetentionError, MercuryError, ProtocolError
 from net.budget import Budget, Principal, Reason, peer_principal
 from net.tlsconf import TlsContexts
+from replicator import filter as keyspace
 from replicator import frames, handshake, invalidation, notify
+from replicator.filtered_stream import FilteredSession
 from replicator.heartbeat import HeartbeatSource
 from replicator.metrics import REFUSED
 from replicator.tcp import TcpTransport
@@ -78,6 +80,8 @@ PRINCIPAL_SHARE = 0.25
 SNAPSHOT_MAX_AGE = 300.0
 #: A replica's first frame must be a HELLO (92 bytes): anything else closes at its header.
 _FIRST_FRAME = frozenset({frames.HELLO})
+#: A filtered replica's second (`frames.OPT_KEYSPACES`).
+_KEYSPACES_FRAME = frozenset({frames.KEYSPACES})
 #: Frames smaller than this are joined into one write of at least this size: one TLS
 #: record run and one system call for many small log records instead of one each.
 _COALESCE = 64 << 10
@@ -225,6 +229,9 @@ class ReplicationSource:
         self._closing = False
         #: The `REFUSE_DIVERGED` message once this node stopped as diverged (None: serving).
         self._diverged: str | None = None
+        #: The keyspaces this node holds (a filtered replica's); None: every key. A
+        #: replica asking for more, or for everything, is refused (`filter.refusal`).
+        self.keyspaces: keyspace.Prefixes | None = None
 
     # --- lifecycle -------------------------------------------------------------------
 
@@ -399,7 +406,10 @@ class ReplicationSource:
             if ftype != frames.HELLO:
                 raise ProtocolError(f"expected HELLO, got frame type {ftype}")
             hello = frames.decode_hello(bytes(body))
-            refusal = self._refusal(hello)
+            asked = await self._keyspaces_asked(hello, link)
+            # Keyspaces first: a replica this source can never feed must not be told to
+            # bootstrap from it.
+            refusal = self._keyspace_refusal(asked) or self._refusal(hello)
             if refusal is not None:
                 code, message = refusal
                 self._refused(_REFUSAL_REASONS.get(code, "protocol"))
@@ -434,9 +444,9 @@ class ReplicationSource:
                 await invalidation.serve(self, hello, link, head)
             elif upstream and self.upstream is not None:
                 origin = Origin(hello.client_id, peer, getattr(link, "peer_role", None))
-                await self.upstream.serve_beside(link, origin, self._stream(hello, link))
+                await self.upstream.serve_beside(link, origin, self._stream(hello, link, asked))
             else:
-                await self._stream(hello, link)
+                await self._stream(hello, link, asked)
         except (ProtocolError, ValueError) as err:
             log.info("replica %s: %s", peer, err)
         except TimeoutError:
@@ -475,7 +485,26 @@ class ReplicationSource:
             diverged=self._diverged,
         )
 
-    async def _stream(self, hello: frames.Hello, link: Link) -> None:
+    async def _keyspaces_asked(self, hello: frames.Hello, link: Link) -> frames.Keyspaces | None:
+        """The KEYSPACES frame that follows a filtered replica's HELLO (None: a full one)."""
+        if not hello.options & frames.OPT_KEYSPACES:
+            return None
+        ftype, _flags, body, _ok = await link.recv(self.hello_timeout, _KEYSPACES_FRAME)
+        if ftype != frames.KEYSPACES:
+            raise ProtocolError(f"expected KEYSPACES, got frame type {ftype}")
+        asked = frames.decode_keyspaces(bytes(body))
+        keyspace.normalize(asked.prefixes)  # ValueError: logged, the link closed
+        return asked
+
+    def _keyspace_refusal(self, asked: frames.Keyspaces | None) -> tuple[int, str] | None:
+        why = keyspace.refusal(self.keyspaces, None if asked is None else asked.prefixes)
+        return None if why is None else (frames.REFUSE_KEYSPACE, why)
+
+    async def _stream(
+        self, hello: frames.Hello, link: Link, asked: frames.Keyspaces | None = None
+    ) -> None:
+        # A filtered replica's records are filtered in a worker thread (`FilteredSession`).
+        flt = None if asked is None else FilteredSession(asked, self.store.chain)
         pos = self.store.last_seq() + 1 if hello.newest_only else hello.last_seq + 1
         stop = hello.stop_seq or None
         ev = asyncio.Event()
@@ -499,7 +528,7 @@ class ReplicationSource:
                 # What was committed last is at hand (`_Tail`); older records are read
                 # in a worker thread. A read that took everything the store held then
                 # waits for `ev`, set by any later commit (it was cleared before).
-                recs = self._tail.after(pos, self.store.last_seq())
+                recs = None if flt is not None else self._tail.after(pos, self.store.last_seq())
                 if recs is not None:
                     more = bool(recs) and len(recs) >= READ_RECORDS
                 else:
@@ -519,8 +548,13 @@ class ReplicationSource:
                     confirmed = self.horizon()
                     recs = [r for r in recs if r.last_seq <= confirmed]
                 out = _Coalescer(link)
-                for rec in recs:
-                    out.write(frames.encode_record(rec.header, rec.payload))
+                encoded = None if flt is None else await asyncio.to_thread(flt.frames_of, recs)
+                for i, rec in enumerate(recs):
+                    out.write(
+                        frames.encode_record(rec.header, rec.payload)
+                        if encoded is None
+                        else encoded[i]
+                    )
                     pos = rec.last_seq + 1
                     if stop is not None and rec.last_seq >= stop:
                         out.write(frames.encode_end(rec.last_seq))
@@ -549,7 +583,7 @@ class ReplicationSource:
                 # while this task sleeps (one turn of the loop sooner). Not for a stream
                 # the horizon holds back, nor one that ends at `stop`.
                 caught = None
-                if stop is None and not (held and self.horizon is not None):
+                if stop is None and flt is None and not (held and self.horizon is not None):
                     caught = self._caught[ev] = _Caught(pos, link)
                 try:
                     async with asyncio.timeout(timeout):  # no task per wait, unlike wait_for
@@ -768,6 +802,7 @@ _REFUSAL_REASONS = {
     frames.REFUSE_PROTOCOL: "protocol",
     frames.REFUSE_NOT_READY: "not_ready",
     frames.REFUSE_DIVERGED: "diverged",
+    frames.REFUSE_KEYSPACE: "keyspace",
 }
 
 

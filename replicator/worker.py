@@ -46,7 +46,7 @@ from replicator.source import ReplicationSource
 from replicator.status import StatusBoard
 from replicator.tcp import TcpTransport
 from replicator.upstream import READS, SpoolForwarder, UpstreamOutbox, UpstreamRouter, relay_to
-from store import layout
+from store import layout, prune
 from store.lock import WriterLock
 from store.retention import REPLICA_ANSWERS_KEEP_S, RetentionPolicy, RetentionService
 from store.store import Store
@@ -89,6 +89,13 @@ class WorkerConfig:
     #: `--applier-heap-keep-mb`: free heap kept for the next records (`replicator/heap.py`);
     #: 0 leaves the C library's thresholds alone.
     heap_keep_mb: int = heap.HEAP_KEEP_MB
+    #: `--keyspace`: the prefixes of a filtered replica (None: every key).
+    keyspaces: list[str] | None = None
+
+    @property
+    def prefixes(self) -> tuple[bytes, ...] | None:
+        """`keyspaces` as the byte prefixes keys are matched against."""
+        return None if self.keyspaces is None else tuple(p.encode() for p in self.keyspaces)
 
     def to_json(self) -> str:
         """Serialised for the worker's command line."""
@@ -125,6 +132,7 @@ async def fetch_snapshot(
                 db_id=db_id,
                 board=board,
                 transport=TcpTransport(tls),
+                keyspaces=cfg.prefixes,
             )
             selector.connected()
             return offer
@@ -190,6 +198,9 @@ async def _run_locked(cfg: WorkerConfig, stop: asyncio.Event) -> int:
         # one of its two (docs/replication.md). The data pages are synced as before: a
         # crash never leaves the store corrupt.
         store = Store.open(cfg.data_dir, sync=cfg.sync, last_commit_durable=False)
+        if not _filter_store(store, cfg.prefixes, board):
+            await stop.wait()  # the parent serves what the store holds; nothing to apply
+            return EXIT_OK
         notify.install_pinger(store)
         relay = RelayedHeartbeat()
         # Upstream frames of this node, and of downstream replicas relayed toward the root.
@@ -211,6 +222,7 @@ async def _run_locked(cfg: WorkerConfig, stop: asyncio.Event) -> int:
                 upstream=router,
                 transport=TcpTransport(tls),
             )
+            source.keyspaces = cfg.prefixes
             # The parent exports the refusals' counts (it serves /metrics).
             source.on_refused = lambda _reason: board.update(refused=REFUSED.counts())
             await source.start()
@@ -233,6 +245,7 @@ async def _run_locked(cfg: WorkerConfig, stop: asyncio.Event) -> int:
             tls=tls,
             outbox=outbox,
             transport=TcpTransport(tls),
+            keyspaces=cfg.prefixes,
         )
         try:
             await _until(stop, client.run())
@@ -267,6 +280,22 @@ async def _run_locked(cfg: WorkerConfig, stop: asyncio.Event) -> int:
         if board.status.state not in ("failed", "diverged", "rebootstrap-ready"):
             board.update(state="stopped")
         await board.stop()
+
+
+def _filter_store(store: Store, wanted: tuple[bytes, ...] | None, board: StatusBoard) -> bool:
+    """Make `store` hold `wanted` (`store/prune.py`): prune it the first time (after its
+    bootstrap, or when the prefixes narrow); False, with the reason in the status, when it
+    cannot (it holds fewer keys than asked)."""
+    held = prune.held_keyspaces(store)
+    why = prune.check_keyspaces(held, wanted)
+    if why is not None:
+        log.error("replication stopped: %s", why)
+        board.update(state="failed", error=why)
+        return False
+    if wanted is not None and held != wanted:
+        removed = prune.prune(store, wanted)
+        log.info("pruned %d keys outside the keyspaces %s", removed, list(wanted))
+    return True
 
 
 def _reload(tls: TlsContexts) -> None:

@@ -17,7 +17,7 @@ from typing import Any
 import cramjam
 
 from core.errors import ChainError, CorruptionError, InvalidRecordError
-from store import codec, docs, layout, txlog
+from store import codec, docs, filtered, layout, txlog
 from store.batchwrite import ValueChunks
 from store.counters import Delta, write_usage
 from store.format import log_crc_ok
@@ -108,7 +108,18 @@ def _apply_record(
             hint="resume replication from the store's last seq",
         )
     try:
-        new_head = codec.scan_entries(raw, head, rec.first_seq, rec.num_entries, t.chain)
+        if filtered.is_filtered(rec.header):
+            # A keyspace-filtered record: its skip items carry the source's chain across
+            # the entries this node does not hold (`store/filtered.py`).
+            new_head, raw = filtered.scan(raw, head, rec.first_seq, rec.num_entries, t.chain)
+        else:
+            new_head = codec.scan_entries(raw, head, rec.first_seq, rec.num_entries, t.chain)
+    except filtered.SkipMismatch as err:
+        raise ChainError(
+            f"hash chain mismatch in record at seq {rec.first_seq}: {err}",
+            seq=rec.first_seq,
+            hint="re-bootstrap this replica from a snapshot",
+        ) from err
     except ValueError as err:
         raise InvalidRecordError(
             f"invalid log record at seq {rec.first_seq}: {err}",

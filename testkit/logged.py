@@ -30,11 +30,12 @@ def entries_since(data_dir: str | Path, seq: int) -> list[tuple[int, bytes]]:
 
 def seqs_since(data_dir: str | Path, seq: int) -> list[tuple[int, int, bytes]]:
     """(seq, op, key) of every log entry committed in `data_dir` after `seq`."""
-    from store import codec, replica_apply
+    from store import codec, filtered, replica_apply
 
     out: list[tuple[int, int, bytes]] = []
     with Store.open(str(data_dir), readonly=True) as store:
         for rec in records(store, seq + 1):
-            entries = codec.decode_entries(replica_apply.payload(rec))
+            raw = filtered.entries_of(rec.header, replica_apply.payload(rec))
+            entries = codec.decode_entries(raw)
             out += [(e.seq, e.op, bytes(e.key)) for e in entries if e.seq > seq]
     return out

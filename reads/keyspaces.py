@@ -1,0 +1,103 @@
+"""A filtered replica's reads outside its keyspaces: 421 problem+json naming where they
+are served.
+
+A replica started with ``--keyspace`` holds only the keys under its prefixes
+(`replicator/filter.py`); a key outside them is not "missing", it is not held here, so a
+404 would lie. Point gets (a miss only: a key outside is never stored, so a hit costs
+nothing more), get_bulk, range reads and watches outside get a 421 whose problem document
+names this node's keyspaces and its sources, which serve every key this node follows.
+Each reader process sets them once at start (`configure`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from core.errors import OutsideKeyspaceError
+from reads.problems import problem_body
+from replicator.filter import holds_range
+
+#: This node's prefixes (None: every key) and the sources that serve what it does not.
+_held: tuple[bytes, ...] | None = None
+_served_by: tuple[str, ...] = ()
+
+TITLE = "Not held by this filtered replica"
+
+
+def configure(held: tuple[bytes, ...] | None, served_by: Iterable[str]) -> None:
+    """Set this process's keyspaces (None: a full node) and where the rest is served."""
+    global _held, _served_by
+    _held = held
+    _served_by = tuple(served_by)
+
+
+def held() -> tuple[bytes, ...] | None:
+    """This node's prefixes (None: every key)."""
+    return _held
+
+
+def _names(prefixes: Iterable[bytes]) -> list[str]:
+    return [p.decode("utf-8", "backslashreplace") for p in prefixes]
+
+
+def _detail(what: str) -> tuple[str, str]:
+    assert _held is not None
+    detail = (
+        f"{what} outside this filtered replica's keyspaces "
+        f"({', '.join(repr(p) for p in _names(_held))})"
+    )
+    hint = (
+        f"read it from this replica's source ({', '.join(_served_by)}) or any full replica"
+        if _served_by
+        else "read it from a full replica"
+    )
+    return detail, hint
+
+
+def outside_key_body(key: bytes) -> bytes | None:
+    """The 421 problem body for a point get of `key` when it lies outside (None: inside,
+    or a full node)."""
+    if _held is None or key.startswith(_held):
+        return None
+    detail, hint = _detail(f"key {key.decode('utf-8', 'backslashreplace')!r} is")
+    return problem_body(
+        421,
+        "outside-keyspace",
+        detail,
+        title=TITLE,
+        hint=hint,
+        keyspaces=_names(_held),
+        served_by=list(_served_by),
+    )
+
+
+def _error(what: str) -> OutsideKeyspaceError:
+    detail, hint = _detail(what)
+    return OutsideKeyspaceError(detail, hint=hint)
+
+
+def check_keys(keys: Iterable[bytes]) -> None:
+    """Raise OutsideKeyspaceError (421) when any of `keys` lies outside."""
+    if _held is None:
+        return
+    outside = [k for k in keys if not k.startswith(_held)]
+    if outside:
+        names = ", ".join(repr(k.decode("utf-8", "backslashreplace")) for k in outside[:5])
+        more = f" and {len(outside) - 5} more" if len(outside) > 5 else ""
+        raise _error(f"keys {names}{more} are")
+
+
+def check_range(start: bytes, end: bytes | None) -> None:
+    """Raise OutsideKeyspaceError (421) unless every key of [start, end) is held."""
+    if not holds_range(_held, start, end):
+        raise _error("this range reaches")
+
+
+def check_prefixes(prefixes: Iterable[bytes]) -> None:
+    """Raise OutsideKeyspaceError (421) unless every key under `prefixes` is held (a
+    watch)."""
+    if _held is None:
+        return
+    outside = [p for p in prefixes if not p.startswith(_held)]
+    if outside:
+        raise _error(f"prefixes {', '.join(repr(p) for p in _names(outside))} reach")

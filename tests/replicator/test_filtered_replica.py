@@ -1,0 +1,131 @@
+"""Keyspace-filtered replicas as real processes: root -> filtered replica -> narrower
+filtered replica. Each holds exactly the root's keys under its prefixes, at the root's seq
+and hash head; every gap of a faulty link is seen; a source refuses what it does not hold;
+reads outside the keyspaces get a 421 naming where they are served."""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+import httpx
+
+from store.check import check
+from store.ops import DELETE, SET, Op
+from store.store import Store
+from testkit.procs import Procs
+from testkit.replication import RootNode, items, root_node, status, wait_for, wait_seq
+from tests.faults.proxy import FaultProxy, Faults
+from tests.replicator.nodes import start_replica
+
+
+def _write(root: RootNode, rnd: int, n: int = 60) -> None:
+    """Sets under a/, a/x/, b/ and c/ interleaved in each batch, and deletes of some."""
+    for b in range(0, n, 20):
+        ops = [
+            Op(SET, f"{p}{i:04d}".encode(), f"v{rnd}-{i}".encode(), owner="t")
+            for i in range(b, b + 20)
+            for p in ("a/", "a/x/", "b/", "c/")
+        ]
+        root.store.apply(ops)
+    root.store.apply(
+        [Op(DELETE, f"{p}{i:04d}".encode(), owner="t") for i in (3, 7) for p in ("a/x/", "c/")]
+    )
+
+
+def _refused(port: int) -> bool:
+    errors: dict[str, int] = status(port).get("replication_errors") or {}
+    return errors.get("refused", 0) > 0
+
+
+def _assert_holds(root: RootNode, data_dir: Path, prefixes: tuple[bytes, ...]) -> None:
+    """The store at `data_dir` holds exactly the root's keys under `prefixes`, at the
+    root's seq and hash head, and its invariants hold (filtered log, usage counters)."""
+    want = [(k, v) for k, v in items(root.store) if k.startswith(prefixes)]
+    s = Store.open(str(data_dir), readonly=True)
+    try:
+        assert s.head() == root.store.head()
+        assert items(s) == want
+        report = check(s)
+        assert report.ok, report
+    finally:
+        s.close()
+
+
+def test_root_to_filtered_to_narrower_holds_its_subset_and_refuses_the_rest(
+    tmp_path: Path, procs: Procs
+) -> None:
+    with root_node(str(tmp_path / "root")) as root:
+        _write(root, 1)  # before: a new filtered replica bootstraps, then prunes
+        f1 = start_replica(
+            procs, tmp_path / "f1", [root.port], "--keyspace", "a/", "--keyspace", "b/", name="f1"
+        )
+        wait_seq(f1.http, root.store.last_seq())
+        f2 = start_replica(
+            procs, tmp_path / "f2", [f1.repl], "--keyspace", "a/x/", repl=False, name="f2"
+        )
+        _write(root, 2)  # after: streamed filtered, f1 -> f2 re-filtered
+        seq = root.store.last_seq()
+        wait_seq(f1.http, seq)
+        st2 = wait_seq(f2.http, seq)
+        assert st2["keyspaces"] == ["a/x/"]
+        assert status(f1.http)["keyspaces"] == ["a/", "b/"]
+        assert st2["hash_head"] == root.store.head()[1].hex()
+
+        base = f"http://127.0.0.1:{f2.http}"
+        assert httpx.get(f"{base}/v1/kv/a/x/0001").content == b"v2-1"
+        assert httpx.get(f"{base}/v1/kv/a/x/0003").status_code == 404  # deleted: inside
+        outside = httpx.get(f"{base}/v1/kv/a/0001")  # held by f1, not by f2
+        assert outside.status_code == 421, outside.text
+        doc = outside.json()
+        assert doc["type"].endswith("outside-keyspace")
+        assert doc["served_by"] == [f"127.0.0.1:{f1.repl}"] and doc["keyspaces"] == ["a/x/"]
+        bulk = httpx.post(f"{base}/v1/get_bulk", json={"keys": ["a/x/0001", "b/0001"]})
+        assert bulk.status_code == 421 and "'b/0001'" in bulk.json()["detail"]
+        assert httpx.get(f"{base}/v1/range", params={"prefix": "a/x/00"}).status_code == 200
+        assert httpx.get(f"{base}/v1/range", params={"prefix": "a/"}).status_code == 421
+
+        # A full replica and a wider filtered one are refused by f1, with the reason (their
+        # stores made empty: they ask to stream; a bootstrap is refused alike).
+        for name in ("full", "wide"):
+            Store.create(str(tmp_path / name), db_id=root.store.db_id).close()
+        full = start_replica(procs, tmp_path / "full", [f1.repl], repl=False, name="full")
+        wide = start_replica(
+            procs, tmp_path / "wide", [f1.repl], "--keyspace", "c/", repl=False, name="wide"
+        )
+        for r, words in ((full, "a full replica needs a full source"), (wide, "'c/'")):
+            wait_for(functools.partial(_refused, r.http), 30, f"{r.data_dir.name} refused")
+            assert words in (status(r.http).get("replication_error") or "")
+            assert status(r.http)["seq"] == 0
+        for p in (f1, f2, full, wide):
+            procs.terminate(p.proc)
+        _assert_holds(root, tmp_path / "f1", (b"a/", b"b/"))
+        _assert_holds(root, tmp_path / "f2", (b"a/x/",))
+
+
+def test_a_filtered_stream_through_a_faulty_link_sees_every_gap(
+    tmp_path: Path, procs: Procs
+) -> None:
+    with root_node(str(tmp_path / "root")) as root:
+        Store.create(str(tmp_path / "f"), db_id=root.store.db_id).close()
+        proxy = FaultProxy(root.port)
+        try:
+            f = start_replica(procs, tmp_path / "f", [proxy.port], "--keyspace", "b/", repl=False)
+            for rnd, (faults, kind) in enumerate(
+                [
+                    (Faults(drop_every=3), "StreamGapError"),
+                    (Faults(duplicate_every=3), "StreamGapError"),
+                    (Faults(truncate_every=4), "ProtocolError"),
+                ]
+            ):
+                proxy.faults = faults
+                before = dict(status(f.http).get("replication_errors") or {})
+                _write(root, rnd)
+                wait_seq(f.http, root.store.last_seq())
+                after = status(f.http).get("replication_errors") or {}
+                assert after.get(kind, 0) > before.get(kind, 0), (faults, after)
+            proxy.faults = Faults()
+            procs.terminate(f.proc)
+            _assert_holds(root, tmp_path / "f", (b"b/",))
+        finally:
+            proxy.close()
