@@ -43,9 +43,31 @@ COMMAND_MODULES = (
     "mercury.cmd_completion",
 )
 
+#: The module of COMMAND_MODULES that registers each command. A run of one command builds
+#: its parser from that module alone: importing every module costs each process about half
+#: a CPU second (the daemons' flags pull in FastAPI, uvicorn and the read API), which a
+#: short command such as `mercury init` or `mercury acl` then spent on nothing.
+#: tests/client/test_cli_errors.py checks this against what each module registers.
+COMMANDS = {
+    **dict.fromkeys(
+        ("init", "migrate", "promote", "prune-aside", "restore", "snapshot", "status", "verify"),
+        "mercury.cmd_store",
+    ),
+    "root": "mercury.cmd_gateway",
+    "usage": "mercury.cmd_usage",
+    "acl": "mercury.cmd_acl",
+    "replica": "mercury.cmd_replica",
+    "kv": "mercury.cmd_kv",
+    "kt-bridge": "mercury.cmd_kt_bridge",
+    "certs": "mercury.cmd_certs",
+    "completion": "mercury.cmd_completion",
+}
 
-def build_parser() -> argparse.ArgumentParser:
-    """The full argument parser, every command with its --help."""
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The full argument parser, every command with its --help; with `command` (a key of
+    `COMMANDS`), the same parser holding that command alone, which parses its arguments
+    exactly as the full one does."""
     parser = argparse.ArgumentParser(
         prog="mercury",
         description="Mercury: configuration distribution (gateway, store, replication, reads).",
@@ -55,7 +77,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--version", action="version", version=f"%(prog)s {logsetup.mercury_version()}"
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for name in COMMAND_MODULES:
+    modules = (COMMANDS[command],) if command is not None else COMMAND_MODULES
+    for name in modules:
         importlib.import_module(name).register(sub)
     _add_log_level(parser)
     return parser
@@ -81,7 +104,11 @@ def _add_log_level(parser: argparse.ArgumentParser) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one command; return its exit status."""
-    args, extra = build_parser().parse_known_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    # The command is the first argument (the top level has no option but --help and
+    # --version); anything else (help, a mistyped command) gets the full parser.
+    command = argv[0] if argv and argv[0] in COMMANDS else None
+    args, extra = build_parser(command).parse_known_args(argv)
     if extra:
         # argparse lets a subcommand's unknown flags reach the top-level parser, whose usage
         # says nothing of them: the command's own parser reports them.

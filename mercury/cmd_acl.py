@@ -23,8 +23,8 @@ from typing import Any
 import orjson
 
 from core.errors import ConfigError
+from mercury import adminclient
 from mercury.cliopts import cell, json_output, output_args, render_table, table_output
-from mercury.cmd_gateway import _check, _client, _client_args
 from mercury_client.wire import segment
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
@@ -44,7 +44,7 @@ def register(sub: Any) -> None:
         "are kept unless --prune. Tokens are never in FILE and are kept.",
     )
     ap.add_argument("file", metavar="FILE", help="YAML document (see docs/security.md)")
-    _client_args(ap)
+    adminclient.client_args(ap)
     ap.add_argument(
         "--dry-run", action="store_true", help="show exactly what the PUT would do, change nothing"
     )
@@ -64,25 +64,25 @@ def register(sub: Any) -> None:
     tc.add_argument("--expires", help="lifetime such as 90d, 12h, 30m, 3600s (default: never)")
     tc.add_argument("--consumer", action="store_true", help="NAME is a consumer")
     output_args(tc, "the JSON answer")
-    _client_args(tc)
+    adminclient.client_args(tc)
     tc.set_defaults(func=_token_create)
     tl = tacts.add_parser("list", help="token ids, labels, created, expires, last used")
     tl.add_argument("name", metavar="NAME")
     tl.add_argument("--consumer", action="store_true", help="NAME is a consumer")
     output_args(tl, "one JSON token record per line", table=True)
-    _client_args(tl)
+    adminclient.client_args(tl)
     tl.set_defaults(func=_token_list)
     tr = tacts.add_parser("revoke", help="revoke a token (refused from the next request on)")
     tr.add_argument("name", metavar="NAME")
     tr.add_argument("token_id", metavar="TOKEN_ID")
     tr.add_argument("--consumer", action="store_true", help="NAME is a consumer")
-    _client_args(tr)
+    adminclient.client_args(tr)
     tr.set_defaults(func=_token_revoke)
 
     lg = acts.add_parser("log", help="the audit records of admin changes")
     lg.add_argument("--since", help="a seq (records after it) or an RFC 3339 time")
     output_args(lg, "one JSON record per line", table=True)
-    _client_args(lg)
+    adminclient.client_args(lg)
     lg.set_defaults(func=_log)
 
     adm = acts.add_parser("admin-token", help="rotate the admin token")
@@ -95,7 +95,7 @@ def register(sub: Any) -> None:
         "next request on, after a failover too. The new token is written to --out "
         "(default: the --admin-token-file, replaced atomically), mode 0600, never printed.",
     )
-    _client_args(ar)
+    adminclient.client_args(ar)
     ar.add_argument("--out", help="file to write the new token to (default: --admin-token-file)")
     ar.set_defaults(func=_admin_rotate)
 
@@ -117,13 +117,13 @@ def _apply(args: argparse.Namespace) -> int:
     from acl import doc
 
     desired = doc.parse_document(Path(args.file).read_text(), f"ACL document {args.file}")
-    with _client(args) as c:
+    with adminclient.client(args) as c:
         r = c.get("/v1/admin/acl")
-        current = _check(r)
+        current = adminclient.check(r)
         body = doc.merge_kept(current, desired, prune=args.prune)
         params = {"dry_run": "true"} if args.dry_run else {}
         headers = {"If-Match": r.headers["etag"], "Content-Type": "application/json"}
-        answer = _check(c.put("/v1/admin/acl", params=params, content=orjson.dumps(body),
+        answer = adminclient.check(c.put("/v1/admin/acl", params=params, content=orjson.dumps(body),
                               headers=headers))  # fmt: skip
     if json_output(args):
         sys.stdout.write(orjson.dumps(answer).decode() + "\n")
@@ -147,8 +147,8 @@ def _token_create(args: argparse.Namespace) -> int:
     body: dict[str, Any] = {"label": args.label}
     if args.expires:
         body["expires_in_s"] = parse_duration(args.expires)
-    with _client(args) as c:
-        got = _check(c.post(_holder_path(args) + "/tokens", json=body))
+    with adminclient.client(args) as c:
+        got = adminclient.check(c.post(_holder_path(args) + "/tokens", json=body))
     if json_output(args):
         sys.stdout.write(orjson.dumps(got).decode() + "\n")
         return 0
@@ -164,8 +164,8 @@ def _token_create(args: argparse.Namespace) -> int:
 
 
 def _token_list(args: argparse.Namespace) -> int:
-    with _client(args) as c:
-        tokens = _check(c.get(_holder_path(args) + "/tokens"))["tokens"]
+    with adminclient.client(args) as c:
+        tokens = adminclient.check(c.get(_holder_path(args) + "/tokens"))["tokens"]
     if table_output(args):
         cols = ("token_id", "label", "created", "expires", "last_used")
         rows = [[cell(t[k] or ("never" if k == "expires" else "-")) for k in cols] for t in tokens]
@@ -183,8 +183,8 @@ def _token_list(args: argparse.Namespace) -> int:
 
 
 def _token_revoke(args: argparse.Namespace) -> int:
-    with _client(args) as c:
-        _check(c.delete(_holder_path(args) + "/tokens/" + segment(args.token_id)))
+    with adminclient.client(args) as c:
+        adminclient.check(c.delete(_holder_path(args) + "/tokens/" + segment(args.token_id)))
     if not args.quiet:
         print(f"revoked {args.token_id}")
     return 0
@@ -192,8 +192,8 @@ def _token_revoke(args: argparse.Namespace) -> int:
 
 def _log(args: argparse.Namespace) -> int:
     params = {"since": args.since} if args.since else {}
-    with _client(args) as c:
-        records = _check(c.get("/v1/admin/audit", params=params))["records"]
+    with adminclient.client(args) as c:
+        records = adminclient.check(c.get("/v1/admin/audit", params=params))["records"]
     if table_output(args):
         cols = ("seq", "time", "who", "action", "target")
         rows = [
@@ -220,8 +220,8 @@ def _admin_rotate(args: argparse.Namespace) -> int:
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:
         try:
-            with _client(args) as c:
-                answer = _check(c.post("/v1/admin/token"))
+            with adminclient.client(args) as c:
+                answer = adminclient.check(c.post("/v1/admin/token"))
         except BaseException:
             os.unlink(tmp)
             raise

@@ -14,8 +14,8 @@ from typing import Any
 import orjson
 
 from core.errors import ConfigError
+from mercury import adminclient
 from mercury.cliopts import json_output, output_args
-from mercury.cmd_gateway import _check, _client, _client_args
 
 BARS = "▁▂▃▄▅▆▇█"
 #: Cells of a sparkline: points are summed into this many bins.
@@ -37,7 +37,7 @@ def register(sub: Any) -> None:
     up.add_argument(
         "report", nargs="?", choices=("unused",), help="unused: keys nobody reads (see above)"
     )
-    _client_args(up)
+    adminclient.client_args(up)
     up.add_argument(
         "--since",
         help="window start: relative (24h, 7d, 90m) or RFC 3339 (2026-11-23T10:00:00Z)",
@@ -102,8 +102,8 @@ def _usage(args: argparse.Namespace) -> int:
         _since(args.since)  # a malformed window fails before anything is asked
     if args.report == "unused":
         return _unused(args)
-    with _client(args) as c:
-        report = _check(c.get("/v1/usage"))
+    with adminclient.client(args) as c:
+        report = adminclient.check(c.get("/v1/usage"))
         rows = [r for r in report["producers"] if args.producer in (None, r["producer"])]
         if args.since is None:
             if json_output(args):
@@ -117,7 +117,7 @@ def _usage(args: argparse.Namespace) -> int:
             return 0
         windows = []
         for r in rows:
-            s = _check(
+            s = adminclient.check(
                 c.get(
                     "/v1/usage/series",
                     params={"producer": r["producer"], "since": _since(args.since)},
@@ -180,8 +180,8 @@ def _unused(args: argparse.Namespace) -> int:
     params: dict[str, Any] = {"days": args.days}
     if args.producer:
         params["producer"] = args.producer
-    with _client(args) as c:
-        summary = _check(c.get("/v1/usage/unused/summary", params=params))
+    with adminclient.client(args) as c:
+        summary = adminclient.check(c.get("/v1/usage/unused/summary", params=params))
         rows = [r for r in summary["rows"] if args.keyspace in (None, r["keyspace"])]
         keys: list[dict[str, Any]] = []
         more = False
@@ -190,7 +190,7 @@ def _unused(args: argparse.Namespace) -> int:
             if args.keyspace:
                 q["keyspace"] = args.keyspace
             while True:
-                page = _check(c.get("/v1/usage/unused", params=q))
+                page = adminclient.check(c.get("/v1/usage/unused", params=q))
                 keys += page["keys"]
                 more = page["next_cursor"] is not None
                 if not more or len(keys) >= args.limit:

@@ -5,7 +5,10 @@ lines (the replica's replication worker included) with start and stop events, an
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
+import subprocess
+import sys
 import time
 from importlib.metadata import version
 from pathlib import Path
@@ -13,8 +16,8 @@ from typing import Any
 
 import httpx
 
-from mercury.cli import build_parser
-from testkit.procs import Procs, free_port, run_mercury, wait_http
+from mercury.cli import COMMAND_MODULES, COMMANDS, build_parser
+from testkit.procs import REPO, Procs, free_port, run_mercury, wait_http
 
 
 def _leaves(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()) -> list[Any]:
@@ -36,6 +39,32 @@ def test_every_command_has_log_level_in_its_help() -> None:
     # and on a real command line, one of them end to end
     out = run_mercury("acl", "apply", "--help")
     assert out.returncode == 0 and "--log-level" in out.stdout
+
+
+def test_each_command_parses_alike_from_its_own_module_alone(tmp_path: Path) -> None:
+    """A run builds its parser from its command's module alone (`COMMANDS`): the map names
+    every command of every module, and each command's leaves and help equal the full
+    parser's; a short command then imports none of the daemons' web stack."""
+    registered: dict[str, str] = {}
+    for module in COMMAND_MODULES:
+        sub = argparse.ArgumentParser(prog="mercury").add_subparsers()
+        importlib.import_module(module).register(sub)
+        registered.update(dict.fromkeys(sub.choices, module))
+    assert registered == COMMANDS
+    full = {path: p.format_help() for path, p in _leaves(build_parser())}
+    for command in COMMANDS:
+        alone = {path: p.format_help() for path, p in _leaves(build_parser(command))}
+        mine = {c for c, m in COMMANDS.items() if m == COMMANDS[command]}
+        assert alone == {path: h for path, h in full.items() if path[0] in mine}, command
+    probe = (
+        "import sys; from mercury.cli import main; status = main(['init', sys.argv[1]]); "
+        "print(status, sorted(m for m in ('fastapi', 'uvicorn', 'reads') if m in sys.modules))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", probe, str(tmp_path / "store")],
+        capture_output=True, text=True, timeout=120, cwd=REPO,
+    )  # fmt: skip
+    assert out.stdout.splitlines()[-1:] == ["0 []"], out.stdout + out.stderr
 
 
 def test_version_prints_the_package_version() -> None:
