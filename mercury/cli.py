@@ -46,8 +46,9 @@ COMMAND_MODULES = (
 #: The module of COMMAND_MODULES that registers each command. A run of one command builds
 #: its parser from that module alone: importing every module costs each process about half
 #: a CPU second (the daemons' flags pull in FastAPI, uvicorn and the read API), which a
-#: short command such as `mercury init` or `mercury acl` then spent on nothing.
-#: tests/client/test_cli_errors.py checks this against what each module registers.
+#: short command such as `mercury init` or `mercury acl` then spent on nothing. A command
+#: missing here still runs (on the full parser); tests/test_process_shape.py checks this map
+#: against what each module registers.
 COMMANDS = {
     **dict.fromkeys(
         ("init", "migrate", "promote", "prune-aside", "restore", "snapshot", "status", "verify"),
@@ -57,6 +58,7 @@ COMMANDS = {
     "usage": "mercury.cmd_usage",
     "acl": "mercury.cmd_acl",
     "replica": "mercury.cmd_replica",
+    "cache": "mercury.cmd_cache",
     "kv": "mercury.cmd_kv",
     "kt-bridge": "mercury.cmd_kt_bridge",
     "certs": "mercury.cmd_certs",
