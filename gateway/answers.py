@@ -7,13 +7,15 @@ function also produces the answer stored for an Idempotency-Key, so a replay is 
 from __future__ import annotations
 
 import base64
-from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
+from operator import itemgetter
 from typing import Any
 
 from core.problems import problem_document
-from store.ops import Result, Status
+from store.ops import Result, Status, status_counts
+
+_SEQ = itemgetter(1)
 
 
 @dataclass(slots=True)
@@ -47,16 +49,15 @@ def batch_answer(results: list[Result], keys: Sequence[bytes] | None = None) -> 
     its results: new seqs, a duplicate's stored seq, a failed condition's current version),
     0 when no key it names has any version. The totals always add up to the number of ops.
     """
-    counts = Counter([r[0] for r in results])
-    seq = max([r[1] for r in results], default=0)
+    counts = status_counts([r[0] for r in results])
     body: dict[str, Any] = {
-        "seq": seq,
-        "written": counts[Status.WRITTEN],
-        "deleted": counts[Status.DELETED],
-        "duplicates": counts[Status.DUPLICATE],
-        "absent": counts[Status.ABSENT],
-        "superseded": counts[Status.SUPERSEDED],
-        "precondition_failed": counts[Status.PRECONDITION_FAILED],
+        "seq": max(map(_SEQ, results), default=0),
+        "written": counts.get(Status.WRITTEN, 0),
+        "deleted": counts.get(Status.DELETED, 0),
+        "duplicates": counts.get(Status.DUPLICATE, 0),
+        "absent": counts.get(Status.ABSENT, 0),
+        "superseded": counts.get(Status.SUPERSEDED, 0),
+        "precondition_failed": counts.get(Status.PRECONDITION_FAILED, 0),
     }
     if keys is not None:
         body["results"] = [_op_result(k, r) for k, r in zip(keys, results, strict=True)]

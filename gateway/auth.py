@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from operator import itemgetter
 
 from acl.model import CONSUMER, Acl, Producer
 from acl.principals import ADMIN as ADMIN_KIND
@@ -20,6 +21,8 @@ from core.errors import AuthError, ForbiddenError
 from store.docs import ADMIN_HASH
 from store.ops import Op
 from store.store import Store
+
+_KEY = itemgetter(1)  # Op.key
 
 ADMIN = "\x00admin"  # never a producer name (names cannot hold NUL)
 
@@ -108,7 +111,17 @@ class Auth:
     def check_keys(self, p: Producer, ops: list[Op]) -> None:
         """Every op's key must lie in `p`'s keyspaces (all checked before any applies)."""
         prefixes = self._prefixes.get(p.name, ())
-        # key.startswith(tuple) inlined: this check runs once per op of every request
+        if prefixes and ops:
+            # The keys that start with a prefix are one interval of the byte order (a key
+            # between two of them shares their first len(prefix) bytes): when the smallest
+            # and the largest key of the request start with the same prefix, so does every
+            # key. Two passes in C instead of a Python test per op of every bulk request.
+            keys = list(map(_KEY, ops))
+            lo, hi = min(keys), max(keys)
+            for pre in prefixes:
+                if lo.startswith(pre) and hi.startswith(pre):
+                    return
+        # Otherwise find the first key outside them, for the answer to name.
         bad = next((op for op in ops if not (prefixes and op.key.startswith(prefixes))), None)
         if bad is not None:
             raise ForbiddenError(

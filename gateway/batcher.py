@@ -37,10 +37,11 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections import Counter, deque
+from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from operator import itemgetter
 from typing import TYPE_CHECKING, Any, Protocol
 
 import orjson
@@ -48,7 +49,7 @@ import orjson
 from core.errors import OverloadedError, ShuttingDownError, TooLargeError
 from gateway import metrics
 from store.format import MAX_LOG_PAYLOAD, entry_size
-from store.ops import DELETE, Op, Result, Status
+from store.ops import DELETE, Op, Result, Status, status_counts
 from store.store import Store
 
 if TYPE_CHECKING:
@@ -58,6 +59,11 @@ log = logging.getLogger("mercury.gateway.batch")
 
 #: Builds a request's idempotent answer (bytes) from its results.
 AnswerFn = Callable[[list[Result]], bytes]
+
+# Field getters for the per-op passes of a batch (`map` runs them in C; a comprehension
+# runs a Python step per op, and a bulk load's batches hold 10,000 ops).
+_KEY = itemgetter(1)  # Op.key
+_STATUS = itemgetter(0)  # Result.status
 
 
 # --- pure decisions -----------------------------------------------------------------------
@@ -76,7 +82,7 @@ def coalesce(ops: Sequence[Op]) -> tuple[list[int], list[int]]:
     beforehand).
     """
     n = len(ops)
-    if len({op.key for op in ops}) == n:  # the common case: every key once
+    if len(set(map(_KEY, ops))) == n:  # the common case: every key once
         everything = list(range(n))
         return everything, everything
     last: dict[bytes, int] = {}
@@ -106,7 +112,7 @@ def key_order(ops: Sequence[Op]) -> list[int] | None:
     mid-tree: a bulk load whose requests of consecutive keys arrive out of order otherwise
     splits pages half-empty, and its commits slow down as the store grows.
     """
-    keys = [op.key for op in ops]
+    keys = list(map(_KEY, ops))
     order = sorted(range(len(keys)), key=keys.__getitem__)
     return None if order == list(range(len(keys))) else order
 
@@ -511,7 +517,9 @@ class Batcher:
 
     def _commit(self, requests: list[Request], throttled: dict[str, int]) -> list[list[Result]]:
         """Runs in the worker thread: one `store.apply` for the whole batch."""
-        ops = [op for r in requests for op in r.ops]
+        ops: list[Op] = []
+        for r in requests:
+            ops += r.ops
         kept, winner = coalesce(ops)
         applied = [ops[i] for i in kept]
         order = key_order(applied)
@@ -597,16 +605,16 @@ def _log_batch(
     dt: float,
 ) -> None:
     """One structured line per batch: seqs and, per producer, how many of each result."""
-    # One Counter per producer over its status column (a Counter per request cost ~2 µs
+    # One count per producer over its status column (a Counter per request cost ~2 µs
     # each: milliseconds per batch of single-key PUTs, in the commit thread, before any ack).
     statuses: dict[str, list[Status]] = {}
     for r, res in zip(requests, split, strict=True):
         col = statuses.get(r.producer)
         if col is None:
             col = statuses[r.producer] = []
-        col += [x[0] for x in res]
+        col += map(_STATUS, res)
     per: dict[str, dict[str, int]] = {
-        producer: {st.value: n for st, n in Counter(col).items()}
+        producer: {st.value: n for st, n in status_counts(col).items()}
         for producer, col in statuses.items()
     }
     for producer, counts in per.items():

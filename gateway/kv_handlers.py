@@ -10,6 +10,7 @@ FastAPI's per-request machinery) both call these, so both give byte-identical an
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from operator import itemgetter
 from urllib.parse import parse_qsl, unquote_to_bytes
 
 from acl.model import Producer
@@ -20,6 +21,8 @@ from gateway.guards import check_guards
 from gateway.http import BodyReader
 from gateway.writes import Gateway
 from store.ops import DELETE, SET, Op, Result
+
+_EXPECT = itemgetter(4)  # Op.expect_seq
 
 KV_PREFIX = b"/v1/kv/"
 
@@ -163,7 +166,8 @@ async def post_batch(
     )
     idem = h.get("idempotency-key")
     answer: Callable[[list[Result]], Answer] = batch_answer
-    conditional = any(op.expect_seq is not None for op in ops)
+    # `list.count` in C rather than a generator step per op (Op.expect_seq is field 4)
+    conditional = list(map(_EXPECT, ops)).count(None) != len(ops)
     mode = async_mode(query, conditional)
     if query_flag(query, "results") or conditional:
         keys = [op.key for op in ops]

@@ -4,6 +4,7 @@ bytes and is the reference). Same names, same results; `tests/property/test_code
 proves the bytes identical."""
 
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
+from cpython.list cimport PyList_GET_SIZE
 from libc.stdint cimport uint8_t, uint16_t, uint32_t, uint64_t
 from libc.string cimport memcmp, memcpy
 
@@ -434,7 +435,10 @@ cdef list _entries(payload, _Chain* c, uint8_t* h):
 # --- the per-op loop of Store.apply (reference: store/applyloop.py) ------------------------
 
 from core.errors import InvalidOpError
+from store.applyloop import APPEND_RUN
 from store.ops import Result, Status
+
+cdef Py_ssize_t _APPEND_RUN = APPEND_RUN
 
 cdef object _Result = Result
 cdef object _PF = Status.PRECONDITION_FAILED
@@ -488,6 +492,7 @@ def apply_ops(ops, get, put, delete, uint64_t last_seq, rare, max_key=None, appe
     # `delta` when the owner changes and at the end (most batches have a single owner).
     cdef long long c_keys = 0, c_bytes = 0, c_writes = 0
     cdef tuple op
+    cdef list run = []  # fresh records not appended yet (see applyloop.apply_ops)
     for op_obj in ops:
         if not isinstance(op_obj, tuple) or len(op_obj) != 5:
             raise TypeError("ops must be store.ops.Op tuples")
@@ -516,6 +521,9 @@ def apply_ops(ops, get, put, delete, uint64_t last_seq, rare, max_key=None, appe
             owners[owner_s] = ob
         owner = <bytes>ob
         fresh = append is not None and (max_key is None or key > max_key)
+        if not fresh and run:
+            append(run)
+            run = []
         old = None if fresh else get(key)
         cur = 0
         p = NULL
@@ -554,7 +562,10 @@ def apply_ops(ops, get, put, delete, uint64_t last_seq, rare, max_key=None, appe
             if big:
                 rare.put_chunks(seq, value)
             if fresh:
-                append(key, _encode_record(key, seq, owner, value, big), True, True, True)
+                run.append((key, _encode_record(key, seq, owner, value, big)))
+                if PyList_GET_SIZE(run) >= _APPEND_RUN:
+                    append(run)
+                    run = []
                 max_key = key
             else:
                 put(key, _encode_record(key, seq, owner, value, big))
@@ -575,6 +586,8 @@ def apply_ops(ops, get, put, delete, uint64_t last_seq, rare, max_key=None, appe
             d[3] += 1
             entries.append((OP_DELETE, owner, key, b""))
             results.append(_tuple_new(_Result, (_DELETED, seq)))
+    if run:
+        append(run)
     if d is not None:
         d[0] += c_keys
         d[1] += c_bytes

@@ -37,6 +37,12 @@ class Rare(Protocol):
         """Delete the chunks of the value stored under `seq`."""
 
 
+#: Fresh records (keys past the data's last one) go to `append` in runs of at most this
+#: many: one LMDB loop in C per run instead of one Python call per op, and the records of
+#: a run of big values are not all held at once.
+APPEND_RUN = 1024
+
+
 def validate(op: Op) -> None:
     """Raise InvalidOpError for an op the store refuses."""
     if not 1 <= len(op.key) <= fmt.MAX_KEY:
@@ -63,17 +69,24 @@ def apply_ops(
 
     `max_key` is the largest key in the data sub-database (None when empty or unknown):
     a set of a greater key cannot overwrite anything, so it skips the lookup and is stored
-    with `append` — a `Cursor.put`-like callable, called as ``append(key, value, True,
-    True, True)`` (LMDB's append mode) — so a bulk load in key order runs at append speed.
+    with `append` — called with a list of ``(key, record)`` in ascending key order, every
+    key past the data's last (LMDB's append mode: `Cursor.putmulti(items, append=True)`),
+    at most `APPEND_RUN` at a time, and always before the loop reads or writes the data
+    again (`get`, `put`, `delete`), so no lookup misses a record still waiting — so a bulk
+    load in key order runs at append speed.
     """
     results: list[Result] = []
     entries: list[tuple[int, bytes, bytes, bytes]] = []
     delta: dict[str, list[int]] = {}
     seq = last_seq
+    run: list[tuple[bytes, bytes]] = []  # fresh records not appended yet
     for op in ops:
         validate(op)
         key = op.key
         fresh = append is not None and (max_key is None or key > max_key)
+        if run and not fresh and append is not None:
+            append(run)
+            run = []
         old = None if fresh else get(key)
         h = fmt.decode_record_header(old) if old is not None else None
         cur = h.seq if h is not None else 0
@@ -100,7 +113,10 @@ def apply_ops(
             if big:
                 rare.put_chunks(seq, value)
             if fresh and append is not None:
-                append(key, fmt.encode_record(key, seq, owner, value, big), True, True, True)
+                run.append((key, fmt.encode_record(key, seq, owner, value, big)))
+                if len(run) >= APPEND_RUN:
+                    append(run)
+                    run = []
                 max_key = key
             else:
                 put(key, fmt.encode_record(key, seq, owner, value, big))
@@ -121,6 +137,8 @@ def apply_ops(
             d[3] += 1
             entries.append((fmt.OP_DELETE, owner, key, b""))
             results.append(Result(Status.DELETED, seq))
+    if run and append is not None:
+        append(run)
     return results, entries, seq, delta
 
 

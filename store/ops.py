@@ -25,6 +25,29 @@ class Status(StrEnum):
     SUPERSEDED = "superseded"
 
 
+#: Every status, the most frequent first (`status_counts` stops once all are counted).
+_STATUSES = tuple(Status)
+
+
+def status_counts(statuses: list[Status]) -> dict[Status, int]:
+    """How many of each status `statuses` holds (statuses it lacks are left out).
+
+    One `list.count` per status, which matches by identity first, stopping once every
+    element is counted (one pass for a bulk load, all written) — not a Counter: an Enum
+    member's hash is a Python-level call, which cost ~0.1-0.2 µs per op of every bulk
+    request, on the event loop (answers) and again in the commit thread (metrics)."""
+    out: dict[Status, int] = {}
+    left = len(statuses)
+    for st in _STATUSES:
+        if not left:
+            break
+        n = statuses.count(st)
+        if n:
+            out[st] = n
+            left -= n
+    return out
+
+
 class Op(NamedTuple):
     """One requested change.
 

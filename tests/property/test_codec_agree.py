@@ -250,7 +250,7 @@ def test_apply_loop_identical(batches: list[list[Op]]) -> None:
                 seqs_[i],
                 rares[i],
                 max(d) if d else None,
-                lambda k, v, *_flags, d=d: d.__setitem__(k, v),  # append mode
+                d.update,  # append mode: runs of (key, record)
             )
             seqs_[i] = out[2]
             outs.append(out)
