@@ -51,6 +51,13 @@ class _Collector(Collector):
         )
 
 
+_registered: list[_Collector] = []
+
+
 def register(counters: Callable[[], Counters], lag: Callable[[], float | None]) -> None:
-    """Export the node's counters and lag (once per process)."""
-    REGISTRY.register(_Collector(counters, lag))
+    """Export the node's counters and lag: the node made last in this process (one per
+    process in `mercury cache`; tests make several)."""
+    for old in _registered:
+        REGISTRY.unregister(old)
+    _registered[:] = [_Collector(counters, lag)]
+    REGISTRY.register(_registered[0])

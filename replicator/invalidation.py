@@ -229,10 +229,15 @@ async def serve(source: ReplicationSource, hello: frames.Hello, link: Link, head
     try:
         while not reading.done():
             ev.clear()
+            # What was committed last is at hand in the source's tail (a stream caught up
+            # reads nothing: a round trip through a worker thread costs tens of ms on a
+            # busy root); older records are read in a worker thread.
+            recs = source._tail.after(pos, store.last_seq())
             try:
-                recs = await asyncio.to_thread(
-                    store.read_log, pos, max_records=READ_RECORDS, max_bytes=READ_BYTES
-                )
+                if recs is None:
+                    recs = await asyncio.to_thread(
+                        store.read_log, pos, max_records=READ_RECORDS, max_bytes=READ_BYTES
+                    )
             except LogRetentionError as err:
                 link.write(frames.encode_refuse(frames.REFUSE_BOOTSTRAP, str(err)))
                 await link.drain(source.stall_timeout)
@@ -254,7 +259,7 @@ async def serve(source: ReplicationSource, hello: frames.Hello, link: Link, head
             waiter = loop.create_task(ev.wait())
             either: set[asyncio.Future[Any]] = {waiter, reading}
             try:
-                await asyncio.wait(either, timeout=timeout)
+                await asyncio.wait(either, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
             finally:
                 waiter.cancel()
         failure = reading.exception()
