@@ -5,6 +5,9 @@ proves the bytes identical."""
 
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
 from cpython.list cimport PyList_GET_SIZE
+from cpython.object cimport PyTypeObject
+from cpython.ref cimport Py_INCREF
+from cpython.tuple cimport PyTuple_SET_ITEM
 from libc.stdint cimport uint8_t, uint16_t, uint32_t, uint64_t
 from libc.string cimport memcmp, memcpy
 
@@ -59,6 +62,9 @@ if sodium_init() < 0:
 cdef const EVP_MD* _SHA256 = EVP_MD_fetch(NULL, b"SHA256", NULL)
 if _SHA256 == NULL:
     raise ImportError("OpenSSL offers no SHA-256")
+
+cdef extern from "Python.h":
+    object PyType_GenericAlloc(PyTypeObject* t, Py_ssize_t n)
 
 cdef object _entry = Entry
 cdef object _header = RecordHeader
@@ -448,6 +454,17 @@ cdef object _ABSENT = Status.ABSENT
 cdef object _DELETED = Status.DELETED
 
 
+cdef inline object _result(object status, object seq):
+    """``Result(status, seq)`` without tuple.__new__'s call and temporary tuple (as
+    gateway/_jsonops.pyx builds its Ops): one allocation for each op of every batch."""
+    cdef object t = PyType_GenericAlloc(<PyTypeObject*>_Result, 2)
+    Py_INCREF(status)
+    PyTuple_SET_ITEM(t, 0, status)
+    Py_INCREF(seq)
+    PyTuple_SET_ITEM(t, 1, seq)
+    return t
+
+
 cdef inline list _delta_for(dict delta, str owner):
     cdef object d = delta.get(owner)
     if d is None:
@@ -534,7 +551,7 @@ def apply_ops(ops, get, put, delete, uint64_t last_seq, rare, max_key=None, appe
                 raise ValueError("malformed value record")
             cur = _get_u64(p + 2)
         if expect is not None and <uint64_t>expect != cur:
-            results.append(_tuple_new(_Result, (_PF, cur)))
+            results.append(_result(_PF, cur))
             continue
         if owner_s is not cur_owner:
             if d is not None:
@@ -555,7 +572,7 @@ def apply_ops(ops, get, put, delete, uint64_t last_seq, rare, max_key=None, appe
                         dup = n == off + vn and memcmp(p + off, PyBytes_AS_STRING(value), vn) == 0
                     if dup:
                         d[4] += 1
-                        results.append(_tuple_new(_Result, (_DUP, cur)))
+                        results.append(_result(_DUP, cur))
                         continue
             seq += 1
             big = vn > CHUNK_SIZE
@@ -575,17 +592,17 @@ def apply_ops(ops, get, put, delete, uint64_t last_seq, rare, max_key=None, appe
             c_bytes += _stored_bytes(kn, vn, PyBytes_GET_SIZE(owner))
             c_writes += 1
             entries.append((OP_SET, owner, key, value))
-            results.append(_tuple_new(_Result, (_WRITTEN, seq)))
+            results.append(_result(_WRITTEN, seq))
         else:
             if p == NULL:
-                results.append(_tuple_new(_Result, (_ABSENT, 0)))
+                results.append(_result(_ABSENT, 0))
                 continue
             seq += 1
             delete(key)
             _forget(p, kn, delta, rare)
             d[3] += 1
             entries.append((OP_DELETE, owner, key, b""))
-            results.append(_tuple_new(_Result, (_DELETED, seq)))
+            results.append(_result(_DELETED, seq))
     if run:
         append(run)
     if d is not None:
