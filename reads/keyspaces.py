@@ -5,7 +5,8 @@ A replica started with ``--keyspace`` holds only the keys under its prefixes
 (`replicator/filter.py`); a key outside them is not "missing", it is not held here, so a
 404 would lie. Point gets (a miss only: a key outside is never stored, so a hit costs
 nothing more), get_bulk, range reads and watches outside get a 421 whose problem document
-names this node's keyspaces and its sources, which serve every key this node follows.
+names this node's keyspaces and its replication sources (`sources`: the addresses of the
+nodes it follows, each of which holds every key it does and more).
 Each reader process sets them once at start (`configure`).
 """
 
@@ -17,18 +18,18 @@ from core.errors import OutsideKeyspaceError
 from reads.problems import problem_body
 from replicator.filter import holds_range
 
-#: This node's prefixes (None: every key) and the sources that serve what it does not.
+#: This node's prefixes (None: every key) and its replication sources (`--source`).
 _held: tuple[bytes, ...] | None = None
-_served_by: tuple[str, ...] = ()
+_sources: tuple[str, ...] = ()
 
 TITLE = "Not held by this filtered replica"
 
 
-def configure(held: tuple[bytes, ...] | None, served_by: Iterable[str]) -> None:
-    """Set this process's keyspaces (None: a full node) and where the rest is served."""
-    global _held, _served_by
+def configure(held: tuple[bytes, ...] | None, sources: Iterable[str]) -> None:
+    """Set this process's keyspaces (None: a full node) and its replication sources."""
+    global _held, _sources
     _held = held
-    _served_by = tuple(served_by)
+    _sources = tuple(sources)
 
 
 def held() -> tuple[bytes, ...] | None:
@@ -47,8 +48,9 @@ def _detail(what: str) -> tuple[str, str]:
         f"({', '.join(repr(p) for p in _names(_held))})"
     )
     hint = (
-        f"read it from this replica's source ({', '.join(_served_by)}) or any full replica"
-        if _served_by
+        f"read it from the node this replica follows (replication source "
+        f"{', '.join(_sources)}) or any full replica"
+        if _sources
         else "read it from a full replica"
     )
     return detail, hint
@@ -67,7 +69,7 @@ def outside_key_body(key: bytes) -> bytes | None:
         title=TITLE,
         hint=hint,
         keyspaces=_names(_held),
-        served_by=list(_served_by),
+        sources=list(_sources),
     )
 
 

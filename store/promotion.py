@@ -21,8 +21,11 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from core.errors import StoreError
 from store.batchwrite import now_us
 from store.docs import ADMIN_HASH
+from store.filtered import describe
+from store.prune import held_keyspaces
 from store.store import Store
 
 #: The replicated document recording the last promotion.
@@ -58,8 +61,18 @@ def promote(
 
     `extra` adds fields to the ``promotion`` document (e.g. an election term); they must
     not override ``promoted_us``, ``after_seq`` or ``after_hash``. Raises what
-    `Store.put_docs` raises (StoreFullError...) and changes nothing then.
+    `Store.put_docs` raises (StoreFullError...) and changes nothing then; StoreError for a
+    filtered replica's store (`store/prune.py`).
     """
+    held = held_keyspaces(store)
+    if held is not None:
+        # A filtered replica holds a part of the keys and none of the idempotency
+        # answers (`store/filtered.py`): as a root it would answer for keys it lacks.
+        raise StoreError(
+            f"this store holds only keys under {describe(held)}: a filtered replica's "
+            "store cannot become a root's",
+            hint="promote a full replica",
+        )
     t = time_us or now_us()
     seq, head = store.head()
     body = {**(extra or {}), "promoted_us": t, "after_seq": seq, "after_hash": head.hex()}

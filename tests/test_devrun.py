@@ -22,7 +22,7 @@ from pathlib import Path
 import httpx
 
 from mercury.dev.run import parse_args
-from mercury.dev.topology import Ports, cache_node, local
+from mercury.dev.topology import Ports, cache_node, filtered_replica, local
 from testkit.procs import REPO, Procs, free_port, wait_http
 from testkit.wait import wait_until
 
@@ -200,3 +200,12 @@ def test_the_cache_node_follows_the_replica_then_the_root() -> None:
     assert node.flag("--listen") == "127.0.0.1:7"
     args = parse_args(["--cache", "--cache-port", "9"], {})
     assert args.with_cache and args.cache == 9
+
+
+def test_the_filtered_replica_follows_the_replica_then_the_root() -> None:
+    node = filtered_replica(Ports(replica_repl=5, root_repl=6, filtered=7), "v", "demo/a")
+    assert node.argv()[:2] == ["replica", "v/filtered"]
+    assert [v for f, v in node.flags if f == "--source"] == ["127.0.0.1:5", "127.0.0.1:6"]
+    assert node.flag("--keyspace") == "demo/a" and node.flag("--listen") == "127.0.0.1:7"
+    args = parse_args(["--filtered-port", "9"], {"MERCURY_FILTERED": "demo/a"})
+    assert args.filtered_prefix == "demo/a" and args.filtered == 9

@@ -29,6 +29,11 @@ the one root (`mercury/dev/run_ha.py`).
 (`topology.cache_node`, ``mercury cache``) following the replica, then the root; it is not
 part of the topology a state directory records, so it can be added to a run and left out
 of the next.
+
+``--filtered PREFIX`` (``MERCURY_FILTERED=demo/a make run``, plain mode) adds a filtered
+replica holding the keys under PREFIX (`topology.filtered_replica`), following the replica,
+then the root; like the cache node, not part of the recorded topology. Its store is
+``var/plain/filtered``: delete it before running with another PREFIX (a store never widens).
 """
 
 from __future__ import annotations
@@ -67,6 +72,7 @@ from mercury.dev.topology import (
     Node,
     Ports,
     cache_node,
+    filtered_replica,
     local,
     local_ha,
 )
@@ -111,6 +117,14 @@ def parse_args(argv: Sequence[str] | None, env: Mapping[str, str]) -> argparse.N
         action="store_true",
         default=env.get("MERCURY_CACHE", "") not in ("", "0"),
         help="also run a cache node following the replica (env MERCURY_CACHE=1; plain mode)",
+    )
+    p.add_argument(
+        "--filtered",
+        dest="filtered_prefix",  # `filtered` is its port (`Ports.filtered`)
+        metavar="PREFIX",
+        default=env.get("MERCURY_FILTERED") or None,
+        help="also run a filtered replica holding the keys under PREFIX (env "
+        "MERCURY_FILTERED=PREFIX, e.g. demo/a; plain mode)",
     )
     return p.parse_args(argv)
 
@@ -231,6 +245,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.with_cache and (args.ha or args.secure):
         print("--cache runs in the plain mode only (a cache node has no TLS yet)", file=sys.stderr)
         return 2
+    if args.filtered_prefix and (args.ha or args.secure):
+        print("--filtered runs in the plain mode only", file=sys.stderr)
+        return 2
     os.chdir(REPO)
     # One topology per state directory: each mode has its own by default (var/plain,
     # var/secure, var/ha), so switching modes never mixes databases.
@@ -239,7 +256,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         claim_state(Path(var), _topology(mode, nodes))
         cache = cache_node(ports, var) if args.with_cache else None
-        busy = ports_in_use(_listens([*nodes, *([cache] if cache else [])]))
+        prefix = args.filtered_prefix
+        filtered = filtered_replica(ports, var, prefix) if prefix else None
+        extra = [n for n in (cache, filtered) if n is not None]
+        busy = ports_in_use(_listens([*nodes, *extra]))
         if busy:
             raise SystemExit(
                 f"already in use: {', '.join(busy)} (another make run, or another service); "
@@ -250,10 +270,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     if args.ha:
         return run_ha.run(ports, var)
-    return _run(var, args.secure, *local(ports, var, secure=args.secure), cache=cache)
+    return _run(
+        var, args.secure, *local(ports, var, secure=args.secure), cache=cache, filtered=filtered
+    )
 
 
-def _run(var: str, secure: bool, ROOT: Node, REPLICA: Node, cache: Node | None = None) -> int:
+def _run(
+    var: str,
+    secure: bool,
+    ROOT: Node,
+    REPLICA: Node,
+    cache: Node | None = None,
+    filtered: Node | None = None,
+) -> int:
     """The root and its replica (`main` owns `var`): 0 once stopped as asked, 1 when
     something did not come up or exited under it (said on stderr)."""
     if not Path(ROOT.data_dir, "data.mdb").exists():
@@ -293,10 +322,14 @@ def _run(var: str, secure: bool, ROOT: Node, REPLICA: Node, cache: Node | None =
         wait_streaming(rd, db_id, procs[REPLICA.name], verify, f"rm -rf {REPLICA.data_dir}")
         if cache is not None:
             _start_cache(cache, var, procs)
+        if filtered is not None:
+            _start_cache(filtered, var, procs)  # started and waited for the same way
         print(_came_up(procs, var, db_id), flush=True)
         print(_examples(token, ROOT, REPLICA, var, reader), flush=True)
         if cache is not None:
             print(_cache_examples(cache), flush=True)
+        if filtered is not None:
+            print(_filtered_examples(filtered), flush=True)
         while not stopping() and all(p.poll() is None for p in procs.values()):
             time.sleep(0.5)
         if stopping():
@@ -328,6 +361,15 @@ def _cache_examples(cache: Node) -> str:
     return f"""Cache node (holds only what is read; docs/replication.md, "Cache nodes"):
   curl -i {c}/v1/kv/demo/hello      # X-Mercury-Cache: miss, then hit
   curl -s {c}/v1/status; curl -s {c}/metrics | grep mercury_cache
+"""
+
+
+def _filtered_examples(node: Node) -> str:
+    f = f"http://{node.flag('--listen')}"
+    return f"""Filtered replica (holds only keys under {node.flag("--keyspace")!r}; \
+docs/replication.md, "Filtered replicas"):
+  curl -s {f}/v1/status                 # "keyspaces"
+  curl -i {f}/v1/kv/demo/hello          # outside its keyspace: 421 naming its sources
 """
 
 

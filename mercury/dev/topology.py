@@ -63,6 +63,8 @@ class Ports:
     etcd_peer: int = 2380
     #: The cache node of ``make run --cache`` (`cache_node`).
     cache: int = 8084
+    #: The filtered replica of ``make run --filtered PREFIX`` (`filtered_replica`).
+    filtered: int = 8085
 
 
 def secure_flags(node: str, certs: str) -> tuple[tuple[str, str | None], ...]:
@@ -107,6 +109,24 @@ def local(ports: Ports = Ports(), var: str = "var", *, secure: bool = False) -> 
     return (
         replace(root, flags=root.flags + secure_flags(root.name, certs)),
         replace(replica, flags=replica.flags + secure_flags(replica.name, certs)),
+    )
+
+
+def filtered_replica(ports: Ports, var: str, prefix: str) -> Node:
+    """The filtered replica ``MERCURY_FILTERED=PREFIX make run`` adds (plain mode only): it
+    holds the keys under PREFIX, following the replica, then the root (docs/replication.md,
+    "Filtered replicas")."""
+    lo = "127.0.0.1"
+    return Node(
+        "filtered",
+        "replica",
+        f"{var}/filtered",
+        (
+            ("--source", f"{lo}:{ports.replica_repl}"),
+            ("--source", f"{lo}:{ports.root_repl}"),
+            ("--keyspace", prefix),
+            ("--listen", f"{lo}:{ports.filtered}"),
+        ),
     )
 
 

@@ -79,7 +79,7 @@ def test_root_to_filtered_to_narrower_holds_its_subset_and_refuses_the_rest(
         assert outside.status_code == 421, outside.text
         doc = outside.json()
         assert doc["type"].endswith("outside-keyspace")
-        assert doc["served_by"] == [f"127.0.0.1:{f1.repl}"] and doc["keyspaces"] == ["a/x/"]
+        assert doc["sources"] == [f"127.0.0.1:{f1.repl}"] and doc["keyspaces"] == ["a/x/"]
         bulk = httpx.post(f"{base}/v1/get_bulk", json={"keys": ["a/x/0001", "b/0001"]})
         assert bulk.status_code == 421 and "'b/0001'" in bulk.json()["detail"]
         assert httpx.get(f"{base}/v1/range", params={"prefix": "a/x/00"}).status_code == 200
