@@ -47,6 +47,7 @@ from typing import Any
 
 import cramjam
 
+from store import codec
 from store import format as fmt
 from store.nodedocs import is_answer
 
@@ -187,13 +188,28 @@ def scan(
     """Check a filtered payload (module doc): (the hash head after it, the kept entries
     joined — a plain payload `codec.apply_entries` applies).
 
-    Raises SkipMismatch where the chain disagrees with a skip item, ValueError naming the
-    first item no store accepts; the caller compares the head with the record's."""
+    Each run of kept entries between skip items goes through `codec.scan_entries`, the one
+    home of the rules an entry must meet (and the chain over it), so a filtered replica
+    accepts exactly the entries a full one does. Raises SkipMismatch where the chain
+    disagrees with a skip item, ValueError naming the first item no store accepts; the
+    caller compares the head with the record's."""
     mv = memoryview(raw)
     h = prev_head
     pos, n, hs = 0, len(mv), _HDR.size
     expect = first_seq
     kept: list[memoryview] = []
+    run_start, run_seq, run_count = 0, first_seq, 0
+
+    def close_run(end: int) -> bytes:
+        if not run_count:
+            return h
+        run = mv[run_start:end]
+        kept.append(run)
+        try:
+            return bytes(codec.scan_entries(run, h, run_seq, run_count, alg))
+        except ValueError as err:
+            raise ValueError(f"kept entries from seq {run_seq}: {err}") from err
+
     while pos < n:
         if pos + hs > n:
             raise ValueError("truncated entry header")
@@ -204,6 +220,8 @@ def scan(
         if end > n:
             raise ValueError(f"item at seq {seq} runs past the payload")
         if op == OP_SKIP:
+            h = close_run(pos)
+            run_count = 0
             if on or kn or vn != SKIP_VALUE:
                 raise ValueError(f"skip item at seq {seq} is malformed")
             count, before, after = _SKIP.unpack_from(mv, pos + hs)
@@ -214,17 +232,12 @@ def scan(
             h = bytes(after)
             expect += count
         else:
-            if op not in (fmt.OP_SET, fmt.OP_DELETE, fmt.OP_DOC):
-                raise ValueError(f"entry at seq {seq} has unknown op code {op}")
-            if not 1 <= kn <= fmt.MAX_KEY:
-                raise ValueError(f"entry at seq {seq} has a key of {kn} bytes (1..{fmt.MAX_KEY})")
-            if vn > fmt.MAX_VALUE or (op == fmt.OP_DELETE and vn):
-                raise ValueError(f"entry at seq {seq} has a value of {vn} bytes")
-            entry = mv[pos:end]
-            h = fmt.chain(h, entry, alg)
-            kept.append(entry)
+            if not run_count:
+                run_start, run_seq = pos, seq
+            run_count += 1
             expect += 1
         pos = end
+    h = close_run(n)
     if expect - first_seq != num_entries:
         raise ValueError(f"items cover {expect - first_seq} entries, the header says {num_entries}")
     return h, b"".join(kept)

@@ -13,7 +13,7 @@ import httpx
 from store.check import check
 from store.ops import DELETE, SET, Op
 from store.store import Store
-from testkit.procs import Procs
+from testkit.procs import Procs, wait_http
 from testkit.replication import RootNode, items, root_node, status, wait_for, wait_seq
 from tests.faults.proxy import FaultProxy, Faults
 from tests.replicator.nodes import start_replica
@@ -61,9 +61,36 @@ def test_root_to_filtered_to_narrower_holds_its_subset_and_refuses_the_rest(
             procs, tmp_path / "f1", [root.port], "--keyspace", "a/", "--keyspace", "b/", name="f1"
         )
         wait_seq(f1.http, root.store.last_seq())
+        # Three more at once (their starts overlap): a narrower filtered replica of f1, and
+        # a full and a wider one f1 must refuse (their stores made empty: they ask to
+        # stream; a bootstrap is refused alike).
+        for name in ("full", "wide"):
+            Store.create(str(tmp_path / name), db_id=root.store.db_id).close()
         f2 = start_replica(
-            procs, tmp_path / "f2", [f1.repl], "--keyspace", "a/x/", repl=False, name="f2"
+            procs,
+            tmp_path / "f2",
+            [f1.repl],
+            "--keyspace",
+            "a/x/",
+            repl=False,
+            name="f2",
+            wait=False,
         )
+        full = start_replica(
+            procs, tmp_path / "full", [f1.repl], repl=False, name="full", wait=False
+        )
+        wide = start_replica(
+            procs,
+            tmp_path / "wide",
+            [f1.repl],
+            "--keyspace",
+            "c/",
+            repl=False,
+            name="wide",
+            wait=False,
+        )
+        for r in (f2, full, wide):
+            wait_http(f"http://127.0.0.1:{r.http}/healthz", timeout=60, proc=r.proc)
         _write(root, 2)  # after: streamed filtered, f1 -> f2 re-filtered
         seq = root.store.last_seq()
         wait_seq(f1.http, seq)
@@ -84,15 +111,9 @@ def test_root_to_filtered_to_narrower_holds_its_subset_and_refuses_the_rest(
         assert bulk.status_code == 421 and "'b/0001'" in bulk.json()["detail"]
         assert httpx.get(f"{base}/v1/range", params={"prefix": "a/x/00"}).status_code == 200
         assert httpx.get(f"{base}/v1/range", params={"prefix": "a/"}).status_code == 421
+        assert httpx.get(f"{base}/v1/watch", params={"prefix": "b/"}).status_code == 421
 
-        # A full replica and a wider filtered one are refused by f1, with the reason (their
-        # stores made empty: they ask to stream; a bootstrap is refused alike).
-        for name in ("full", "wide"):
-            Store.create(str(tmp_path / name), db_id=root.store.db_id).close()
-        full = start_replica(procs, tmp_path / "full", [f1.repl], repl=False, name="full")
-        wide = start_replica(
-            procs, tmp_path / "wide", [f1.repl], "--keyspace", "c/", repl=False, name="wide"
-        )
+        # f1 refused the full replica and the wider one, with the reason.
         for r, words in ((full, "a full replica needs a full source"), (wide, "'c/'")):
             wait_for(functools.partial(_refused, r.http), 30, f"{r.data_dir.name} refused")
             assert words in (status(r.http).get("replication_error") or "")
