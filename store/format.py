@@ -47,7 +47,8 @@ Log record (value of the ``log`` sub-database; the LMDB key is the first seq, u6
 big-endian, so that keys sort by seq)::
 
     0    1     tag = 0x01
-    1    1     flags: reserved, 0
+    1    1     flags: bit 1 = a filtered record (a keyspace-filtered replica's: its payload
+               holds skip items, `store/filtered.py`); the other bits 0
     2    8     first seq (u64)
     10   4     entry count (u32)
     14   8     commit time, microseconds since the Unix epoch (u64)
