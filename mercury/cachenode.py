@@ -11,12 +11,14 @@ import signal
 import uvicorn
 
 from cache.http import CacheApp
+from cache.memcached import cache_memcached_service
 from cache.node import CacheNode, stop_task
 from cache.store import CacheStore
 from core import eventloop
 from core.addr import parse_hostport
 from core.errors import ConfigError
 from net import http_bounds, uvicorn_http
+from net.tcp import listener_limits
 from reads import workers
 from replicator.tcp import TcpTransport
 
@@ -64,6 +66,11 @@ async def _serve(args: argparse.Namespace) -> None:
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    memcached = None
+    if args.memcached_listen:
+        mhost, mport = parse_hostport(args.memcached_listen, "--memcached-listen")
+        memcached = cache_memcached_service(node, mhost, mport, listener_limits(args))
+        await memcached.start()
     following = loop.create_task(node.run())
     serving = loop.create_task(server.serve(sockets=[sock]))
     stopper = loop.create_task(stop.wait())
@@ -74,6 +81,9 @@ async def _serve(args: argparse.Namespace) -> None:
         await serving
     finally:
         stopper.cancel()
+        if memcached is not None:
+            with contextlib.suppress(Exception):
+                await memcached.stop()
         await stop_task(following)
         with contextlib.suppress(Exception):
             store.close()

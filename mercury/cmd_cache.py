@@ -7,6 +7,7 @@ import re
 from typing import Any
 
 from net import http_bounds
+from net.tcp import add_listener_flags
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b?)\s*$", re.IGNORECASE)
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
@@ -51,6 +52,12 @@ def register(sub: Any) -> None:
     )
     p.add_argument("--listen", default="127.0.0.1:8082", metavar="H:P", help="HTTP read API")
     p.add_argument(
+        "--memcached-listen",
+        default=None,
+        metavar="H:P",
+        help="memcached text protocol reads (get, gets) on H:P (default: none)",
+    )
+    p.add_argument(
         "--max-lag",
         type=float,
         default=None,
@@ -63,6 +70,7 @@ def register(sub: Any) -> None:
         help="with --max-lag: while lagging, answer reads 503 + Retry-After",
     )
     http_bounds.add_flags(p)
+    add_listener_flags(p)  # the memcached listener's bounds, as a replica's
     p.set_defaults(func=_run)
 
 

@@ -9,6 +9,7 @@ source, and ranges refused with a pointer.
 
 from __future__ import annotations
 
+import socket
 from pathlib import Path
 from subprocess import Popen
 
@@ -42,11 +43,12 @@ def _root(tmp_path: Path, procs: Procs) -> tuple[str, int, dict[str, str]]:
     return base, repl, {"Authorization": f"Bearer {ptoken}"}
 
 
-def _start_cache(procs: Procs, data: Path, http: int, sources: list[int]) -> Popen[bytes]:
+def _start_cache(procs: Procs, data: Path, http: int, mc: int, sources: list[int]) -> Popen[bytes]:
     src = ",".join(f"127.0.0.1:{s}" for s in sources)
     p = procs.start_mercury(
         "cache", str(data), "--source", src, "--max-bytes", "1MiB",
-        "--listen", f"127.0.0.1:{http}", "--max-lag", "30", name="cache",
+        "--listen", f"127.0.0.1:{http}", "--memcached-listen", f"127.0.0.1:{mc}",
+        "--max-lag", "30", name="cache",
     )  # fmt: skip
     wait_http(f"http://127.0.0.1:{http}/healthz", proc=p)
     return p
@@ -62,9 +64,9 @@ def test_root_replica_cache(tmp_path: Path, procs: Procs) -> None:
 
     put("cfg/a", b"one")
     replica = start_replica(procs, tmp_path / "replica", [root_repl], name="replica")
-    http = free_port()
+    http, mc = free_port(), free_port()
     cache = f"http://127.0.0.1:{http}"
-    proc = _start_cache(procs, tmp_path / "cache", http, [replica.repl, root_repl])
+    proc = _start_cache(procs, tmp_path / "cache", http, mc, [replica.repl, root_repl])
     wait_for(lambda: status(http)["connected"], 30, "cache connected")
 
     # A miss, then a hit; an absent key is a negative entry, then a negative hit.
@@ -93,6 +95,18 @@ def test_root_replica_cache(tmp_path: Path, procs: Procs) -> None:
         assert f"mercury_cache_{name}_total" in metrics
     assert "mercury_cache_miss_seconds_bucket" in metrics
 
+    # memcached: the same answers (a miss fetched, an absent key left out), writes refused.
+    with socket.create_connection(("127.0.0.1", mc), timeout=10) as s:
+        s.sendall(b"get cfg/a cfg/none cfg/zz\r\nset cfg/a 0 0 1\r\nx\r\n")
+        got = b""
+        while not got.endswith(b"read-only Mercury node; write through the gateway\r\n"):
+            chunk = s.recv(65536)
+            assert chunk, got
+            got += chunk
+    assert got.startswith(
+        b"VALUE cfg/a 0 3\r\ntwo\r\nVALUE cfg/none 0 3\r\nnow\r\nEND\r\nSERVER_ERROR"
+    ), got
+
     # Ranges are a replica's: refused with a pointer, not served partially.
     r = httpx.get(f"{cache}/v1/range", params={"prefix": "cfg/"})
     assert r.status_code == 421 and str(replica.repl) in r.json()["detail"]
@@ -102,7 +116,7 @@ def test_root_replica_cache(tmp_path: Path, procs: Procs) -> None:
     assert procs.terminate(proc) == 0
     seq = put("cfg/a", b"three")
     wait_for(lambda: status(replica.http)["seq"] >= seq, 30, "replica applied")
-    proc = _start_cache(procs, tmp_path / "cache", http, [replica.repl, root_repl])
+    proc = _start_cache(procs, tmp_path / "cache", http, mc, [replica.repl, root_repl])
     st = status(http)
     assert st["entries"] >= 2 and st["hits"] == 0
     wait_for(lambda: status(http)["seq"] >= seq, 30, "cache caught up")
@@ -124,3 +138,6 @@ def test_root_replica_cache(tmp_path: Path, procs: Procs) -> None:
     assert httpx.get(f"{cache}/v1/kv/cfg/a").content == b"four"
     r = httpx.get(f"{cache}/v1/kv/cfg/never-read")
     assert r.status_code == 503 and r.headers["retry-after"] == "1", r.text
+    with socket.create_connection(("127.0.0.1", mc), timeout=30) as s:
+        s.sendall(b"get cfg/never-read\r\n")
+        assert s.recv(65536).startswith(b"SERVER_ERROR source unavailable")
