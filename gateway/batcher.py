@@ -1,7 +1,8 @@
 """Batching: which writes go into one store transaction, and when it commits.
 
 Pure part (no I/O): `coalesce` (several unconditional writes to one key inside one batch:
-the last one wins) and `key_order` (apply a batch in key order, same statuses).
+the last one wins), `key_order` (apply a batch in key order, same statuses) and
+`run_order` (the same order by whole requests, when they allow it).
 Idempotent answers are built from the store's real results inside the batch's own
 transaction (`Store.apply(..., answers=...)`), so a saved answer is what the store did.
 
@@ -41,6 +42,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from itertools import pairwise
 from operator import itemgetter
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -115,6 +117,34 @@ def key_order(ops: Sequence[Op]) -> list[int] | None:
     keys = list(map(_KEY, ops))
     order = sorted(range(len(keys)), key=keys.__getitem__)
     return None if order == list(range(len(keys))) else order
+
+
+def run_order(runs: Sequence[Sequence[Op]]) -> list[int] | None:
+    """An order of the runs (a batch's requests) whose concatenation is the batch in key
+    order, or None when there is none (then `key_order` sorts it op by op).
+
+    There is one when every run's keys are in order and the runs' key ranges do not
+    overlap, as in a bulk load whose clients each send their own keys in order: applying
+    the runs in this order is then exactly applying the ops in `key_order`'s stable order,
+    and each request's results stay one contiguous slice — no permutation of every op's
+    result (the sort and its inverse cost ~0.15 µs per op of a bulk load). Each check is
+    a C-level pass (`sorted` of a sorted list is linear).
+    """
+    spans: list[tuple[bytes, bytes, int]] = []
+    empty: list[int] = []
+    for i, ops in enumerate(runs):
+        if not ops:
+            empty.append(i)
+            continue
+        keys = list(map(_KEY, ops))
+        if keys != sorted(keys):
+            return None
+        spans.append((keys[0], keys[-1], i))
+    spans.sort()
+    for (_, hi, _), (lo, _, _) in pairwise(spans):
+        if not hi < lo:  # a key of one run between two keys of another, or shared
+            return None
+    return [i for _, _, i in spans] + empty
 
 
 def unsort(results: list[Result], order: list[int]) -> list[Result]:
@@ -521,15 +551,32 @@ class Batcher:
         for r in requests:
             ops += r.ops
         kept, winner = coalesce(ops)
-        applied = [ops[i] for i in kept]
-        order = key_order(applied)
-        if order is not None:
-            applied = [applied[j] for j in order]
+        runs = run_order([r.ops for r in requests]) if len(kept) == len(ops) else None
+        order: list[int] | None = None
+        applied: list[Op]
+        if runs is not None:  # whole requests in key order: results are slices
+            applied = []
+            starts = [0] * len(requests)
+            for i in runs:
+                starts[i] = len(applied)
+                applied += requests[i].ops
+
+            def per_request(res: list[Result]) -> list[list[Result]]:
+                return [res[a : a + len(r.ops)] for a, r in zip(starts, requests, strict=True)]
+
+        else:
+            applied = [ops[i] for i in kept]
+            order = key_order(applied)
+            if order is not None:
+                applied = [applied[j] for j in order]
+
+            def per_request(res: list[Result]) -> list[list[Result]]:
+                res = res if order is None else unsort(res, order)
+                return _split(requests, _spread(ops, kept, winner, res))
 
         def answers(applied_results: list[Result]) -> list[tuple[bytes, bytes]]:
             # Called by the store inside the batch transaction with its real results.
-            res = applied_results if order is None else unsort(applied_results, order)
-            per_req = _split(requests, _spread(ops, kept, winner, res))
+            per_req = per_request(applied_results)
             return [
                 (r.idem_key, r.answer(rs))
                 for r, rs in zip(requests, per_req, strict=True)
@@ -555,9 +602,7 @@ class Batcher:
         # What the ack gate waits for (a batch of duplicates only writes no record: its
         # answers still rest on the state up to the current head).
         self._committed_seq = out.last_seq or self.store.last_seq()
-        results = out.results if order is None else unsort(out.results, order)
-        per_op = _spread(ops, kept, winner, results)
-        split = _split(requests, per_op)
+        split = per_request(out.results)
         if series is not None and changes:
             series.written(changes)
         _log_batch(requests, split, out.first_seq, out.last_seq, len(applied), dt)
