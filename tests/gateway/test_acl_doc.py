@@ -56,10 +56,10 @@ def test_put_acl_needs_if_match_and_refuses_a_stale_version(shared_root: Root) -
     assert _acl(shared_root)[1] != etag
 
 
-def test_invalid_put_lists_every_problem_and_changes_nothing(root: Root) -> None:
-    a = root.admin()
-    root.producer(["x/"])
-    before, etag = _acl(root)
+def test_invalid_put_lists_every_problem_and_changes_nothing(shared_root: Root) -> None:
+    a = shared_root.admin()
+    shared_root.producer(["x/"])
+    before, etag = _acl(shared_root)
     bad = {
         "producers": {
             "a": {"keyspaces": ["k/"]},
@@ -74,14 +74,14 @@ def test_invalid_put_lists_every_problem_and_changes_nothing(root: Root) -> None
     errors = r.json()["errors"]
     assert len(errors) == 4, errors
     assert any("overlaps" in e for e in errors) and any("'d'" in e for e in errors)
-    after, etag2 = _acl(root)
+    after, etag2 = _acl(shared_root)
     assert after == before and etag2 == etag
 
 
-def test_a_falsy_producers_member_is_refused_not_read_as_none(root: Root) -> None:
-    a = root.admin()
-    name, _ = root.producer(["f/"])
-    before, etag = _acl(root)
+def test_a_falsy_producers_member_is_refused_not_read_as_none(shared_root: Root) -> None:
+    a = shared_root.admin()
+    name, _ = shared_root.producer(["f/"])
+    before, etag = _acl(shared_root)
     falsies: list[Any] = [[], False, 0, ""]
     for falsy in falsies:
         r = a.put(ACL, json={"producers": falsy}, headers={"If-Match": etag})
@@ -91,14 +91,16 @@ def test_a_falsy_producers_member_is_refused_not_read_as_none(root: Root) -> Non
         assert r.status_code == 400, (field, r.text)
     r = a.put(f"/v1/admin/producers/{name}", json={"keyspaces": False})
     assert r.status_code == 400, r.text
-    after, etag2 = _acl(root)
+    after, etag2 = _acl(shared_root)
     assert after == before and etag2 == etag
 
 
-def test_put_acl_commits_atomically_keeps_tokens_and_dry_run_changes_nothing(root: Root) -> None:
-    a = root.admin()
-    name, tok = root.producer(["mv/"])
-    doc, etag = _acl(root)
+def test_put_acl_commits_atomically_keeps_tokens_and_dry_run_changes_nothing(
+    shared_root: Root,
+) -> None:
+    a = shared_root.admin()
+    name, tok = shared_root.producer(["mv/"])
+    doc, etag = _acl(shared_root)
     new = {
         "producers": {name: {"keyspaces": ["mv/", "more/"]}, "fresh": {"keyspaces": ["f/"]}},
         "consumers": {"reader": {"keyspaces": ["mv/"]}},
@@ -108,15 +110,15 @@ def test_put_acl_commits_atomically_keeps_tokens_and_dry_run_changes_nothing(roo
     changes = r.json()["changes"]
     assert "+ producer fresh" in changes and "+ consumer reader" in changes
     assert any(c.startswith(f"~ producer {name}") for c in changes)
-    assert _acl(root) == (doc, etag)  # dry run: nothing committed
+    assert _acl(shared_root) == (doc, etag)  # dry run: nothing committed
     r = a.put(ACL, json=new, headers={"If-Match": etag})
     assert r.status_code == 200 and r.json()["committed"] is True, r.text
     assert r.json()["changes"] == changes
-    got, etag2 = _acl(root)
+    got, etag2 = _acl(shared_root)
     assert etag2 == f'"{r.json()["version"]}"' != etag
     assert set(got["producers"]) == {name, "fresh"} and set(got["consumers"]) == {"reader"}
     # the producer's token survived the document PUT
-    w = root.client(tok).put("/v1/kv/more/x", content=b"1")
+    w = shared_root.client(tok).put("/v1/kv/more/x", content=b"1")
     assert w.status_code in (200, 201), w.text
     # the same document again: nothing to do, version unchanged
     r = a.put(ACL, json=new, headers={"If-Match": etag2})
@@ -142,16 +144,16 @@ def test_consumers_and_their_tokens(root: Root) -> None:
     assert root.client(tok).put("/v1/kv/cfg/a", content=b"1").status_code == 401
 
 
-def test_tokens_have_labels_expiry_last_use_and_revocation_is_immediate(root: Root) -> None:
-    a = root.admin()
-    name, _ = root.producer()
+def test_tokens_have_labels_expiry_last_use_and_revocation_is_immediate(shared_root: Root) -> None:
+    a = shared_root.admin()
+    name, _ = shared_root.producer()
     r = a.post(f"/v1/admin/producers/{name}/tokens", json={"label": "ci", "expires_in_s": 2})
     assert r.status_code == 201, r.text
     short = r.json()
     assert short["label"] == "ci" and short["expires"] and short["created"]
     r = a.post(f"/v1/admin/producers/{name}/tokens", json={"label": "deploy"})
     long_tok = r.json()
-    c = root.client(long_tok["token"])
+    c = shared_root.client(long_tok["token"])
     assert c.put(f"/v1/kv/{name}/k", content=b"v").status_code in (200, 201)
     tokens = {
         t["token_id"]: t for t in a.get(f"/v1/admin/producers/{name}/tokens").json()["tokens"]
@@ -160,14 +162,14 @@ def test_tokens_have_labels_expiry_last_use_and_revocation_is_immediate(root: Ro
     assert tokens[long_tok["token_id"]]["expires"] is None
     assert tokens[short["token_id"]]["label"] == "ci"
     assert all("token" not in t and "hash" not in t for t in tokens.values())
-    assert root.client(short["token"]).put(f"/v1/kv/{name}/s", content=b"v").status_code in (
+    assert shared_root.client(short["token"]).put(f"/v1/kv/{name}/s", content=b"v").status_code in (
         200,
         201,
     )
     # Deliberate: the test must cross the token's 2-second lifetime (counted from its
     # creation, answered before this sleep starts), so it is surely past once this ends.
     time.sleep(2.2)
-    r = root.client(short["token"]).put(f"/v1/kv/{name}/s", content=b"w")
+    r = shared_root.client(short["token"]).put(f"/v1/kv/{name}/s", content=b"w")
     assert r.status_code == 401 and "expired" in r.text
     assert a.delete(f"/v1/admin/producers/{name}/tokens/{long_tok['token_id']}").status_code == 200
     assert c.put(f"/v1/kv/{name}/k", content=b"w").status_code == 401
@@ -404,54 +406,60 @@ def _cli(root: Root, tmp_path: Path, *args: str) -> subprocess.CompletedProcess[
 
 
 def test_cli_apply_prunes_only_when_asked_and_dry_run_shows_the_put(
-    root: Root, tmp_path: Path
+    shared_root: Root, tmp_path: Path
 ) -> None:
     f = tmp_path / "acl.yaml"
     f.write_text('producers:\n  c1: {keyspaces: ["c1/"]}\nconsumers:\n  r1: {keyspaces: ["c1/"]}\n')
-    r = _cli(root, tmp_path, "acl", "apply", str(f))
+    r = _cli(shared_root, tmp_path, "acl", "apply", str(f))
     assert r.returncode == 0, r.stderr
     assert "+ producer c1" in r.stdout and "+ consumer r1" in r.stdout
     f.write_text('producers:\n  c2: {keyspaces: ["c2/"]}\n')
-    r = _cli(root, tmp_path, "acl", "apply", str(f))  # c1 and r1 kept
+    r = _cli(shared_root, tmp_path, "acl", "apply", str(f))  # c1 and r1 kept
     assert r.returncode == 0 and r.stdout.splitlines()[0] == "+ producer c2", r.stdout
-    before = _acl(root)
-    dry = _cli(root, tmp_path, "acl", "apply", str(f), "--prune", "--dry-run")
+    before = _acl(shared_root)
+    dry = _cli(shared_root, tmp_path, "acl", "apply", str(f), "--prune", "--dry-run")
     assert dry.returncode == 0, dry.stderr
     assert "- producer c1" in dry.stdout and "- consumer r1" in dry.stdout
-    assert "not applied" in dry.stdout and _acl(root) == before
-    r = _cli(root, tmp_path, "acl", "apply", str(f), "--prune")
+    assert "not applied" in dry.stdout and _acl(shared_root) == before
+    r = _cli(shared_root, tmp_path, "acl", "apply", str(f), "--prune")
     assert r.returncode == 0 and r.stdout.splitlines()[:2] == dry.stdout.splitlines()[:2]
-    assert set(_acl(root)[0]["producers"]) == {"c2"} and _acl(root)[0]["consumers"] == {}
+    assert (
+        set(_acl(shared_root)[0]["producers"]) == {"c2"} and _acl(shared_root)[0]["consumers"] == {}
+    )
 
 
-def test_cli_token_create_list_revoke_and_log(root: Root, tmp_path: Path) -> None:
-    name, _ = root.producer()
-    r = _cli(root, tmp_path, "acl", "token", "create", name, "--label", "ci", "--expires", "90d")
+def test_cli_token_create_list_revoke_and_log(shared_root: Root, tmp_path: Path) -> None:
+    name, _ = shared_root.producer()
+    r = _cli(
+        shared_root, tmp_path, "acl", "token", "create", name, "--label", "ci", "--expires", "90d"
+    )
     assert r.returncode == 0, r.stderr
     token = r.stdout.strip()
     assert token.startswith("mct_") and "shown only now" in r.stderr
-    assert root.client(token).put(f"/v1/kv/{name}/k", content=b"v").status_code in (200, 201)
-    listed = _cli(root, tmp_path, "acl", "token", "list", name)
+    assert shared_root.client(token).put(f"/v1/kv/{name}/k", content=b"v").status_code in (200, 201)
+    listed = _cli(shared_root, tmp_path, "acl", "token", "list", name)
     line = next(x for x in listed.stdout.splitlines() if "'ci'" in x)
     assert "expires=20" in line and "last_used=20" in line and token not in listed.stdout
     tid = line.split()[0]
-    assert _cli(root, tmp_path, "acl", "token", "revoke", name, tid).returncode == 0
-    assert root.client(token).put(f"/v1/kv/{name}/k", content=b"w").status_code == 401
-    log = _cli(root, tmp_path, "acl", "log")
+    assert _cli(shared_root, tmp_path, "acl", "token", "revoke", name, tid).returncode == 0
+    assert shared_root.client(token).put(f"/v1/kv/{name}/k", content=b"w").status_code == 401
+    log = _cli(shared_root, tmp_path, "acl", "log")
     assert log.returncode == 0 and f"revoke_token producer/{name}" in log.stdout
     assert f"- token {tid}" in log.stdout
-    bad = _cli(root, tmp_path, "acl", "token", "create", name, "--expires", "soon")
+    bad = _cli(shared_root, tmp_path, "acl", "token", "create", name, "--expires", "soon")
     assert bad.returncode == 2 and "--expires" in bad.stderr
 
 
-def test_cli_names_a_producer_called_dot_dot_as_itself(root: Root, tmp_path: Path) -> None:
+def test_cli_names_a_producer_called_dot_dot_as_itself(shared_root: Root, tmp_path: Path) -> None:
     # `..` as a path segment is resolved away by HTTP clients: the CLI escapes it
-    made = root.admin().put("/v1/admin/producers/%2E%2E", json={"keyspaces": ["dots/"]})
+    made = shared_root.admin().put("/v1/admin/producers/%2E%2E", json={"keyspaces": ["dots/"]})
     assert made.status_code in (200, 201), made.text
-    r = _cli(root, tmp_path, "acl", "token", "create", "..")
+    r = _cli(shared_root, tmp_path, "acl", "token", "create", "..")
     assert r.returncode == 0, r.stderr
-    assert root.client(r.stdout.strip()).put("/v1/kv/dots/k", content=b"v").status_code == 200
-    listed = _cli(root, tmp_path, "acl", "token", "list", "..")
+    assert (
+        shared_root.client(r.stdout.strip()).put("/v1/kv/dots/k", content=b"v").status_code == 200
+    )
+    listed = _cli(shared_root, tmp_path, "acl", "token", "list", "..")
     assert listed.returncode == 0 and len(listed.stdout.splitlines()) == 1, listed.stdout
 
 
