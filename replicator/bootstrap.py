@@ -98,7 +98,7 @@ async def fetch(
     connection). Raises SnapshotTransferError when the transfer is cut (call again to
     resume), the source's RefusedError subclasses, and OSError when it is unreachable.
     A filtered replica names its `keyspaces` (a filtered source refuses others); the
-    snapshot is whole all the same, pruned once installed (`store/prune.py`).
+    snapshot is then one its source derived for them (`store/prune.py`).
     """
     transport = transport or TcpTransport(tls)
     part, meta = _paths(data_dir)

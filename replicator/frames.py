@@ -93,7 +93,8 @@ Bodies by type:
   (`store/filtered.py`: RECORD frames then hold filtered records, flag bit 1 of the log
   header) starting its chain of skip hashes at that head, or refuses with code 7 when it
   does not hold them all (a filtered source holds only its own prefixes). A snapshot
-  request (mode 2) sends it too: a filtered source refuses a full replica either way.
+  request (mode 2) sends it too: the source then sends a snapshot holding only those
+  prefixes (`store/prune.py`), and a filtered source refuses a full replica either way.
 - ``UPSTREAM`` (9, replica -> source, the only frame a client sends after HELLO), 2 + n
   bytes, n at most `MAX_UPSTREAM_PAYLOAD`: kind (u16), payload. The kinds and their
   payloads are `replicator/upstream.py`'s; a source ignores (and logs) a kind it does not

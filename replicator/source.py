@@ -54,7 +54,8 @@ from replicator.tcp import TcpTransport
 from replicator.terms import store_term
 from replicator.transport import Link, LinkRefused, Listener, Transport
 from replicator.upstream import Origin, UpstreamRouter
-from store import snapshot
+from store import prune, snapshot
+from store.filtered import describe
 from store.ops import LogRecord
 from store.store import Store
 
@@ -337,7 +338,7 @@ class ReplicationSource:
         if time.monotonic() - made < 2 * SNAPSHOT_MAX_AGE:
             return
         self._snapshot = None
-        for p in (path, snapshot.sidecar(path)):
+        for p in (path, snapshot.sidecar(path), *glob.glob(f"{path}.ks-*")):
             with contextlib.suppress(OSError):
                 os.unlink(p)
         log.info("deleted expired snapshot %s", path)
@@ -439,7 +440,7 @@ class ReplicationSource:
                 ),
             )
             if hello.mode == frames.MODE_SNAPSHOT:
-                await self._send_snapshot(hello, link)
+                await self._send_snapshot(hello, link, asked)
             elif hello.mode == frames.MODE_INVALIDATE:
                 await invalidation.serve(self, hello, link, head)
             elif upstream and self.upstream is not None:
@@ -606,7 +607,9 @@ class ReplicationSource:
 
     # --- bootstrap -------------------------------------------------------------------
 
-    async def _send_snapshot(self, hello: frames.Hello, link: Link) -> None:
+    async def _send_snapshot(
+        self, hello: frames.Hello, link: Link, asked: frames.Keyspaces | None = None
+    ) -> None:
         token = object()
         peer = link.address
         self._queue.append(token)
@@ -632,6 +635,8 @@ class ReplicationSource:
         self.stats.peak = max(self.stats.peak, self.stats.active)
         try:
             path, info = await self._snapshot_for(hello.snapshot_sha.hex())
+            if asked is not None:  # a filtered replica's: derived for its prefixes
+                path, info = await self._filtered_snapshot(path, info, asked.prefixes)
             offset = hello.snapshot_offset if hello.snapshot_sha.hex() == info.sha256 else 0
             offset = min(offset, info.size)
             self.stats.transfers.append((info.sha256, offset))
@@ -688,6 +693,8 @@ class ReplicationSource:
                 if streamable and (info.sha256 == resume_sha or fresh):
                     return path, info
             os.makedirs(self._snapshot_dir, exist_ok=True)
+            # (Deleting older ones below also deletes the filtered snapshots derived from
+            # them, named after them: `prune.derived_path`.)
             path = os.path.join(self._snapshot_dir, f"snap-{time.time_ns()}.mdb")
             info = await asyncio.to_thread(snapshot.make_snapshot, self.store, path)
             for old in glob.glob(os.path.join(self._snapshot_dir, "snap-*.mdb*")):
@@ -697,6 +704,28 @@ class ReplicationSource:
             self._snapshot = (path, info, time.monotonic())
             log.info("made snapshot at seq %d (%d bytes)", info.seq, info.size)
             return path, info
+
+    async def _filtered_snapshot(
+        self, path: str, info: snapshot.SnapshotInfo, prefixes: tuple[bytes, ...]
+    ) -> tuple[str, snapshot.SnapshotInfo]:
+        """The snapshot derived from the kept one at `path` for a filtered replica of
+        `prefixes` (`store/prune.py`): made once per kept snapshot and prefix list, kept
+        beside it (a resuming replica finds the same bytes), deleted with it."""
+        keep = keyspace.normalize(prefixes)
+        out = prune.derived_path(path, keep)
+        async with self._snapshot_lock:
+            if os.path.exists(out) and os.path.exists(snapshot.sidecar(out)):
+                with open(snapshot.sidecar(out)) as f:
+                    return out, snapshot.SnapshotInfo.from_json(f.read())
+            derived = await asyncio.to_thread(prune.filtered_snapshot, path, info, out, keep)
+        log.info(
+            "derived a snapshot for keyspaces %s at seq %d (%d of %d bytes)",
+            describe(keep),
+            derived.seq,
+            derived.size,
+            info.size,
+        )
+        return out, derived
 
 
 class _Tail:

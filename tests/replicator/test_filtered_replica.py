@@ -61,6 +61,13 @@ def test_root_to_filtered_to_narrower_holds_its_subset_and_refuses_the_rest(
             procs, tmp_path / "f1", [root.port], "--keyspace", "a/", "--keyspace", "b/", name="f1"
         )
         wait_seq(f1.http, root.store.last_seq())
+        # Its bootstrap was a snapshot derived for its prefixes: smaller than the whole one.
+        snaps = sorted((tmp_path / "root" / "snapshots").glob("snap-*.mdb*"))
+        whole = [p for p in snaps if p.name.endswith(".mdb")]
+        derived = [p for p in snaps if ".ks-" in p.name and not p.name.endswith(".json")]
+        assert len(whole) == len(derived) == 1, snaps
+        assert root.source.stats.bytes_sent == derived[0].stat().st_size
+        assert derived[0].stat().st_size < whole[0].stat().st_size
         # Three more at once (their starts overlap): a narrower filtered replica of f1, and
         # a full and a wider one f1 must refuse (their stores made empty: they ask to
         # stream; a bootstrap is refused alike).

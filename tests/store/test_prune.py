@@ -3,12 +3,13 @@ counters and invariants intact, never widened, never promoted."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 
 from core.errors import StoreError
-from store import prune
+from store import prune, snapshot
 from store.check import check
 from store.format import CHUNK_SIZE
 from store.ops import SET, Op
@@ -48,3 +49,24 @@ def test_a_store_narrows_but_never_widens() -> None:
     assert wider is not None and "'b/'" in wider and "move DATA_DIR aside" in wider
     full = prune.check_keyspaces((b"a/",), None)
     assert full is not None and "same --keyspace" in full
+
+
+def test_a_derived_snapshot_holds_the_prefixes_at_the_same_seq_and_head(tmp_path: Path) -> None:
+    with Store.create(str(tmp_path / "s"), sync=False) as s:
+        for p in (b"a/", b"b/"):
+            s.apply([Op(SET, p + b"%04d" % i, b"v" * 300, owner="o") for i in range(300)])
+        whole = snapshot.make_snapshot(s, str(tmp_path / "snap.mdb"))
+        head = s.head()
+    out = prune.derived_path(str(tmp_path / "snap.mdb"), (b"a/",))
+    info = prune.filtered_snapshot(str(tmp_path / "snap.mdb"), whole, out, (b"a/",))
+    assert (info.seq, info.hash_head) == (head[0], head[1].hex())
+    assert info.size < whole.size * 0.7 and info.sha256 == snapshot.file_sha256(out)[0]
+    (tmp_path / "r").mkdir(mode=0o700)
+    os.replace(out, tmp_path / "r" / "data.mdb")
+    with Store.open(str(tmp_path / "r"), readonly=True) as r:
+        with r.reader() as rd:
+            assert {k[:2] for k, _ in rd.scan()} == {b"a/"}
+        assert r.head() == head and r.log_bounds()[0] == head[0] + 1
+        assert prune.held_keyspaces(r) is None  # node-local state does not travel
+        report = check(r)
+        assert report.ok, report
