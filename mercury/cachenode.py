@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import gc
 import logging
 import signal
 
@@ -50,6 +51,11 @@ async def _serve(args: argparse.Namespace) -> None:
         store, args.max_bytes, sources_of(args.source), TcpTransport(None), max_lag=args.max_lag
     )
     app = CacheApp(node, refuse_when_lagging=args.refuse_when_lagging)
+    # What exists now (imports, the entries loaded warm: long-lived, acyclic) is left out
+    # of the collector's older-generation passes, which would otherwise walk it again and
+    # again while serving.
+    gc.collect()
+    gc.freeze()
     host, port = parse_hostport(args.listen, "--listen")
     sock = workers.listen_socket(host, port, reuse_port=False)
     config = uvicorn.Config(
