@@ -15,6 +15,7 @@ from migrations import (
     m0004_key_checksum,
     m0005_root_state_in_log,
     m0006_chain_hash,
+    m0007_expiry,
 )
 from migrations.plan import Step, plan
 from store.migration import data_entries, run_step
@@ -27,6 +28,7 @@ STEPS: tuple[Step, ...] = (
     m0004_key_checksum.STEP,
     m0005_root_state_in_log.STEP,
     m0006_chain_hash.STEP,
+    m0007_expiry.STEP,
 )
 
 

@@ -79,9 +79,13 @@ DEF RECORD_FIXED = 19
 DEF RECORD_TAG = 0x01
 DEF LOG_TAG = 0x01
 DEF FLAG_CHUNKED = 0x01
+DEF FLAG_EXPIRES = 0x02
 DEF OP_SET = 1
 DEF OP_DELETE = 2
 DEF OP_DOC = 3
+DEF OP_SET_EXPIRING = 4
+DEF OP_EXPIRE = 5
+DEF DEADLINE_SIZE = 8
 DEF MAX_KEY = 500
 DEF MAX_OWNER = 255
 DEF MAX_ENTRY_KEY = 65535
@@ -97,9 +101,12 @@ CONSTANTS = {
     "RECORD_TAG": RECORD_TAG,
     "LOG_TAG": LOG_TAG,
     "FLAG_CHUNKED": FLAG_CHUNKED,
+    "FLAG_EXPIRES": FLAG_EXPIRES,
     "OP_SET": OP_SET,
     "OP_DELETE": OP_DELETE,
     "OP_DOC": OP_DOC,
+    "OP_SET_EXPIRING": OP_SET_EXPIRING,
+    "OP_EXPIRE": OP_EXPIRE,
     "MAX_KEY": MAX_KEY,
     "MAX_OWNER": MAX_OWNER,
     "MAX_ENTRY_KEY": MAX_ENTRY_KEY,
@@ -224,19 +231,21 @@ cdef inline uint32_t _get_u32(const uint8_t* p) noexcept nogil:
             | (<uint32_t>p[3] << 24))
 
 
-def encode_record(bytes key, uint64_t seq, bytes owner, bytes value, bint chunked):
+def encode_record(bytes key, uint64_t seq, bytes owner, bytes value, bint chunked,
+                  bint expires=False):
     """Encode the value record of `key` (its CRC covers the key); when `chunked`, the
-    value is left out."""
-    return _encode_record(key, seq, owner, value, chunked)
+    value is left out; `expires` sets FLAG_EXPIRES."""
+    return _encode_record(key, seq, owner, value, chunked, expires)
 
 
-cdef bytes _encode_record(bytes key, uint64_t seq, bytes owner, bytes value, bint chunked):
+cdef bytes _encode_record(bytes key, uint64_t seq, bytes owner, bytes value, bint chunked,
+                          bint expires):
     cdef Py_ssize_t on = PyBytes_GET_SIZE(owner)
     if on > MAX_OWNER:
         raise ValueError("owner too long")
     return _encode_record_raw(
         key, seq, <const uint8_t*>PyBytes_AS_STRING(owner), on,
-        <const uint8_t*>PyBytes_AS_STRING(value), PyBytes_GET_SIZE(value), chunked)
+        <const uint8_t*>PyBytes_AS_STRING(value), PyBytes_GET_SIZE(value), chunked, expires)
 
 
 def decode_record_header(const uint8_t[:] rec):
@@ -425,7 +434,7 @@ cdef list _entries(payload, _Chain* c, uint8_t* h):
         on = p[pos + 9]
         kn = p[pos + 10] | (p[pos + 11] << 8)
         end = pos + _entry_size(p + pos)
-        if end > n or (op != OP_SET and op != OP_DELETE and op != OP_DOC):
+        if end > n or op < OP_SET or op > OP_EXPIRE:
             raise ValueError("malformed log entry")
         a = pos + ENTRY_HDR
         owner = (<const char*>p)[a:a + on].decode("utf-8", "replace")
@@ -443,6 +452,7 @@ cdef list _entries(payload, _Chain* c, uint8_t* h):
 from core.errors import InvalidOpError
 from store.applyloop import APPEND_RUN
 from store.ops import Result, Status
+from store.format import DEADLINE
 
 cdef Py_ssize_t _APPEND_RUN = APPEND_RUN
 
@@ -452,6 +462,9 @@ cdef object _DUP = Status.DUPLICATE
 cdef object _WRITTEN = Status.WRITTEN
 cdef object _ABSENT = Status.ABSENT
 cdef object _DELETED = Status.DELETED
+cdef object _EXPIRED = Status.EXPIRED
+cdef object _DEADLINE = DEADLINE
+cdef object _U64_END = 1 << 64
 
 
 cdef inline object _result(object status, object seq):
@@ -473,12 +486,15 @@ cdef inline list _delta_for(dict delta, str owner):
     return <list>d
 
 
-cdef void _forget(const uint8_t* p, Py_ssize_t key_len, dict delta, object rare) except *:
+cdef void _forget(const uint8_t* p, Py_ssize_t key_len, dict delta, object rare,
+                  object key) except *:
     cdef uint64_t oseq = _get_u64(p + 2)
     cdef uint32_t vlen = _get_u32(p + 10)
     cdef Py_ssize_t on = p[18]
     if p[1] & FLAG_CHUNKED:
         rare.drop_chunks(oseq, vlen)
+    if p[1] & FLAG_EXPIRES:
+        rare.clear_deadline(key)
     owner = (<const char*>p)[19:19 + on].decode("utf-8", "replace")
     cdef list d = _delta_for(delta, owner)
     d[0] -= 1
@@ -494,12 +510,12 @@ def apply_ops(ops, get, put, delete, uint64_t last_seq, rare, max_key=None, appe
     cdef dict delta = {}
     cdef dict owners = {}
     cdef uint64_t seq = last_seq
-    cdef object old, expect, value, key, ob
+    cdef object old, expect, value, key, ob, dlo
     cdef bytes owner
     cdef str owner_s
     cdef const uint8_t* p
     cdef Py_ssize_t n = 0, kn, vn, on, off
-    cdef uint64_t cur
+    cdef uint64_t cur, dl
     cdef uint32_t ovlen
     cdef int opk
     cdef bint big, dup, fresh
@@ -511,7 +527,7 @@ def apply_ops(ops, get, put, delete, uint64_t last_seq, rare, max_key=None, appe
     cdef tuple op
     cdef list run = []  # fresh records not appended yet (see applyloop.apply_ops)
     for op_obj in ops:
-        if not isinstance(op_obj, tuple) or len(op_obj) != 5:
+        if not isinstance(op_obj, tuple) or len(op_obj) != 6:
             raise TypeError("ops must be store.ops.Op tuples")
         op = <tuple>op_obj
         opk = op[0]
@@ -519,6 +535,10 @@ def apply_ops(ops, get, put, delete, uint64_t last_seq, rare, max_key=None, appe
         value = op[2]
         owner_s = op[3]
         expect = op[4]
+        dlo = op[5]
+        if dlo < 0 or dlo >= _U64_END:
+            raise InvalidOpError(f"deadline {dlo} out of range")
+        dl = dlo
         if type(key) is not bytes or type(value) is not bytes:
             key = bytes(key)
             value = bytes(value)
@@ -526,7 +546,7 @@ def apply_ops(ops, get, put, delete, uint64_t last_seq, rare, max_key=None, appe
         vn = PyBytes_GET_SIZE(value)
         if kn < 1 or kn > MAX_KEY:
             raise InvalidOpError(f"key must be 1 to {MAX_KEY} bytes, got {kn}")
-        if opk != OP_SET and opk != OP_DELETE:
+        if opk != OP_SET and opk != OP_DELETE and opk != OP_EXPIRE:
             raise InvalidOpError(f"unknown op {opk}")
         if vn > MAX_VALUE:
             raise InvalidOpError(f"value of {vn} bytes exceeds {MAX_VALUE}")
@@ -570,6 +590,9 @@ def apply_ops(ops, get, put, delete, uint64_t last_seq, rare, max_key=None, appe
                     else:
                         off = RECORD_FIXED + p[18]
                         dup = n == off + vn and memcmp(p + off, PyBytes_AS_STRING(value), vn) == 0
+                    # Same bytes but another deadline (or none where there was one) is a write.
+                    if dup and (p[1] & FLAG_EXPIRES or dl):
+                        dup = (p[1] & FLAG_EXPIRES) != 0 and rare.deadline(key) == dl
                     if dup:
                         d[4] += 1
                         results.append(_result(_DUP, cur))
@@ -579,30 +602,39 @@ def apply_ops(ops, get, put, delete, uint64_t last_seq, rare, max_key=None, appe
             if big:
                 rare.put_chunks(seq, value)
             if fresh:
-                run.append((key, _encode_record(key, seq, owner, value, big)))
+                run.append((key, _encode_record(key, seq, owner, value, big, dl != 0)))
                 if PyList_GET_SIZE(run) >= _APPEND_RUN:
                     append(run)
                     run = []
                 max_key = key
             else:
-                put(key, _encode_record(key, seq, owner, value, big))
+                put(key, _encode_record(key, seq, owner, value, big, dl != 0))
             if p != NULL:
-                _forget(p, kn, delta, rare)
+                _forget(p, kn, delta, rare, key)
+            if dl:
+                rare.set_deadline(key, dl)
             c_keys += 1
             c_bytes += _stored_bytes(kn, vn, PyBytes_GET_SIZE(owner))
             c_writes += 1
-            entries.append((OP_SET, owner, key, value))
+            if dl:
+                entries.append((OP_SET_EXPIRING, owner, key, _DEADLINE.pack(dl) + value))
+            else:
+                entries.append((OP_SET, owner, key, value))
             results.append(_result(_WRITTEN, seq))
         else:
-            if p == NULL:
-                results.append(_result(_ABSENT, 0))
+            if p == NULL or (opk == OP_EXPIRE and not (p[1] & FLAG_EXPIRES)):
+                results.append(_result(_ABSENT, cur))
                 continue
             seq += 1
             delete(key)
-            _forget(p, kn, delta, rare)
-            d[3] += 1
-            entries.append((OP_DELETE, owner, key, b""))
-            results.append(_result(_DELETED, seq))
+            _forget(p, kn, delta, rare, key)
+            if opk == OP_EXPIRE:  # not a producer's delete: its usage counts no delete
+                entries.append((OP_EXPIRE, owner, key, b""))
+                results.append(_result(_EXPIRED, seq))
+            else:
+                d[3] += 1
+                entries.append((OP_DELETE, owner, key, b""))
+                results.append(_result(_DELETED, seq))
     if run:
         append(run)
     if d is not None:
@@ -632,13 +664,16 @@ cdef int _scan_buffer(_Chain* c, const uint8_t* p, Py_ssize_t n, uint64_t first_
         if seq != first_seq + <uint64_t>count[0]:
             return 2
         op = p[pos + 8]
-        if op != OP_SET and op != OP_DELETE and op != OP_DOC:
+        if op < OP_SET or op > OP_EXPIRE:
             return 3
         kn = p[pos + 10] | (p[pos + 11] << 8)
         if kn < 1 or kn > MAX_KEY:
             return 4
         vn = _get_u32(p + pos + 12)
-        if vn > MAX_VALUE or (op == OP_DELETE and vn):
+        if op == OP_SET_EXPIRING:  # the deadline, then the value
+            if vn < DEADLINE_SIZE or vn - DEADLINE_SIZE > MAX_VALUE:
+                return 5
+        elif vn > MAX_VALUE or ((op == OP_DELETE or op == OP_EXPIRE) and vn):
             return 5
         end = pos + _entry_size(p + pos)
         if end > n:
@@ -692,7 +727,7 @@ def scan_entries(payload, bytes prev_hash, uint64_t first_seq, Py_ssize_t num_en
 
 
 cdef bytes _encode_record_raw(bytes key, uint64_t seq, const uint8_t* owner, Py_ssize_t on,
-                              const uint8_t* v, Py_ssize_t vn, bint chunked):
+                              const uint8_t* v, Py_ssize_t vn, bint chunked, bint expires):
     # The value record of `key` from raw pointers (`_encode_record`'s bytes, or a value
     # that stays inside a log record's payload); its CRC covers the key. The caller checks
     # `on` <= MAX_OWNER.
@@ -700,7 +735,7 @@ cdef bytes _encode_record_raw(bytes key, uint64_t seq, const uint8_t* owner, Py_
     cdef bytes out = PyBytes_FromStringAndSize(NULL, total)
     cdef uint8_t* p = <uint8_t*>PyBytes_AS_STRING(out)
     p[0] = RECORD_TAG
-    p[1] = FLAG_CHUNKED if chunked else 0
+    p[1] = (FLAG_CHUNKED if chunked else 0) | (FLAG_EXPIRES if expires else 0)
     _put_u64(p + 2, seq)
     _put_u32(p + 10, <uint32_t>vn)
     p[18] = <uint8_t>on
@@ -735,10 +770,10 @@ def apply_entries(payload, get, put, delete, rare, doc, dict delta, max_key=None
     cdef Py_ssize_t n = buf.shape[0], pos = 0, a, k, v, on, kn, vn
     cdef const uint8_t* base
     cdef const uint8_t* p
-    cdef uint64_t seq
+    cdef uint64_t seq, dl
     cdef int op
     cdef object mv = None, old, key
-    cdef bint big, fresh
+    cdef bint big, fresh, is_set
     # The owner of the previous change: most records have one (no decode, no lookup).
     cdef const uint8_t* prev_owner = NULL
     cdef Py_ssize_t prev_on = -1
@@ -765,33 +800,43 @@ def apply_entries(payload, get, put, delete, rare, doc, dict delta, max_key=None
         if op == OP_DOC:  # a replicated document, never a user key
             doc(seq, key, PyBytes_FromStringAndSize(<const char*>(base + v), vn))
             continue
-        fresh = append is not None and op == OP_SET and (max_key is None or key > max_key)
+        is_set = op == OP_SET or op == OP_SET_EXPIRING
+        fresh = append is not None and is_set and (max_key is None or key > max_key)
         old = None if fresh else get(key)
         if old is not None:
             if type(old) is not bytes:
                 old = bytes(old)
             _check_old(old)
-            _forget(<const uint8_t*>PyBytes_AS_STRING(old), kn, delta, rare)
+            _forget(<const uint8_t*>PyBytes_AS_STRING(old), kn, delta, rare, key)
         if d is None or on != prev_on or memcmp(prev_owner, base + a, on) != 0:
             name = (<const char*>base)[a:k].decode("utf-8", "replace")
             d = _delta_for(delta, name)
             prev_owner, prev_on = base + a, on
-        if op == OP_SET:
+        if is_set:
+            dl = 0
+            if op == OP_SET_EXPIRING:
+                dl = _get_u64(base + v)
+                v += DEADLINE_SIZE
+                vn -= DEADLINE_SIZE
             big = vn > CHUNK_SIZE
             if big:
                 if mv is None:
                     mv = memoryview(payload)
                 rare.put_chunks(seq, mv[v:pos])  # LMDB copies it: no value bytes object
             if fresh:
-                append(key, _encode_record_raw(key, seq, base + a, on, base + v, vn, big),
+                append(key, _encode_record_raw(key, seq, base + a, on, base + v, vn, big,
+                                               dl != 0),
                        True, True, True)
                 max_key = key
             else:
-                put(key, _encode_record_raw(key, seq, base + a, on, base + v, vn, big))
+                put(key, _encode_record_raw(key, seq, base + a, on, base + v, vn, big, dl != 0))
+            if dl:
+                rare.set_deadline(key, dl)
             d[0] += 1
             d[1] += _stored_bytes(kn, vn, on)
             d[2] += 1
         else:
             delete(key)
-            d[3] += 1
+            if op == OP_DELETE:  # an expiry is not a producer's delete
+                d[3] += 1
     return max_key

@@ -25,7 +25,8 @@ from store.usage import stored_bytes
 
 
 class Rare(Protocol):
-    """Callbacks for chunked values (values over one page)."""
+    """Callbacks for the uncommon paths: chunked values (over one page) and deadlines
+    (`store/expiry.py`; only keys whose record carries `FLAG_EXPIRES` have one)."""
 
     def chunked_equal(self, seq: int, vlen: int, value: bytes) -> bool:
         """Whether the chunked value stored under `seq` equals `value`."""
@@ -35,6 +36,15 @@ class Rare(Protocol):
 
     def drop_chunks(self, seq: int, vlen: int) -> None:
         """Delete the chunks of the value stored under `seq`."""
+
+    def deadline(self, key: bytes) -> int:
+        """The deadline of `key` (µs), 0 when none."""
+
+    def set_deadline(self, key: bytes, deadline_us: int) -> None:
+        """Index `key` under `deadline_us` (any earlier deadline already cleared)."""
+
+    def clear_deadline(self, key: bytes) -> None:
+        """Remove the deadline of `key`."""
 
 
 #: Fresh records (keys past the data's last one) go to `append` in runs of at most this
@@ -47,8 +57,10 @@ def validate(op: Op) -> None:
     """Raise InvalidOpError for an op the store refuses."""
     if not 1 <= len(op.key) <= fmt.MAX_KEY:
         raise InvalidOpError(f"key must be 1 to {fmt.MAX_KEY} bytes, got {len(op.key)}")
-    if op.op != fmt.OP_SET and op.op != fmt.OP_DELETE:
+    if op.op != fmt.OP_SET and op.op != fmt.OP_DELETE and op.op != fmt.OP_EXPIRE:
         raise InvalidOpError(f"unknown op {op.op}")
+    if op.deadline < 0 or op.deadline >= 1 << 64:
+        raise InvalidOpError(f"deadline {op.deadline} out of range")
     if len(op.value) > fmt.MAX_VALUE:
         raise InvalidOpError(f"value of {len(op.value)} bytes exceeds {fmt.MAX_VALUE}")
     if len(op.owner.encode()) > fmt.MAX_OWNER:
@@ -99,11 +111,15 @@ def apply_ops(
         owner = op.owner.encode()
         if op.op == fmt.OP_SET:
             value = op.value
+            dl = op.deadline
             if old is not None and h is not None and h.vlen == len(value):
                 if h.flags & fmt.FLAG_CHUNKED:
                     dup = rare.chunked_equal(h.seq, h.vlen, value)
                 else:
                     dup = old[h.value_offset :] == value
+                # Same bytes but another deadline (or none where there was one) is a write.
+                if dup and (h.flags & fmt.FLAG_EXPIRES or dl):
+                    dup = bool(h.flags & fmt.FLAG_EXPIRES) and rare.deadline(key) == dl
                 if dup:
                     d[4] += 1
                     results.append(Result(Status.DUPLICATE, h.seq))
@@ -112,41 +128,57 @@ def apply_ops(
             big = len(value) > fmt.CHUNK_SIZE
             if big:
                 rare.put_chunks(seq, value)
+            rec = fmt.encode_record(key, seq, owner, value, big, dl != 0)
             if fresh and append is not None:
-                run.append((key, fmt.encode_record(key, seq, owner, value, big)))
+                run.append((key, rec))
                 if len(run) >= APPEND_RUN:
                     append(run)
                     run = []
                 max_key = key
             else:
-                put(key, fmt.encode_record(key, seq, owner, value, big))
+                put(key, rec)
             if h is not None:
-                forget(h, len(key), delta, rare)
+                forget(h, len(key), delta, rare, key)
+            if dl:
+                rare.set_deadline(key, dl)
             d[0] += 1
             d[1] += stored_bytes(len(key), len(value), len(owner))
             d[2] += 1
-            entries.append((fmt.OP_SET, owner, key, value))
+            if dl:
+                entries.append((fmt.OP_SET_EXPIRING, owner, key, fmt.expiring_value(dl, value)))
+            else:
+                entries.append((fmt.OP_SET, owner, key, value))
             results.append(Result(Status.WRITTEN, seq))
         else:
-            if h is None:
-                results.append(Result(Status.ABSENT, 0))
+            expiring = op.op == fmt.OP_EXPIRE
+            if h is None or (expiring and not h.flags & fmt.FLAG_EXPIRES):
+                results.append(Result(Status.ABSENT, cur))
                 continue
             seq += 1
             delete(key)
-            forget(h, len(key), delta, rare)
-            d[3] += 1
-            entries.append((fmt.OP_DELETE, owner, key, b""))
-            results.append(Result(Status.DELETED, seq))
+            forget(h, len(key), delta, rare, key)
+            if expiring:  # not a producer's delete: its usage counts no delete
+                entries.append((fmt.OP_EXPIRE, owner, key, b""))
+                results.append(Result(Status.EXPIRED, seq))
+            else:
+                d[3] += 1
+                entries.append((fmt.OP_DELETE, owner, key, b""))
+                results.append(Result(Status.DELETED, seq))
     if run and append is not None:
         append(run)
     return results, entries, seq, delta
 
 
-def forget(h: fmt.RecordHeader, key_len: int, delta: dict[str, list[int]], rare: Rare) -> None:
+def forget(
+    h: fmt.RecordHeader, key_len: int, delta: dict[str, list[int]], rare: Rare, key: bytes
+) -> None:
     """Account for an old record going away (overwritten or deleted): drop its chunks and
-    take its key and bytes off its owner's usage delta. Shared with the replica's apply."""
+    its deadline, and take its key and bytes off its owner's usage delta. Shared with the
+    replica's apply."""
     if h.flags & fmt.FLAG_CHUNKED:
         rare.drop_chunks(h.seq, h.vlen)
+    if h.flags & fmt.FLAG_EXPIRES:
+        rare.clear_deadline(key)
     d = delta.get(h.owner)
     if d is None:
         d = delta[h.owner] = [0, 0, 0, 0, 0, 0]

@@ -18,7 +18,7 @@ import lmdb
 
 from core import failpoints
 from core.errors import CorruptionError
-from store import chunks, codec, docs, layout, nodedocs, txlog
+from store import chunks, codec, docs, expiry, layout, nodedocs, txlog
 from store.counters import DeferredCounters, KeyspaceCounts, bump, read_keyspaces, write_usage
 from store.layout import K_HASH_HEAD, K_LAST_SEQ, U64
 from store.lmdberrors import translate, writing
@@ -79,7 +79,7 @@ class BatchWriter:
                     txn.put,
                     txn.delete,
                     last,
-                    ValueChunks(txn, dbs.chunks),
+                    ValueChunks(txn, dbs.chunks, dbs.expiry),
                     bytes(cur.key()) if cur.last() else None,
                     Appender(cur),  # LMDB append mode for keys past the last one
                 )
@@ -194,11 +194,22 @@ class Appender:
 
 
 class ValueChunks:
-    """`applyloop.Rare` over one write transaction: the chunked-value paths of apply."""
+    """`applyloop.Rare` over one write transaction: the chunked-value and deadline paths
+    of apply."""
 
-    def __init__(self, txn: Any, db: Any) -> None:
+    def __init__(self, txn: Any, db: Any, expiry_db: Any) -> None:
         self._txn = txn
         self._db = db
+        self._expiry = expiry_db
+
+    def deadline(self, key: bytes) -> int:
+        return expiry.get(self._txn, self._expiry, key)
+
+    def set_deadline(self, key: bytes, deadline_us: int) -> None:
+        expiry.put(self._txn, self._expiry, key, deadline_us)
+
+    def clear_deadline(self, key: bytes) -> None:
+        expiry.clear(self._txn, self._expiry, key)
 
     def chunked_equal(self, seq: int, vlen: int, value: bytes) -> bool:
         return chunks.get(self._txn, self._db, chunks.VALUE_NS, seq, vlen) == value

@@ -26,11 +26,12 @@ from typing import Any
 
 import cramjam
 
-from store import chainhash, chunks, codec, docs, filtered
+from store import chainhash, chunks, codec, docs, expiry, filtered
 from store.counters import check_keyspaces
 from store.format import (
     CHUNK_SIZE,
     FLAG_CHUNKED,
+    FLAG_EXPIRES,
     LOG_HEADER,
     OP_DOC,
     check_chunked_record,
@@ -122,6 +123,7 @@ def check(store: Store, progress: Progress | None = None) -> CheckReport:
 def _check_data(store: Store, txn: Any, report: CheckReport, tick: Progress) -> set[bytes]:
     recount: dict[str, Usage] = {}
     live: set[bytes] = set()
+    flagged: set[bytes] = set()
     prev: bytes | None = None
     for key, rec in txn.cursor(db=store.dbs.data):
         report.values += 1
@@ -145,6 +147,8 @@ def _check_data(store: Store, txn: Any, report: CheckReport, tick: Progress) -> 
             live.update(_chunk_keys(chunks.VALUE_NS, h.seq, n))
         elif codec.record_value(key, rec) is None:
             report.add(f"key {key!r}: CRC mismatch")
+        if h.flags & FLAG_EXPIRES:
+            flagged.add(key)
         u = recount.setdefault(h.owner, Usage())
         u.keys += 1
         u.bytes += stored_bytes(len(key), h.vlen, h.owner_len)
@@ -160,6 +164,9 @@ def _check_data(store: Store, txn: Any, report: CheckReport, tick: Progress) -> 
                 )
         last = U64.unpack(txn.get(K_LAST_SEQ, db=store.dbs.meta))[0]
         for problem in check_keyspaces(txn, store.dbs.data, store.dbs.meta, last):
+            report.add(problem)
+    if store.dbs.expiry is not None:
+        for problem in expiry.check(txn, store.dbs.expiry, flagged):
             report.add(problem)
     return live
 

@@ -20,7 +20,8 @@ from store import replay as _replay
 
 IMPLEMENTATION: str
 
-encode_record: Callable[[bytes, int, bytes, bytes, bool], bytes]
+# (key, seq, owner, value, chunked, expires=False)
+encode_record: Callable[..., bytes]
 decode_record_header: Callable[[Any], _ref.RecordHeader]
 record_value: Callable[[Any, Any], bytes | None]
 encode_entry: Callable[[int, int, bytes, bytes, bytes], bytes]

@@ -193,7 +193,7 @@ class KeyspaceCounts:
                     op.owner,
                     stored_bytes(len(k), len(op.value), len(ob)),
                 )
-            elif st == _DELETED:
+            elif st == _DELETED or st == Status.EXPIRED:  # an expiry removes the key too
                 new = None
             else:
                 continue

@@ -10,7 +10,9 @@ Value record (value of the ``data`` sub-database; the LMDB key is the user key):
 
     off  size  field
     0    1     tag = 0x01
-    1    1     flags: bit 0 = value is chunked (held in the ``chunks`` sub-database)
+    1    1     flags: bit 0 = value is chunked (held in the ``chunks`` sub-database);
+               bit 1 = the key has a deadline (format >= 7: it is in the ``expiry``
+               sub-database, `store/expiry.py`; the record itself does not hold it)
     2    8     seq of the change that wrote this value (u64)
     10   4     value length V (u32, whole value even when chunked)
     14   4     CRC-32 over the user key ++ bytes [0:14] ++ bytes [18:] ++ the whole
@@ -27,11 +29,19 @@ of free contiguous pages, whatever the value size.
 Log entry (one per applied change, concatenated in a batch payload)::
 
     0    8     seq (u64)
-    8    1     op: 1 = set, 2 = delete, 3 = replicated document (format >= 3)
+    8    1     op: 1 = set, 2 = delete, 3 = replicated document (format >= 3),
+               4 = set with a deadline, 5 = expiry (format >= 7)
     9    1     owner length N
     10   2     key length K (u16)
-    12   4     value length V (u32; 0 for delete)
+    12   4     value length V (u32; 0 for delete and expiry)
     16   N+K+V owner, key, value
+
+Op 4 (format >= 7) is a set whose key expires: its value field is the deadline
+(microseconds since the Unix epoch, u64) followed by the value, so V = 8 + the value's
+length. Op 5 (format >= 7) is a delete that says it is an expiry: only the root logs one,
+when the key's deadline is due (`gateway/expirer.py`), so every node removes the key at
+the same seq; its owner is the key's owner. A set (op 1) of a key that had a deadline
+clears it.
 
 Op 3 sets the replicated document named by the key (UTF-8) in the ``docs`` sub-database to
 the value, or removes it when the value is empty; its owner is empty. It never touches user
@@ -76,10 +86,20 @@ from typing import NamedTuple
 RECORD_TAG = 0x01
 LOG_TAG = 0x01
 FLAG_CHUNKED = 0x01
+#: The key has a deadline in the ``expiry`` sub-database (format >= 7).
+FLAG_EXPIRES = 0x02
 OP_SET = 1
 OP_DELETE = 2
 #: A replicated document (`store/docs.py`), format >= 3.
 OP_DOC = 3
+#: A set with a deadline: value = deadline (u64 µs) ++ value (format >= 7).
+OP_SET_EXPIRING = 4
+#: A delete that is an expiry, logged by the root only (format >= 7).
+OP_EXPIRE = 5
+#: Every op code a log entry may hold.
+LOG_OPS = (OP_SET, OP_DELETE, OP_DOC, OP_SET_EXPIRING, OP_EXPIRE)
+#: The deadline prefix of an op-4 entry's value.
+DEADLINE = struct.Struct("<Q")
 #: One LMDB page (4096) minus its 16-byte header: a chunk fills exactly one overflow page.
 CHUNK_SIZE = 4080
 HASH_SIZE = 32
@@ -162,10 +182,13 @@ def record_crc(key: bytes, head14: bytes, tail: bytes, value: bytes) -> int:
     return zlib.crc32(value, zlib.crc32(tail, zlib.crc32(head14, zlib.crc32(key))))
 
 
-def encode_record(key: bytes, seq: int, owner: bytes, value: bytes, chunked: bool) -> bytes:
+def encode_record(
+    key: bytes, seq: int, owner: bytes, value: bytes, chunked: bool, expires: bool = False
+) -> bytes:
     """Encode the value record of `key`; when `chunked`, the value is left out (it goes to
-    chunks). The key itself is not stored in the record, only covered by its CRC."""
-    flags = FLAG_CHUNKED if chunked else 0
+    chunks); `expires` sets `FLAG_EXPIRES`. The key itself is not stored in the record,
+    only covered by its CRC."""
+    flags = (FLAG_CHUNKED if chunked else 0) | (FLAG_EXPIRES if expires else 0)
     head14 = _PREFIX.pack(RECORD_TAG, flags, seq, len(value))
     tail = bytes((len(owner),)) + owner
     crc = record_crc(key, head14, tail, value)
@@ -211,6 +234,18 @@ def check_chunked_record(key: bytes, rec: bytes, value: bytes) -> bool:
 def encode_entry(seq: int, op: int, owner: bytes, key: bytes, value: bytes) -> bytes:
     """Encode one log entry."""
     return ENTRY_HEADER.pack(seq, op, len(owner), len(key), len(value)) + owner + key + value
+
+
+def expiring_value(deadline_us: int, value: bytes) -> bytes:
+    """The value field of an op-4 entry: the deadline, then the value."""
+    return DEADLINE.pack(deadline_us) + value
+
+
+def split_expiring(field: bytes) -> tuple[int, bytes]:
+    """(deadline µs, value) of an op-4 entry's value field; ValueError when too short."""
+    if len(field) < DEADLINE.size:
+        raise ValueError("op-4 entry shorter than its deadline")
+    return DEADLINE.unpack_from(field, 0)[0], bytes(field[DEADLINE.size :])
 
 
 def chain(prev: bytes, entry: bytes | memoryview, alg: int = CHAIN_BLAKE2B) -> bytes:
@@ -281,7 +316,7 @@ def _entries(payload: bytes, prev_hash: bytes | None, alg: int) -> tuple[list[En
             raise ValueError("truncated log entry header")
         seq, op, on, kn, vn = ENTRY_HEADER.unpack_from(payload, pos)
         end = pos + hs + on + kn + vn
-        if end > n or op not in (OP_SET, OP_DELETE, OP_DOC):
+        if end > n or op not in LOG_OPS:
             raise ValueError("malformed log entry")
         a = pos + hs
         owner = bytes(payload[a : a + on]).decode("utf-8", "replace")

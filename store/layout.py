@@ -15,6 +15,9 @@ Sub-databases:
 - ``docs``   (format >= 3) replicated documents (the ACL, audit records): name -> seq (u64)
   of the log entry that wrote it ++ the document, changed only through the log
   (`store/docs.py`)
+- ``expiry`` (format >= 7) the deadline index: ``b"d"`` + deadline (u64 BE) + key -> empty
+  (due keys in deadline order) and ``b"k"`` + key -> deadline (u64), changed in the same
+  transaction as the key by every node from the log (`store/expiry.py`)
 """
 
 from __future__ import annotations
@@ -35,7 +38,8 @@ META = b"meta"
 STATE = b"state"
 IDEM = b"idem"
 DOCS = b"docs"
-ALL_DBS = (DATA, CHUNKS, LOG, META, STATE, IDEM, DOCS)
+EXPIRY = b"expiry"
+ALL_DBS = (DATA, CHUNKS, LOG, META, STATE, IDEM, DOCS, EXPIRY)
 
 K_DB_ID = b"db_id"
 K_FORMAT = b"format_version"
@@ -67,6 +71,8 @@ class Dbs:
     idem: Any
     #: None only in a read-only view of a format-2 store, which has no ``docs`` yet.
     docs: Any
+    #: None only in a read-only view of a store older than format 7 (`store/expiry.py`).
+    expiry: Any
 
 
 #: A data directory and the files in it belong to the node's user alone: the store holds
@@ -136,6 +142,6 @@ def _open_db(env: Any, name: bytes, readonly: bool) -> Any:
     try:
         return env.open_db(name, create=not readonly)
     except lmdb.NotFoundError:
-        if name == DOCS:  # a format-2 store opened read-only (to migrate or inspect it)
+        if name in (DOCS, EXPIRY):  # an older store opened read-only (to migrate or inspect)
             return None
         raise

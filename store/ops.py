@@ -5,10 +5,12 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import NamedTuple
 
-from store.format import OP_DELETE, OP_SET
+from store.format import OP_DELETE, OP_EXPIRE, OP_SET
 
 SET = OP_SET
 DELETE = OP_DELETE
+#: A delete that is an expiry: only the root's expirer submits it (`gateway/expirer.py`).
+EXPIRE = OP_EXPIRE
 
 
 class Status(StrEnum):
@@ -19,6 +21,8 @@ class Status(StrEnum):
     DELETED = "deleted"
     ABSENT = "absent"
     PRECONDITION_FAILED = "precondition_failed"
+    #: An expiry (op EXPIRE) removed the key.
+    EXPIRED = "expired"
     #: Never produced by the store: the gateway's batcher reports it for an op it dropped
     #: because a later op of the same batch (same key, no condition) replaced it before
     #: the commit; its seq is that later op's result seq.
@@ -54,6 +58,11 @@ class Op(NamedTuple):
     `expect_seq` makes the op conditional, evaluated inside the write transaction: the
     key's current version (seq of its last change, 0 when absent) must equal it —
     ``If-Match: "<seq>"`` is ``expect_seq=seq``, ``If-None-Match: *`` is ``expect_seq=0``.
+
+    `deadline` (µs since the epoch, 0 = none) makes a set expire (format >= 7): the store
+    indexes it and the root's expirer logs an EXPIRE op once it is due. A set without one
+    clears the key's deadline. An EXPIRE removes the key only when it has a deadline (and
+    `expect_seq`, which the expirer always gives, still matches); otherwise "absent".
     """
 
     op: int
@@ -61,6 +70,7 @@ class Op(NamedTuple):
     value: bytes = b""
     owner: str = ""
     expect_seq: int | None = None
+    deadline: int = 0
 
 
 class Result(NamedTuple):
@@ -91,6 +101,8 @@ class Value(NamedTuple):
     value: bytes
     seq: int
     owner: str
+    #: The key's deadline (µs since the epoch), 0 when it does not expire.
+    expires_us: int = 0
 
 
 class LogRecord(NamedTuple):

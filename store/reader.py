@@ -10,15 +10,16 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 from core.errors import CRCError
-from store import chunks, codec
-from store.format import FLAG_CHUNKED, check_chunked_record
+from store import chunks, codec, expiry
+from store.format import FLAG_CHUNKED, FLAG_EXPIRES, check_chunked_record
 from store.layout import K_LAST_SEQ, U64
 from store.metrics import CRC_FAILURES
 from store.ops import Value
 
 
-def decode(txn: Any, chunks_db: Any, key: bytes, rec: bytes) -> Value:
-    """The value of stored record `rec` of `key` (chunks reassembled), CRC checked."""
+def decode(txn: Any, chunks_db: Any, key: bytes, rec: bytes, expiry_db: Any = None) -> Value:
+    """The value of stored record `rec` of `key` (chunks reassembled), CRC checked, with
+    its deadline read from `expiry_db` (the ``expiry`` sub-database; None: not read)."""
     try:
         h = codec.decode_record_header(rec)
         if h.flags & FLAG_CHUNKED:
@@ -37,6 +38,8 @@ def decode(txn: Any, chunks_db: Any, key: bytes, rec: bytes) -> Value:
             key=key,
             hint="run `mercury verify`; re-bootstrap this node from a healthy one",
         )
+    if h.flags & FLAG_EXPIRES and expiry_db is not None:
+        return Value(value, h.seq, h.owner, expiry.get(txn, expiry_db, key))
     return Value(value, h.seq, h.owner)
 
 
@@ -44,10 +47,13 @@ class Reader:
     """Reads inside one short read transaction (see `Store.reader`); the transaction's
     default database is ``data``."""
 
-    def __init__(self, txn: Any, chunks_db: Any, meta_db: Any = None) -> None:
+    def __init__(
+        self, txn: Any, chunks_db: Any, meta_db: Any = None, expiry_db: Any = None
+    ) -> None:
         self._txn = txn
         self._chunks = chunks_db
         self._meta = meta_db
+        self._expiry = expiry_db
 
     def seq(self) -> int:
         """The last applied seq as this transaction sees it: exactly the state every read
@@ -59,7 +65,7 @@ class Reader:
     def get(self, key: bytes) -> Value | None:
         """The value of `key`, or None. Raises CRCError."""
         rec = self._txn.get(key)
-        return None if rec is None else decode(self._txn, self._chunks, key, rec)
+        return None if rec is None else decode(self._txn, self._chunks, key, rec, self._expiry)
 
     def get_many(self, keys: Iterable[bytes]) -> list[Value | None]:
         """Values of `keys`, in order (None where absent)."""
@@ -88,4 +94,4 @@ class Reader:
                 return
             if limit is not None and n >= limit:
                 return
-            yield k, None if keys_only else decode(self._txn, self._chunks, k, v)
+            yield k, None if keys_only else decode(self._txn, self._chunks, k, v, self._expiry)

@@ -8,7 +8,8 @@ Two passes over a record's decompressed payload, neither building an `Entry` per
   that has not passed them (`replica_apply`, which names a refused record's seq in an
   `InvalidRecordError`). Every entry is numbered from the record's first seq, has a known
   op, a key of 1..MAX_KEY bytes (an op-3 document name too), a value of at most MAX_VALUE
-  bytes and none for a delete, lies inside the payload, and there are as many as the
+  bytes (an op-4 set: its 8-byte deadline and then such a value) and none for a delete or
+  an expiry, lies inside the payload, and there are as many as the
   header says; each is folded into the hash chain. It needs nothing but the bytes (the
   Cython twin runs it without the GIL on large records).
 - `apply_entries` then applies them inside the caller's write transaction through the
@@ -54,11 +55,15 @@ def scan_entries(
         seq, op, on, kn, vn = _HDR.unpack_from(mv, pos)
         if seq != first_seq + count:
             raise ValueError(f"entry {count} has seq {seq}, expected {first_seq + count}")
-        if op not in (fmt.OP_SET, fmt.OP_DELETE, fmt.OP_DOC):
+        if op not in fmt.LOG_OPS:
             raise ValueError(f"entry at seq {seq} has unknown op code {op}")
         if not 1 <= kn <= fmt.MAX_KEY:
             raise ValueError(f"entry at seq {seq} has a key of {kn} bytes (1..{fmt.MAX_KEY})")
-        if vn > fmt.MAX_VALUE or (op == fmt.OP_DELETE and vn):
+        if op == fmt.OP_SET_EXPIRING:  # the deadline, then the value
+            bad = vn < fmt.DEADLINE.size or vn - fmt.DEADLINE.size > fmt.MAX_VALUE
+        else:
+            bad = vn > fmt.MAX_VALUE or ((op == fmt.OP_DELETE or op == fmt.OP_EXPIRE) and vn > 0)
+        if bad:
             raise ValueError(f"entry at seq {seq} has a value of {vn} bytes")
         end = pos + hs + on + kn + vn
         if end > n:
@@ -105,29 +110,38 @@ def apply_entries(
         if op == fmt.OP_DOC:  # a replicated document, never a user key
             doc(seq, key, bytes(mv[v:pos]))
             continue
-        fresh = append is not None and op == fmt.OP_SET and (max_key is None or key > max_key)
+        is_set = op == fmt.OP_SET or op == fmt.OP_SET_EXPIRING
+        fresh = append is not None and is_set and (max_key is None or key > max_key)
         old = None if fresh else get(key)
         if old is not None:
-            forget(fmt.decode_record_header(old), kn, delta, rare)
+            forget(fmt.decode_record_header(old), kn, delta, rare, key)
         owner = bytes(mv[a:k])
         name = owner.decode("utf-8", "replace")
         d = delta.get(name)
         if d is None:
             d = delta[name] = [0, 0, 0, 0, 0, 0]
-        if op == fmt.OP_SET:
-            big = vn > fmt.CHUNK_SIZE
+        if is_set:
+            dl = 0
+            if op == fmt.OP_SET_EXPIRING:
+                dl = fmt.DEADLINE.unpack_from(mv, v)[0]
+                v += fmt.DEADLINE.size
+            vlen = pos - v
+            big = vlen > fmt.CHUNK_SIZE
             if big:
                 rare.put_chunks(seq, mv[v:pos])  # LMDB copies it: no value bytes object
-            rec = fmt.encode_record(key, seq, owner, bytes(mv[v:pos]), big)
+            rec = fmt.encode_record(key, seq, owner, bytes(mv[v:pos]), big, dl != 0)
             if fresh and append is not None:
                 append(key, rec, True, True, True)
                 max_key = key
             else:
                 put(key, rec)
+            if dl:
+                rare.set_deadline(key, dl)
             d[0] += 1
-            d[1] += stored_bytes(kn, vn, on)
+            d[1] += stored_bytes(kn, vlen, on)
             d[2] += 1
         else:
             delete(key)
-            d[3] += 1
+            if op == fmt.OP_DELETE:  # an expiry is not a producer's delete
+                d[3] += 1
     return max_key

@@ -73,7 +73,7 @@ class _Target:
         self.txn = txn
         self.dbs = dbs
         self.chain = chain
-        self.rare = ValueChunks(txn, dbs.chunks)
+        self.rare = ValueChunks(txn, dbs.chunks, dbs.expiry)
         cur = txn.cursor()  # the data sub-database: the transaction's default
         self.append = cur.put
         self.max_key: bytes | None = bytes(cur.key()) if cur.last() else None

@@ -32,7 +32,7 @@ from typing import Any
 
 from core.commitgate import CommitGate
 from core.errors import CorruptionError, StoreExistsError
-from store import chainhash, codec, docs, layout, nodedocs, replica_apply, txlog
+from store import chainhash, codec, docs, expiry, layout, nodedocs, replica_apply, txlog
 from store.batchwrite import AnswersFn, BatchWriter, now_us
 from store.counters import COUNTER_DEFER_S
 from store.format import ZERO_HASH
@@ -304,7 +304,7 @@ class Store:
             rec = txn.get(key)
             if rec is None:
                 return None
-            return decode(txn, self.dbs.chunks, key, rec)
+            return decode(txn, self.dbs.chunks, key, rec, self.dbs.expiry)
 
     def record(self, key: bytes) -> tuple[bytes | None, int]:
         """(the stored record of `key` or None, the last seq), read in one short transaction.
@@ -328,7 +328,33 @@ class Store:
         Keep it short: a read transaction held across many commits makes LMDB grow the file.
         """
         with self.env.begin(db=self.dbs.data) as txn:
-            yield Reader(txn, self.dbs.chunks, self.dbs.meta)
+            yield Reader(txn, self.dbs.chunks, self.dbs.meta, self.dbs.expiry)
+
+    # --- deadlines (format >= 7) --------------------------------------------------------
+
+    def due_expiries(self, now_us: int, limit: int) -> list[tuple[bytes, int, int, str]]:
+        """Up to `limit` keys whose deadline is at or before `now_us`, earliest first, as
+        (key, deadline µs, seq of the record that set it, owner): what the root's expirer
+        logs as conditional EXPIRE ops (`gateway/expirer.py`)."""
+        out: list[tuple[bytes, int, int, str]] = []
+        with self.env.begin(db=self.dbs.data) as txn:
+            for key, deadline in expiry.due(txn, self.dbs.expiry, now_us, limit):
+                rec = txn.get(key)
+                if rec is None:  # an index entry without its key: never written so
+                    continue
+                h = codec.decode_record_header(rec)
+                out.append((key, deadline, int(h.seq), h.owner))
+        return out
+
+    def expiry_backlog(self, now_us: int, cap: int) -> int:
+        """How many deadlines are due at `now_us` (counted up to `cap`)."""
+        with self.env.begin() as txn:
+            return expiry.count_due(txn, self.dbs.expiry, now_us, cap)
+
+    def next_deadline(self) -> int:
+        """The earliest deadline of any key (µs since the epoch), 0 when none."""
+        with self.env.begin() as txn:
+            return expiry.next_deadline(txn, self.dbs.expiry)
 
     # --- log -------------------------------------------------------------------------
 

@@ -11,8 +11,8 @@ from store.layout import K_FORMAT, U32
 #: Format written by this code. Format 1 had no usage counters, format 2 no replicated
 #: documents, format 3 value records whose CRC left the key out, format 4 kept the admin
 #: token's hash and idempotency answers out of the log, format 5 chained every log with
-#: BLAKE2b-256 without naming it (see migrations/).
-CURRENT_FORMAT = 6
+#: BLAKE2b-256 without naming it, format 6 had no keys that expire (see migrations/).
+CURRENT_FORMAT = 7
 
 
 def read_format_version(path: str) -> int:

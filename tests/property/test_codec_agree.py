@@ -17,7 +17,7 @@ from store import format as ref
 from store.ops import Op
 from store.store import Store
 from tests.conftest import assert_store_ok
-from tests.strategies import entry_ops, owner_bytes, seqs, store_ops
+from tests.strategies import deadlines, entry_ops, owner_bytes, seqs, store_ops
 
 if codec.IMPLEMENTATION != "cython":
     pytest.skip("Cython codec not in use (MERCURY_PURE=1)", allow_module_level=True)
@@ -185,7 +185,8 @@ class _DictChunks:
 
     def __init__(self) -> None:
         self.stored: dict[int, bytes] = {}
-        self.calls: list[tuple[str, int, int]] = []
+        self.deadlines: dict[bytes, int] = {}
+        self.calls: list[tuple[str, int | bytes, int]] = []
 
     def chunked_equal(self, seq: int, vlen: int, value: bytes) -> bool:
         self.calls.append(("equal", seq, vlen))
@@ -199,6 +200,20 @@ class _DictChunks:
     def drop_chunks(self, seq: int, vlen: int) -> None:
         self.calls.append(("drop", seq, vlen))
         assert len(self.stored.pop(seq)) == vlen
+
+    # The deadline index (`store/expiry.py`), recorded the same way.
+    def deadline(self, key: bytes) -> int:
+        self.calls.append(("deadline", key, 0))
+        return self.deadlines.get(key, 0)
+
+    def set_deadline(self, key: bytes, deadline_us: int) -> None:
+        self.calls.append(("set_deadline", key, deadline_us))
+        assert key not in self.deadlines  # cleared first
+        self.deadlines[key] = deadline_us
+
+    def clear_deadline(self, key: bytes) -> None:
+        self.calls.append(("clear_deadline", key, 0))
+        del self.deadlines[key]
 
 
 def _big(fill: int, n: int) -> bytes:
@@ -217,14 +232,20 @@ _POOL = [
     _big(4, 3 * ref.CHUNK_SIZE + 7),
 ]
 pooled_ops = st.builds(
-    lambda kind, key, v, owner, expect: Op(
-        kind, key, v if kind == ref.OP_SET else b"", owner, expect
+    lambda kind, key, v, owner, expect, dl: Op(
+        kind,
+        key,
+        v if kind == ref.OP_SET else b"",
+        owner,
+        expect,
+        dl if kind == ref.OP_SET else 0,
     ),
-    st.sampled_from([ref.OP_SET, ref.OP_SET, ref.OP_SET, ref.OP_DELETE]),
+    st.sampled_from([ref.OP_SET, ref.OP_SET, ref.OP_SET, ref.OP_DELETE, ref.OP_EXPIRE]),
     st.sampled_from([b"a", b"b", b"c", b"d"]),
     st.sampled_from(_POOL),
     st.sampled_from(["", "alice", "bob"]),
     st.one_of(st.none(), st.none(), st.integers(min_value=0, max_value=12)),
+    deadlines,
 )
 
 
@@ -258,6 +279,7 @@ def test_apply_loop_identical(batches: list[list[Op]]) -> None:
     assert dbs[0] == dbs[1]
     assert rares[0].calls == rares[1].calls
     assert rares[0].stored == rares[1].stored
+    assert rares[0].deadlines == rares[1].deadlines
 
 
 @settings(max_examples=40, deadline=None)

@@ -25,10 +25,19 @@ _BIG = [b"x" * (ref.CHUNK_SIZE + 1), bytes(range(256)) * 40, b"\x07" * (3 * ref.
 values = st.one_of(st.binary(max_size=40), st.sampled_from(_BIG))
 owners = st.sampled_from([b"", b"alice", b"bob", "\u00e9t\u00e9".encode(), b"\xff\xfe"])
 keys = st.sampled_from([b"a", b"b", b"c", b"\x00i", b"k" * 500])
-# (op, owner, key, value): sets (chunked ones included), deletes and op-3 documents.
+# (op, owner, key, value): sets (chunked ones included), with a deadline or not, deletes,
+# expiries and op-3 documents.
 entries = st.one_of(
     st.tuples(st.just(ref.OP_SET), owners, keys, values),
+    st.builds(
+        lambda o, k, d, v: (ref.OP_SET_EXPIRING, o, k, ref.DEADLINE.pack(d) + v),
+        owners,
+        keys,
+        st.sampled_from([0, 5, 2**63]),
+        values,
+    ),
     st.tuples(st.just(ref.OP_DELETE), owners, keys, st.just(b"")),
+    st.tuples(st.just(ref.OP_EXPIRE), owners, keys, st.just(b"")),
     st.tuples(st.just(ref.OP_DOC), st.just(b""), st.sampled_from([b"acl", b"\x00ix"]), values),
 )
 
@@ -108,9 +117,14 @@ def _breaks_a_rule(raw: bytes, first: int, n: int) -> bool:
         op, on = raw[pos + 8], raw[pos + 9]
         kn = int.from_bytes(raw[pos + 10 : pos + 12], "little")
         vn = int.from_bytes(raw[pos + 12 : pos + 16], "little")
-        if seq != first + count or op not in (ref.OP_SET, ref.OP_DELETE, ref.OP_DOC):
+        if seq != first + count or not 1 <= op <= 5:  # set, delete, doc, set+deadline, expiry
             return True
-        if not 1 <= kn <= ref.MAX_KEY or vn > ref.MAX_VALUE or (op == ref.OP_DELETE and vn):
+        if not 1 <= kn <= ref.MAX_KEY:
+            return True
+        if op == 4:  # an 8-byte deadline, then a value of at most MAX_VALUE bytes
+            if vn < 8 or vn - 8 > ref.MAX_VALUE:
+                return True
+        elif vn > ref.MAX_VALUE or (op in (2, 5) and vn):
             return True
         pos += 16 + on + kn + vn
         if pos > len(raw):
@@ -159,6 +173,15 @@ class _Rec:
     def drop_chunks(self, seq: int, vlen: int) -> None:
         self.calls.append(("drop", seq, vlen))
 
+    def deadline(self, key: bytes) -> int:
+        raise AssertionError("a replica never compares deadlines")
+
+    def set_deadline(self, key: bytes, deadline_us: int) -> None:
+        self.calls.append(("set_deadline", key, deadline_us))
+
+    def clear_deadline(self, key: bytes) -> None:
+        self.calls.append(("clear_deadline", key))
+
 
 @st.composite
 def stored_records(draw: st.DrawFn) -> dict[bytes, bytes]:
@@ -167,7 +190,9 @@ def stored_records(draw: st.DrawFn) -> dict[bytes, bytes]:
     for key in draw(st.lists(st.sampled_from([b"a", b"b", b"c", b"k" * 500]), unique=True)):
         value = draw(values)
         big = len(value) > ref.CHUNK_SIZE
-        out[key] = ref.encode_record(key, draw(st.integers(1, 99)), draw(owners), value, big)
+        expires = draw(st.booleans())
+        seq = draw(st.integers(1, 99))
+        out[key] = ref.encode_record(key, seq, draw(owners), value, big, expires)
     return out
 
 
@@ -187,7 +212,7 @@ def test_apply_entries_identical(
     # A delete of a key with nothing stored is never logged: give those keys a record.
     stored = data.draw(stored_records())
     for op, _o, key, _v in ops:
-        if op == ref.OP_DELETE and key not in stored:
+        if op in (ref.OP_DELETE, ref.OP_EXPIRE) and key not in stored:
             stored[key] = ref.encode_record(key, 1, b"x", b"v", False)
     payload, _ = ref.pack_entries(first, ops, ref.ZERO_HASH)
     runs = []
@@ -237,11 +262,14 @@ def test_apply_entries_refuses_a_malformed_stored_record_alike() -> None:
 
 _POOL = [b"", b"v", b"w" * 100, _BIG[0], _BIG[1], _BIG[2]]
 replica_ops = st.builds(
-    lambda kind, key, v, owner: Op(kind, key, v if kind == ref.OP_SET else b"", owner),
-    st.sampled_from([ref.OP_SET, ref.OP_SET, ref.OP_DELETE]),
+    lambda kind, key, v, owner, dl: Op(
+        kind, key, v if kind == ref.OP_SET else b"", owner, None, dl if kind == ref.OP_SET else 0
+    ),
+    st.sampled_from([ref.OP_SET, ref.OP_SET, ref.OP_DELETE, ref.OP_EXPIRE]),
     st.sampled_from([b"a", b"b", b"c", b"z"]),
     st.sampled_from(_POOL),
     st.sampled_from(["", "alice", "bob"]),
+    st.sampled_from([0, 0, 5, 9]),
 )
 
 
@@ -297,6 +325,8 @@ def test_replicas_on_either_codec_equal_their_root(
                 with rep.reader() as a, root.reader() as b:
                     assert list(a.scan()) == list(b.scan())
                 assert rep.stat()["entries_chunks"] == root.stat()["entries_chunks"]
+                assert rep.due_expiries(10, 100) == root.due_expiries(10, 100)
+                assert rep.stat()["entries_expiry"] == root.stat()["entries_expiry"]
                 assert_store_ok(rep)
         finally:
             for s in (root, *reps):

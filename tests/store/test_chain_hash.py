@@ -103,8 +103,8 @@ def test_migrating_a_format5_store_keeps_its_blake2b_chain(tmp_path: Path) -> No
         assert s.chain_hash == "blake2b-256"
         with s.env.begin(db=s.dbs.meta) as txn:
             assert txn.get(K_CHAIN_HASH) is None  # format 5 names no hash
-    assert [st.name for st in migrate(d)] == ["0006_chain_hash"]
-    assert read_format_version(d) == 6
+    assert [st.name for st in migrate(d)] == ["0006_chain_hash", "0007_expiry"]
+    assert read_format_version(d) == 7
     with Store.open(d) as s:
         assert s.chain_hash == "blake2b-256" and s.head() == before
         _writes(s, 3, b"after")  # the chain goes on with the same hash

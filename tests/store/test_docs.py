@@ -108,6 +108,7 @@ def test_migration_moves_the_acl_into_the_log(tmp_path: Path) -> None:
         "0004_key_checksum",
         "0005_root_state_in_log",
         "0006_chain_hash",
+        "0007_expiry",
     ]
     with Store.open(d) as s:
         assert s.get_state("acl") is None
@@ -145,6 +146,7 @@ def test_sigkill_mid_migration_leaves_format_2(tmp_path: Path) -> None:
         "0004_key_checksum",
         "0005_root_state_in_log",
         "0006_chain_hash",
+        "0007_expiry",
     ]
     with Store.open(d) as s:
         assert s.get_doc("acl") is not None and s.last_seq() == 3  # + the admin hash

@@ -17,7 +17,7 @@ from store import format as ref
 from store.store import CURRENT_FORMAT
 
 DATA = Path(__file__).resolve().parents[1] / "data"
-GOLDEN_FORMAT = 6  # the format these files describe
+GOLDEN_FORMAT = 7  # the format these files describe
 
 
 def _cases() -> dict[str, bytes]:
@@ -34,7 +34,18 @@ def _cases() -> dict[str, bytes]:
     answer_payload, _ = codec.pack_entries(45, [answer], head)
     # format 6: the same entries chained with SHA-256 (a store names its chain hash)
     _, sha_head = codec.pack_entries(41, ops, ref.ZERO_HASH, ref.CHAIN_SHA256)
+    # format 7: a set with a deadline (op 4: deadline u64 ++ value) and an expiry (op 5)
+    deadline = 1_700_000_060_000_000
+    expiring = [
+        (ref.OP_SET_EXPIRING, b"team-a", b"cfg/window", ref.expiring_value(deadline, b"on")),
+        (ref.OP_EXPIRE, b"team-a", b"cfg/window", b""),
+    ]
+    expiry_payload, _ = codec.pack_entries(46, expiring, head)
     return {
+        "golden_log_expiry_entries.bin": expiry_payload,
+        "golden_record_expiring.bin": codec.encode_record(
+            b"cfg/window", 46, b"team-a", b"on", False, True
+        ),
         "golden_log_doc_entry.bin": doc_payload,
         "golden_log_answer_entry.bin": answer_payload,
         "golden_record_inline.bin": codec.encode_record(

@@ -138,6 +138,7 @@ def test_migration_0004_re_signs_every_record_and_keeps_the_data(tmp_path: Path)
         "0004_key_checksum",
         "0005_root_state_in_log",
         "0006_chain_hash",
+        "0007_expiry",
     ]
     assert read_format_version(d) == CURRENT_FORMAT
     with Store.open(d) as s:

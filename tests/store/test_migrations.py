@@ -77,6 +77,7 @@ def test_migrate_backfills_usage_counters(tmp_path: Path) -> None:
         "0004_key_checksum",
         "0005_root_state_in_log",
         "0006_chain_hash",
+        "0007_expiry",
     ]
     assert pending(d) == [] and migrate(d) == []  # idempotent
     s = Store.open(d)

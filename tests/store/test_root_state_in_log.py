@@ -95,8 +95,12 @@ def _format4_root(path: str) -> None:
 def test_migration_0005_logs_the_admin_hash_and_empties_state(tmp_path: Path) -> None:
     d = str(tmp_path / "root")
     _format4_root(d)
-    assert [st.name for st in migrate(d)] == ["0005_root_state_in_log", "0006_chain_hash"]
-    assert read_format_version(d) == 6
+    assert [st.name for st in migrate(d)] == [
+        "0005_root_state_in_log",
+        "0006_chain_hash",
+        "0007_expiry",
+    ]
+    assert read_format_version(d) == 7
     with Store.open(d) as s:
         assert s.get_state("admin_token_hash") is None
         assert s.get_doc("admin_token_hash") == Doc(2, b"ab" * 32)
