@@ -30,6 +30,7 @@ cdef extern from "Python.h":
     void PyTuple_SET_ITEM(object t, Py_ssize_t i, object o)  # steals a reference
 
 cdef object _Op = Op
+cdef object _NO_DEADLINE = 0
 cdef object _SET = SET
 cdef object _DELETE = DELETE
 
@@ -333,9 +334,9 @@ cdef Py_ssize_t _scan(const unsigned char* s, Py_ssize_t n, Py_ssize_t max_ops, 
 
 
 cdef inline object _op(object kind, object key, object value, object owner):
-    """``Op(kind, key, value, owner, None)`` without NamedTuple.__new__ and its temporary
-    tuple (what tuple.__new__ does for a subclass, minus the copy)."""
-    cdef object t = PyType_GenericAlloc(<PyTypeObject*>_Op, 5)
+    """``Op(kind, key, value, owner, None, 0)`` without NamedTuple.__new__ and its
+    temporary tuple (what tuple.__new__ does for a subclass, minus the copy)."""
+    cdef object t = PyType_GenericAlloc(<PyTypeObject*>_Op, 6)
     Py_INCREF(kind)
     PyTuple_SET_ITEM(t, 0, kind)
     Py_INCREF(key)
@@ -346,6 +347,8 @@ cdef inline object _op(object kind, object key, object value, object owner):
     PyTuple_SET_ITEM(t, 3, owner)
     Py_INCREF(None)
     PyTuple_SET_ITEM(t, 4, None)
+    Py_INCREF(_NO_DEADLINE)
+    PyTuple_SET_ITEM(t, 5, _NO_DEADLINE)
     return t
 
 

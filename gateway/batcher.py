@@ -224,6 +224,8 @@ class Request:
     producer: str
     idem_key: bytes | None = None
     answer: AnswerFn | None = None
+    #: False for the root's own requests (expiries): not a producer's, not in usage series
+    counted: bool = True
 
 
 @dataclass(slots=True)
@@ -400,8 +402,10 @@ class Batcher:
         idem_key: bytes | None = None,
         answer: AnswerFn | None = None,
         deletes: dict[str, int] | None = None,
+        counted: bool = True,
     ) -> asyncio.Future[list[Result]]:
-        """Queue a request's ops for the open batch; the future gives one Result per op."""
+        """Queue a request's ops for the open batch; the future gives one Result per op.
+        `counted=False`: not a producer's request (the expirer's), left out of usage series."""
         if self._closing:
             raise ShuttingDownError("the gateway is shutting down", hint="retry on the new root")
         nlog = log_bytes(len(ops), nbytes, producer)
@@ -431,7 +435,7 @@ class Batcher:
         if not b.requests:
             b.opened = time.monotonic()
             self._wake.set()
-        b.requests.append(Request(ops, nbytes, fut, producer, idem_key, answer))
+        b.requests.append(Request(ops, nbytes, fut, producer, idem_key, answer, counted))
         b.n_ops += len(ops)
         b.n_bytes += nbytes
         b.n_log += nlog
@@ -499,7 +503,8 @@ class Batcher:
                     if self.series is not None:  # here, not in the commit thread: counting
                         # then overlaps the next commit's fsync instead of delaying it; and
                         # after the woken writers' answers (call_soon runs behind them)
-                        loop.call_soon(self.series.add_requests, b.requests, results, time.time())
+                        reqs, res = _counted(b.requests, results)
+                        loop.call_soon(self.series.add_requests, reqs, res, time.time())
             self._signal_room()  # the open batch moved on
             if self._closing and not self._open.requests and not self._queued:
                 await self._drained.wait()  # every committed batch answered (or refused)
@@ -587,7 +592,7 @@ class Batcher:
         series = self.series
         changes = None
         if series is not None:
-            producers = {r.producer for r in requests}
+            producers = {r.producer for r in requests if r.counted}
             changes = series.due(time.time(), self._usage_snapshot, starting=producers)
         t0 = time.perf_counter()
         out = self.store.apply(
@@ -609,6 +614,16 @@ class Batcher:
         if self.on_commit is not None:
             self.on_commit()
         return split
+
+
+def _counted(
+    requests: list[Request], results: list[list[Result]]
+) -> tuple[list[Request], list[list[Result]]]:
+    """The producers' requests of a batch with their results (the expirer's left out)."""
+    if all(r.counted for r in requests):
+        return requests, results
+    pairs = [(r, x) for r, x in zip(requests, results, strict=True) if r.counted]
+    return [r for r, _ in pairs], [x for _, x in pairs]
 
 
 def _answer(requests: list[Request], results: list[list[Result]]) -> None:

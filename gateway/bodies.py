@@ -18,7 +18,7 @@ from urllib.parse import unquote_to_bytes
 import msgpack
 import orjson
 
-from core import compiled, strictjson
+from core import compiled, strictjson, ttl
 from core.errors import BadRequestError, TooLargeError
 from store.ops import DELETE, SET, Op
 
@@ -364,14 +364,16 @@ def batch_ops(doc: Any, owner: str, *, max_ops: int, max_key: int, max_value: in
                 vb = value.encode("utf-8", "surrogatepass")
                 if 0 < len(kb) <= max_key and len(vb) <= max_value:
                     # tuple.__new__ skips the NamedTuple's Python-level __new__
-                    append(_new(Op, (SET, kb, vb, owner, None)))
+                    append(_new(Op, (SET, kb, vb, owner, None, 0)))
                     continue
         append(_slow_op(op, i, owner, max_key, max_value))
     return out
 
 
 #: The members an op may have (anything else is refused, never ignored).
-_OP_FIELDS = frozenset(("op", "key", "key_b64", "value", "value_b64", "if_seq", "if_absent"))
+_OP_FIELDS = frozenset(
+    ("op", "key", "key_b64", "value", "value_b64", "if_seq", "if_absent", "ttl", "expires_at")
+)
 
 
 def _slow_op(op: Any, i: int, owner: str, max_key: int, max_value: int) -> Op:
@@ -395,10 +397,16 @@ def _slow_op(op: Any, i: int, owner: str, max_key: int, max_value: int) -> Op:
             raise TooLargeError(
                 f"op {i}: value is {len(value)} bytes; values are at most {max_value} bytes"
             )
-        return Op(SET, key, value, owner, _condition(op, i))
+        try:
+            deadline = ttl.deadline_of(op.get("ttl"), op.get("expires_at"), ttl.now_us())
+        except BadRequestError as err:
+            raise BadRequestError(f"op {i}: {err.message}", hint=err.hint) from err
+        return Op(SET, key, value, owner, _condition(op, i), deadline)
     if kind == "delete":
         if "value" in op or "value_b64" in op:  # a set misspelt as a delete: never guess
             raise BadRequestError(f"op {i}: a delete carries no value")
+        if "ttl" in op or "expires_at" in op:
+            raise BadRequestError(f"op {i}: a delete takes no ttl or expires_at")
         return Op(DELETE, key, b"", owner, _condition(op, i))
     raise BadRequestError(f'op {i}: "op" must be "set" or "delete", got {kind!r}')
 

@@ -14,6 +14,7 @@ from operator import itemgetter
 from urllib.parse import parse_qsl, unquote_to_bytes
 
 from acl.model import Producer
+from core import ttl
 from core.errors import BadRequestError
 from gateway import bodies, idempotency
 from gateway.answers import Answer, batch_answer, kv_answer
@@ -51,6 +52,26 @@ def query_flag(query: bytes, name: str) -> bool:
         if k == name:
             return v.lower() in ("1", "true", "yes")
     return False
+
+
+def query_value(query: bytes, name: str) -> str | None:
+    """The value of query parameter `name` (percent-decoded), None when absent."""
+    if not query:
+        return None
+    for k, v in parse_qsl(query.decode("latin-1"), keep_blank_values=True):
+        if k == name:
+            return v
+    return None
+
+
+def deadline(query: bytes) -> int:
+    """The deadline (µs) a PUT asks for with ``?ttl=`` or ``?expires_at=``; 0 when none
+    (`core/ttl.py` holds the bounds)."""
+    if b"ttl" not in query and b"expires_at" not in query:  # the common case, no parse
+        return 0
+    return ttl.deadline_of(
+        query_value(query, "ttl"), query_value(query, "expires_at"), ttl.now_us()
+    )
 
 
 def is_async(query: bytes) -> bool:
@@ -109,15 +130,17 @@ async def put_kv(
     gw: Gateway, h: Mapping[str, str], raw_path: bytes, query: bytes, read: BodyReader, t0: float
 ) -> Answer:
     """PUT /v1/kv/{key}: 200 `{"seq", "status": "written" | "duplicate" | "superseded"}`
-    after commit."""
+    after commit; ``?ttl=`` / ``?expires_at=`` give the key a deadline (a PUT without one
+    clears the key's)."""
     p = gw.producer(h.get("authorization"))
     key = key_of(raw_path, gw.settings.max_key)
     cond = condition(h)
+    dl = deadline(query)
     value = await read(gw.settings.max_value, "value")
     idem = h.get("idempotency-key")
     return await gw.write(
         p,
-        [Op(SET, key, value, p.name, cond)],
+        [Op(SET, key, value, p.name, cond, dl)],
         len(key) + len(value),
         kv_answer,
         idem=idem,

@@ -92,3 +92,15 @@ BATCH_WAITING = Gauge(
 )
 USAGE_BYTES = Gauge("mercury_usage_bytes", "Bytes stored per producer", ("producer",))
 USAGE_KEYS = Gauge("mercury_usage_keys", "Keys stored per producer", ("producer",))
+
+EXPIRY_BACKLOG = Gauge(
+    "mercury_expiry_backlog",
+    "Keys whose deadline has passed and whose expiry is not logged yet (counted up to "
+    "100,000; the root's expirer logs them in bounded batches)",
+)
+EXPIRED = Counter("mercury_expired_keys_total", "Keys the root's expirer logged as expired")
+EXPIRY_LATENESS = Histogram(
+    "mercury_expiry_lateness_seconds",
+    "From a key's deadline to the commit of its logged expiry, on the root",
+    buckets=(0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 5.0, 10.0, 30.0, 60.0),
+)

@@ -9,6 +9,7 @@ from fastapi import APIRouter, Request
 from starlette.convertors import PathConvertor, register_url_convertor
 from starlette.responses import Response
 
+from core import ttl
 from core.errors import NoSuchKeyError
 from core.openapi import VERSION_HEADERS
 from gateway import kv_handlers
@@ -93,6 +94,20 @@ _KV_PARAMS = [
     _ASYNC,
 ]
 
+_TTL_PARAMS = [
+    doc.query(
+        "ttl",
+        {"type": "string"},
+        "the key expires this long after the write: `90s`, `5m`, `1h`, `1h30m`, `2d` or a "
+        "number of seconds (1 s to one year); a write without ttl or expires_at clears it",
+    ),
+    doc.query(
+        "expires_at",
+        {"type": "string", "format": "date-time"},
+        "the key expires at this RFC 3339 time (1 s to one year ahead)",
+    ),
+]
+
 _KEY_PARAM = {
     "name": "key",
     "in": "path",
@@ -170,7 +185,7 @@ async def _call(request: Request, handler: Any) -> Response:
         (412, "the If-Match / If-None-Match condition failed (`current_seq`)"),
     ),
     openapi_extra={
-        "parameters": [_KEY_PARAM, *_KV_PARAMS],
+        "parameters": [_KEY_PARAM, *_KV_PARAMS, *_TTL_PARAMS],
         "requestBody": {
             "required": True,
             "content": {
@@ -301,6 +316,7 @@ async def get_kv(request: Request) -> Response:
             "ETag": f'"{v.seq}"',
             "X-Mercury-Version": str(v.seq),
             "X-Mercury-Seq": str(v.seq),
+            **ttl.headers(v.expires_us),
         },
     )
 

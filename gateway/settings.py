@@ -23,6 +23,9 @@ class Settings:
     max_batch_body: int = 100 << 20
     idempotency_ttl_s: float = 48 * 3600.0
     idempotency_gc_every_s: float = 600.0
+    #: The expirer's pass: at least this often, and at most this many keys per request.
+    expiry_every_s: float = 1.0
+    expiry_batch_max: int = 5000
     consumer_nodes: tuple[str, ...] = ()
     #: Serve the hot write endpoints by the raw-ASGI fast path (same handlers).
     fast_path: bool = True

@@ -25,6 +25,7 @@ from gateway.admission import Admission
 from gateway.answers import Answer, batch_answer, kv_answer
 from gateway.auth import ADMIN, Auth, load_admin_hash
 from gateway.batcher import Batcher
+from gateway.expirer import Expirer
 from gateway.guards import check_guards
 from gateway.idempotency import MAX_IDEMPOTENCY_KEY, REPLAYED, Hold, Idempotency
 from gateway.settings import Settings
@@ -70,6 +71,13 @@ class Gateway:
         metrics.LOG_LAST_SEQ.set_function(store.last_seq)
         self.idempotency = Idempotency(store, settings.idempotency_ttl_s)
         self._gc_task: asyncio.Task[None] | None = None
+        #: The root's expirer (`gateway/expirer.py`): logs the expiry of each due key.
+        self.expirer = Expirer(
+            store,
+            self.batcher,
+            every_s=settings.expiry_every_s,
+            max_per_batch=settings.expiry_batch_max,
+        )
         #: Each producer's submitted writes not yet committed (or refused): `settled`.
         self._pending: dict[str, set[asyncio.Future[list[Result]]]] = {}
         #: Producers being purged: their writes are refused at submit (`fence`).
@@ -96,9 +104,11 @@ class Gateway:
             ),
             name="idem-gc",
         )
+        self.expirer.start()
 
     async def stop(self) -> None:
         """Commit and acknowledge the open batch, stop background tasks."""
+        await self.expirer.stop()
         if self._gc_task is not None:
             self._gc_task.cancel()
             with contextlib.suppress(asyncio.CancelledError):

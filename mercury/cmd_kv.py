@@ -155,6 +155,14 @@ def register(sub: Any) -> None:
         "--if-seq", type=int, help="only if KEY's current seq is this one (else exit 4)"
     )
     cond.add_argument("--if-absent", action="store_true", help="create only (else exit 4)")
+    exp = p.add_mutually_exclusive_group()
+    exp.add_argument(
+        "--ttl",
+        metavar="D",
+        help="KEY expires after D: 90s, 5m, 1h, 1h30m, 2d or seconds (1 s to one year); "
+        "a put without --ttl clears KEY's deadline",
+    )
+    exp.add_argument("--expires-at", metavar="T", help="KEY expires at T (RFC 3339)")
     p.set_defaults(func=_run(_put))
 
     p = add(
@@ -386,7 +394,14 @@ def _note(args: argparse.Namespace, text: str) -> None:
 
 def _put(client: Client, args: argparse.Namespace) -> int:
     value = sys.stdin.buffer.read() if args.value == "-" else args.value.encode()
-    r = client.put(args.key, value, if_seq=args.if_seq, if_absent=args.if_absent)
+    r = client.put(
+        args.key,
+        value,
+        if_seq=args.if_seq,
+        if_absent=args.if_absent,
+        ttl=args.ttl,
+        expires_at=args.expires_at,
+    )
     if not args.quiet:
         _json_line({"seq": r.seq, "status": r.status})
     return OK

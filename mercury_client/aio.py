@@ -18,6 +18,7 @@ from collections.abc import (
     Mapping,
     Sequence,
 )
+from datetime import datetime
 from types import TracebackType
 from typing import Any
 
@@ -173,12 +174,18 @@ class AsyncClient:
         if_seq: int | None = None,
         if_absent: bool = False,
         idempotency_key: str | None = None,
+        ttl: calls.Ttl | None = None,
+        expires_at: str | datetime | None = None,
     ) -> wire.WriteResult:
         """Write one key; answered after the root's durable commit. `if_seq`: only if the
         key's current seq is this one; `if_absent`: only if the key is absent (otherwise
-        `PreconditionFailed`, carrying the key's `current_seq`)."""
+        `PreconditionFailed`, carrying the key's `current_seq`). `ttl` (``"90s"``, ``"5m"``,
+        seconds, a timedelta) or `expires_at` (RFC 3339, an aware datetime): the key
+        expires then, logged by the root (1 s to one year ahead, else `BadRequest`); a put
+        without either clears the key's deadline."""
         idem = self._idem(idempotency_key)
-        call = calls.put(key, value, idem, calls.condition(if_seq, if_absent))
+        query = calls.expiry_query(ttl, expires_at)
+        call = calls.put(key, value, idem, calls.condition(if_seq, if_absent), query)
         r = await self._send(call, safe=idem is not None)
         return calls.write_result(r)
 

@@ -13,7 +13,9 @@ import ssl
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from datetime import datetime, timedelta
 from typing import Any
+from urllib.parse import urlencode
 
 import httpx
 
@@ -173,16 +175,41 @@ def condition(if_seq: int | None, if_absent: bool) -> dict[str, str]:
     return {"If-Match": f'"{int(if_seq)}"'} if if_seq is not None else {}
 
 
+#: What `put(..., ttl=)` takes: a duration string (``"90s"``, ``"5m"``, ``"1h30m"``), a
+#: number of seconds, or a `timedelta`.
+Ttl = str | int | float | timedelta
+
+
+def expiry_query(ttl: Ttl | None, expires_at: str | datetime | None) -> str:
+    """The ``?ttl=`` / ``?expires_at=`` query of a PUT ("" when neither); the root checks
+    the bounds (1 s to one year) and answers 400 naming the one passed."""
+    if ttl is not None and expires_at is not None:
+        raise ValueError("give ttl or expires_at, not both")
+    if ttl is not None:
+        if isinstance(ttl, timedelta):
+            ttl = ttl.total_seconds()
+        text = ttl if isinstance(ttl, str) else f"{float(ttl):g}"
+        return "?" + urlencode({"ttl": text})
+    if expires_at is not None:
+        if isinstance(expires_at, datetime):
+            if expires_at.tzinfo is None:
+                raise ValueError("expires_at needs a timezone (an aware datetime)")
+            expires_at = expires_at.isoformat()
+        return "?" + urlencode({"expires_at": expires_at})
+    return ""
+
+
 def put(
     key: wire.Key,
     value: str | bytes,
     idempotency_key: str | None,
     cond: dict[str, str] | None = None,
+    query: str = "",
 ) -> Call:
     return Call(
         WRITE,
         "PUT",
-        wire.kv_path(key),
+        wire.kv_path(key) + query,
         {
             "Content-Type": "application/octet-stream",
             **idem_headers(idempotency_key),

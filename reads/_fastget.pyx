@@ -42,7 +42,8 @@ cdef inline Py_ssize_t _inline(bytes key, bytes rec, uint64_t* seq) noexcept:
     """Offset of the value of an inline record whose CRC holds; -1 otherwise."""
     cdef Py_ssize_t n = PyBytes_GET_SIZE(rec)
     cdef const uint8_t* p = <const uint8_t*>PyBytes_AS_STRING(rec)
-    if n < RECORD_FIXED or p[0] != RECORD_TAG or p[1] & FLAG_CHUNKED:
+    # Any flag (a chunked value, a deadline whose `Expires` the full path reports): -1.
+    if n < RECORD_FIXED or p[0] != RECORD_TAG or p[1] != 0:
         return -1
     cdef uint32_t vlen = _u32(p + 10)
     cdef Py_ssize_t off = RECORD_FIXED + p[18]

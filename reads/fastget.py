@@ -33,7 +33,7 @@ from prometheus_client import Histogram
 from core import compiled
 from memcached import protocol as mc
 from reads.fastobserve import BatchedObserve
-from store.format import FLAG_CHUNKED, RECORD_FIXED, RECORD_HEADER, RECORD_TAG, record_crc
+from store.format import RECORD_FIXED, RECORD_HEADER, RECORD_TAG, record_crc
 
 _OCTET_HEAD = b"content-type: application/octet-stream\r\netag: "
 
@@ -43,7 +43,7 @@ def _inline(key: bytes, rec: bytes) -> tuple[int, bytes] | None:
     if len(rec) < RECORD_FIXED or rec[0] != RECORD_TAG:
         return None
     _tag, flags, seq, vlen, crc = RECORD_HEADER.unpack_from(rec, 0)
-    if flags & FLAG_CHUNKED:
+    if flags:  # a chunked value, or a deadline whose `Expires` the full path reports
         return None
     off = RECORD_FIXED + rec[18]
     if len(rec) != off + vlen:

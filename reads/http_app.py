@@ -27,7 +27,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from core import openapi, strictjson
+from core import openapi, strictjson, ttl
 from core.allow import allowed_methods
 from core.errors import (
     CRCError,
@@ -320,6 +320,15 @@ async def get_bulk(request: Request) -> Response:
     doc: dict[str, Any] = {"values": values}
     if values_b64:
         doc["values_b64"] = values_b64
+    # The deadlines of the keys that have one, by the name the key was asked under.
+    names = (*body.keys, *body.keys_b64)
+    expires = {
+        n: ttl.rfc3339(v.expires_us)
+        for n, v in zip(names, found, strict=True)
+        if v is not None and v.expires_us
+    }
+    if expires:
+        doc["expires_at"] = expires
     READ_SECONDS.labels("http_get_bulk").observe(time.perf_counter() - t0)
     return JSONResponse(
         doc, headers={"X-Mercury-Seq": str(applied), "X-Mercury-Applied-Seq": str(applied)}

@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 from typing import Any
 
+from core import ttl
 from store.ops import Value
 
 
@@ -19,9 +20,11 @@ def put_bytes(doc: dict[str, Any], name: str, raw: bytes) -> None:
 
 def item(key: bytes, value: Value | None) -> dict[str, Any]:
     """One range item: ``{"key", "value"}`` (value omitted for keys_only, `_b64` names for
-    non-UTF-8 bytes)."""
+    non-UTF-8 bytes), and ``expires_at`` (RFC 3339) when the key has a deadline."""
     doc: dict[str, Any] = {}
     put_bytes(doc, "key", key)
     if value is not None:
         put_bytes(doc, "value", value.value)
+        if value.expires_us:
+            doc["expires_at"] = ttl.rfc3339(value.expires_us)
     return doc

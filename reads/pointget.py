@@ -12,6 +12,7 @@ from __future__ import annotations
 import time
 from urllib.parse import unquote_to_bytes
 
+from core import ttl
 from core.errors import CRCError
 from core.problems import NO_SUCH_KEY, PROBLEM_JSON
 from reads import keyspaces, readstats
@@ -78,6 +79,10 @@ def point_get(
                     (b"etag", etag),
                     (b"x-mercury-version", b"%d" % found.seq),
                 ]
+                # A deadline, as the log says: a key past it is served until the root's
+                # expiry reaches this node (every node removes it at the same seq).
+                for name, value in ttl.headers(found.expires_us).items():
+                    headers.append((name.lower().encode(), value.encode()))
                 if if_none_match is not None and _matches(if_none_match, etag):
                     status = 304
                 else:

@@ -44,6 +44,7 @@ import snappy
 from fastapi import APIRouter, FastAPI, Request
 from starlette.responses import Response, StreamingResponse
 
+from core import ttl
 from core.errors import CorruptionError, CRCError, InvalidReadError, LogRetentionError
 from net import http_bounds
 from net.budget import ANONYMOUS, Budget, Principal, Reason
@@ -54,7 +55,15 @@ from reads.problems import problem
 from replicator import heap
 from replicator.notify import WakeListener
 from store import codec, filtered
-from store.format import ENTRY_HEADER, MAX_KEY, OP_DELETE, OP_SET
+from store.format import (
+    ENTRY_HEADER,
+    MAX_KEY,
+    OP_DELETE,
+    OP_EXPIRE,
+    OP_SET,
+    OP_SET_EXPIRING,
+    split_expiring,
+)
 from store.store import Store
 
 NDJSON = "application/x-ndjson"
@@ -102,11 +111,22 @@ class Line:
     line: bytes
 
 
+#: The user changes a watch stream shows (op 3, replicated documents, never touches a key).
+USER_OPS = (OP_SET, OP_DELETE, OP_SET_EXPIRING, OP_EXPIRE)
+_OP_NAMES = {OP_SET: "set", OP_DELETE: "delete", OP_SET_EXPIRING: "set", OP_EXPIRE: "expire"}
+
+
 def change_line(seq: int, op: int, key: bytes, value: bytes) -> bytes:
-    """The NDJSON line of one change (binary-safe: ``_b64`` names for non-UTF-8 bytes)."""
-    doc: dict[str, Any] = {"seq": seq, "op": "set" if op == OP_SET else "delete"}
+    """The NDJSON line of one change (binary-safe: ``_b64`` names for non-UTF-8 bytes): a
+    set (with ``expires_at`` when it has a deadline), a delete, or an expiry (``"op":
+    "expire"``, the root's removal of a key whose deadline passed: not a producer's delete)."""
+    doc: dict[str, Any] = {"seq": seq, "op": _OP_NAMES[op]}
     jsonkv.put_bytes(doc, "key", key)
-    if op == OP_SET:
+    if op == OP_SET_EXPIRING:
+        deadline, value = split_expiring(value)
+        jsonkv.put_bytes(doc, "value", value)
+        doc["expires_at"] = ttl.rfc3339(deadline)
+    elif op == OP_SET:
         jsonkv.put_bytes(doc, "value", value)
     return orjson.dumps(doc) + b"\n"
 
@@ -130,7 +150,7 @@ def read_slice(store: Store, from_seq: int) -> tuple[list[Line], int]:
         entries = codec.decode_entries(raw)
         for e in entries:
             # Op 3 (replicated documents) never touches user keys: not a change to watch.
-            if e.seq >= from_seq and e.op in (OP_SET, OP_DELETE):
+            if e.seq >= from_seq and e.op in USER_OPS:
                 out.append(Line(e.seq, e.key, change_line(e.seq, e.op, e.key, e.value)))
         nxt = max(nxt, rec.first_seq + rec.num_entries)
     return out, nxt
@@ -261,7 +281,7 @@ def catchup_step(
                 raise CorruptionError(f"log record at seq {d.first}: entry {seq} at {pos}")
             k = at + hs + on
             # Op 3 (replicated documents) never touches user keys: not a change to watch.
-            if op in (OP_SET, OP_DELETE) and payload.startswith(prefix, k, k + kn):
+            if op in USER_OPS and payload.startswith(prefix, k, k + kn):
                 line = change_line(seq, op, payload[k : k + kn], payload[k + kn : k + kn + vn])
                 out.append(line)
                 size += len(line)
