@@ -5,11 +5,13 @@ a root killed before a deadline logs the expiry once restarted."""
 from __future__ import annotations
 
 import time
+from datetime import timedelta
 from pathlib import Path
 from subprocess import Popen
 
 import httpx
 
+from mercury_client import Client
 from store.format import OP_EXPIRE
 from testkit.logged import seqs_since
 from testkit.procs import Procs, free_port, run_mercury, wait_http
@@ -99,6 +101,20 @@ def test_keys_expire_on_root_and_replica_at_the_same_seq(tmp_path: Path, procs: 
     assert httpx.get(f"http://127.0.0.1:{rep.http}/v1/kv/cfg/c").status_code == 200
     usage = httpx.get(f"{base}/v1/usage/p", headers=p).json()
     assert usage["deletes"] == 0  # an expiry is not the producer's delete
+
+    # The SDK and the CLI give a deadline too; a put without one clears it.
+    token = p["Authorization"].split()[1]
+    with Client(base, token) as mc:
+        mc.put("cfg/sdk", "v", ttl=timedelta(hours=1))
+        assert "expires" in httpx.get(f"{base}/v1/kv/cfg/sdk", headers=p).headers
+        mc.put("cfg/sdk", "v")
+        assert "expires" not in httpx.get(f"{base}/v1/kv/cfg/sdk", headers=p).headers
+    (tmp_path / "p.token").write_text(token)
+    cli = ["kv", "put", "--url", base, "--token-file", str(tmp_path / "p.token")]
+    assert run_mercury(*cli, "--ttl", "1h", "cfg/cli", "v").returncode == 0
+    assert "expires" in httpx.get(f"{base}/v1/kv/cfg/cli", headers=p).headers
+    bad = run_mercury(*cli, "--ttl", "0s", "cfg/cli", "v")
+    assert bad.returncode == 4 and "minimum of 1 s" in bad.stderr
 
 
 def test_a_root_killed_before_a_deadline_logs_the_expiry_once_restarted(
