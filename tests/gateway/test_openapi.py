@@ -227,7 +227,13 @@ def test_the_parameters_the_handlers_read_are_declared(spec: dict[str, Any]) -> 
     )
     writes = {"Idempotency-Key": "header", "async": "query"}
     conditions = {"If-Match": "header", "If-None-Match": "header"}
-    for method in ("put", "delete"):
-        assert _params(paths["/v1/kv/{key}"][method]) == {"key": "path", **conditions, **writes}
+    expiry = {"ttl": "query", "expires_at": "query"}  # a PUT's deadline
+    assert _params(paths["/v1/kv/{key}"]["put"]) == {
+        "key": "path",
+        **conditions,
+        **writes,
+        **expiry,
+    }
+    assert _params(paths["/v1/kv/{key}"]["delete"]) == {"key": "path", **conditions, **writes}
     assert _params(paths["/v1/kv"]["delete"]) == {"prefix": "query", **writes}
     assert _params(paths["/v1/batch"]["post"]) == {**writes, "results": "query"}
