@@ -78,7 +78,7 @@ def prune(store: Store, prefixes: Sequence[bytes], *, batch: int = PRUNE_BATCH) 
             store.env.begin(write=True, db=store.dbs.data) as txn,
         ):
             cur = txn.cursor()
-            rare = ValueChunks(txn, store.dbs.chunks)
+            rare = ValueChunks(txn, store.dbs.chunks, store.dbs.expiry)
             more = cur.set_range(start)
             n = 0
             while more and n < batch:
@@ -89,7 +89,7 @@ def prune(store: Store, prefixes: Sequence[bytes], *, batch: int = PRUNE_BATCH) 
                     nxt = filtered.past(held)
                     more = nxt is not None and cur.set_range(nxt)
                     continue
-                forget(decode_record_header(bytes(cur.value())), len(key), delta, rare)
+                forget(decode_record_header(bytes(cur.value())), len(key), delta, rare, key)
                 cur.delete()  # moves to the next key; past the last one, to none (b"")
                 more = bool(cur.key())
                 removed += 1

@@ -33,6 +33,21 @@ from store.usage import stored_bytes
 _HDR = fmt.ENTRY_HEADER
 
 
+def check_entry(seq: int, op: int, kn: int, vn: int) -> None:
+    """The rules one entry's fixed fields must meet (module doc); ValueError naming the
+    first one it breaks. Filtered records' kept entries meet the same (`store/filtered.py`)."""
+    if op not in fmt.LOG_OPS:
+        raise ValueError(f"entry at seq {seq} has unknown op code {op}")
+    if not 1 <= kn <= fmt.MAX_KEY:
+        raise ValueError(f"entry at seq {seq} has a key of {kn} bytes (1..{fmt.MAX_KEY})")
+    if op == fmt.OP_SET_EXPIRING:  # the deadline, then the value
+        bad = vn < fmt.DEADLINE.size or vn - fmt.DEADLINE.size > fmt.MAX_VALUE
+    else:
+        bad = vn > fmt.MAX_VALUE or ((op == fmt.OP_DELETE or op == fmt.OP_EXPIRE) and vn > 0)
+    if bad:
+        raise ValueError(f"entry at seq {seq} has a value of {vn} bytes")
+
+
 def scan_entries(
     raw: Any, prev_hash: bytes, first_seq: int, num_entries: int, alg: int = fmt.CHAIN_BLAKE2B
 ) -> bytes:
@@ -55,16 +70,7 @@ def scan_entries(
         seq, op, on, kn, vn = _HDR.unpack_from(mv, pos)
         if seq != first_seq + count:
             raise ValueError(f"entry {count} has seq {seq}, expected {first_seq + count}")
-        if op not in fmt.LOG_OPS:
-            raise ValueError(f"entry at seq {seq} has unknown op code {op}")
-        if not 1 <= kn <= fmt.MAX_KEY:
-            raise ValueError(f"entry at seq {seq} has a key of {kn} bytes (1..{fmt.MAX_KEY})")
-        if op == fmt.OP_SET_EXPIRING:  # the deadline, then the value
-            bad = vn < fmt.DEADLINE.size or vn - fmt.DEADLINE.size > fmt.MAX_VALUE
-        else:
-            bad = vn > fmt.MAX_VALUE or ((op == fmt.OP_DELETE or op == fmt.OP_EXPIRE) and vn > 0)
-        if bad:
-            raise ValueError(f"entry at seq {seq} has a value of {vn} bytes")
+        check_entry(seq, op, kn, vn)
         end = pos + hs + on + kn + vn
         if end > n:
             raise ValueError(f"entry at seq {seq} runs past the payload")

@@ -44,7 +44,7 @@ def test_the_bounds_are_named() -> None:
     with pytest.raises(BadRequestError, match="not both"):
         ttl.deadline_of("5s", "2030-01-01T00:00:00Z", NOW)
     with pytest.raises(BadRequestError, match="ttl must be"):
-        ttl.deadline_of(True, None, NOW)  # type: ignore[arg-type]
+        ttl.deadline_of(True, None, NOW)
     assert ttl.deadline_of(None, None, NOW) == 0
 
 
