@@ -7,7 +7,9 @@ import asyncio
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
+from cache.http import CacheApp
 from cache.node import CacheNode
 from cache.store import CacheStore
 from replicator.invalidation import (
@@ -76,6 +78,53 @@ async def _follow(root: RootNode, tmp_path: Path) -> None:
         (a,) = await node.get([b"a"])
         assert (a.value, a.version) == (None, 0)
         assert node.counters.invalidations == 2
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        store.close()
+
+
+async def _asgi_get(app: CacheApp, path: str) -> tuple[int, dict[bytes, bytes]]:
+    sent: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def send(msg: dict[str, Any]) -> None:
+        sent.append(msg)
+
+    scope = {"type": "http", "method": "GET", "path": path, "raw_path": path.encode()}
+    await app(scope | {"headers": []}, receive, send)
+    return sent[0]["status"], dict(sent[0]["headers"])
+
+
+def test_max_lag_is_reported_and_refuse_when_lagging_refuses(tmp_path: Path) -> None:
+    root = RootNode(str(tmp_path / "root"), heartbeat_ms=100)
+    try:
+        root.store.apply([Op(SET, b"a", b"one", owner="t")])
+        asyncio.run(_lagging(root, tmp_path))
+    finally:
+        root.close()
+
+
+async def _lagging(root: RootNode, tmp_path: Path) -> None:
+    store = CacheStore(str(tmp_path / "cache"), 1 << 20)
+    node = CacheNode(store, 1 << 20, [("127.0.0.1", root.port)], TcpTransport(None), max_lag=0.5)
+    app = CacheApp(node, refuse_when_lagging=True)
+    # Nothing heard from the root yet: lagging, and reads refused with Retry-After.
+    assert node.lagging() and node.status()["lagging"] is True
+    status, headers = await _asgi_get(app, "/v1/kv/a")
+    assert status == 503 and headers[b"retry-after"] == b"1"
+    task = asyncio.get_running_loop().create_task(node.run())
+    try:
+        await _until(lambda: not node.lagging(), "caught up")
+        assert (await _asgi_get(app, "/v1/kv/a"))[0] == 200
+        # The source stops: its heartbeats stop, the lag passes --max-lag.
+        root.call(root.source.stop())
+        await _until(node.lagging, "lagging")
+        assert (await _asgi_get(app, "/v1/kv/a"))[0] == 503
+        lag = node.status()["lag_s"]
+        assert isinstance(lag, float) and lag > 0.5
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
