@@ -12,7 +12,10 @@ Once both hold the root's last seq:
   document's ``applied_bytes``: header + compressed payload of every RECORD frame; the
   frames' own 10-byte headers and the heartbeats are left out, the same for both);
 - disk: the size of each store's ``data.mdb`` and the pages LMDB uses in it;
-- the time each took from the first write to holding the last seq.
+- the time each took from the first write to holding the last seq;
+- then the bootstrap: a full and a filtered replica started on an empty DATA_DIR, one after
+  the other, each fetch a snapshot from the root (the filtered one a snapshot derived for
+  its prefix): the bytes the root's source sent each, and their disk once streaming.
 
 Ratios are filtered ÷ full. Goal (issue 35): both near the share of keys held (0.1).
 
@@ -104,6 +107,21 @@ def run(keys: int, prefixes: int) -> dict[str, Any]:
                     "received_bytes": doc.applied_bytes,
                     "records": doc.applied_records,
                 }
+            for kind, extra in (("full", []), ("filtered", ["--keyspace", "p0/"])):
+                d = base / f"boot-{kind}"
+                http = free_port()
+                before = root.source.stats.bytes_sent
+                t1 = time.monotonic()
+                argv = ["replica", str(d), "--listen", f"127.0.0.1:{http}"]
+                proc = procs.start_mercury(
+                    *argv, "--source", f"127.0.0.1:{root.port}", *extra, name=f"boot-{kind}"
+                )
+                wait_http(f"http://127.0.0.1:{http}/healthz", timeout=600, proc=proc)
+                wait_for(functools.partial(_at, http, last), 600, f"boot-{kind} at {last}")
+                out[kind]["bootstrap_sent_bytes"] = root.source.stats.bytes_sent - before
+                out[kind]["bootstrap_s"] = round(time.monotonic() - t1, 2)
+                procs.terminate(proc)
+                out[kind]["bootstrap_disk"] = _disk(d)
             for name, n in nodes.items():
                 procs.terminate(n["proc"])
                 out[name].update(_disk(n["dir"]))
@@ -125,6 +143,12 @@ def run(keys: int, prefixes: int) -> dict[str, Any]:
         "received_ratio": round(flt["received_bytes"] / full["received_bytes"], 4),
         "disk_file_ratio": round(flt["file_bytes"] / full["file_bytes"], 4),
         "disk_used_ratio": round(flt["used_bytes"] / full["used_bytes"], 4),
+        "bootstrap_sent_ratio": round(
+            flt["bootstrap_sent_bytes"] / full["bootstrap_sent_bytes"], 4
+        ),
+        "bootstrap_disk_ratio": round(
+            flt["bootstrap_disk"]["used_bytes"] / full["bootstrap_disk"]["used_bytes"], 4
+        ),
         "load_average": os.getloadavg(),
     }
 
