@@ -141,6 +141,9 @@ bench-deps:
 	@command -v memcached >/dev/null 2>&1 \
 	  || { [ "$$(id -u)" = 0 ] && apt-get update -qq && apt-get install -y -qq memcached; } \
 	  || echo "memcached missing (apt-get install memcached): read_throughput skips it" >&2
+	@command -v redis-server >/dev/null 2>&1 \
+	  || { [ "$$(id -u)" = 0 ] && apt-get update -qq && apt-get install -y -qq redis-server; } \
+	  || echo "redis-server missing (apt-get install redis-server): bulk_load skips it" >&2
 	@test -f /usr/include/openssl/ssl.h \
 	  || { [ "$$(id -u)" = 0 ] && apt-get update -qq && apt-get install -y -qq libssl-dev; } \
 	  || echo "OpenSSL headers missing (apt-get install libssl-dev): tls_echo skips its C server" >&2
