@@ -120,11 +120,8 @@ class CacheApp:
         except Unavailable as err:
             await _unavailable(send, str(err))
             return
-        common = [
-            (b"x-mercury-cache", a.served.encode()),
-            (b"x-mercury-seq", b"%d" % a.read_seq),
-            (b"x-mercury-applied-seq", b"%d" % self.node.state.applied),
-        ]
+        applied = self.node.state.applied
+        common = hit_headers(None, a.read_seq, applied, a.served)
         if a.value is None:
             text = key.decode("utf-8", "backslashreplace")
             await _problem(
@@ -132,12 +129,7 @@ class CacheApp:
             )
             return
         etag = b'"%d"' % a.version
-        headers = [
-            (b"content-type", b"application/octet-stream"),
-            (b"etag", etag),
-            (b"x-mercury-version", b"%d" % a.version),
-            *common,
-        ]
+        headers = hit_headers(a.version, a.read_seq, applied, a.served)
         inm = if_none_match(scope["headers"])
         if inm is not None and (
             inm.strip() == b"*" or etag in [v.strip() for v in inm.split(b",")]
@@ -210,6 +202,26 @@ class CacheApp:
                 (b"x-mercury-applied-seq", b"%d" % self.node.state.applied),
             ],
         )
+
+
+def hit_headers(
+    version: int | None, read_seq: int, applied: int, served: str
+) -> list[tuple[bytes, bytes]]:
+    """The headers of a point get's answer (`version` None: an absence), before its
+    content-length: this app's and the fast path's (`cache.fasthttp`) alike."""
+    common = [
+        (b"x-mercury-cache", served.encode()),
+        (b"x-mercury-seq", b"%d" % read_seq),
+        (b"x-mercury-applied-seq", b"%d" % applied),
+    ]
+    if version is None:
+        return common
+    return [
+        (b"content-type", b"application/octet-stream"),
+        (b"etag", b'"%d"' % version),
+        (b"x-mercury-version", b"%d" % version),
+        *common,
+    ]
 
 
 async def _send(

@@ -11,6 +11,7 @@ import signal
 
 import uvicorn
 
+from cache.fasthttp import cache_fast_protocol
 from cache.http import CacheApp
 from cache.memcached import cache_memcached_service
 from cache.node import CacheNode, stop_task
@@ -65,7 +66,10 @@ async def _serve(args: argparse.Namespace) -> None:
         access_log=False,
         log_level="warning",
         lifespan="off",
-        **http_bounds.uvicorn_options(http_bounds.HttpBounds.from_args(args)),
+        # hits answered in the parser's callback (cache/fasthttp.py), the rest by the app
+        **http_bounds.uvicorn_options(
+            http_bounds.HttpBounds.from_args(args), cache_fast_protocol(app)
+        ),
     )
     server = uvicorn_http.Server(config)
     loop = asyncio.get_running_loop()

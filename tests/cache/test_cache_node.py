@@ -54,6 +54,16 @@ def _start_cache(procs: Procs, data: Path, http: int, mc: int, sources: list[int
     return p
 
 
+def _raw(port: int, path: str) -> bytes:
+    """One GET's whole answer as sent, its `date` line removed."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+        s.sendall(b"GET %s HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n" % path.encode())
+        got = b""
+        while chunk := s.recv(65536):
+            got += chunk
+    return b"".join(line for line in got.splitlines(True) if not line.startswith(b"date:"))
+
+
 def test_root_replica_cache(tmp_path: Path, procs: Procs) -> None:
     base, root_repl, producer = _root(tmp_path, procs)
 
@@ -74,6 +84,10 @@ def test_root_replica_cache(tmp_path: Path, procs: Procs) -> None:
     assert (r.status_code, r.content, r.headers["x-mercury-cache"]) == (200, b"one", "miss")
     r = httpx.get(f"{cache}/v1/kv/cfg/a")
     assert (r.status_code, r.content, r.headers["x-mercury-cache"]) == (200, b"one", "hit")
+    # A hit answered in the parser's callback (cache/fasthttp.py) is the ASGI app's answer
+    # byte for byte (a query string sends it the ASGI way), `date` aside.
+    assert _raw(http, "/v1/kv/cfg/a") == _raw(http, "/v1/kv/cfg/a?asgi")
+    assert b"x-mercury-cache: hit" in _raw(http, "/v1/kv/cfg/a")
     assert httpx.get(f"{cache}/v1/kv/cfg/none").headers["x-mercury-cache"] == "miss"
     r = httpx.get(f"{cache}/v1/kv/cfg/none")
     assert (r.status_code, r.headers["x-mercury-cache"]) == (404, "negative_hit")
