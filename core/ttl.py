@@ -138,3 +138,43 @@ def headers(deadline_us: int) -> dict[str, str]:
     if not deadline_us:
         return {}
     return {"Expires": http_date(deadline_us), "X-Mercury-Expires-At": rfc3339(deadline_us)}
+
+
+#: memcached's cut-off: an exptime up to 30 days is relative seconds, beyond it a Unix time.
+MEMCACHED_RELATIVE_MAX = 30 * 86400
+#: `memcached_deadline`'s answer for a time already past: the item is gone at once.
+EXPIRED_NOW = -1
+
+
+def memcached_deadline(exptime: int, now: int) -> int:
+    """The deadline (µs) of a memcached `exptime`: 0 for none (exptime 0); `EXPIRED_NOW`
+    for an item memcached would expire at once (a negative exptime, or a Unix time not
+    after now); else relative seconds up to 30 days, a Unix time beyond — within the bounds
+    every write path has (BadRequestError naming them)."""
+    if exptime == 0:
+        return 0
+    if exptime < 0:
+        return EXPIRED_NOW
+    if exptime <= MEMCACHED_RELATIVE_MAX:
+        return deadline_after(exptime, now)
+    at = exptime * 1_000_000
+    if at <= now:
+        return EXPIRED_NOW
+    return deadline_at(at, now)
+
+
+def bridge_expiry(xt: int, none: int, now: int) -> int:
+    """The deadline (µs) the KT bridge gives a key whose KT expiry is `xt` (absolute
+    seconds; `none`: KT's "never"): 0 for none, `EXPIRED_NOW` when already past. KT allows
+    what Mercury's bounds do not, and a bridge must not stop on it: a deadline under 2 s
+    ahead is moved to 2 s (the least a write may ask, 1 s, with a second for the batch to
+    reach the root, which checks it against its own clock), one beyond a year is dropped
+    (the key then does not expire: no deadline may lie past the bound)."""
+    if xt == none:
+        return 0
+    at = xt * 1_000_000
+    if at <= now:
+        return EXPIRED_NOW
+    if at - now > MAX_TTL_S * 1_000_000:
+        return 0
+    return max(at, now + (MIN_TTL_S + 1) * 1_000_000)

@@ -326,6 +326,14 @@ class Batcher:
             self._full.set()
             self._wake.set()
 
+    def commit_now(self) -> None:
+        """Commit the open batch without waiting for the rest of its window (the expirer:
+        a due expiry is not held for more writes to join it). Unlike `hurry`, later
+        batches keep their window."""
+        if self._open.requests:
+            self._full.set()
+            self._wake.set()
+
     async def close(self) -> None:
         """Stop accepting, commit the open batch (acknowledging it), stop the loop."""
         self._closing = True

@@ -13,7 +13,9 @@ store's index (`store/expiry.py`), which every node keeps from the log: a restar
 promoted replica or an HA successor finds the due keys it inherited on its first pass.
 
 Bounds: one request of at most `max_per_batch` keys in flight at a time (a wave of expiries
-spreads over consecutive batches and never grows one beyond that), a pass at least every
+spreads over consecutive batches and never grows one beyond that), committed at once
+(`Batcher.commit_now`: the producers' writes that share its batch are answered sooner,
+none later), a pass at least every
 `every_s` (and as soon as the earliest deadline passes, when that comes sooner); the number
 of due keys not yet logged is `mercury_expiry_backlog`. Expiries are not producers' writes:
 no ACL, no quota, no usage series; the store takes them off their owner's keys and bytes.
@@ -110,7 +112,11 @@ class Expirer:
         if not due:
             return False
         ops, nbytes = expiry_ops(due)
-        results: list[Result] = await self.batcher.submit(ops, nbytes, PRODUCER, counted=False)
+        fut = self.batcher.submit(ops, nbytes, PRODUCER, counted=False)
+        # Due now: committed at once with whatever writes share its batch, not held for
+        # the window (which would add up to a window of lateness to each pass).
+        self.batcher.commit_now()
+        results: list[Result] = await fut
         done = ttl.now_us()
         n = 0
         for (_key, deadline, _seq, _owner), res in zip(due, results, strict=True):

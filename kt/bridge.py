@@ -34,13 +34,14 @@ import socket
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import httpx
 from prometheus_client import Gauge
 
-from core import failpoints
+from core import failpoints, ttl
 from core.errors import MercuryError
 from kt import protocol as kt_protocol
 from kt import ulog as kt_ulog
@@ -204,6 +205,17 @@ class Quarantine:
         )
 
 
+def _set_op(key: bytes, value: bytes, xt: int) -> tuple[Any, ...]:
+    """The batch op of a KT set: KT's expiry (`xt`, absolute seconds) carried as the key's
+    deadline (`ttl.bridge_expiry`); an expiry already past deletes the key."""
+    at = ttl.bridge_expiry(xt, kt_ulog.XT_NONE, ttl.now_us())
+    if at == ttl.EXPIRED_NOW:
+        return ("delete", key)
+    if at:
+        return ("set", key, value, datetime.fromtimestamp(at / 1_000_000, UTC))
+    return ("set", key, value)
+
+
 @dataclass
 class Batch:
     """Changes collected since the last flush, with the KT timestamps they span."""
@@ -359,7 +371,7 @@ class Bridge:
                     self.quarantine.record(c, err.reason)
                 else:
                     if c.kind == "set":
-                        self.batch.add(("set", key, c.value), c.ts, len(key) + len(c.value))
+                        self.batch.add(_set_op(key, c.value, c.xt), c.ts, len(key) + len(c.value))
                     else:
                         self.batch.add(("delete", key), c.ts, len(key))
             elif c.kind == "clear":

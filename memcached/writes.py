@@ -10,8 +10,13 @@ memcached's semantics on Mercury's ops: `add` is a set conditional on absence; `
 its seq (read again when another writer got in between); `cas` is conditional on the CAS
 unique, which is the value's seq (what `gets` answers: it changes exactly when the value
 does). `flush_all` deletes every key of the producer's keyspaces in one write (the
-mass-delete guard applies). Mercury values never expire, so an expiry time other than 0
-is refused (`CLIENT_ERROR`), never accepted and ignored. Flags are kept as KT's memcached
+mass-delete guard applies). An `exptime` gives the key a deadline (`core/ttl.py`:
+relative seconds up to 30 days, a Unix time beyond; 1 s to one year ahead, else
+`CLIENT_ERROR` naming the bound) that the root's expirer acts on like any other; a `set`
+whose exptime is already past (negative, or a Unix time not after now) deletes the key, as
+memcached would expire it at once. `append`, `prepend`, `incr` and `decr` keep the key's
+deadline, as memcached keeps the item's; `touch` sets a new one (0: none). `gat`/`gats`
+with an exptime other than 0 are refused. Flags are kept as KT's memcached
 plug-in keeps them (`opts=f`: the value's last 4 bytes, big-endian) when the listener runs
 with `--memcached-flags`; without it a set with flags other than 0 is refused.
 
@@ -25,7 +30,8 @@ from __future__ import annotations
 import collections
 from collections.abc import Callable, Generator
 
-from core.errors import MercuryError, TooLargeError
+from core import ttl
+from core.errors import BadRequestError, MercuryError, TooLargeError
 from core.problems import classify
 from kt.writes import MAX_CLEAR, RMW_ATTEMPTS, KtWriter, keys_to_clear
 from memcached import protocol as mc
@@ -43,7 +49,9 @@ DELETED = b"DELETED\r\n"
 TOUCHED = b"TOUCHED\r\n"
 OK = b"OK\r\n"
 BAD_FORMAT = mc.client_error("bad command line format")
-NO_EXPIRY = mc.client_error("Mercury values do not expire; send exptime 0")
+NO_EXPIRY = mc.client_error("gat/gats take exptime 0 here (touch sets a key's deadline)")
+NO_DELAYED_FLUSH = mc.client_error("flush_all takes no delay here; send it when it is due")
+EXPIRED_ONLY_SET = mc.client_error("an exptime already past is taken by set only")
 NO_FLAGS = mc.client_error(
     "flags are not kept by this listener (the root's --memcached-flags keeps them); send flags 0"
 )
@@ -83,6 +91,19 @@ def _uint(raw: bytes, bound: int) -> int | None:
         return None
     n = int(raw)
     return n if n < bound else None
+
+
+def _deadline(raw: bytes) -> int | bytes:
+    """The deadline of an `exptime` argument (`core/ttl.py`), or the CLIENT_ERROR reply
+    naming what is wrong with it."""
+    neg = raw[:1] == b"-"
+    digits = raw[1:] if neg else raw
+    if not digits.isdigit() or len(digits) > 19:
+        return BAD_FORMAT
+    try:
+        return ttl.memcached_deadline(-int(digits) if neg else int(digits), ttl.now_us())
+    except BadRequestError as err:
+        return mc.client_error(err.message.replace("ttl", "exptime", 1))
 
 
 def with_flags(data: bytes, flags: int, flags_in_value: bool) -> bytes:
@@ -127,13 +148,28 @@ class MemcachedWrites:
     async def _one(self, op: Op) -> Result:
         return (await self._write([op]))[0]
 
-    async def store_cmd(self, verb: bytes, key: bytes, flags: int, data: bytes) -> bytes:
-        """set / add / replace / append / prepend: the reply word."""
+    async def store_cmd(
+        self, verb: bytes, key: bytes, flags: int, data: bytes, deadline: int = 0
+    ) -> bytes:
+        """set / add / replace / append / prepend: the reply word. `deadline`: µs, 0 for
+        none, `ttl.EXPIRED_NOW` for an item already expired (only a set takes it)."""
+        if deadline == ttl.EXPIRED_NOW:
+            if verb != b"set":
+                return EXPIRED_ONLY_SET
+            await self._one(Op(DELETE, key))  # memcached would expire it at once
+            return STORED
         if verb == b"set":
-            await self._one(Op(SET, key, with_flags(data, flags, self.flags_in_value)))
+            value = with_flags(data, flags, self.flags_in_value)
+            await self._one(Op(SET, key, value, deadline=deadline))
             return STORED
         if verb == b"add":
-            op = Op(SET, key, with_flags(data, flags, self.flags_in_value), expect_seq=0)
+            op = Op(
+                SET,
+                key,
+                with_flags(data, flags, self.flags_in_value),
+                expect_seq=0,
+                deadline=deadline,
+            )
             r = await self._one(op)
             return NOT_STORED if r.status is Status.PRECONDITION_FAILED else STORED
         for _ in range(RMW_ATTEMPTS):
@@ -142,24 +178,31 @@ class MemcachedWrites:
                 return NOT_STORED
             if verb == b"replace":
                 new = with_flags(data, flags, self.flags_in_value)
-            else:  # append / prepend keep the item's flags, as memcached does
+                dl = deadline
+            else:  # append / prepend keep the item's flags and deadline, as memcached does
                 old, old_flags = split_flags(cur.value, self.flags_in_value)
                 joined = old + data if verb == b"append" else data + old
                 new = with_flags(joined, old_flags, self.flags_in_value)
-            r = await self._one(Op(SET, key, new, expect_seq=cur.seq))
+                dl = cur.expires_us
+            r = await self._one(Op(SET, key, new, expect_seq=cur.seq, deadline=dl))
             if r.status is not Status.PRECONDITION_FAILED:
                 return STORED
         return BUSY_KEY
 
-    async def cas(self, key: bytes, flags: int, data: bytes, unique: int) -> bytes:
+    async def cas(
+        self, key: bytes, flags: int, data: bytes, unique: int, deadline: int = 0
+    ) -> bytes:
         """cas: STORED when the value's seq is still `unique`; EXISTS when it changed;
         NOT_FOUND when the key is absent."""
+        if deadline == ttl.EXPIRED_NOW:
+            return EXPIRED_ONLY_SET
         cur = self.store.get(key)
         if cur is None:
             return NOT_FOUND
         if cur.seq != unique:
             return EXISTS
-        op = Op(SET, key, with_flags(data, flags, self.flags_in_value), expect_seq=unique)
+        value = with_flags(data, flags, self.flags_in_value)
+        op = Op(SET, key, value, expect_seq=unique, deadline=deadline)
         r = await self._one(op)
         if r.status is Status.PRECONDITION_FAILED:
             return NOT_FOUND if r.seq == 0 else EXISTS
@@ -180,10 +223,26 @@ class MemcachedWrites:
             if new is None:
                 return NON_NUMERIC
             digits = b"%d" % new
-            op = Op(SET, key, with_flags(digits, flags, self.flags_in_value), expect_seq=cur.seq)
+            value = with_flags(digits, flags, self.flags_in_value)
+            op = Op(SET, key, value, expect_seq=cur.seq, deadline=cur.expires_us)
             r = await self._one(op)
             if r.status is not Status.PRECONDITION_FAILED:
                 return digits + b"\r\n"
+        return BUSY_KEY
+
+    async def touch(self, key: bytes, deadline: int) -> bytes:
+        """touch: the key's value again with deadline `deadline` (0: none); TOUCHED or
+        NOT_FOUND (an already-expired deadline deletes the key)."""
+        for _ in range(RMW_ATTEMPTS):
+            cur = self.store.get(key)
+            if cur is None:
+                return NOT_FOUND
+            if deadline == ttl.EXPIRED_NOW:
+                r = await self._one(Op(DELETE, key, expect_seq=cur.seq))
+            else:
+                r = await self._one(Op(SET, key, cur.value, expect_seq=cur.seq, deadline=deadline))
+            if r.status is not Status.PRECONDITION_FAILED:
+                return TOUCHED
         return BUSY_KEY
 
     async def flush_all(self) -> bytes:
@@ -287,16 +346,17 @@ class MemcachedWriteHandler(MemcachedHandler):
                 flags = _uint(args[1], _U32)
                 if flags is None:
                     return BAD_FORMAT
-                if args[2] != b"0":
-                    return NO_EXPIRY
                 if flags and not self.flags_in_value:
                     return NO_FLAGS
+                dl = _deadline(args[2])
+                if isinstance(dl, bytes):
+                    return dl
                 if name == b"cas":
                     unique = _uint(args[4], _U64) if len(args) == 5 else None
                     if unique is None:
                         return BAD_FORMAT
-                    return (yield from wait_for(w.cas(args[0], flags, cmd.data, unique)))
-                return (yield from wait_for(w.store_cmd(name, args[0], flags, cmd.data)))
+                    return (yield from wait_for(w.cas(args[0], flags, cmd.data, unique, dl)))
+                return (yield from wait_for(w.store_cmd(name, args[0], flags, cmd.data, dl)))
             if name == b"delete":
                 # memcached accepts a legacy time argument of 0 only
                 if len(args) not in (1, 2) or args[1:] not in ([], [b"0"]):
@@ -312,9 +372,10 @@ class MemcachedWriteHandler(MemcachedHandler):
             if name == b"touch":
                 if len(args) != 2:
                     return BAD_FORMAT
-                if args[1] != b"0":
-                    return NO_EXPIRY
-                return TOUCHED if self.store.get(args[0]) is not None else NOT_FOUND
+                dl = _deadline(args[1])
+                if isinstance(dl, bytes):
+                    return dl
+                return (yield from wait_for(w.touch(args[0], dl)))
             if name in (b"gat", b"gats"):
                 if len(args) < 2:
                     return mc.ERROR
@@ -323,7 +384,7 @@ class MemcachedWriteHandler(MemcachedHandler):
                 return (yield from self._get_slices(args[1:], name == b"gats"))
             if name == b"flush_all":
                 if args not in ([], [b"0"]):
-                    return NO_EXPIRY  # a delayed flush is an expiry time
+                    return NO_DELAYED_FLUSH
                 return (yield from wait_for(w.flush_all()))
         except Refused as err:
             return err.reply

@@ -11,6 +11,7 @@ import base64
 import struct
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime, timedelta
 from typing import Any, BinaryIO, NamedTuple
 from urllib.parse import quote
 
@@ -143,7 +144,8 @@ class WireOp:
 
 
 def encode_op(op: Sequence[Any]) -> WireOp:
-    """A (kind, key[, value]) tuple as a batch body member."""
+    """A (kind, key[, value[, expiry]]) tuple as a batch body member. `expiry` (sets only):
+    a ttl (``"90s"``, seconds, a timedelta) or an aware datetime (its ``expires_at``)."""
     if not op or op[0] not in ("set", "delete"):
         raise ValueError(f"a batch op is ('set', key, value) or ('delete', key), got {op!r}")
     kind = op[0]
@@ -159,6 +161,16 @@ def encode_op(op: Sequence[Any]) -> WireOp:
         value = as_bytes(op[2])
         put_bytes(doc, "value", value)
         cost += len(value)
+        if len(op) > 3 and op[3] is not None:
+            expiry = op[3]
+            if isinstance(expiry, datetime):
+                if expiry.tzinfo is None:
+                    raise ValueError(f"an expires_at needs a timezone: {op!r}")
+                doc["expires_at"] = expiry.isoformat()
+            elif isinstance(expiry, timedelta):
+                doc["ttl"] = expiry.total_seconds()
+            else:
+                doc["ttl"] = expiry
     return WireOp(doc, cost)
 
 

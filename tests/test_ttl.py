@@ -69,3 +69,25 @@ def test_headers_round_down_to_the_second() -> None:
     assert h["Expires"] == "Fri, 15 Jan 2027 08:00:00 GMT"
     assert h["X-Mercury-Expires-At"] == "2027-01-15T08:00:00.999999Z"
     assert ttl.headers(0) == {}
+
+
+def test_memcached_exptime() -> None:
+    assert ttl.memcached_deadline(0, NOW) == 0
+    assert ttl.memcached_deadline(-1, NOW) == ttl.EXPIRED_NOW
+    assert ttl.memcached_deadline(60, NOW) == NOW + 60_000_000  # relative up to 30 days
+    assert ttl.memcached_deadline(30 * 86400, NOW) == NOW + 30 * 86400 * 1_000_000
+    unix = NOW // 1_000_000 + 3600  # beyond 30 days: a Unix time
+    assert ttl.memcached_deadline(unix, NOW) == unix * 1_000_000
+    assert ttl.memcached_deadline(NOW // 1_000_000 - 5, NOW) == ttl.EXPIRED_NOW
+    with pytest.raises(BadRequestError, match="maximum"):
+        ttl.memcached_deadline(NOW // 1_000_000 + 400 * 86400, NOW)
+
+
+def test_the_bridge_carries_kt_expiry_within_the_bounds() -> None:
+    none = (1 << 40) - 1
+    s = NOW // 1_000_000
+    assert ttl.bridge_expiry(none, none, NOW) == 0
+    assert ttl.bridge_expiry(s - 1, none, NOW) == ttl.EXPIRED_NOW
+    assert ttl.bridge_expiry(s + 60, none, NOW) == (s + 60) * 1_000_000
+    assert ttl.bridge_expiry(s + 1, none, NOW) == NOW + 2_000_000  # moved to what is taken
+    assert ttl.bridge_expiry(s + 400 * 86400, none, NOW) == 0  # past the bound: none

@@ -17,6 +17,7 @@ from pymemcache.client.base import Client
 from pymemcache.exceptions import MemcacheClientError, MemcacheServerError
 
 from core import errors as e
+from core import ttl
 from memcached.writes import MemcachedWriteHandler, incr_decr, refusal, split_flags, with_flags
 from net.tcp import Wait
 from store.ops import SET, Op
@@ -131,16 +132,35 @@ def test_incr_decr(mc: MemcachedWriteHandler) -> None:
     assert ask(mc, b"incr k/s 1\r\n").startswith(b"CLIENT_ERROR cannot increment")
 
 
-def test_no_expiry_and_touch(mc: MemcachedWriteHandler, store: Store) -> None:
-    no_expiry = b"CLIENT_ERROR Mercury values do not expire; send exptime 0\r\n"
-    assert ask(mc, b"set k/t 0 60 1\r\nx\r\n") == no_expiry
+def test_exptime_gives_a_deadline_and_touch_changes_it(
+    mc: MemcachedWriteHandler, store: Store
+) -> None:
+    def deadline() -> int:
+        v = store.get(b"k/t")
+        assert v is not None
+        return v.expires_us
+
+    t0 = ttl.now_us()
+    assert ask(mc, b"set k/t 0 60 1\r\nx\r\n") == b"STORED\r\n"
+    assert t0 + 60_000_000 <= deadline() <= ttl.now_us() + 60_000_000
+    ask(mc, b"append k/t 0 0 1\r\ny\r\n")  # append keeps the item's deadline
+    assert deadline() >= t0 + 60_000_000
+    assert ask(mc, b"incr k/t 1\r\n").startswith(b"CLIENT_ERROR")  # (not a number)
+    assert ask(mc, b"touch k/t 0\r\n") == b"TOUCHED\r\n" and deadline() == 0
+    assert ask(mc, b"touch k/t 10\r\n") == b"TOUCHED\r\n" and deadline() > 0
+    # a Unix time: beyond one year is refused naming the bound, the key unchanged
+    far = ask(mc, b"set k/t 0 4102444800 1\r\nz\r\n")
+    assert far.startswith(b"CLIENT_ERROR exptime of") and b"maximum" in far
+    assert store.get(b"k/t").value == b"xy" + bytes(4)  # type: ignore[union-attr]
+    # already past (negative): memcached expires it at once, so the set deletes the key
+    assert ask(mc, b"set k/t 0 -1 1\r\nx\r\n") == b"STORED\r\n"
     assert store.get(b"k/t") is None
+    assert ask(mc, b"add k/t 0 -1 1\r\nx\r\n").startswith(b"CLIENT_ERROR")
     assert ask(mc, b"touch k/t 0\r\n") == b"NOT_FOUND\r\n"
     ask(mc, b"set k/t 0 0 1\r\nx\r\n")
-    assert ask(mc, b"touch k/t 0\r\n") == b"TOUCHED\r\n"
-    assert ask(mc, b"touch k/t 10\r\n") == no_expiry
     assert ask(mc, b"gat 0 k/t\r\n") == b"VALUE k/t 0 1\r\nx\r\nEND\r\n"
-    assert ask(mc, b"flush_all 10\r\n") == no_expiry
+    assert ask(mc, b"gat 10 k/t\r\n").startswith(b"CLIENT_ERROR gat/gats take exptime 0")
+    assert ask(mc, b"flush_all 10\r\n").startswith(b"CLIENT_ERROR flush_all takes no delay")
 
 
 def test_noreply_writes_are_applied_in_order(mc: MemcachedWriteHandler) -> None:
@@ -149,7 +169,7 @@ def test_noreply_writes_are_applied_in_order(mc: MemcachedWriteHandler) -> None:
     # a refused noreply write answers nothing (as memcached), the next command still runs;
     # the refusal is counted
     before = _count("noreply")
-    assert ask(mc, b"set k/q 0 5 1 noreply\r\n3\r\nget k/q\r\n") == got
+    assert ask(mc, b"set k/q 0 4102444800 1 noreply\r\n3\r\nget k/q\r\n") == got
     assert _count("noreply") == before + 1
 
 
