@@ -178,3 +178,23 @@ def bridge_expiry(xt: int, none: int, now: int) -> int:
     if at - now > MAX_TTL_S * 1_000_000:
         return 0
     return max(at, now + (MIN_TTL_S + 1) * 1_000_000)
+
+
+def kt_deadline(xt: bytes | None, now: int) -> int:
+    """The deadline (µs) of Kyoto Tycoon's `xt` parameter: 0 when absent; seconds from now
+    when positive, a Unix time when negative (KT's rule); `EXPIRED_NOW` for a Unix time
+    not after now; bounds as for every write (BadRequestError naming them)."""
+    if xt is None:
+        return 0
+    text = xt.strip()
+    neg = text[:1] == b"-"
+    digits = text[1:] if neg else text
+    if not digits.isdigit() or len(digits) > 19:
+        raise BadRequestError(f"xt {xt.decode('latin-1')!r} is not an integer")
+    n = int(digits)
+    if not neg:
+        return deadline_after(n, now)
+    at = n * 1_000_000
+    if at <= now:
+        return EXPIRED_NOW
+    return deadline_at(at, now)

@@ -12,7 +12,8 @@ from __future__ import annotations
 from collections.abc import Callable, Generator
 from typing import TypeVar
 
-from core.errors import ReadProtocolError
+from core import ttl
+from core.errors import BadRequestError, ReadProtocolError
 from kt import protocol as kt
 from kt.server import WRITE_PROCEDURES, KtHandler, busy_reply_to
 from kt.writes import KtWriteFailed, KtWriter, KtWrites
@@ -137,10 +138,14 @@ class KtWriteHandler(KtHandler):
             return 200, {}
         key = params.get(b"key")
         try:
+            deadline = ttl.kt_deadline(params.get(b"xt"), ttl.now_us())
+        except BadRequestError as err:
+            return 400, {b"ERROR": b"invalid parameters: " + err.message.encode()}
+        try:
             if proc in (b"set_bulk", b"remove_bulk"):
                 keys = [(k[1:], v) for k, v in params.items() if k.startswith(b"_")]
                 if proc == b"set_bulk":
-                    n = yield from wait_for(self.writes.set_bulk(keys))
+                    n = yield from wait_for(self.writes.set_bulk(keys, deadline))
                 else:
                     n = yield from wait_for(self.writes.remove_bulk([k for k, _ in keys]))
                 return 200, {b"num": b"%d" % n}
@@ -158,7 +163,7 @@ class KtWriteHandler(KtHandler):
                 if proc == b"append":
                     yield from wait_for(self.writes.append(key, value))
                 else:
-                    yield from wait_for(self.writes.set(key, value, proc.decode()))
+                    yield from wait_for(self.writes.set(key, value, proc.decode(), deadline))
                 return 200, {}
             if proc == b"remove":
                 yield from wait_for(self.writes.remove(key))

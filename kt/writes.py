@@ -20,6 +20,7 @@ import math
 import struct
 from typing import Protocol
 
+from core import ttl
 from core.errors import MercuryError
 from core.problems import classify
 from store.ops import DELETE, SET, Op, Result, Status
@@ -106,12 +107,18 @@ class KtWrites:
 
     # --- single keys -------------------------------------------------------------------
 
-    async def set(self, key: bytes, value: bytes, mode: str = "set") -> None:
+    async def set(self, key: bytes, value: bytes, mode: str = "set", deadline: int = 0) -> None:
         """set / add / replace (KtWriteFailed 450 when add finds the key or replace
-        does not)."""
+        does not); `deadline` from KT's `xt` (`core/ttl.py`; an expiry already past makes a
+        set a removal, as KT would expire the record at once)."""
         self.cnt_set += 1
+        if deadline == ttl.EXPIRED_NOW:
+            if mode != "set":
+                raise KtWriteFailed(400, b"invalid parameters: xt already past")
+            await self._write([Op(DELETE, key)])
+            return
         if mode == "add":
-            r = _one(await self._write([Op(SET, key, value, expect_seq=0)]))
+            r = _one(await self._write([Op(SET, key, value, expect_seq=0, deadline=deadline)]))
             if r.status is Status.PRECONDITION_FAILED:
                 self.cnt_set_misses += 1
                 raise KtWriteFailed(450, DUPLICATE)
@@ -122,11 +129,12 @@ class KtWrites:
                 if cur is None:
                     self.cnt_set_misses += 1
                     raise KtWriteFailed(450, NO_RECORD)
-                r = _one(await self._write([Op(SET, key, value, expect_seq=cur.seq)]))
+                op = Op(SET, key, value, expect_seq=cur.seq, deadline=deadline)
+                r = _one(await self._write([op]))
                 if r.status is not Status.PRECONDITION_FAILED:
                     return
             raise KtWriteFailed(503, b"timeout: the key kept changing")
-        await self._write([Op(SET, key, value)])
+        await self._write([Op(SET, key, value, deadline=deadline)])
 
     async def remove(self, key: bytes) -> None:
         """remove (KtWriteFailed 450 when absent)."""
@@ -234,12 +242,14 @@ class KtWrites:
 
     # --- bulk ----------------------------------------------------------------------------
 
-    async def set_bulk(self, items: list[tuple[bytes, bytes]]) -> int:
-        """Set every (key, value) in one write; the number stored."""
+    async def set_bulk(self, items: list[tuple[bytes, bytes]], deadline: int = 0) -> int:
+        """Set every (key, value) in one write (each with `deadline`); the number stored."""
         if not items:
             return 0
+        if deadline == ttl.EXPIRED_NOW:
+            raise KtWriteFailed(400, b"invalid parameters: xt already past")
         self.cnt_set += len(items)
-        await self._write([Op(SET, k, v) for k, v in items])
+        await self._write([Op(SET, k, v, deadline=deadline) for k, v in items])
         return len(items)
 
     async def remove_bulk(self, keys: list[bytes]) -> int:

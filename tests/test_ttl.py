@@ -91,3 +91,15 @@ def test_the_bridge_carries_kt_expiry_within_the_bounds() -> None:
     assert ttl.bridge_expiry(s + 60, none, NOW) == (s + 60) * 1_000_000
     assert ttl.bridge_expiry(s + 1, none, NOW) == NOW + 2_000_000  # moved to what is taken
     assert ttl.bridge_expiry(s + 400 * 86400, none, NOW) == 0  # past the bound: none
+
+
+def test_kt_xt() -> None:
+    assert ttl.kt_deadline(None, NOW) == 0
+    assert ttl.kt_deadline(b"60", NOW) == NOW + 60_000_000  # relative seconds
+    at = NOW // 1_000_000 + 3600
+    assert ttl.kt_deadline(b"-%d" % at, NOW) == at * 1_000_000  # negative: a Unix time
+    assert ttl.kt_deadline(b"-5", NOW) == ttl.EXPIRED_NOW
+    with pytest.raises(BadRequestError, match="not an integer"):
+        ttl.kt_deadline(b"1.5", NOW)
+    with pytest.raises(BadRequestError, match="minimum"):
+        ttl.kt_deadline(b"0", NOW)

@@ -260,3 +260,16 @@ def test_kt_signal_parameters_are_refused_not_ignored(kt_root: tuple[Root, int, 
     assert status == 501, out
     assert stored(root, token, "w/sig") == b"before"  # neither write happened
     assert rpc(kt, "get", key="w/sig") == (200, {"value": "before"})
+
+
+def test_rpc_xt_gives_the_key_a_deadline(kt_root: tuple[Root, int, str]) -> None:
+    root, kt, token = kt_root
+    assert rpc(kt, "set", key="w/xt", value="v", xt="3600") == (200, {})
+    got = root.client(token).get("/v1/kv/w/xt")
+    assert got.status_code == 200 and "expires" in got.headers
+    assert rpc(kt, "set", key="w/xt", value="v") == (200, {})  # no xt: the deadline goes
+    assert "expires" not in root.client(token).get("/v1/kv/w/xt").headers
+    status, out = rpc(kt, "set", key="w/xt", value="v", xt=str(400 * 86400))
+    assert status == 400 and "maximum" in out["ERROR"]
+    assert rpc(kt, "set", key="w/xt", value="v", xt="-1") == (200, {})  # already past
+    assert stored(root, token, "w/xt") is None
