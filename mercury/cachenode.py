@@ -19,8 +19,10 @@ from cache.store import CacheStore
 from core import eventloop
 from core.addr import parse_hostport
 from core.errors import ConfigError
+from mercury import tls
 from net import http_bounds, uvicorn_http
 from net.tcp import listener_limits
+from net.tlsconf import TlsContexts
 from reads import workers
 from replicator.tcp import TcpTransport
 
@@ -47,9 +49,15 @@ def run_cache(args: argparse.Namespace) -> int:
 
 
 async def _serve(args: argparse.Namespace) -> None:
+    files = tls.files_from_args(args)  # a cache follows as a replica does: its role
+    contexts = TlsContexts(files) if files is not None else None
     store = CacheStore(args.data_dir, args.max_bytes)
     node = CacheNode(
-        store, args.max_bytes, sources_of(args.source), TcpTransport(None), max_lag=args.max_lag
+        store,
+        args.max_bytes,
+        sources_of(args.source),
+        TcpTransport(contexts),
+        max_lag=args.max_lag,
     )
     app = CacheApp(node, refuse_when_lagging=args.refuse_when_lagging)
     # What exists now (imports, the entries loaded warm: long-lived, acyclic) is left out
@@ -66,6 +74,7 @@ async def _serve(args: argparse.Namespace) -> None:
         access_log=False,
         log_level="warning",
         lifespan="off",
+        **tls.uvicorn_ssl(files),  # type: ignore[arg-type]
         # hits answered in the parser's callback (cache/fasthttp.py), the rest by the app
         **http_bounds.uvicorn_options(
             http_bounds.HttpBounds.from_args(args), cache_fast_protocol(app)
@@ -77,10 +86,18 @@ async def _serve(args: argparse.Namespace) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     memcached = None
+    memcached_addr = None
     if args.memcached_listen:
-        mhost, mport = parse_hostport(args.memcached_listen, "--memcached-listen")
+        mhost, mport = memcached_addr = parse_hostport(args.memcached_listen, "--memcached-listen")
         memcached = cache_memcached_service(node, mhost, mport, listener_limits(args))
         await memcached.start()
+    tls.warn_plaintext(
+        [("--listen", (host, port)), ("--memcached-listen", memcached_addr)], files is not None
+    )
+    reloader = None
+    if files is not None:
+        reloader = tls.TlsReloader(files, contexts, lambda: config.ssl)
+        await reloader.start()
     following = loop.create_task(node.run())
     serving = loop.create_task(server.serve(sockets=[sock]))
     stopper = loop.create_task(stop.wait())
@@ -91,6 +108,8 @@ async def _serve(args: argparse.Namespace) -> None:
         await serving
     finally:
         stopper.cancel()
+        if reloader is not None:
+            await reloader.stop()
         if memcached is not None:
             with contextlib.suppress(Exception):
                 await memcached.stop()

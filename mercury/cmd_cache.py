@@ -6,6 +6,7 @@ import argparse
 import re
 from typing import Any
 
+from mercury import tls
 from net import http_bounds
 from net.tcp import add_listener_flags
 
@@ -71,6 +72,7 @@ def register(sub: Any) -> None:
     )
     http_bounds.add_flags(p)
     add_listener_flags(p)  # the memcached listener's bounds, as a replica's
+    tls.add_arguments(p)  # mutual TLS to its sources (a replica-role certificate), HTTPS
     p.set_defaults(func=_run)
 
 

@@ -243,7 +243,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         return 2
     if args.with_cache and (args.ha or args.secure):
-        print("--cache runs in the plain mode only (a cache node has no TLS yet)", file=sys.stderr)
+        print(
+            "--cache runs in the plain mode only (the secure mode asks every read for a "
+            "token, which a cache node does not check yet)",
+            file=sys.stderr,
+        )
         return 2
     if args.filtered_prefix and (args.ha or args.secure):
         print("--filtered runs in the plain mode only", file=sys.stderr)

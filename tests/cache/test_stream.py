@@ -9,9 +9,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import trustme
+from cryptography import x509
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec, rsa
+
 from cache.http import CacheApp
 from cache.node import CacheNode
 from cache.store import CacheStore
+from net import certs
+from net.tlsconf import TlsContexts, TlsFiles
 from replicator.invalidation import (
     Fetch,
     Fetched,
@@ -129,3 +136,51 @@ async def _lagging(root: RootNode, tmp_path: Path) -> None:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
         store.close()
+
+
+def _issue(ca: trustme.CA, ca_file: Path, d: Path, name: str, role: str) -> TlsFiles:
+    ca_cert = x509.load_pem_x509_certificate(ca.cert_pem.bytes())
+    ca_key = serialization.load_pem_private_key(ca.private_key_pem.bytes(), None)
+    assert isinstance(ca_key, ec.EllipticCurvePrivateKey | rsa.RSAPrivateKey)
+    made, made_key = certs.node_cert(name, role, [], ca_cert, ca_key)
+    (d / f"{name}.crt").write_bytes(made.public_bytes(serialization.Encoding.PEM))
+    (d / f"{name}.key").write_bytes(certs.key_pem(made_key))
+    return TlsFiles(cert=str(d / f"{name}.crt"), key=str(d / f"{name}.key"), ca=str(ca_file))
+
+
+def test_a_cache_follows_a_tls_source_with_its_certificate_only(tmp_path: Path) -> None:
+    ca = trustme.CA()
+    ca.cert_pem.write_to_path(str(tmp_path / "ca.crt"))
+    root_files = _issue(ca, tmp_path / "ca.crt", tmp_path, "root", "root")
+    cache_files = _issue(ca, tmp_path / "ca.crt", tmp_path, "cache", "replica")
+    root = RootNode(str(tmp_path / "root"), tls=TlsContexts(root_files))
+    try:
+        root.store.apply([Op(SET, b"a", b"one", owner="t")])
+        asyncio.run(_over_tls(root, tmp_path, cache_files))
+    finally:
+        root.close()
+
+
+async def _over_tls(root: RootNode, tmp_path: Path, files: TlsFiles) -> None:
+    # Without a certificate the source never says a word to it; with one, it follows.
+    refused: list[str] = []
+    root.source.on_refused = refused.append
+    for name, transport in (
+        ("plain", TcpTransport(None)),
+        ("tls", TcpTransport(TlsContexts(files))),
+    ):
+        store = CacheStore(str(tmp_path / name), 1 << 20)
+        node = CacheNode(store, 1 << 20, [("127.0.0.1", root.port)], transport)
+        task = asyncio.get_running_loop().create_task(node.run())
+        try:
+            if name == "plain":
+                await _until(lambda: bool(refused), "refused")
+                assert node.status()["connected"] is False
+            else:
+                await _until(lambda: node.status()["connected"] is True, "connected")  # noqa: B023
+                (a,) = await node.get([b"a"])
+                assert a.value == b"one"
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            store.close()
