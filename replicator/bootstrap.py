@@ -10,7 +10,6 @@ seq, hash head) before it becomes the store; a file that fails is deleted and fe
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import logging
@@ -21,6 +20,7 @@ from core.errors import CorruptionError, DbIdMismatchError, ProtocolError
 from net.tlsconf import TlsContexts
 from replicator import frames
 from replicator.client import refusal_error
+from replicator.runtime import PROCESS, Runtime
 from replicator.status import StatusBoard
 from replicator.tcp import TcpTransport
 from replicator.transport import PeerClosed, Transport
@@ -88,6 +88,7 @@ async def fetch(
     tls: TlsContexts | None = None,
     transport: Transport | None = None,
     keyspaces: tuple[bytes, ...] | None = None,
+    runtime: Runtime = PROCESS,
 ) -> frames.SnapshotOffer:
     """Download (or finish downloading) a snapshot from `host:port` into DATA_DIR/.bootstrap,
     over `transport` (None: TCP, with mutual TLS when `tls`).
@@ -99,10 +100,11 @@ async def fetch(
     resume), the source's RefusedError subclasses, and OSError when it is unreachable.
     A filtered replica names its `keyspaces` (a filtered source refuses others); the
     snapshot is then one its source derived for them (`store/prune.py`).
+    `runtime`: where its file work runs (`replicator/runtime.py`).
     """
     transport = transport or TcpTransport(tls)
     part, meta = _paths(data_dir)
-    await asyncio.to_thread(_prepare, data_dir)
+    await runtime.offload(_prepare, data_dir)
     offer, have = held(data_dir)
     if offer is not None and have == offer.size:
         return offer

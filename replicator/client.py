@@ -62,6 +62,7 @@ from replicator import frames, upstream, wire
 from replicator.divergence import Point, RecentPoints, heartbeat_shows_divergence, holds
 from replicator.heartbeat import RelayedHeartbeat
 from replicator.pacing import CommitPacer
+from replicator.runtime import PROCESS, Runtime
 from replicator.selection import Selector
 from replicator.status import StatusBoard
 from replicator.tcp import TcpTransport
@@ -125,6 +126,15 @@ def diverged_error(seq: int, ours: str, theirs: str) -> DivergedError:
     )
 
 
+def discontinuity(received: int, first_seq: int) -> str | None:
+    """ "gap" or "repeat" when a record starting at `first_seq` does not continue a stream
+    received up to seq `received`; None when it does. (Its own function: the simulator's
+    mutation check replaces it to show that a skipped check is caught, `tests/sim`.)"""
+    if first_seq == received + 1:
+        return None
+    return "repeat" if first_seq <= received else "gap"
+
+
 def _describe(rec: LogRecord) -> str:
     return f"seq {rec.first_seq}..{rec.last_seq} with hash head {rec.hash_head.hex()}"
 
@@ -168,12 +178,16 @@ class ReplicaClient:
         apply_window: float = 0.0,
         transport: Transport | None = None,
         keyspaces: tuple[bytes, ...] | None = None,
+        runtime: Runtime = PROCESS,
     ) -> None:
         self.store = store
         #: The prefixes this replica holds (None: every key): it asks its sources for a
         #: filtered stream (`frames.KEYSPACES`, `store/filtered.py`).
         self.keyspaces = keyspaces
         self.transport: Transport = transport or TcpTransport(tls)
+        #: Its clock and where applies run: an apply thread, or inline on the loop in a
+        #: simulation (`replicator/runtime.py`).
+        self.runtime = runtime
         #: While the stream is heavy, the least time between the starts of two commits of
         #: the apply thread (seconds; 0: commit what is queued at once): records arriving
         #: meanwhile join one group, up to WINDOW_BYTES (`pacing.CommitPacer`). A light
@@ -368,7 +382,7 @@ class ReplicaClient:
                     if ftype == frames.HEARTBEAT:
                         hb = frames.decode_heartbeat(bytes(body))
                         # The root's wall clock against ours: a heartbeat's time is wall time.
-                        age_us = time.time_ns() // 1000 - hb.time_us
+                        age_us = self.runtime.now_us() - hb.time_us
                         return age_us <= hb.interval_ms * 1000 + 1_000_000
         finally:
             await link.close()
@@ -378,7 +392,8 @@ class ReplicaClient:
         thread, the loop already reads and checks the next ones (bounded read-ahead: over
         TCP, frames are received straight into their buffers, no stream buffer copies)."""
         link.read_ahead(READ_LIMIT)
-        applier = _ApplyThread(
+        kind = _ApplyThread if self.runtime.threads else _ApplyInline
+        applier = kind(
             self.store,
             asyncio.get_running_loop(),
             self._applied,
@@ -460,7 +475,7 @@ class ReplicaClient:
             hb_time_us=hb.time_us, hb_seq=hb.seq, hb_interval_ms=hb.interval_ms, known_us=known
         )
 
-    async def _read_loop(self, link: Link, applier: _ApplyThread) -> None:
+    async def _read_loop(self, link: Link, applier: _ApplyThread | _ApplyInline) -> None:
         # The loop's clock (a simulation's virtual one runs these sessions too).
         clock = asyncio.get_running_loop().time
         received = self.applied
@@ -475,10 +490,10 @@ class ReplicaClient:
                 raise _Stale() from None
             if ftype == frames.RECORD:
                 rec = wire.parse_record_view(body)
-                if rec.first_seq != received + 1:
+                kind = discontinuity(received, rec.first_seq)
+                if kind is not None:
                     if rec.first_seq <= self.applied:
                         self._check_same_history(rec)
-                    kind = "repeat" if rec.first_seq <= received else "gap"
                     raise StreamGapError(
                         f"seq {kind}: expected a record starting at seq {received + 1}, "
                         f"got one starting at {rec.first_seq}",
@@ -802,3 +817,58 @@ class _ApplyThread:
         if not self._done.done():
             self._done.set_result(None)
         self._space.release()  # a put waiting for room sees the thread gone
+
+
+class _ApplyInline(_ApplyThread):
+    """The apply thread's work done inline on the loop, each item as it is put: a
+    simulation's tree runs on one virtual clock, where a thread's work would be off it
+    (`replicator/runtime.py`). The same checks and the same reports, in the same order;
+    no read-ahead (a put returns once its record is applied), no apply window."""
+
+    def __init__(
+        self,
+        store: Store,
+        loop: asyncio.AbstractEventLoop,
+        on_applied: Callable[[LogRecord], None],
+        on_heartbeat: Callable[[frames.Heartbeat], None],
+        reader: _Reader,
+        on_group: Callable[[list[LogRecord], int, float], None],
+        window: float = 0.0,
+    ) -> None:
+        # No thread and no queue: only what `_apply` and the reports use.
+        self._store = store
+        self._loop = loop
+        self._on_applied = on_applied
+        self._on_group = on_group
+        self._on_heartbeat = on_heartbeat
+        self._reader = reader
+        self._checked = set()
+        self._done = loop.create_future()
+        self.error = None
+
+    async def put(self, item: LogRecord | frames.Heartbeat, crc_checked: bool = False) -> None:
+        self._raise_if_stopped()
+        if not isinstance(item, LogRecord):
+            self._on_heartbeat(item)
+            return
+        if crc_checked:
+            self._checked.add(item.first_seq)
+        try:
+            commits = self._apply([item])
+        except Exception as err:
+            # As the thread does: stop, and end the reading (its next read ends the
+            # session, which then raises this error from `finish`).
+            self.error = err
+            self._reader.feed_eof()
+            self._done.set_result(None)
+            return
+        self._on_applied(item)
+        self._on_group([item], commits, 0.0)
+
+    def drop_pending(self) -> None:
+        return None  # nothing is ever queued
+
+    async def finish(self) -> BaseException | None:
+        if not self._done.done():
+            self._done.set_result(None)
+        return self.error

@@ -29,14 +29,18 @@ class RootHeartbeat:
     """The root's heartbeat: its wall clock, head seq and hash head at the moment of
     sending (seq and head read in one transaction)."""
 
-    def __init__(self, store: Store, interval_ms: int = 1000) -> None:
+    def __init__(
+        self, store: Store, interval_ms: int = 1000, now_us: Callable[[], int] | None = None
+    ) -> None:
         self._store = store
         self.interval_ms = interval_ms
+        #: Wall-clock microseconds (a simulation's virtual clock: `replicator/runtime.py`).
+        self._now_us = now_us or (lambda: time.time_ns() // 1000)
 
     def current(self) -> Heartbeat:
         """A fresh heartbeat."""
         seq, head = self._store.head()
-        return Heartbeat(time.time_ns() // 1000, seq, self.interval_ms, 0, head)
+        return Heartbeat(self._now_us(), seq, self.interval_ms, 0, head)
 
 
 class RelayedHeartbeat:

@@ -37,6 +37,7 @@ import collections
 import contextlib
 import heapq
 import itertools
+import math
 import os
 import random
 import selectors
@@ -72,6 +73,9 @@ class Conditions:
     #: Probability that a unit is held back `reorder_delay` more seconds.
     reorder: float = 0.0
     reorder_delay: float = 0.01
+    #: Probability that a frame arrives with one byte flipped (the receiver's CRC check
+    #: refuses it: a `ProtocolError`).
+    corrupt: float = 0.0
     #: Bytes unread at the receiver before the sender's backlog grows.
     window: int = WINDOW
 
@@ -87,11 +91,13 @@ class MemoryNetwork:
         self._listeners: dict[tuple[str, int], MemoryListener] = {}
         self._ports = itertools.count(_FIRST_PORT)
         self._links = itertools.count()
-        #: Every channel still open, for `heal` to release what a partition held.
-        self._channels: set[_Channel] = set()
+        #: Every channel still open, for `heal` to release what a partition held (a dict:
+        #: released in the order they opened, the same every run).
+        self._channels: dict[_Channel, None] = {}
         self._healed: asyncio.Event | None = None
-        #: Units lost so far (tests read it).
+        #: Units lost and corrupted so far (tests read them).
         self.lost = 0
+        self.corrupted = 0
 
     def transport(self, name: str, identity: str | None = None) -> MemoryTransport:
         """The transport of node `name`; `identity` is what its peers see as
@@ -197,20 +203,21 @@ class MemoryListener:
         self.address = address
         self.handler = handler
         self.closing = False
-        self._tasks: set[asyncio.Task[None]] = set()
-        self._links: set[MemoryLink] = set()
+        # Dicts, not sets: cancelled and aborted in the order accepted, the same every run.
+        self._tasks: dict[asyncio.Task[None], None] = {}
+        self._links: dict[MemoryLink, None] = {}
 
     def _accept(self, link: MemoryLink) -> None:
-        self._links.add(link)
+        self._links[link] = None
         task = asyncio.get_running_loop().create_task(self._run(link))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._tasks[task] = None
+        task.add_done_callback(lambda t: self._tasks.pop(t, None))
 
     async def _run(self, link: MemoryLink) -> None:
         try:
             await self.handler(link)
         finally:
-            self._links.discard(link)
+            self._links.pop(link, None)
             if not link.closing():
                 link.abort()
 
@@ -257,7 +264,7 @@ class _Channel:
         self.unread = 0
         self.window = net.conditions_between(*ends).window
         self.reset = False
-        net._channels.add(self)
+        net._channels[self] = None
 
     def send(self, unit: bytes) -> None:
         cond = self.net.conditions_between(*self.ends)
@@ -272,6 +279,10 @@ class _Channel:
         if unit and cond.loss and self.rng.random() < cond.loss:
             self.net.lost += 1
             return  # it left the sender: not counted as unread
+        if unit and cond.corrupt and self.rng.random() < cond.corrupt:
+            self.net.corrupted += 1
+            flip = self.rng.randrange(len(unit))
+            unit = unit[:flip] + bytes([unit[flip] ^ 0x5A]) + unit[flip + 1 :]
         self.unread += len(unit)
         self._max_at = max(self._max_at, at)
         self._push(at, unit)
@@ -282,7 +293,7 @@ class _Channel:
         self._pending.clear()
         self._held.clear()
         self.unread = 0
-        self.net._channels.discard(self)
+        self.net._channels.pop(self, None)
         self.loop.call_soon(self.dest._on_reset)
 
     def _push(self, at: float, unit: bytes) -> None:
@@ -307,7 +318,7 @@ class _Channel:
 
     def _deliver(self, unit: bytes) -> None:
         if not unit:
-            self.net._channels.discard(self)
+            self.net._channels.pop(self, None)
         self.dest._arrive(unit)
 
     def release(self) -> None:
@@ -668,6 +679,15 @@ class VirtualClockLoop(asyncio.SelectorEventLoop):
 
     def time(self) -> float:
         return self.now
+
+    def _run_once(self) -> None:
+        # Every turn of the loop moves the clock by the least step a float can (about
+        # 1e-15 s at the hundreds of seconds a run lasts), as a real clock always moves:
+        # otherwise a deadline `interval - elapsed` that rounds to the current instant
+        # (a wait of 4e-16 s, due "now" but not yet "elapsed") fires, finds itself not
+        # due, and is set again at the same instant for ever (found by `mercury sim`).
+        self.now = math.nextafter(self.now, math.inf)
+        super()._run_once()  # type: ignore[misc]
 
 
 def run_virtual(coro: Coroutine[Any, Any, T]) -> T:

@@ -50,6 +50,7 @@ from replicator import frames, handshake, invalidation, notify
 from replicator.filtered_stream import FilteredSession
 from replicator.heartbeat import HeartbeatSource
 from replicator.metrics import REFUSED
+from replicator.runtime import PROCESS, Runtime
 from replicator.tcp import TcpTransport
 from replicator.terms import store_term
 from replicator.transport import Link, LinkRefused, Listener, Transport
@@ -173,9 +174,12 @@ class ReplicationSource:
         tls: TlsContexts | None = None,
         upstream: UpstreamRouter | None = None,
         transport: Transport | None = None,
+        runtime: Runtime = PROCESS,
     ) -> None:
         self.store = store
         self.transport: Transport = transport or TcpTransport(tls, handshake_timeout=hello_timeout)
+        #: Its clocks and where its log reads and snapshots run (`replicator/runtime.py`).
+        self.runtime = runtime
         #: Reads UPSTREAM frames of clients that offer them (None: never offered).
         self.upstream = upstream
         #: On an HA leader: the highest seq its standbys confirmed. Replicas other than
@@ -206,7 +210,9 @@ class ReplicationSource:
         self._snapshot_dir = snapshot_dir or os.path.join(store.path, "snapshots")
         self._snapshot: tuple[str, snapshot.SnapshotInfo, float] | None = None
         self._snapshot_lock = asyncio.Lock()
-        self._waiters: set[asyncio.Event] = set()
+        # Dicts, not sets: streams are woken in the order they started (a set's order
+        # follows object addresses, and a simulation must replay the same way).
+        self._waiters: dict[asyncio.Event, None] = {}
         self._tail = _Tail()
         #: Streams waiting for the next commit, by their event: `_tail_arrived` sends them
         #: its records at once (see `_Caught`).
@@ -216,7 +222,7 @@ class ReplicationSource:
         self._tail_next: int | None = None
         #: The streams `horizon` holds back (plain replicas of an HA leader): a standby's
         #: report moves the horizon and wakes these only.
-        self._held: set[asyncio.Event] = set()
+        self._held: dict[asyncio.Event, None] = {}
         #: The tasks of the connections admitted (streams, bootstraps and handshakes).
         self._conns: set[asyncio.Task[None]] = set()
         #: The same connections, held to `max_connections` (`_Conn`).
@@ -335,7 +341,7 @@ class ReplicationSource:
         if kept is None or self.stats.active or self._snapshot_lock.locked():
             return
         path, _info, made = kept
-        if time.monotonic() - made < 2 * SNAPSHOT_MAX_AGE:
+        if self.runtime.monotonic() - made < 2 * SNAPSHOT_MAX_AGE:
             return
         self._snapshot = None
         for p in (path, snapshot.sidecar(path), *glob.glob(f"{path}.ks-*")):
@@ -509,10 +515,10 @@ class ReplicationSource:
         pos = self.store.last_seq() + 1 if hello.newest_only else hello.last_seq + 1
         stop = hello.stop_seq or None
         ev = asyncio.Event()
-        self._waiters.add(ev)
+        self._waiters[ev] = None
         held = not hello.options & frames.OPT_STANDBY
         if held:
-            self._held.add(ev)
+            self._held[ev] = None
         interval = self.heartbeat.interval_ms / 1000
         # The loop's clock (a simulation's virtual one runs these streams too).
         clock = asyncio.get_running_loop().time
@@ -534,7 +540,7 @@ class ReplicationSource:
                     more = bool(recs) and len(recs) >= READ_RECORDS
                 else:
                     try:
-                        recs = await asyncio.to_thread(
+                        recs = await self.runtime.offload(
                             self.store.read_log, pos, max_records=READ_RECORDS, max_bytes=READ_BYTES
                         )
                     except LogRetentionError as err:
@@ -577,6 +583,13 @@ class ReplicationSource:
                     link.write(frames.encode_heartbeat(hb._replace(sent_seq=pos - 1), heads))
                     await self._drain(link)
                     last_hb, last_hb_at = hb, now
+                elif hb is None:
+                    # Nothing to say yet (a replica before its first upstream heartbeat,
+                    # which wakes this stream when it comes): wait a whole interval. A
+                    # heartbeat "due" since -interval made every wait below zero long, a
+                    # busy loop of log reads until the first heartbeat came — for ever on
+                    # a replica cut from its sources (found by `mercury sim`).
+                    last_hb_at = now
                 if recs and more:
                     continue  # more is there already; only a read that took all waits
                 timeout = max(0.0, interval - (clock() - last_hb_at))
@@ -596,8 +609,8 @@ class ReplicationSource:
                         del self._caught[ev]
                         pos = caught.pos
         finally:
-            self._waiters.discard(ev)
-            self._held.discard(ev)
+            self._waiters.pop(ev, None)
+            self._held.pop(ev, None)
             self._caught.pop(ev, None)
 
     async def _drain(self, link: Link) -> None:
@@ -689,19 +702,19 @@ class ReplicationSource:
             if kept is not None:
                 path, info, made = kept
                 streamable = info.seq + 1 >= first and os.path.exists(path)
-                fresh = time.monotonic() - made < SNAPSHOT_MAX_AGE
+                fresh = self.runtime.monotonic() - made < SNAPSHOT_MAX_AGE
                 if streamable and (info.sha256 == resume_sha or fresh):
                     return path, info
             os.makedirs(self._snapshot_dir, exist_ok=True)
             # (Deleting older ones below also deletes the filtered snapshots derived from
             # them, named after them: `prune.derived_path`.)
             path = os.path.join(self._snapshot_dir, f"snap-{time.time_ns()}.mdb")
-            info = await asyncio.to_thread(snapshot.make_snapshot, self.store, path)
+            info = await self.runtime.offload(snapshot.make_snapshot, self.store, path)
             for old in glob.glob(os.path.join(self._snapshot_dir, "snap-*.mdb*")):
                 if not old.startswith(path):
                     with contextlib.suppress(OSError):
                         os.unlink(old)  # an open transfer keeps its file until it ends
-            self._snapshot = (path, info, time.monotonic())
+            self._snapshot = (path, info, self.runtime.monotonic())
             log.info("made snapshot at seq %d (%d bytes)", info.seq, info.size)
             return path, info
 
