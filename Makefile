@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-run
 DEV_STAMP := $(VENV)/.installed-dev
 
-.PHONY: install build run test test-fast lint bench bench-deps browser-deps ha-deps alert-deps clean
+.PHONY: install build run test test-fast lint bench bench-deps browser-deps ha-deps alert-deps sim clean
 
 # The store codec links libdeflate (CRC-32), zlib (CRC-32 combination), libsodium
 # (BLAKE2b) and OpenSSL's libcrypto (SHA-256). Their headers are installed when missing and we are root (CI, containers);
@@ -151,6 +151,11 @@ bench-deps:
 bench: build $(DEV_STAMP) bench-deps ha-deps
 	$(VENV)/bin/pytest -q -m bench tests || test $$? -eq 5
 	@for b in bench/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
+
+# A long simulation sweep of the replication tree (docs/replication.md); `make test` runs a
+# small one (tests/sim).
+sim: build
+	$(PY) -m sim.sweep --seeds 200 --nodes 50 --tiers 4 --virtual-seconds 120 --faults all
 
 clean:
 	rm -rf $(VENV) build var $(EXT_SOURCES:.pyx=.c) $(EXT_SOURCES:.pyx=.*.so)

@@ -40,6 +40,7 @@ COMMAND_MODULES = (
     "mercury.cmd_kv",
     "mercury.cmd_kt_bridge",
     "mercury.cmd_certs",
+    "mercury.cmd_sim",
     "mercury.cmd_completion",
 )
 

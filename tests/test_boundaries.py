@@ -39,6 +39,8 @@ PLANTS: dict[str, tuple[str, str]] = {
     "nothing-imports-mercury": ("ha/_planted.py", "import mercury.cli"),
     "sdk-alone": ("mercury_client/_planted.py", "import core.errors"),
     "bench-no-tests": ("bench/_planted.py", "import tests.conftest"),
+    "sim-apart": ("replicator/_planted.py", "import sim.run"),
+    "sim-rules-pure": ("sim/invariants.py", "import asyncio"),
 }
 
 

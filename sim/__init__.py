@@ -1,0 +1,1 @@
+"""Deterministic simulation of the replication tree (`mercury sim`, docs/replication.md)."""
