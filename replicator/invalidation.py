@@ -210,7 +210,7 @@ async def serve(source: ReplicationSource, hello: frames.Hello, link: Link, head
     pos = head + 1 if hello.newest_only else hello.last_seq + 1
     ev = asyncio.Event()
     # Woken by every commit, as the source's streams are (`ReplicationSource.wake`).
-    source._waiters.add(ev)
+    source._waiters[ev] = None
     answering: set[asyncio.Task[None]] = set()
     loop = asyncio.get_running_loop()
 
@@ -266,7 +266,7 @@ async def serve(source: ReplicationSource, hello: frames.Hello, link: Link, head
         if failure is not None:
             raise failure
     finally:
-        source._waiters.discard(ev)
+        source._waiters.pop(ev, None)
         for t in list(answering):
             t.cancel()
         for t in list(answering):
@@ -282,13 +282,13 @@ async def _answer(source: ReplicationSource, link: Link, f: Fetch) -> None:
     deadline = loop.time() + FETCH_WAIT
     while store.last_seq() < f.min_seq and loop.time() < deadline:
         ev = asyncio.Event()
-        source._waiters.add(ev)
+        source._waiters[ev] = None
         try:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(min(0.05, max(0.0, deadline - loop.time()))):
                     await ev.wait()
         finally:
-            source._waiters.discard(ev)
+            source._waiters.pop(ev, None)
     if store.last_seq() < f.min_seq:
         out = Fetched(f.request, STATUS_BEHIND, store.last_seq(), [])
     else:
