@@ -555,7 +555,7 @@ class ReplicationSource:
                     confirmed = self.horizon()
                     recs = [r for r in recs if r.last_seq <= confirmed]
                 out = _Coalescer(link)
-                encoded = None if flt is None else await asyncio.to_thread(flt.frames_of, recs)
+                encoded = None if flt is None else await self.runtime.offload(flt.frames_of, recs)
                 for i, rec in enumerate(recs):
                     out.write(
                         frames.encode_record(rec.header, rec.payload)
@@ -730,7 +730,7 @@ class ReplicationSource:
             if os.path.exists(out) and os.path.exists(snapshot.sidecar(out)):
                 with open(snapshot.sidecar(out)) as f:
                     return out, snapshot.SnapshotInfo.from_json(f.read())
-            derived = await asyncio.to_thread(prune.filtered_snapshot, path, info, out, keep)
+            derived = await self.runtime.offload(prune.filtered_snapshot, path, info, out, keep)
         log.info(
             "derived a snapshot for keyspaces %s at seq %d (%d of %d bytes)",
             describe(keep),
