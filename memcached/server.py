@@ -16,7 +16,7 @@ from collections.abc import Callable, Generator
 from core.errors import ReadProtocolError
 from memcached import protocol as mc
 from net.tcp import ListenerLimits, Run, TcpService, drain
-from reads import fastget, readstats, replystream
+from reads import fastget, keyspaces, readstats, replystream
 from reads.metrics import READ_ERRORS, READ_SECONDS
 from reads.replystream import BULK_SLICE
 from store.format import MAX_KEY
@@ -56,7 +56,7 @@ class MemcachedHandler:
         self.get_misses = 0
         #: The shortcut `net.tcp` calls with a connection's received bytes: a lone
         #: one-key `get` answered whole (compiled when built), the rest to `_fast_more`.
-        self.fast = fastget.MC_GET(
+        self._mc_get = fastget.MC_GET(
             store.env,
             store.dbs.data,
             flags_in_value,
@@ -65,6 +65,11 @@ class MemcachedHandler:
             readstats.note_read,
             MAX_KEY,
             mc.MAX_LINE,
+        )
+        #: A filtered replica refuses a get of a key outside its keyspaces first (a miss
+        #: would deny a key it does not hold: `reads/keyspaces.py`).
+        self.fast: Callable[[bytes], bytes | None] = (
+            self._mc_get if keyspaces.held() is None else self._fast_filtered
         )
         #: How a `get` (False) / `gets` (True) reply is read and encoded, a piece at a time
         #: when it is big (`reads.replystream`); one read transaction for the first pass.
@@ -109,7 +114,11 @@ class MemcachedHandler:
                     buf.clear()
                     return True
             elif cmd.name in (b"get", b"gets"):
-                yield from self._get_pieces(cmd.keys, cmd.name == b"gets")
+                refused = keyspaces.memcached_refusal(cmd.keys)
+                if refused is not None:
+                    yield refused
+                else:
+                    yield from self._get_pieces(cmd.keys, cmd.name == b"gets")
             elif cmd.name == b"quit":
                 return True
             elif cmd.name == b"version":
@@ -130,6 +139,13 @@ class MemcachedHandler:
         if not cmd.noreply:
             yield mc.READ_ONLY
         return False
+
+    def _fast_filtered(self, data: bytes) -> bytes | None:
+        """`fast` on a filtered replica: a get line naming a key outside is refused, the
+        rest answered as everywhere."""
+        got = mc.get_line(data)
+        refused = keyspaces.memcached_refusal(got[0]) if got is not None else None
+        return refused if refused is not None else self._mc_get(data)
 
     def _fast_more(self, data: bytes) -> bytes | None:
         """What `fast` (`fastget.McGet`) hands back: the reply to `data` when it is one
@@ -235,9 +251,9 @@ class MemcachedHandler:
                 ("version", VERSION),
                 ("curr_connections", self.connections()),
                 ("curr_items", st["entries_data"]),
-                ("cmd_get", self.cmd_get + self.fast.cmd_get),
-                ("get_hits", self.get_hits + self.fast.get_hits),
-                ("get_misses", self.get_misses + self.fast.get_misses),
+                ("cmd_get", self.cmd_get + self._mc_get.cmd_get),
+                ("get_hits", self.get_hits + self._mc_get.get_hits),
+                ("get_misses", self.get_misses + self._mc_get.get_misses),
             ]
         )
 

@@ -16,7 +16,7 @@ from collections.abc import Iterable
 
 from core.errors import OutsideKeyspaceError
 from reads.problems import problem_body
-from replicator.filter import holds_range
+from store.filtered import holds_range
 
 #: This node's prefixes (None: every key) and its replication sources (`--source`).
 _held: tuple[bytes, ...] | None = None
@@ -93,6 +93,19 @@ def check_range(start: bytes, end: bytes | None) -> None:
     """Raise OutsideKeyspaceError (421) unless every key of [start, end) is held."""
     if not holds_range(_held, start, end):
         raise _error("this range reaches")
+
+
+def memcached_refusal(keys: Iterable[bytes]) -> bytes | None:
+    """The memcached answer to a get naming a key outside (None: every key inside, or a
+    full node): a SERVER_ERROR line, not the END of a miss, which would deny the key."""
+    if _held is None:
+        return None
+    outside = [k for k in keys if not k.startswith(_held)]
+    if not outside:
+        return None
+    detail, hint = _detail(f"key {outside[0].decode('ascii', 'backslashreplace')!r} is")
+    line = f"SERVER_ERROR {detail}; {hint}".encode("ascii", "backslashreplace")
+    return line.replace(b"\r", b" ").replace(b"\n", b" ") + b"\r\n"
 
 
 def check_prefixes(prefixes: Iterable[bytes]) -> None:

@@ -4,7 +4,8 @@ A replica started with ``--keyspace PREFIX`` (repeatable) holds only the user ke
 those prefixes. These rules decide what a prefix list is (`normalize`), whether a source
 can feed a replica (`refusal`: a full source feeds any subset, a filtered source only a
 subset of its own prefixes, and never a full replica), and whether a read falls inside
-(`holds_key`, `holds_range`). The bytes of filtered records are `store/filtered.py`'s.
+(`holds_key`; a range: `store.filtered.holds_range`). The bytes of filtered records are
+`store/filtered.py`'s.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 from replicator.frames import MAX_KEYSPACES, MAX_PREFIX
-from store.filtered import describe, past
+from store.filtered import describe
 
 Prefixes = tuple[bytes, ...]
 
@@ -44,21 +45,6 @@ def holds_key(held: Prefixes | None, key: bytes) -> bool:
 def covers(held: Prefixes | None, asked: Sequence[bytes]) -> bool:
     """Whether every key under `asked` is under `held` (None: everything)."""
     return held is None or all(a.startswith(held) for a in asked)
-
-
-def holds_range(held: Prefixes | None, start: bytes, end: bytes | None) -> bool:
-    """Whether every key in [`start`, `end`) (end None: no upper bound) lies under one
-    prefix of `held`: the range starts under a prefix and ends at or before the first key
-    past it."""
-    if held is None:
-        return True
-    for p in held:
-        if not start.startswith(p):
-            continue
-        bound = past(p)
-        if bound is None or (end is not None and end <= bound):
-            return True
-    return False
 
 
 def refusal(held: Prefixes | None, asked: Prefixes | None) -> str | None:

@@ -87,6 +87,21 @@ def past(prefix: bytes) -> bytes | None:
     return bytes(p)
 
 
+def holds_range(held: Sequence[bytes] | None, start: bytes, end: bytes | None) -> bool:
+    """Whether every key in [`start`, `end`) (end None: no upper bound) lies under one
+    prefix of `held`: the range starts under a prefix and ends at or before the first key
+    past it."""
+    if held is None:
+        return True
+    for p in held:
+        if not start.startswith(p):
+            continue
+        bound = past(p)
+        if bound is None or (end is not None and end <= bound):
+            return True
+    return False
+
+
 def keeps(prefixes: Sequence[bytes]) -> Callable[[int, bytes], bool]:
     """The rule of what a replica of `prefixes` holds, as ``keep(op, key)`` (module doc)."""
     ps = tuple(prefixes)

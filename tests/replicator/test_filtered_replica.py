@@ -6,6 +6,7 @@ reads outside the keyspaces get a 421 naming where they are served."""
 from __future__ import annotations
 
 import functools
+import socket
 from pathlib import Path
 
 import httpx
@@ -13,7 +14,7 @@ import httpx
 from store.check import check
 from store.ops import DELETE, SET, Op
 from store.store import Store
-from testkit.procs import Procs, wait_http
+from testkit.procs import Procs, free_port, wait_http
 from testkit.replication import RootNode, items, root_node, status, wait_for, wait_seq
 from tests.faults.proxy import FaultProxy, Faults
 from tests.replicator.nodes import start_replica
@@ -31,6 +32,19 @@ def _write(root: RootNode, rnd: int, n: int = 60) -> None:
     root.store.apply(
         [Op(DELETE, f"{p}{i:04d}".encode(), owner="t") for i in (3, 7) for p in ("a/x/", "c/")]
     )
+
+
+def _mc(port: int, request: bytes) -> bytes:
+    """One memcached request's whole answer (it ends with END or an error line)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+        s.sendall(request)
+        out = b""
+        while not out.endswith((b"END\r\n", b"ERROR\r\n")) and b"_ERROR " not in out:
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            out += chunk
+        return out
 
 
 def _refused(port: int) -> bool:
@@ -71,6 +85,7 @@ def test_root_to_filtered_to_narrower_holds_its_subset_and_refuses_the_rest(
         # Three more at once (their starts overlap): a narrower filtered replica of f1, and
         # a full and a wider one f1 must refuse (their stores made empty: they ask to
         # stream; a bootstrap is refused alike).
+        mc_port = free_port()
         for name in ("full", "wide"):
             Store.create(str(tmp_path / name), db_id=root.store.db_id).close()
         f2 = start_replica(
@@ -79,6 +94,8 @@ def test_root_to_filtered_to_narrower_holds_its_subset_and_refuses_the_rest(
             [f1.repl],
             "--keyspace",
             "a/x/",
+            "--memcached-listen",
+            f"127.0.0.1:{mc_port}",
             repl=False,
             name="f2",
             wait=False,
@@ -119,6 +136,11 @@ def test_root_to_filtered_to_narrower_holds_its_subset_and_refuses_the_rest(
         assert httpx.get(f"{base}/v1/range", params={"prefix": "a/x/00"}).status_code == 200
         assert httpx.get(f"{base}/v1/range", params={"prefix": "a/"}).status_code == 421
         assert httpx.get(f"{base}/v1/watch", params={"prefix": "b/"}).status_code == 421
+        # memcached has no 421: a key outside is a SERVER_ERROR, never the END of a miss.
+        assert _mc(mc_port, b"get a/x/0001\r\n") == b"VALUE a/x/0001 0 4\r\nv2-1\r\nEND\r\n"
+        assert _mc(mc_port, b"get a/x/0003\r\n") == b"END\r\n"
+        refused = _mc(mc_port, b"get a/x/0001 b/0001\r\n")
+        assert refused.startswith(b"SERVER_ERROR key 'b/0001' is outside"), refused
 
         # f1 refused the full replica and the wider one, with the reason.
         for r, words in ((full, "a full replica needs a full source"), (wide, "'c/'")):

@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from replicator import filter as keyspace
+from store import filtered
 from store.filtered import past
 
 ALPHABET = [b"a", b"b", b"/", b"\xff", b"\x00"]
@@ -50,9 +51,9 @@ def test_a_range_is_held_only_when_every_key_in_it_is(ps, start, end) -> None:
     held = keyspace.normalize(ps)
     if end is not None and end <= start:
         return
-    if keyspace.holds_range(held, start, end):
+    if filtered.holds_range(held, start, end):
         inside = [k for k in ALL_KEYS if start <= k and (end is None or k < end)]
         assert all(keyspace.holds_key(held, k) for k in inside)
     # A prefix's own range (`reads.ranges.make_spec(prefix=...)`) is held.
     for p in held:
-        assert keyspace.holds_range(held, p, past(p))
+        assert filtered.holds_range(held, p, past(p))
