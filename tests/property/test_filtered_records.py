@@ -20,6 +20,11 @@ values = st.binary(max_size=30)
 entry = st.one_of(
     st.tuples(st.just(fmt.OP_SET), st.just(b"o"), keys, values),
     st.tuples(st.just(fmt.OP_DELETE), st.just(b"o"), keys, st.just(b"")),
+    # format 7: a set with a deadline (8 bytes of it, then the value) and an expiry
+    st.tuples(
+        st.just(fmt.OP_SET_EXPIRING), st.just(b"o"), keys, values.map(lambda v: bytes(8) + v)
+    ),
+    st.tuples(st.just(fmt.OP_EXPIRE), st.just(b"o"), keys, st.just(b"")),
     st.tuples(
         st.just(fmt.OP_DOC), st.just(b""), st.sampled_from([b"acl", ANSWER_PREFIX + b"i"]), values
     ),
