@@ -184,3 +184,37 @@ async def _over_tls(root: RootNode, tmp_path: Path, files: TlsFiles) -> None:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
             store.close()
+
+
+def test_a_restart_past_the_sources_history_drops_what_it_held(tmp_path: Path) -> None:
+    root = RootNode(str(tmp_path / "root"))
+    try:
+        root.store.apply([Op(SET, b"a", b"one", owner="t")])
+        asyncio.run(_held_then_stale(root, tmp_path, first=True))
+        # While the cache is down, `a` changes and the log no longer holds that change.
+        root.store.apply([Op(SET, b"a", b"two", owner="t")])
+        for i in range(5):
+            root.store.apply([Op(SET, b"x%d" % i, b"x", owner="t")])
+        assert root.store.gc_log(keep_entries=1) > 0
+        asyncio.run(_held_then_stale(root, tmp_path, first=False))
+    finally:
+        root.close()
+
+
+async def _held_then_stale(root: RootNode, tmp_path: Path, *, first: bool) -> None:
+    store = CacheStore(str(tmp_path / "cache"), 1 << 20)
+    node = CacheNode(store, 1 << 20, [("127.0.0.1", root.port)], TcpTransport(None))
+    if not first:
+        assert b"a" in node.state.held  # warm: what it held is back
+    task = asyncio.get_running_loop().create_task(node.run())
+    try:
+        await _until(lambda: node.status()["connected"] is True, "connected")
+        (a,) = await node.get([b"a"])
+        # The source refused to stream the history it lost: the cache started over at its
+        # head, dropping `a`'s old value rather than serving it.
+        assert a.value == (b"one" if first else b"two")
+        assert a.served == "miss"
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        store.close()
