@@ -612,6 +612,15 @@ class ReplicationSource:
             self._waiters.pop(ev, None)
             self._held.pop(ev, None)
             self._caught.pop(ev, None)
+            if flt is not None:
+                log.info(
+                    "filtered stream to %s (keyspaces %s) ended: %d bytes sent for %d bytes "
+                    "of records",
+                    link.address,
+                    describe(flt.prefixes),
+                    flt.bytes_out,
+                    flt.bytes_in,
+                )
 
     async def _drain(self, link: Link) -> None:
         """Wait for the send buffer to drain; TimeoutError (the stream ends, the replica
