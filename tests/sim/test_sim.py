@@ -165,3 +165,23 @@ def test_the_invariants_name_what_is_wrong() -> None:
     assert "gap or a corrupt" in (invariants.applied("n1", 5, 9, b"xx", heads) or "")
     assert invariants.lag("n1", 0.0, 0.4, 1.3) is None
     assert "reports lag" in (invariants.lag("n1", 0.0, 5.0, 1.3) or "")
+
+
+def test_a_lag_that_ignores_the_heartbeats_age_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A node whose stale heartbeat still counts as fresh reports 0 behind a partition
+    while the root writes on: the lag invariant names it on the first seed."""
+    import sim.run
+
+    def mutant(
+        now_us: int, applied: int, known: int, hb_us: int, hb_seq: int, _ms: int
+    ) -> float | None:
+        if hb_us == 0 and known == 0:
+            return None
+        if hb_us and applied >= hb_seq:  # no freshness check: the mutation
+            return 0.0
+        return max(0.0, (now_us - known) / 1e6)
+
+    monkeypatch.setattr(sim.run, "lag_seconds", mutant)
+    doc = simulate(replace(SMALL, faults=("partition",)))
+    assert not doc["invariants_ok"]
+    assert any("reports lag 0.000s" in v for v in doc["violations"])
