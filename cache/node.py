@@ -118,11 +118,14 @@ class CacheNode:
         metrics.register(lambda: self.counters, self.lag)
 
     def _load(self) -> None:
-        """Warm start: every entry the store holds goes back into the policy (probation:
-        the hot ones are promoted again by their next read)."""
+        """Warm start: every entry the store holds goes back into the policy, the ones
+        protected at the last clean stop into the protected segment, the others into
+        probation."""
         evicted: list[bytes] = []
+        protected = self.store.take_protected()
         for key, held, vlen in self.store.load():
-            evicted += self.state.load(key, held, len(key) + vlen + ENTRY_OVERHEAD, False)
+            size = len(key) + vlen + ENTRY_OVERHEAD
+            evicted += self.state.load(key, held, size, key in protected)
         if evicted:  # a smaller --max-bytes than the store was filled with
             self.store.commit(deletes=evicted)
         metrics.BYTES.set(self.state.held_bytes)
@@ -133,6 +136,11 @@ class CacheNode:
             self.state.held_bytes,
             self.state.applied,
         )
+
+    def close(self) -> None:
+        """A clean stop: record the protected segment (see `_load`), close the store."""
+        self.store.save_protected(self.state.policy.protected_keys())
+        self.store.close()
 
     # --- reads ---------------------------------------------------------------------
 

@@ -113,6 +113,10 @@ class Slru:
             return True
         return False
 
+    def protected_keys(self) -> list[bytes]:
+        """The keys of the protected segment, least recent first."""
+        return list(self._protected)
+
     def keys(self) -> Iterable[bytes]:
         """Every key held (probation then protected, least recent first)."""
         yield from self._probation

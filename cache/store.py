@@ -30,6 +30,10 @@ FLAG_NEGATIVE = 1
 K_APPLIED = b"applied"
 K_HORIZON = b"horizon"
 K_DB_ID = b"db_id"
+#: The keys of the policy's protected segment, written at a clean stop (`save_protected`):
+#: a restart puts them back there, so the hot set survives a scan right after it.
+K_PROTECTED = b"protected"
+_KLEN = struct.Struct("<H")
 
 
 class Put(NamedTuple):
@@ -123,6 +127,27 @@ class CacheStore:
                 txn.put(K_HORIZON, _U64.pack(horizon), db=self.meta)
             if db_id is not None:
                 txn.put(K_DB_ID, db_id, db=self.meta)
+
+    def save_protected(self, keys: list[bytes]) -> None:
+        """Record the protected keys (one value in ``meta``: lengths and keys)."""
+        raw = b"".join(_KLEN.pack(len(k)) + k for k in keys)
+        with self.env.begin(write=True) as txn:
+            txn.put(K_PROTECTED, raw, db=self.meta)
+
+    def take_protected(self) -> set[bytes]:
+        """The protected keys last saved, forgotten as they are read (a crash after this
+        start must not restore a list older than what the node then held)."""
+        with self.env.begin(write=True) as txn:
+            raw = txn.pop(K_PROTECTED, db=self.meta)
+        out: set[bytes] = set()
+        mv = memoryview(raw or b"")
+        pos = 0
+        while pos + _KLEN.size <= len(mv):
+            (n,) = _KLEN.unpack_from(mv, pos)
+            pos += _KLEN.size
+            out.add(bytes(mv[pos : pos + n]))
+            pos += n
+        return out
 
     def disk_bytes(self) -> int:
         """Bytes of the LMDB file on disk (allocated blocks: a sparse file counts what it

@@ -115,4 +115,4 @@ async def _serve(args: argparse.Namespace) -> None:
                 await memcached.stop()
         await stop_task(following)
         with contextlib.suppress(Exception):
-            store.close()
+            node.close()

@@ -218,3 +218,34 @@ async def _held_then_stale(root: RootNode, tmp_path: Path, *, first: bool) -> No
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
         store.close()
+
+
+def test_the_protected_segment_survives_a_clean_restart(tmp_path: Path) -> None:
+    root = RootNode(str(tmp_path / "root"))
+    try:
+        root.store.apply([Op(SET, b"hot", b"h", owner="t"), Op(SET, b"once", b"o", owner="t")])
+        asyncio.run(_read_hot_and_once(root, tmp_path))
+    finally:
+        root.close()
+    store = CacheStore(str(tmp_path / "cache"), 1 << 20)
+    node = CacheNode(store, 1 << 20, [], TcpTransport(None))
+    try:
+        # Read twice before the stop: protected again, so a scan cannot push it out first.
+        assert node.state.policy.protected(b"hot")
+        assert not node.state.policy.protected(b"once") and b"once" in node.state.held
+    finally:
+        store.close()
+
+
+async def _read_hot_and_once(root: RootNode, tmp_path: Path) -> None:
+    store = CacheStore(str(tmp_path / "cache"), 1 << 20)
+    node = CacheNode(store, 1 << 20, [("127.0.0.1", root.port)], TcpTransport(None))
+    task = asyncio.get_running_loop().create_task(node.run())
+    try:
+        await _until(lambda: node.status()["connected"] is True, "connected")
+        await node.get([b"hot", b"once"])
+        await node.get([b"hot"])
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        node.close()
