@@ -10,7 +10,9 @@ same sequence of calls give the same deliveries, losses and orders.
 What travels is *units*: each frame written (`write` splits concatenated frames) and each
 block of a file (`send_file`). Per pair of nodes a `Conditions` says what happens to a
 unit: a delay drawn uniformly from `delay`, a loss with probability `loss` (the unit
-vanishes; the receiver sees the gap), and with probability `reorder` an extra
+vanishes; the receiver sees the gap), with probability `corrupt` one byte flipped (the
+receiver's CRC check refuses it), with probability `duplicate` a second copy right behind
+it, and with probability `reorder` an extra
 `reorder_delay` that lets later units overtake it. Otherwise units arrive in order (a
 unit never arrives before the one sent before it). A close travels like a unit (after
 the data, never lost); a reset (`abort`) overtakes the data and drops what the peer had
@@ -76,6 +78,8 @@ class Conditions:
     #: Probability that a frame arrives with one byte flipped (the receiver's CRC check
     #: refuses it: a `ProtocolError`).
     corrupt: float = 0.0
+    #: Probability that a frame arrives twice (the copy right behind it).
+    duplicate: float = 0.0
     #: Bytes unread at the receiver before the sender's backlog grows.
     window: int = WINDOW
 
@@ -98,6 +102,7 @@ class MemoryNetwork:
         #: Units lost and corrupted so far (tests read them).
         self.lost = 0
         self.corrupted = 0
+        self.duplicated = 0
 
     def transport(self, name: str, identity: str | None = None) -> MemoryTransport:
         """The transport of node `name`; `identity` is what its peers see as
@@ -286,6 +291,11 @@ class _Channel:
         self.unread += len(unit)
         self._max_at = max(self._max_at, at)
         self._push(at, unit)
+        if unit and cond.duplicate and self.rng.random() < cond.duplicate:
+            # A copy right behind it (a retransmission the network delivered twice).
+            self.net.duplicated += 1
+            self.unread += len(unit)
+            self._push(at, unit)
 
     def send_reset(self) -> None:
         """A reset: overtakes whatever is still on the way (which is dropped)."""

@@ -9,9 +9,9 @@ must converge). Kinds:
   store is closed; at the end it restarts on the same store.
 - `partition`: the node and its first source are cut apart (nothing gets through, nobody
   closes: the stream goes stale and the node fails over), then healed.
-- `delay`, `drop`, `reorder`, `corrupt`: the link to its first source gets `DEGRADED`
-  conditions of that kind (every unit delayed more; lost; held back so later ones overtake
-  it; one byte flipped), then its own conditions again.
+- `delay`, `drop`, `reorder`, `corrupt`, `duplicate`: the link to its first source gets
+  `DEGRADED` conditions of that kind (every unit delayed more; lost; held back so later
+  ones overtake it; one byte flipped; delivered twice), then its own conditions again.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-KINDS = ("kill", "partition", "delay", "drop", "reorder", "corrupt")
+KINDS = ("kill", "partition", "delay", "drop", "reorder", "corrupt", "duplicate")
 
 #: What a degraded link does, by fault kind (the `memnet.Conditions` fields changed).
 DEGRADED: dict[str, dict[str, float]] = {
@@ -27,6 +27,7 @@ DEGRADED: dict[str, dict[str, float]] = {
     "drop": {"loss": 0.1},
     "reorder": {"reorder": 0.2, "reorder_delay": 0.05},
     "corrupt": {"corrupt": 0.1},
+    "duplicate": {"duplicate": 0.1},
 }
 
 

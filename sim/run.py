@@ -535,6 +535,7 @@ class Simulation:
             "root_records": len(self.root_seqs),
             "frames_lost": self.net.lost,
             "frames_corrupted": self.net.corrupted,
+            "frames_duplicated": self.net.duplicated,
             "invariants_ok": not self.violations,
             "reconverge_s": None if self.reconverge is None else round(self.reconverge, 3),
             "per_tier": tiers,
@@ -559,6 +560,7 @@ def _degraded(base: Conditions, kind: str) -> Conditions:
         reorder=change.get("reorder", base.reorder),
         reorder_delay=change.get("reorder_delay", base.reorder_delay),
         corrupt=change.get("corrupt", base.corrupt),
+        duplicate=change.get("duplicate", base.duplicate),
         window=base.window,
     )
 
