@@ -503,6 +503,7 @@ REASONS = {
     400: "Bad Request",
     404: "Not Found",
     413: "Request Entity Too Large",
+    421: "Misdirected Request",  # a filtered replica's key outside its keyspaces
     450: "Logical Inconsistency",
     500: "Internal Server Error",
     501: "Not Implemented",

@@ -21,7 +21,7 @@ from core.errors import CRCError, ReadProtocolError
 from core.slices import CHUNK, SliceClock
 from kt import protocol as kt
 from net.tcp import ListenerLimits, Run, TcpService, drain
-from reads import readstats, replystream
+from reads import keyspaces, readstats, replystream
 from reads.metrics import READ_ERRORS, READ_SECONDS
 from reads.ranges import make_spec, read_page
 from reads.replystream import BULK_SLICE
@@ -147,6 +147,8 @@ class KtHandler:
             return b"" if req.no_reply else kt.BINARY_ERROR
         t0 = time.perf_counter()
         keys = req.keys
+        if keyspaces.outside_message(k for _db, k in keys) is not None:
+            return kt.BINARY_ERROR  # a filtered replica's key outside: the only refusal here
         got = yield from replystream.collect(self.store, keys, BULK_SPEC)
         if isinstance(got, replystream.TooLarge):
             READ_ERRORS.labels("kt_get_bulk", "too_large").inc()
@@ -246,7 +248,13 @@ class KtHandler:
                 date=date,
             )
         self.cnt_get += 1
-        if v is None:
+        outside = keyspaces.outside_message([key]) if v is None else None
+        if outside is not None:  # a filtered replica does not hold it: a 404 would lie
+            self.cnt_get_misses += 1
+            reply = kt.encode_http_response(
+                421, headers=[("X-Kt-Error", outside)], keep_alive=keep, date=date
+            )
+        elif v is None:
             self.cnt_get_misses += 1
             reply = kt.encode_http_response(
                 404, headers=[("X-Kt-Error", NO_RECORD.decode())], keep_alive=keep, date=date
@@ -321,6 +329,10 @@ class KtHandler:
             return 400, {b"ERROR": b"invalid parameters"}
         v = self.store.get(key) if 1 <= len(key) <= MAX_KEY else None
         self.cnt_get += 1
+        outside = keyspaces.outside_message([key]) if v is None else None
+        if outside is not None:  # a filtered replica does not hold it: 450 would lie
+            self.cnt_get_misses += 1
+            return 421, {b"ERROR": outside.encode()}
         if v is None:
             self.cnt_get_misses += 1
             return 450, {b"ERROR": NO_RECORD}
@@ -342,6 +354,9 @@ class KtHandler:
                 yield b""
                 clock.start()
             keys.extend(k[1:] for k in names[start : start + BULK_SLICE] if k.startswith(b"_"))
+        outside = keyspaces.outside_message(keys)
+        if outside is not None:  # a filtered replica's: its misses there would lie
+            return 421, {b"ERROR": outside.encode()}
         out: dict[bytes, bytes] = {}
         size = 0
         start = 0
@@ -379,6 +394,8 @@ class KtHandler:
         prefix = params.get(b"prefix")
         if prefix is None:
             return 400, {b"ERROR": b"invalid parameters"}
+        if keyspaces.held() is not None and not keyspaces.holds_prefix(prefix):
+            return 421, {b"ERROR": b"prefix outside this filtered replica's keyspaces"}
         try:
             want = int(params.get(b"max", b"-1"))
         except ValueError:

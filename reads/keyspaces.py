@@ -95,17 +95,30 @@ def check_range(start: bytes, end: bytes | None) -> None:
         raise _error("this range reaches")
 
 
+def outside_message(keys: Iterable[bytes]) -> str | None:
+    """One line saying the first of `keys` outside is not held here and where to read it
+    (None: every key inside, or a full node): for protocols with no problem document."""
+    if _held is None:
+        return None
+    outside = next((k for k in keys if not k.startswith(_held)), None)
+    if outside is None:
+        return None
+    detail, hint = _detail(f"key {outside.decode('ascii', 'backslashreplace')!r} is")
+    return f"{detail}; {hint}".replace("\r", " ").replace("\n", " ")
+
+
 def memcached_refusal(keys: Iterable[bytes]) -> bytes | None:
     """The memcached answer to a get naming a key outside (None: every key inside, or a
     full node): a SERVER_ERROR line, not the END of a miss, which would deny the key."""
-    if _held is None:
+    message = outside_message(keys)
+    if message is None:
         return None
-    outside = [k for k in keys if not k.startswith(_held)]
-    if not outside:
-        return None
-    detail, hint = _detail(f"key {outside[0].decode('ascii', 'backslashreplace')!r} is")
-    line = f"SERVER_ERROR {detail}; {hint}".encode("ascii", "backslashreplace")
-    return line.replace(b"\r", b" ").replace(b"\n", b" ") + b"\r\n"
+    return b"SERVER_ERROR " + message.encode("ascii", "backslashreplace") + b"\r\n"
+
+
+def holds_prefix(prefix: bytes) -> bool:
+    """Whether every key under `prefix` is held (an empty prefix: every key)."""
+    return _held is None or (bool(prefix) and prefix.startswith(_held))
 
 
 def check_prefixes(prefixes: Iterable[bytes]) -> None:

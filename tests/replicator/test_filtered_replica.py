@@ -85,7 +85,7 @@ def test_root_to_filtered_to_narrower_holds_its_subset_and_refuses_the_rest(
         # Three more at once (their starts overlap): a narrower filtered replica of f1, and
         # a full and a wider one f1 must refuse (their stores made empty: they ask to
         # stream; a bootstrap is refused alike).
-        mc_port = free_port()
+        mc_port, kt_port = free_port(), free_port()
         for name in ("full", "wide"):
             Store.create(str(tmp_path / name), db_id=root.store.db_id).close()
         f2 = start_replica(
@@ -96,6 +96,8 @@ def test_root_to_filtered_to_narrower_holds_its_subset_and_refuses_the_rest(
             "a/x/",
             "--memcached-listen",
             f"127.0.0.1:{mc_port}",
+            "--kt-listen",
+            f"127.0.0.1:{kt_port}",
             repl=False,
             name="f2",
             wait=False,
@@ -141,6 +143,13 @@ def test_root_to_filtered_to_narrower_holds_its_subset_and_refuses_the_rest(
         assert _mc(mc_port, b"get a/x/0003\r\n") == b"END\r\n"
         refused = _mc(mc_port, b"get a/x/0001 b/0001\r\n")
         assert refused.startswith(b"SERVER_ERROR key 'b/0001' is outside"), refused
+        # KT alike: 421 where a miss (404, 450) would deny the key.
+        kt = f"http://127.0.0.1:{kt_port}"
+        assert httpx.get(f"{kt}/a%2Fx%2F0001").content == b"v2-1"  # (a slash names a db)
+        assert httpx.get(f"{kt}/a%2Fx%2F0003").status_code == 404
+        assert httpx.get(f"{kt}/b%2F0001").status_code == 421
+        rpc = httpx.get(f"{kt}/rpc/get", params={"key": "b/0001"})
+        assert rpc.status_code == 421 and b"outside" in rpc.content, rpc.content
 
         # f1 refused the full replica and the wider one, with the reason.
         for r, words in ((full, "a full replica needs a full source"), (wide, "'c/'")):
