@@ -168,7 +168,8 @@ bench: build $(DEV_STAMP) bench-deps ha-deps
 # A long simulation sweep of the replication tree (docs/replication.md); `make test` runs a
 # small one (tests/sim).
 sim: build
-	$(PY) -m sim.sweep --seeds 200 --nodes 50 --tiers 4 --virtual-seconds 120 --faults all
+	$(PY) -m sim.sweep --seeds 200 --nodes 50 --tiers 4 --virtual-seconds 120 --faults all \
+		--fault-rate 0.5 --retain-records 30
 
 clean:
 	rm -rf $(VENV) build var $(EXT_SOURCES:.pyx=.c) $(EXT_SOURCES:.pyx=.*.so)
