@@ -20,7 +20,7 @@ from typing import Any
 import orjson
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from cache.node import CacheNode, Unavailable
+from cache.node import CacheNode, TooLarge, Unavailable
 from core import strictjson
 from core.problems import NO_SUCH_KEY, NO_SUCH_ROUTE, PROBLEM_JSON, no_route_detail
 from reads import bulkbody
@@ -174,6 +174,9 @@ class CacheApp:
             answers = await self.node.get(keys)
         except Unavailable as err:
             await _unavailable(send, str(err))
+            return
+        except TooLarge as err:
+            await _problem(send, 413, "read-too-large", str(err), title="Reply too large")
             return
         values: dict[str, str | None] = {}
         values_b64: dict[str, str | None] = {}

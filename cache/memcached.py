@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Generator
 
-from cache.node import CacheNode, Unavailable
+from cache.node import CacheNode, TooLarge, Unavailable
 from core.errors import ReadProtocolError
 from memcached import protocol as mc
 from memcached.server import BUSY, VERSION
@@ -73,6 +73,8 @@ class CacheMemcached:
             answers = yield from wait_for(self.node.get(keys))
         except Unavailable:
             return UNAVAILABLE
+        except TooLarge:
+            return b"SERVER_ERROR reply too large; ask for fewer keys\r\n"
         hits = [
             (k, a.value, a.version)
             for k, a in zip(keys, answers, strict=True)

@@ -60,6 +60,14 @@ class Unavailable(Exception):
     """A miss cannot be answered now (no source, source behind, answers stale): 503."""
 
 
+class TooLarge(Exception):
+    """The values asked for exceed `MAX_ANSWER_BYTES`: ask for fewer keys at once (413)."""
+
+
+#: Bytes of values one read may be answered with (as a replica's get_bulk).
+MAX_ANSWER_BYTES = 64 << 20
+
+
 class Answer(NamedTuple):
     """One key's answer to a read: value (None: absent), version (0: absent), the read
     seq it comes from, and how it was served ("hit", "negative_hit", "miss")."""
@@ -110,6 +118,8 @@ class CacheNode:
         self.heard = Heard()
         self._session: _Session | None = None
         self._next_request = 1
+        #: FETCH frames sent (a read of large values takes several).
+        self.fetches = 0
         self._slots = asyncio.Semaphore(MAX_INFLIGHT)
         #: Set when the stream must restart at the source's head without its history.
         self._restart = False
@@ -168,13 +178,23 @@ class CacheNode:
     async def _fetch_into(
         self, keys: Sequence[bytes], missing: list[int], out: list[Answer | None]
     ) -> None:
+        held = sum(len(a.value) for a in out if a is not None and a.value is not None)
         todo = missing
         for _attempt in range(STALE_RETRIES):
             stale: list[int] = []
             for start in range(0, len(todo), MAX_FETCH_KEYS):
                 part = todo[start : start + MAX_FETCH_KEYS]
-                answer = await self._fetch([keys[i] for i in part])
-                stale += self._install(keys, part, answer, out)
+                while part:  # a source answers a prefix when the values are large
+                    answer = await self._fetch([keys[i] for i in part])
+                    got = part[: len(answer.items)]
+                    stale += self._install(keys, got, answer, out)
+                    held += sum(len(v) for v, _version in answer.items if v is not None)
+                    if held > MAX_ANSWER_BYTES:
+                        raise TooLarge(
+                            f"the values of these keys exceed {MAX_ANSWER_BYTES} bytes; "
+                            "ask for fewer keys per request"
+                        )
+                    part = part[len(answer.items) :]
             if not stale:
                 return
             todo = stale
@@ -226,6 +246,7 @@ class CacheNode:
             self._next_request = (req + 1) & 0xFFFFFFFF or 1
             fut: asyncio.Future[Fetched] = asyncio.get_running_loop().create_future()
             s.pending[req] = fut
+            self.fetches += 1
             try:
                 s.link.write(encode_fetch(Fetch(req, self.state.rules.horizon, keys)))
                 async with asyncio.timeout(FETCH_TIMEOUT):
@@ -239,7 +260,7 @@ class CacheNode:
                 f"source {s.address} is at seq {answer.read_seq}, behind this cache's "
                 f"{self.state.rules.horizon}"
             )
-        if len(answer.items) != len(keys):
+        if not 1 <= len(answer.items) <= len(keys):
             raise Unavailable(f"source {s.address} answered {len(answer.items)} keys")
         return answer
 
@@ -446,4 +467,4 @@ async def stop_task(task: asyncio.Task[None]) -> None:
         await task
 
 
-__all__ = ["Answer", "CacheNode", "Held", "Unavailable", "stop_task"]
+__all__ = ["Answer", "CacheNode", "Held", "TooLarge", "Unavailable", "stop_task"]

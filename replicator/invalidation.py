@@ -19,7 +19,9 @@ Bodies (integers little-endian):
   behind min seq — it waited `FETCH_WAIT` for it), read seq (u64: the seq of the read
   transaction every value comes from; with status 1, the source's last seq), count n
   (u16; 0 with status 1), then n times in the FETCH's order: present (u8), version (u64:
-  the key's last change; 0 when absent), value length (u32), value.
+  the key's last change; 0 when absent), value length (u32), value. With status 0, n is
+  at least 1 and may be fewer than the keys asked: the answer stops once its values pass
+  `FETCH_BYTES` (values are up to 25 MiB each), and the cache asks again for the rest.
 
 HEARTBEAT frames are sent as on a stream (the root's relayed clock, `sent_seq` the last
 INVALIDATE's seq), so the cache computes its lag exactly as a replica does.
@@ -56,6 +58,9 @@ MAX_INFLIGHT = 256
 #: How long a source waits for its own seq to reach a FETCH's min seq before answering
 #: "behind" (a cache that failed over to a source behind what it already applied).
 FETCH_WAIT = 2.0
+#: Bytes of values one FETCHED carries at most (beyond its first value): what a cache can
+#: make its source read and hold per request.
+FETCH_BYTES = 16 << 20
 #: Records read per log read while streaming invalidations.
 READ_RECORDS = 256
 READ_BYTES = 4 << 20
@@ -293,7 +298,9 @@ async def _answer(source: ReplicationSource, link: Link, f: Fetch) -> None:
         out = Fetched(f.request, STATUS_BEHIND, store.last_seq(), [])
     else:
         try:
-            out = Fetched(f.request, STATUS_READ, *_read(source, f.keys))
+            # In a worker thread: large values must not hold the source's loop (on the
+            # root it serves every writer too).
+            out = Fetched(f.request, STATUS_READ, *await asyncio.to_thread(_read, source, f.keys))
         except CRCError as err:
             # Never a corrupt value, and never "absent" for one: the cache loses this
             # source (its misses answer 503 until it fails over).
@@ -306,8 +313,12 @@ async def _answer(source: ReplicationSource, link: Link, f: Fetch) -> None:
 
 def _read(source: ReplicationSource, keys: Iterable[bytes]) -> tuple[int, list[Item]]:
     items: list[Item] = []
+    size = 0
     with source.store.reader() as r:
         for k in keys:
+            if items and size >= FETCH_BYTES:
+                break  # the cache asks again for the rest
             v = r.get(k)
             items.append(Item(None, 0) if v is None else Item(v.value, v.seq))
+            size += 0 if v is None else len(v.value)
         return r.seq(), items

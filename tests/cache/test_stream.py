@@ -9,13 +9,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
 import trustme
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec, rsa
 
 from cache.http import CacheApp
-from cache.node import CacheNode
+from cache.node import CacheNode, TooLarge
 from cache.store import CacheStore
 from net import certs
 from net.tlsconf import TlsContexts, TlsFiles
@@ -249,3 +250,34 @@ async def _read_hot_and_once(root: RootNode, tmp_path: Path) -> None:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
         node.close()
+
+
+def test_large_values_come_in_several_answers_and_a_read_is_bounded(tmp_path: Path) -> None:
+    root = RootNode(str(tmp_path / "root"))
+    try:
+        big = [Op(SET, b"big%02d" % i, bytes([i]) * (3 << 20), owner="t") for i in range(23)]
+        for i in range(0, len(big), 4):
+            root.store.apply(big[i : i + 4])
+        asyncio.run(_large(root, tmp_path))
+    finally:
+        root.close()
+
+
+async def _large(root: RootNode, tmp_path: Path) -> None:
+    store = CacheStore(str(tmp_path / "cache"), 64 << 20)
+    node = CacheNode(store, 64 << 20, [("127.0.0.1", root.port)], TcpTransport(None))
+    task = asyncio.get_running_loop().create_task(node.run())
+    try:
+        await _until(lambda: node.status()["connected"] is True, "connected")
+        # 8 values of 3 MiB: more than one answer carries (16 MiB), all of them served.
+        keys = [b"big%02d" % i for i in range(8)]
+        got = await node.get(keys)
+        assert [a.value for a in got] == [bytes([i]) * (3 << 20) for i in range(8)]
+        assert node.fetches >= 2
+        # 23 of them (69 MiB) are more than one read may be answered with.
+        with pytest.raises(TooLarge):
+            await node.get([b"big%02d" % i for i in range(23)])
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        store.close()
