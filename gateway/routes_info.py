@@ -49,6 +49,7 @@ def usage_row(
         "deletes": u.deletes,
         "duplicates": u.duplicates,
         "throttled": u.throttled,
+        "expiries": u.expiries,
         "quota_ops": quota or dict.fromkeys(OUTCOMES, 0),
     }
 

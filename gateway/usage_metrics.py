@@ -23,6 +23,7 @@ FIELDS = {
     "deletes": "Ops that deleted a key, since the store began (durable)",
     "duplicates": "Sets equal to the stored value, not written, since the store began",
     "throttled": "Ops held or refused by the rate quota, since the store began",
+    "expiries": "Keys the root expired (their deadline passed), since the store began",
 }
 
 

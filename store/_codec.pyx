@@ -486,6 +486,13 @@ cdef inline list _delta_for(dict delta, str owner):
     return <list>d
 
 
+cdef inline void _count_expiry(list d) except *:
+    # The seventh usage counter, added only when there is an expiry (applyloop.count_expiry).
+    if len(d) < 7:
+        d.append(0)
+    d[6] += 1
+
+
 cdef void _forget(const uint8_t* p, Py_ssize_t key_len, dict delta, object rare,
                   object key) except *:
     cdef uint64_t oseq = _get_u64(p + 2)
@@ -628,7 +635,8 @@ def apply_ops(ops, get, put, delete, uint64_t last_seq, rare, max_key=None, appe
             seq += 1
             delete(key)
             _forget(p, kn, delta, rare, key)
-            if opk == OP_EXPIRE:  # not a producer's delete: its usage counts no delete
+            if opk == OP_EXPIRE:  # not a producer's delete: its owner's usage counts an expiry
+                _count_expiry(d)
                 entries.append((OP_EXPIRE, owner, key, b""))
                 results.append(_result(_EXPIRED, seq))
             else:
@@ -837,6 +845,8 @@ def apply_entries(payload, get, put, delete, rare, doc, dict delta, max_key=None
             d[2] += 1
         else:
             delete(key)
-            if op == OP_DELETE:  # an expiry is not a producer's delete
+            if op == OP_DELETE:
                 d[3] += 1
+            else:  # an expiry: not a producer's delete
+                _count_expiry(d)
     return max_key

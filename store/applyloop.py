@@ -157,7 +157,8 @@ def apply_ops(
             seq += 1
             delete(key)
             forget(h, len(key), delta, rare, key)
-            if expiring:  # not a producer's delete: its usage counts no delete
+            if expiring:  # not a producer's delete: its owner's usage counts an expiry
+                count_expiry(d)
                 entries.append((fmt.OP_EXPIRE, owner, key, b""))
                 results.append(Result(Status.EXPIRED, seq))
             else:
@@ -167,6 +168,14 @@ def apply_ops(
     if run and append is not None:
         append(run)
     return results, entries, seq, delta
+
+
+def count_expiry(d: list[int]) -> None:
+    """Count one expiry in an owner's usage delta: the seventh counter, added to the list
+    only when there is one (`store/usage.py`). Shared with the replica's apply."""
+    if len(d) < 7:
+        d.append(0)
+    d[6] += 1
 
 
 def forget(

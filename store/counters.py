@@ -50,6 +50,8 @@ def bump(delta: Delta, owner: str, idx: int, n: int) -> None:
     d = delta.get(owner)
     if d is None:
         d = delta[owner] = [0, 0, 0, 0, 0, 0]
+    if len(d) <= idx:  # the apply loops add the expiries slot only when there are some
+        d.extend([0] * (idx + 1 - len(d)))
     d[idx] += n
 
 

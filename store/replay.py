@@ -27,7 +27,7 @@ from collections.abc import Callable
 from typing import Any
 
 from store import format as fmt
-from store.applyloop import Rare, forget
+from store.applyloop import Rare, count_expiry, forget
 from store.usage import stored_bytes
 
 _HDR = fmt.ENTRY_HEADER
@@ -148,6 +148,8 @@ def apply_entries(
             d[2] += 1
         else:
             delete(key)
-            if op == fmt.OP_DELETE:  # an expiry is not a producer's delete
+            if op == fmt.OP_DELETE:
                 d[3] += 1
+            else:  # an expiry: not a producer's delete
+                count_expiry(d)
     return max_key

@@ -1,10 +1,13 @@
 """Per-owner usage counters: their record format and the arithmetic, free of I/O.
 
 A usage record (in the ``meta`` sub-database under key ``b"usage:"`` + owner UTF-8, so that
-the empty owner of unattributed writes has a key too) is six u64
-little-endian: keys, bytes, writes, deletes, duplicates, throttled. ``bytes`` counts what a
-key costs in the store: key length + value length + the record's metadata (`RECORD_FIXED` +
-owner length), so that a storage quota charges what the disk holds.
+the empty owner of unattributed writes has a key too) is seven u64
+little-endian: keys, bytes, writes, deletes, duplicates, throttled, expiries (format 7: the
+keys the root's expirer removed, apart from the producer's own deletes; a six-field record
+of an older store reads with 0 expiries, and the next change of its owner writes seven).
+``bytes`` counts what a key costs in the store: key length + value length + the record's
+metadata (`RECORD_FIXED` + owner length), so that a storage quota charges what the disk
+holds.
 """
 
 from __future__ import annotations
@@ -16,7 +19,8 @@ from dataclasses import dataclass, fields
 
 from store.format import RECORD_FIXED
 
-_USAGE = struct.Struct("<6Q")
+_USAGE = struct.Struct("<7Q")
+_USAGE_6 = struct.Struct("<6Q")  # before format 7: no expiries
 
 
 @dataclass(slots=True)
@@ -29,11 +33,18 @@ class Usage:
     deletes: int = 0
     duplicates: int = 0
     throttled: int = 0
+    expiries: int = 0
 
     def encode(self) -> builtins.bytes:
-        """The 48-byte usage record."""
+        """The 56-byte usage record."""
         return _USAGE.pack(
-            self.keys, self.bytes, self.writes, self.deletes, self.duplicates, self.throttled
+            self.keys,
+            self.bytes,
+            self.writes,
+            self.deletes,
+            self.duplicates,
+            self.throttled,
+            self.expiries,
         )
 
     @classmethod
@@ -41,6 +52,8 @@ class Usage:
         """Decode a usage record; None gives zeroes."""
         if raw is None:
             return cls()
+        if len(raw) == _USAGE_6.size:
+            return cls(*_USAGE_6.unpack(raw))
         return cls(*_USAGE.unpack(raw))
 
     def add(self, other: Usage) -> None:

@@ -74,8 +74,8 @@ def test_expire_removes_only_a_key_that_still_has_its_deadline(tmp_path: Path) -
         (entry,) = [e for rec in s.read_log(out.first_seq) for e in _entries(rec)]
         assert (entry.op, entry.key, entry.owner) == (fmt.OP_EXPIRE, b"k", "p")
         u = s.usage()["p"]
-        # an expiry takes the key off its owner's figures but is not a delete
-        assert (u.keys, u.deletes) == (1, 0)
+        # an expiry takes the key off its owner's figures: an expiry, not a delete
+        assert (u.keys, u.deletes, u.expiries) == (1, 0, 1)
         assert_store_ok(s)
 
 
