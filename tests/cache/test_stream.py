@@ -33,7 +33,7 @@ from replicator.invalidation import (
     encode_invalidate,
 )
 from replicator.tcp import TcpTransport
-from store.ops import DELETE, SET, Op
+from store.ops import DELETE, EXPIRE, SET, Op
 from testkit.replication import RootNode
 
 
@@ -277,6 +277,35 @@ async def _large(root: RootNode, tmp_path: Path) -> None:
         # 23 of them (69 MiB) are more than one read may be answered with.
         with pytest.raises(TooLarge):
             await node.get([b"big%02d" % i for i in range(23)])
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        store.close()
+
+
+def test_an_expiry_invalidates_like_a_delete(tmp_path: Path) -> None:
+    root = RootNode(str(tmp_path / "root"))
+    try:
+        far = (int(time.time()) + 3600) * 1_000_000
+        seq = root.store.apply([Op(SET, b"e", b"v1", owner="t", deadline=far)]).last_seq
+        asyncio.run(_expiring(root, tmp_path, seq))
+    finally:
+        root.close()
+
+
+async def _expiring(root: RootNode, tmp_path: Path, set_seq: int) -> None:
+    store = CacheStore(str(tmp_path / "cache"), 1 << 20)
+    node = CacheNode(store, 1 << 20, [("127.0.0.1", root.port)], TcpTransport(None))
+    task = asyncio.get_running_loop().create_task(node.run())
+    try:
+        await _until(lambda: node.status()["connected"] is True, "connected")
+        assert [a.value for a in await node.get([b"e"])] == [b"v1"]
+        assert (await node.get([b"e"]))[0].served == "hit"
+        # What the root's expirer logs once the deadline passes: an EXPIRE entry.
+        out = root.store.apply([Op(EXPIRE, b"e", b"", owner="t", expect_seq=set_seq)])
+        await _until(lambda: node.state.applied >= out.last_seq, "expiry applied")
+        (a,) = await node.get([b"e"])
+        assert (a.value, a.served) == (None, "miss")
     finally:
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)
