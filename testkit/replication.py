@@ -29,6 +29,7 @@ from replicator.source import ReplicationSource
 from replicator.status import StatusBoard
 from store.ops import SET, Op
 from store.store import Store
+from testkit.wait import pause
 
 
 class RootNode:
@@ -113,13 +114,14 @@ def status(port: int) -> dict[str, Any]:
 
 
 def wait_for(cond: Callable[[], bool], timeout: float = 30.0, what: str = "condition") -> None:
-    """Poll `cond` every 20 ms until true; TimeoutError after `timeout` seconds."""
-    deadline = time.monotonic() + timeout
+    """Poll `cond` until true (`wait.pause`); TimeoutError after `timeout` seconds."""
+    started = time.monotonic()
+    deadline = started + timeout
     while time.monotonic() < deadline:
         with contextlib.suppress(httpx.HTTPError, OSError, ValueError):
             if cond():
                 return
-        time.sleep(0.02)
+        time.sleep(pause(started))
     raise TimeoutError(f"{what} not reached after {timeout}s")
 
 

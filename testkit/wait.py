@@ -18,6 +18,22 @@ T = TypeVar("T")
 #: Seconds between two polls: short against the waits tests make (tens of ms and up),
 #: long enough not to load the 2 shared cores with polling.
 INTERVAL = 0.02
+#: A wait that has lasted this long polls every `SLOW_INTERVAL` from then on. Most
+#: predicates are an HTTP request to a process under test (about 1.5 ms of its CPU and as
+#: much of the test's), so 50 polls a second through a long wait (a replica catching up, a
+#: timeout running out) took a tenth of a core from a CPU-bound run; a condition that came
+#: after a second of waiting is seen at most 0.1 s later.
+SETTLE = 1.0
+SLOW_INTERVAL = 0.1
+
+
+def pause(started: float, interval: float | None = None) -> float:
+    """Seconds to sleep before the next poll of a wait that began at `started`
+    (`time.monotonic()`): `interval` when the caller chose one, else `INTERVAL` for the
+    first `SETTLE` seconds and `SLOW_INTERVAL` after."""
+    if interval is not None:
+        return interval
+    return INTERVAL if time.monotonic() - started < SETTLE else SLOW_INTERVAL
 
 
 def wait_until(
@@ -26,7 +42,7 @@ def wait_until(
     what: str = "condition",
     *,
     ignore: tuple[type[BaseException], ...] = (),
-    interval: float = INTERVAL,
+    interval: float | None = None,
 ) -> T:
     """Poll `predicate` until it returns something truthy (None and False are "not
     yet"), and return that.
@@ -35,7 +51,8 @@ def wait_until(
     connections); any other one fails the wait at once. TimeoutError naming `what` (and
     the last ignored exception) after `timeout` seconds.
     """
-    deadline = time.monotonic() + timeout
+    started = time.monotonic()
+    deadline = started + timeout
     last: BaseException | None = None
     while True:
         try:
@@ -48,7 +65,7 @@ def wait_until(
         if time.monotonic() >= deadline:
             detail = f" (last: {last!r})" if last is not None else ""
             raise TimeoutError(f"{what} not reached after {timeout}s{detail}")
-        time.sleep(interval)
+        time.sleep(pause(started, interval))
 
 
 async def wait_until_async(
@@ -56,11 +73,12 @@ async def wait_until_async(
     timeout: float = 30.0,
     what: str = "condition",
     *,
-    interval: float = INTERVAL,
+    interval: float | None = None,
 ) -> T:
     """`wait_until` inside an event loop: polls without blocking it; `predicate` may be a
     plain function or a coroutine function."""
-    deadline = time.monotonic() + timeout
+    started = time.monotonic()
+    deadline = started + timeout
     while True:
         got = predicate()
         if isinstance(got, Awaitable):
@@ -69,4 +87,4 @@ async def wait_until_async(
             return got
         if time.monotonic() >= deadline:
             raise TimeoutError(f"{what} not reached after {timeout}s")
-        await asyncio.sleep(interval)
+        await asyncio.sleep(pause(started, interval))
