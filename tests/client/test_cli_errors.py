@@ -14,9 +14,10 @@ from mercury.cli import build_parser, describe, main
 from testkit.procs import free_port
 from tests.test_api_doc import leaf_commands
 
-#: Commands that wait for a source by design (a replica bootstraps from its source, the
-#: bridge reconnects to its KT server for ever): not one-shot, so not run here.
-DAEMONS = {("replica",), ("kt-bridge",)}
+#: Commands that wait for a source by design (a replica bootstraps from its source, a cache
+#: node serves what it holds while it retries its sources, the bridge reconnects to its KT
+#: server for ever): not one-shot, so not run here.
+DAEMONS = {("replica",), ("cache",), ("kt-bridge",)}
 #: What each exit status may be (docs/api.md: 0 done, 2 usage or refusal, 5 unavailable).
 DOCUMENTED = {0, 2, 5}
 
