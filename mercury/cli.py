@@ -60,6 +60,7 @@ COMMANDS = {
     "acl": "mercury.cmd_acl",
     "replica": "mercury.cmd_replica",
     "cache": "mercury.cmd_cache",
+    "sim": "mercury.cmd_sim",
     "kv": "mercury.cmd_kv",
     "kt-bridge": "mercury.cmd_kt_bridge",
     "certs": "mercury.cmd_certs",

@@ -50,7 +50,7 @@ def test_each_command_parses_alike_from_its_own_module_alone(tmp_path: Path) -> 
         sub = argparse.ArgumentParser(prog="mercury").add_subparsers()
         importlib.import_module(module).register(sub)
         registered.update(dict.fromkeys(sub.choices, module))
-    assert registered == COMMANDS
+    assert registered == COMMANDS, "name every command of COMMAND_MODULES in mercury.cli.COMMANDS"
     full = {path: p.format_help() for path, p in _leaves(build_parser())}
     for command in COMMANDS:
         alone = {path: p.format_help() for path, p in _leaves(build_parser(command))}
