@@ -228,7 +228,7 @@ def init_root(data: Path) -> str:
     return (data / "admin.token").read_text().strip()
 
 
-def root_server(tmp: Path, data: Path, window_ms: float) -> Any:
+def root_server(tmp: Path, data: Path, window_ms: float, *extra: str) -> Any:
     port = free_port()
     argv = mercury_cmd(
         "root",
@@ -242,6 +242,7 @@ def root_server(tmp: Path, data: Path, window_ms: float) -> Any:
         "--log-level",
         "warning",
         *ROOT_ARGS,
+        *extra,
     )
     url = f"http://127.0.0.1:{port}"
     return server(argv, url, tmp / "root.log"), url
@@ -765,7 +766,10 @@ def raw_lmdb_overwrites(
 def bench_ack(tmp: Path, seconds: float, n_keys: int, rate: float) -> dict[str, Any]:
     data = tmp / "ack"
     admin = init_root(data)
-    srv, url = root_server(tmp, data, 500)
+    # One connection per request in flight: at 2,000/s and a 500 ms window, more than the
+    # root's default --http-max-connections (1,000), which would close the excess.
+    conns = int(rate * 0.8) + 64
+    srv, url = root_server(tmp, data, 500, "--http-max-connections", str(conns + 64))
     rnd = random.Random(4)
     with srv:
         tok = add_producer(url, admin, "bench", "b/")
@@ -779,7 +783,7 @@ def bench_ack(tmp: Path, seconds: float, n_keys: int, rate: float) -> dict[str, 
                 lambda i: req(
                     "PUT", f"/v1/kv/b/{rnd.randrange(n_keys):012d}", f"{i:0100d}".encode(), tok
                 ),
-                conns=int(rate * 0.8) + 64,
+                conns=conns,
             )
         )
         # The server's own view (request received -> ack sent), free of this client's lag
