@@ -9,10 +9,10 @@ same sequence of calls give the same deliveries, losses and orders.
 
 What travels is *units*: each frame written (`write` splits concatenated frames) and each
 block of a file (`send_file`). Per pair of nodes a `Conditions` says what happens to a
-unit: a delay drawn uniformly from `delay`, a loss with probability `loss` (the unit
-vanishes; the receiver sees the gap), with probability `corrupt` one byte flipped (the
-receiver's CRC check refuses it), with probability `duplicate` a second copy right behind
-it, and with probability `reorder` an extra
+unit: a delay drawn uniformly from `delay` (or from the measured `delay_samples`), a loss
+with probability `loss` (the unit vanishes; the receiver sees the gap), with probability
+`corrupt` one byte flipped (the receiver's CRC check refuses it), with probability
+`duplicate` a second copy right behind it, and with probability `reorder` an extra
 `reorder_delay` that lets later units overtake it. Otherwise units arrive in order (a
 unit never arrives before the one sent before it). A close travels like a unit (after
 the data, never lost); a reset (`abort`) overtakes the data and drops what the peer had
@@ -70,6 +70,9 @@ class Conditions:
 
     #: Seconds of delay, drawn uniformly from [low, high] per unit.
     delay: tuple[float, float] = (0.0, 0.0)
+    #: When not empty, the delay is drawn from these (seconds, equally likely) instead: a
+    #: measured distribution (`bench/sim_calibration.py` fits one to real processes).
+    delay_samples: tuple[float, ...] = ()
     #: Probability that a unit is lost.
     loss: float = 0.0
     #: Probability that a unit is held back `reorder_delay` more seconds.
@@ -82,6 +85,13 @@ class Conditions:
     duplicate: float = 0.0
     #: Bytes unread at the receiver before the sender's backlog grows.
     window: int = WINDOW
+
+
+def _delay(rng: random.Random, cond: Conditions) -> float:
+    """One unit's delay under `cond` (one draw of `rng`)."""
+    if cond.delay_samples:
+        return rng.choice(cond.delay_samples)
+    return rng.uniform(*cond.delay)
 
 
 class MemoryNetwork:
@@ -178,7 +188,7 @@ class MemoryTransport:
             cond = net.conditions_between(self.name, host)
             no = next(net._links)
             rng = net._rng(f"connect/{no}")
-            await asyncio.sleep(rng.uniform(*cond.delay))  # the handshake's round trip
+            await asyncio.sleep(_delay(rng, cond))  # the handshake's round trip
             while net.cut(self.name, host):
                 await net._wait_heal()
         listener = net._listeners.get((host, port))
@@ -276,7 +286,7 @@ class _Channel:
         self.window = cond.window
         now = self.loop.time()
         # A close comes after everything sent before it, overtaken units included.
-        at = max(now + self.rng.uniform(*cond.delay), self._last_at if unit else self._max_at)
+        at = max(now + _delay(self.rng, cond), self._last_at if unit else self._max_at)
         if unit and cond.reorder and self.rng.random() < cond.reorder:
             at += cond.reorder_delay  # later units may overtake this one
         else:

@@ -90,6 +90,12 @@ class Params:
     converge_bound: float = 120.0
     #: Where the stores go (None: a temporary directory, removed after).
     workdir: str | None = None
+    #: One-way delay range (seconds, uniform) of every link, instead of the per-tier ones of
+    #: `topology.latency` (the calibration bench sets what loopback TCP shows).
+    link_delay: tuple[float, float] | None = None
+    #: When not empty, every link's delay is drawn from these instead (a measured
+    #: distribution: `bench/sim_calibration.py` fits per-hop costs of real processes).
+    link_delay_samples: tuple[float, ...] = ()
 
     @property
     def quiet(self) -> float:
@@ -330,9 +336,9 @@ class Simulation:
     async def run(self) -> dict[str, Any]:
         p = self.p
         for name, rep in self.replicas.items():
-            lo, hi = topology.latency(rep.tier)
+            lo, hi = p.link_delay or topology.latency(rep.tier)
             for src in rep.sources:
-                cond = Conditions(delay=(lo, hi))
+                cond = Conditions(delay=(lo, hi), delay_samples=p.link_delay_samples)
                 self.base[(name, src)] = cond
                 self.net.set_conditions(name, src, cond)
         self.root_heads[0] = self.root.store.head()[1]
@@ -556,6 +562,7 @@ def _degraded(base: Conditions, kind: str) -> Conditions:
     lo, hi = base.delay
     return Conditions(
         delay=(lo + extra, hi + extra),
+        delay_samples=tuple(d + extra for d in base.delay_samples),
         loss=change.get("loss", base.loss),
         reorder=change.get("reorder", base.reorder),
         reorder_delay=change.get("reorder_delay", base.reorder_delay),

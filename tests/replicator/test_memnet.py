@@ -95,6 +95,25 @@ def test_a_reset_overtakes_the_data_and_drops_it() -> None:
     asyncio.run(go())
 
 
+def test_a_measured_delay_distribution_replaces_the_uniform_range() -> None:
+    """`delay_samples` (a calibration's measured hops): every frame's delay is one of
+    them, never a draw from the `delay` range beside it."""
+
+    async def go() -> set[float]:
+        net = MemoryNetwork(3, Conditions(delay=(5.0, 9.0), delay_samples=(0.25, 1.0)))
+        server, client = await _pair(net)
+        loop = asyncio.get_running_loop()
+        took = set()
+        for i in range(40):
+            sent = loop.time()
+            server.write(frames.encode_wait(i))
+            assert frames.decode_wait(bytes((await client.recv(5)).body)) == i
+            took.add(round(loop.time() - sent, 3))
+        return took
+
+    assert run_virtual(go()) == {0.25, 1.0}
+
+
 def _write(store: Store, n: int, start: int = 0) -> None:
     for i in range(start, start + n):
         store.apply([Op(SET, f"k{i:05d}".encode(), b"v%d" % i, owner="t")])
