@@ -16,7 +16,7 @@ from __future__ import annotations
 import re
 import time
 from datetime import UTC, datetime
-from email.utils import format_datetime
+from email.utils import format_datetime, parsedate_to_datetime
 
 from core.errors import BadRequestError
 
@@ -198,3 +198,47 @@ def kt_deadline(xt: bytes | None, now: int) -> int:
     if at <= now:
         return EXPIRED_NOW
     return deadline_at(at, now)
+
+
+#: KT's "never" (XTMAX, 40 bits): a binary record's `xt` at or above it sets no deadline
+#: (KT clients send INT64_MAX for "no expiry"; KT clamps it to XTMAX).
+KT_XT_NEVER = (1 << 40) - 1
+
+
+def kt_binary_deadline(xt: int, now: int) -> int:
+    """The deadline (µs) of a binary set_bulk record's `xt` (signed 64 bits): none when it
+    is at or beyond `KT_XT_NEVER` either way (KT clamps a Unix time, `-xt`, there too), else
+    KT's rule as for the RPC parameter (`kt_deadline`)."""
+    if abs(xt) >= KT_XT_NEVER:
+        return 0
+    return kt_deadline(b"%d" % xt, now)
+
+
+def kt_rest_deadline(header: str | None, now: int) -> int:
+    """The deadline (µs) of a KT REST `PUT`'s ``X-Kt-Xt``: an absolute time, as KT's own
+    clients send it (Unix seconds, or a date: RFC 1123 as in HTTP, or W3CDTF/RFC 3339);
+    0 when absent; `EXPIRED_NOW` when not after now; bounds as for every write."""
+    if header is None:
+        return 0
+    text = header.strip()
+    if text.isdigit() and len(text) <= 19:
+        at = int(text) * 1_000_000
+    else:
+        try:
+            at = int(parsedate_to_datetime(text).timestamp() * 1_000_000)
+        except (TypeError, ValueError, IndexError):
+            try:
+                at = parse_rfc3339(text)
+            except BadRequestError:
+                raise BadRequestError(
+                    f"X-Kt-Xt {text!r} is neither Unix seconds nor a date (RFC 1123, RFC 3339)"
+                ) from None
+    if at <= now:
+        return EXPIRED_NOW
+    return deadline_at(at, now)
+
+
+def kt_xt(deadline_us: int) -> int:
+    """The `xt` KT answers for a deadline: Unix seconds, rounded down (as `Expires`: a
+    client that honours it never keeps the value past its deadline); `KT_XT_NEVER` for 0."""
+    return deadline_us // 1_000_000 if deadline_us else KT_XT_NEVER

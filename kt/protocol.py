@@ -70,12 +70,14 @@ def is_binary(first_byte: int) -> bool:
 @dataclass(frozen=True, slots=True)
 class BinaryRequest:
     """A parsed binary request. `keys` holds (dbidx, key) of get_bulk/remove_bulk/set_bulk,
-    `values` the values of set_bulk (in the same order); `no_reply` is BONOREPLY."""
+    `values` the values of set_bulk and `xts` their expiry times (KT's signed `xt`, in the
+    same order); `no_reply` is BONOREPLY."""
 
     magic: int
     flags: int = 0
     keys: list[tuple[int, bytes]] = field(default_factory=list)
     values: list[bytes] = field(default_factory=list)
+    xts: list[int] = field(default_factory=list)
 
     @property
     def no_reply(self) -> bool:
@@ -113,6 +115,7 @@ class BinaryParser:
         self.pos = 0  # offset of the next unparsed byte
         self.keys: list[tuple[int, bytes]] = []
         self.values: list[bytes] = []
+        self.xts: list[int] = []
         self.starved = True
 
     @property
@@ -145,11 +148,11 @@ class BinaryParser:
                         return None
                     pos, left, budget = end, left - 1, budget - 1
             elif magic == MAGIC_SET_BULK:
-                keys, values = self.keys, self.values
+                keys, values, xts = self.keys, self.values, self.xts
                 while left and budget:
                     if pos + _SET_REC.size > n:
                         return None
-                    dbidx, ksiz, vsiz, _xt = _SET_REC.unpack_from(buf, pos)
+                    dbidx, ksiz, vsiz, xt = _SET_REC.unpack_from(buf, pos)
                     a = pos + _SET_REC.size
                     end = a + ksiz + vsiz
                     _limit(end)
@@ -157,6 +160,7 @@ class BinaryParser:
                         return None
                     keys.append((dbidx, bytes(buf[a : a + ksiz])))
                     values.append(bytes(buf[a + ksiz : end]))
+                    xts.append(xt)
                     pos, left, budget = end, left - 1, budget - 1
             else:
                 keys = self.keys
@@ -178,7 +182,7 @@ class BinaryParser:
             return None
         if magic == MAGIC_PLAY_SCRIPT:
             return self._done(BinaryRequest(magic, self.flags))
-        return self._done(BinaryRequest(magic, self.flags, self.keys, self.values))
+        return self._done(BinaryRequest(magic, self.flags, self.keys, self.values, self.xts))
 
     def _start(self, buf: bytes | bytearray) -> bool:
         """Parse the fixed header of a new request; False when it is not all here."""
@@ -245,13 +249,13 @@ def _check_rnum(rnum: int) -> None:
         raise ReadProtocolError(f"binary request of {rnum} records", status=None, close=True)
 
 
-def encode_get_bulk_reply(hits: list[tuple[int, bytes, bytes]]) -> bytes:
-    """``BA | hits | {dbidx, ksiz, vsiz, xt, key, value}...`` for (dbidx, key, value) hits;
-    xt is always "none" (Mercury values do not expire)."""
+def encode_get_bulk_reply(hits: list[tuple[int, bytes, bytes, int]]) -> bytes:
+    """``BA | hits | {dbidx, ksiz, vsiz, xt, key, value}...`` for (dbidx, key, value, xt)
+    hits; xt is the key's expiry in Unix seconds, `XT_NONE` when it has none."""
     parts = [get_bulk_reply_head(len(hits))]
     pack = GET_REPLY_REC.pack
-    for dbidx, key, value in hits:
-        parts.append(pack(dbidx, len(key), len(value), XT_NONE))
+    for dbidx, key, value, xt in hits:
+        parts.append(pack(dbidx, len(key), len(value), xt))
         parts.append(key)
         parts.append(value)
     return b"".join(parts)

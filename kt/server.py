@@ -17,6 +17,7 @@ import os
 import time
 from collections.abc import Callable, Generator
 
+from core import ttl
 from core.errors import CRCError, ReadProtocolError
 from core.slices import CHUNK, SliceClock
 from kt import protocol as kt
@@ -53,7 +54,7 @@ def busy_reply_to(first: int | None) -> bytes | None:
     return None if first is not None and kt.is_binary(first) else BUSY
 
 
-BulkHit = tuple[int, bytes, bytes]  # dbidx, key, value
+BulkHit = tuple[int, bytes, bytes, int]  # dbidx, key, value, xt (Unix s, or KT's "never")
 
 
 def _bulk_fetch(r: Reader, dbkey: tuple[int, bytes]) -> BulkHit | None:
@@ -61,14 +62,14 @@ def _bulk_fetch(r: Reader, dbkey: tuple[int, bytes]) -> BulkHit | None:
     if dbidx != 0:
         return None  # KT skips unknown databases silently
     v = r.get(key) if 1 <= len(key) <= MAX_KEY else None
-    return None if v is None else (dbidx, key, v.value)
+    return None if v is None else (dbidx, key, v.value, ttl.kt_xt(v.expires_us))
 
 
 def _bulk_records(hits: list[BulkHit]) -> bytes:
     pack = kt.GET_REPLY_REC.pack
     parts: list[bytes] = []
-    for dbidx, key, value in hits:
-        parts += (pack(dbidx, len(key), len(value), kt.XT_NONE), key, value)
+    for dbidx, key, value, xt in hits:
+        parts += (pack(dbidx, len(key), len(value), xt), key, value)
     return b"".join(parts)
 
 
@@ -261,9 +262,12 @@ class KtHandler:
             )
         else:
             readstats.note_read(key)
+            # KT names a record's expiry in X-Kt-Xt (an HTTP date), and only when it has one
+            xt = [("X-Kt-Xt", ttl.http_date(v.expires_us))] if v.expires_us else []
             reply = kt.encode_http_response(
                 200,
                 v.value,
+                headers=xt,
                 keep_alive=keep,
                 head=head,
                 content_length=len(v.value),
@@ -337,9 +341,10 @@ class KtHandler:
             self.cnt_get_misses += 1
             return 450, {b"ERROR": NO_RECORD}
         readstats.note_read(key)
-        if want_value:
-            return 200, {b"value": v.value}
-        return 200, {b"vsiz": b"%d" % len(v.value)}
+        out = {b"value": v.value} if want_value else {b"vsiz": b"%d" % len(v.value)}
+        if v.expires_us:  # KT's xt column (Unix seconds), only for a record that expires
+            out[b"xt"] = b"%d" % ttl.kt_xt(v.expires_us)
+        return 200, out
 
     def _rpc_get_bulk(
         self, params: dict[bytes, bytes]

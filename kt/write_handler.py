@@ -105,7 +105,13 @@ class KtWriteHandler(KtHandler):
                 mode = req.headers.get("x-kt-mode", "set").lower()
                 if mode not in ("add", "replace"):
                     mode = "set"
-                yield from wait_for(w.set(key, req.body, mode))
+                try:
+                    deadline = ttl.kt_rest_deadline(req.headers.get("x-kt-xt"), ttl.now_us())
+                except BadRequestError as err:
+                    raise KtWriteFailed(
+                        400, b"invalid parameters: " + err.message.encode()
+                    ) from err
+                yield from wait_for(w.set(key, req.body, mode, deadline))
                 return kt.encode_http_response(201, keep_alive=keep, date=date)
             yield from wait_for(w.remove(key))
             return kt.encode_http_response(204, keep_alive=keep, date=date)
@@ -204,14 +210,17 @@ class KtWriteHandler(KtHandler):
         # KT skips the records of databases it does not have
         try:
             if req.magic == kt.MAGIC_SET_BULK:
-                items = [
-                    (k, v) for (dbidx, k), v in zip(req.keys, req.values, strict=True) if dbidx == 0
+                now = ttl.now_us()
+                records = [
+                    (k, v, ttl.kt_binary_deadline(xt, now))
+                    for (dbidx, k), v, xt in zip(req.keys, req.values, req.xts, strict=True)
+                    if dbidx == 0
                 ]
-                n = yield from wait_for(self.writes.set_bulk(items))
+                n = yield from wait_for(self.writes.set_records(records))
             else:
                 keys = [k for dbidx, k in req.keys if dbidx == 0]
                 n = yield from wait_for(self.writes.remove_bulk(keys))
-        except KtWriteFailed:
+        except (KtWriteFailed, BadRequestError):  # a refused write, or an xt out of bounds
             return b"" if req.no_reply else kt.BINARY_ERROR
         return b"" if req.no_reply else kt.bulk_count_reply(req.magic, n)
 

@@ -252,6 +252,21 @@ class KtWrites:
         await self._write([Op(SET, k, v, deadline=deadline) for k, v in items])
         return len(items)
 
+    async def set_records(self, records: list[tuple[bytes, bytes, int]]) -> int:
+        """A binary set_bulk: every (key, value, deadline) in one write, each with its own
+        deadline; a record whose expiry is already past removes its key (KT would expire it
+        at once). The number of records done."""
+        if not records:
+            return 0
+        self.cnt_set += len(records)
+        await self._write(
+            [
+                Op(DELETE, k) if d == ttl.EXPIRED_NOW else Op(SET, k, v, deadline=d)
+                for k, v, d in records
+            ]
+        )
+        return len(records)
+
     async def remove_bulk(self, keys: list[bytes]) -> int:
         """Remove every key in one write; the number that existed."""
         if not keys:

@@ -6,8 +6,11 @@ writes stay refused."""
 from __future__ import annotations
 
 import base64
+import datetime
 import struct
+import time
 from collections.abc import Iterator
+from email.utils import formatdate, parsedate_to_datetime
 from pathlib import Path
 
 import httpx
@@ -273,3 +276,76 @@ def test_rpc_xt_gives_the_key_a_deadline(kt_root: tuple[Root, int, str]) -> None
     assert status == 400 and "maximum" in out["ERROR"]
     assert rpc(kt, "set", key="w/xt", value="v", xt="-1") == (200, {})  # already past
     assert stored(root, token, "w/xt") is None
+
+
+def _deadline_s(root: Root, token: str, key: str) -> int:
+    """The root's deadline of `key` in whole Unix seconds (its `Expires`, rounded down)."""
+    got = root.client(token).get(f"/v1/kv/{key}")
+    assert got.status_code == 200 and "expires" in got.headers, got.headers
+    return int(parsedate_to_datetime(got.headers["expires"]).timestamp())
+
+
+def test_binary_set_bulk_xt_is_per_record_and_reads_answer_it(
+    kt_root: tuple[Root, int, str],
+) -> None:
+    root, kt, token = kt_root
+    db = ukt.KyotoTycoon("127.0.0.1", kt, serializer=ukt.KT_NONE)
+    soon = int(time.time()) + 7200
+    try:
+        stored_n = db.set_bulk_details(
+            [
+                (0, "w/bx1", b"1", 3600),  # relative seconds
+                (0, "w/bx2", b"2", -soon),  # negative: a Unix time
+                (0, "w/bx3", b"3", None),  # no expiry: ukt sends INT64_MAX
+            ]
+        )
+        assert stored_n == 3
+        xt1, xt2 = _deadline_s(root, token, "w/bx1"), _deadline_s(root, token, "w/bx2")
+        assert xt2 == soon
+        assert "expires" not in root.client(token).get("/v1/kv/w/bx3").headers
+        # the binary get_bulk answers each record's xt, KT's "never" for none
+        got = {k: xt for _db, k, _v, xt in db.get_bulk_details([(0, "w/bx1"), (0, "w/bx3")])}
+        assert got == {"w/bx1": xt1, "w/bx3": 0xFFFFFFFFFF}
+        # a record already past removes its key (KT expires it at once); the others stand
+        assert db.set_bulk_details([(0, "w/bx1", b"x", -1), (0, "w/bx4", b"4", 60)]) == 2
+        assert stored(root, token, "w/bx1") is None and stored(root, token, "w/bx4") == b"4"
+        # an xt beyond the year's bound refuses the whole request, nothing written
+        with pytest.raises(ukt.ProtocolError):
+            far = datetime.datetime.now() + datetime.timedelta(days=400)  # ukt: -Unix time
+            db.set_bulk_details([(0, "w/bx5", b"5", far)])
+        assert stored(root, token, "w/bx5") is None
+    finally:
+        db.close_all()
+
+    # RPC get answers the xt column (Unix seconds), only for a record that expires
+    assert rpc(kt, "get", key="w/bx2") == (200, {"value": "2", "xt": str(soon)})
+    assert rpc(kt, "get", key="w/bx3") == (200, {"value": "3"})
+    assert rpc(kt, "check", key="w/bx2") == (200, {"vsiz": "1", "xt": str(soon)})
+
+
+def test_rest_put_x_kt_xt_and_rest_get_answers_it(kt_root: tuple[Root, int, str]) -> None:
+    root, kt, token = kt_root
+    base = f"http://127.0.0.1:{kt}"
+    at = int(time.time()) + 3600
+    # KT's own REST clients send X-Kt-Xt as a Unix time; an HTTP date is taken too
+    r = httpx.put(f"{base}/w%2Frx", content=b"v", headers={"X-Kt-Xt": str(at)}, timeout=10)
+    assert r.status_code == 201, r.headers
+    assert _deadline_s(root, token, "w/rx") == at
+    got = httpx.get(f"{base}/w%2Frx", timeout=10)
+    assert got.status_code == 200
+    assert int(parsedate_to_datetime(got.headers["x-kt-xt"]).timestamp()) == at
+    date = formatdate(at + 60, usegmt=True)
+    r = httpx.put(f"{base}/w%2Frx", content=b"v", headers={"X-Kt-Xt": date}, timeout=10)
+    assert r.status_code == 201 and _deadline_s(root, token, "w/rx") == at + 60
+    # a PUT without X-Kt-Xt clears the deadline; the GET then carries none
+    assert httpx.put(f"{base}/w%2Frx", content=b"v", timeout=10).status_code == 201
+    assert "x-kt-xt" not in httpx.get(f"{base}/w%2Frx", timeout=10).headers
+    # refusals name the problem; a time already past removes the key
+    r = httpx.put(f"{base}/w%2Frx", content=b"v", headers={"X-Kt-Xt": "soon"}, timeout=10)
+    assert r.status_code == 400 and "X-Kt-Xt" in r.headers["x-kt-error"]
+    far = str(int(time.time()) + 400 * 86400)
+    r = httpx.put(f"{base}/w%2Frx", content=b"v", headers={"X-Kt-Xt": far}, timeout=10)
+    assert r.status_code == 400 and "maximum" in r.headers["x-kt-error"]
+    assert stored(root, token, "w/rx") == b"v"
+    r = httpx.put(f"{base}/w%2Frx", content=b"v", headers={"X-Kt-Xt": "1"}, timeout=10)
+    assert r.status_code == 201 and stored(root, token, "w/rx") is None
