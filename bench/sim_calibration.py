@@ -21,26 +21,40 @@ The same three-tier tree (1 root -> 3 -> 9 by default) with the same write load,
     delays (one measured hop, its CPU and process wake-ups included; negative ones as 0):
     does the simulator's composition of two hops then predict the real tier 2?
 
-The simulator has no CPU cost model: its clock stands still while code runs, so a
-commit, a frame's parse or a process wake-up costs 0 ms there. (b) therefore measures
-what the links alone explain; the output says so. Bounded in count (`--samples`) and time
-(`--max-seconds` for the real run); every process started is stopped by its PID.
+(d) CPU-modelled: (b) again with the simulator's CPU cost model (`sim/cpu.py`): each node
+    one core, whose sends, parses, commits and apply-thread hand-offs take virtual time
+    drawn from what this process measures first with the real code (`measure_cpu`:
+    `frames.encode_record` + a socket send, `memnet.parse_unit`, `Store.apply_log_records`
+    of one record on an unsynced store at two sizes for a slope, and the loop <-> apply
+    thread hand-offs of `replicator.client`: a `SimpleQueue` and `call_soon_threadsafe`).
+    `--measure-cpu` prints only those measured costs.
+
+Without (d) the simulator's clock stands still while code runs, so a commit, a frame's
+parse or a process wake-up costs 0 ms; (b) measures what the links alone explain. Nothing
+models 13 processes contending for the machine's cores (each simulated node has a core of
+its own). Bounded in count (`--samples`, `--cpu-rounds`) and time (`--max-seconds` for
+the real run); every process started is stopped by its PID.
 
 Usage: .venv/bin/python bench/sim_calibration.py [--fanout 3] [--samples 300] [--rate 20]
+       .venv/bin/python bench/sim_calibration.py --measure-cpu [--cpu-rounds 2000]
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
+import queue
 import random
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -48,16 +62,121 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from sim.run import Params, simulate
+from replicator import frames
+from replicator.memnet import parse_unit
+from sim.cpu import CpuCosts
+from sim.run import MAP_SIZE, Params, simulate
+from store.ops import SET, LogRecord, Op
+from store.store import Store
 from testkit.procs import Procs, free_port, run_mercury, wait_http
 
-#: What the simulator does not model, printed with the figures.
+#: What the simulator models of the CPU, printed with the figures.
 CPU_MODEL = (
-    "none: the simulator's clock stands still while code runs, so commits, frame parsing "
-    "and process wake-ups cost 0 ms there, and 13 processes contending for the machine's "
-    "cores have no counterpart; the loopback-link simulation shows only what the links "
-    "explain, the fitted one adds one measured hop's cost (CPU included) per link"
+    "sim_loopback_links: none (the clock stands still while code runs: commits, frame "
+    "parsing and wake-ups cost 0 ms); sim_cpu_model: each node one core, sends, parses, "
+    "commits and apply-thread hand-offs drawn from cpu_costs (measured here with the real "
+    "code); neither models 13 processes contending for the machine's cores, nor the "
+    "replica's watch line (the real samples end there, the simulated ones at the commit); "
+    "the fitted one adds one measured hop's cost (CPU included) per link"
 )
+
+
+def _timed(fn: Any, *args: Any) -> float:
+    t0 = time.perf_counter()
+    fn(*args)
+    return time.perf_counter() - t0
+
+
+def measure_cpu(tmp: Path, rounds: int, value_bytes: int) -> CpuCosts:
+    """The costs of `sim/cpu.py`, timed with the real code on this machine (`rounds` each)."""
+    db_id = str(uuid.uuid4())
+    big = value_bytes * 16
+    root = Store.create(str(tmp / "cpu-root"), db_id=db_id, sync=False, map_size=MAP_SIZE)
+    for i in range(2 * rounds):
+        # Random bytes, as the simulator's writes: a repeated byte compresses to nothing.
+        value = os.urandom(value_bytes if i < rounds else big)
+        root.apply([Op(SET, b"cal/k%d" % i, value, owner="cal")], time_us=time.time_ns() // 1000)
+    recs: list[LogRecord] = []
+    while len(recs) < 2 * rounds:
+        recs += root.read_log(len(recs) + 1, max_records=1000)
+    root.close()
+    units = [frames.encode_record(r.header, r.payload) for r in recs]
+    replica = Store.create(str(tmp / "cpu-replica"), db_id=db_id, sync=False, map_size=MAP_SIZE)
+    commits = [_timed(replica.apply_log_records, [r]) for r in recs]
+    replica.close()
+    small, large = commits[:rounds], commits[rounds:]
+    slope = (statistics.median(large) - statistics.median(small)) / (
+        len(units[rounds]) - len(units[0])
+    )
+    parse = [_timed(parse_unit, u, None) for u in units[:rounds]]
+    a, b = socket.socketpair()
+    send = []
+    for r in recs[:rounds]:
+        t0 = time.perf_counter()
+        a.send(frames.encode_record(r.header, r.payload))
+        send.append(time.perf_counter() - t0)
+        b.recv(1 << 16)  # untimed: the peer's read
+    a.close()
+    b.close()
+    return CpuCosts(
+        parse=tuple(parse),
+        commit=tuple(small),
+        commit_bytes=len(units[0]),
+        commit_per_byte=max(0.0, slope),
+        handoff=tuple(_handoffs(rounds)),
+        send=tuple(send),
+    )
+
+
+def _handoffs(rounds: int) -> list[float]:
+    """What `replicator.client._ApplyThread` pays per record: the loop hands it to the
+    apply thread over a `SimpleQueue`, the thread reports back with
+    `call_soon_threadsafe`; each hand-off timed from the giving to the taking side."""
+    out: list[float] = []
+    q: queue.SimpleQueue[tuple[float, asyncio.Future[None]] | None] = queue.SimpleQueue()
+
+    async def go() -> None:
+        loop = asyncio.get_running_loop()
+
+        def back(fut: asyncio.Future[None], t0: float) -> None:
+            out.append(time.perf_counter() - t0)
+            fut.set_result(None)
+
+        def worker() -> None:
+            while (item := q.get()) is not None:
+                t0, fut = item
+                out.append(time.perf_counter() - t0)
+                loop.call_soon_threadsafe(back, fut, time.perf_counter())
+
+        th = threading.Thread(target=worker, daemon=True)
+        th.start()
+        for _ in range(rounds):
+            fut = loop.create_future()
+            q.put((time.perf_counter(), fut))
+            await fut
+        q.put(None)
+        th.join(10)
+
+    asyncio.run(go())
+    return out
+
+
+def costs_summary(c: CpuCosts) -> dict[str, Any]:
+    """P50/P99 (µs) of each measured cost, and the commit's slope."""
+
+    def us(xs: tuple[float, ...]) -> dict[str, float]:
+        s = sorted(xs)
+        at = [s[min(len(s) - 1, int(q / 100 * len(s)))] * 1e6 for q in (50, 99)]
+        return {"p50_us": round(at[0], 2), "p99_us": round(at[1], 2)}
+
+    return {
+        "samples_each": len(c.parse),
+        "parse": us(c.parse),
+        "commit": {**us(c.commit), "frame_bytes": c.commit_bytes},
+        "commit_per_kib_us": round(c.commit_per_byte * 1024 * 1e6, 3),
+        "handoff": us(c.handoff),
+        "send": us(c.send),
+    }
 
 
 def pct(xs: list[float], p: float) -> float:
@@ -250,6 +369,7 @@ def simulated(
     writes: int,
     delay: tuple[float, float],
     samples: tuple[float, ...] = (),
+    cpu: CpuCosts | None = None,
 ) -> dict[str, Any]:
     """The same tree and load in the simulator, every link `delay` (seconds, uniform) or
     drawn from `samples`."""
@@ -265,6 +385,7 @@ def simulated(
         settle=0.0,
         link_delay=delay,
         link_delay_samples=samples,
+        cpu=cpu,
     )
     doc = simulate(p, timing=True)
     return {
@@ -279,6 +400,7 @@ def simulated(
         ),
         "records": doc["root_records"],
         "invariants_ok": doc["invariants_ok"],
+        **({"cpu_busy": doc["cpu_busy"]} if cpu is not None else {}),
         "wall_seconds": doc["wall_seconds"],
         "per_tier": [
             {k: t[k] for k in ("tier", "nodes", "records_applied", "p50_ms", "p99_ms")}
@@ -309,7 +431,14 @@ def main() -> None:
     ap.add_argument("--value-bytes", type=int, default=100)
     ap.add_argument("--max-seconds", type=float, default=60.0, help="bound of the write phase")
     ap.add_argument("--rounds", type=int, default=2000, help="loopback round trips measured")
+    ap.add_argument("--cpu-rounds", type=int, default=2000, help="timings of each CPU cost")
+    ap.add_argument("--measure-cpu", action="store_true", help="print only the CPU costs")
     a = ap.parse_args()
+    with tempfile.TemporaryDirectory(prefix="mercury-simcpu-") as d:
+        costs = measure_cpu(Path(d), a.cpu_rounds, a.value_bytes)
+    if a.measure_cpu:
+        print(json.dumps({"cpu_costs": costs_summary(costs)}, indent=1))
+        return
     hop = loopback_one_way(a.rounds, 200 + a.value_bytes)
     link = (pct(hop, 10) / 1000, pct(hop, 90) / 1000)
     with tempfile.TemporaryDirectory(prefix="mercury-simcal-") as d:
@@ -319,6 +448,7 @@ def main() -> None:
         finally:
             procs.stop_all()
     sim = simulated(a, real_["writes"], link)
+    modelled = simulated(a, real_["writes"], link, cpu=costs)
     # (c) every link's delay drawn from the real tier-1 delays (one measured hop, CPU and
     # process wake-ups included): does the simulator then predict the real tier 2?
     hops = tuple(max(0.0, h) for h in real_.pop("hops"))
@@ -338,6 +468,9 @@ def main() -> None:
                 "real": real_,
                 "sim_loopback_links": sim,
                 "ratio_sim_loopback_to_real": ratios(sim, real_),
+                "cpu_costs": costs_summary(costs),
+                "sim_cpu_model": modelled,
+                "ratio_sim_cpu_model_to_real": ratios(modelled, real_),
                 "sim_fitted_to_real_tier1": fitted,
                 "ratio_sim_fitted_to_real": ratios(fitted, real_),
                 "cpu_model": CPU_MODEL,

@@ -45,7 +45,7 @@ import random
 import selectors
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from core.errors import ProtocolError, SnapshotTransferError
 from replicator import frames
@@ -87,6 +87,22 @@ class Conditions:
     window: int = WINDOW
 
 
+class Cpu(Protocol):
+    """The nodes' processors, when a simulation models them (`sim/cpu.py`): each unit a
+    node sends or receives is work that takes its core's time, so it leaves or is seen
+    later than the clock's instant. Without one (`MemoryNetwork.cpu` None), work is
+    free: the clock stands still while code runs."""
+
+    def sent(self, node: str, size: int, now: float) -> float:
+        """When a unit of `size` bytes written by `node` at `now` leaves it."""
+        ...
+
+    def received(self, node: str, size: int, record: bool, now: float) -> float:
+        """When a unit that reached `node` at `now` has been processed (`record`: a
+        RECORD frame, which the node also commits)."""
+        ...
+
+
 def _delay(rng: random.Random, cond: Conditions) -> float:
     """One unit's delay under `cond` (one draw of `rng`)."""
     if cond.delay_samples:
@@ -113,6 +129,8 @@ class MemoryNetwork:
         self.lost = 0
         self.corrupted = 0
         self.duplicated = 0
+        #: The nodes' CPU cost (None: code costs no virtual time).
+        self.cpu: Cpu | None = None
 
     def transport(self, name: str, identity: str | None = None) -> MemoryTransport:
         """The transport of node `name`; `identity` is what its peers see as
@@ -270,8 +288,8 @@ class _Channel:
         self.rng = rng
         self.dest = dest
         self._seq = itertools.count()
-        self._pending: list[tuple[float, int, bytes]] = []  # a heap
-        self._held: list[bytes] = []  # arrived during a partition
+        self._pending: list[tuple[float, int, bytes, bool]] = []  # a heap; True: a frame
+        self._held: list[tuple[bytes, bool]] = []  # arrived during a partition
         self._last_at = 0.0
         self._max_at = 0.0
         self._timer: asyncio.TimerHandle | None = None
@@ -281,10 +299,14 @@ class _Channel:
         self.reset = False
         net._channels[self] = None
 
-    def send(self, unit: bytes) -> None:
+    def send(self, unit: bytes, frame: bool = True) -> None:
+        """Send `unit`: a whole frame, or (`frame` False) a block of a file."""
         cond = self.net.conditions_between(*self.ends)
         self.window = cond.window
         now = self.loop.time()
+        cpu = self.net.cpu
+        if cpu is not None:
+            now = cpu.sent(self.ends[0], len(unit), now)  # after the sender's core wrote it
         # A close comes after everything sent before it, overtaken units included.
         at = max(now + _delay(self.rng, cond), self._last_at if unit else self._max_at)
         if unit and cond.reorder and self.rng.random() < cond.reorder:
@@ -300,12 +322,12 @@ class _Channel:
             unit = unit[:flip] + bytes([unit[flip] ^ 0x5A]) + unit[flip + 1 :]
         self.unread += len(unit)
         self._max_at = max(self._max_at, at)
-        self._push(at, unit)
+        self._push(at, unit, frame)
         if unit and cond.duplicate and self.rng.random() < cond.duplicate:
             # A copy right behind it (a retransmission the network delivered twice).
             self.net.duplicated += 1
             self.unread += len(unit)
-            self._push(at, unit)
+            self._push(at, unit, frame)
 
     def send_reset(self) -> None:
         """A reset: overtakes whatever is still on the way (which is dropped)."""
@@ -316,8 +338,8 @@ class _Channel:
         self.net._channels.pop(self, None)
         self.loop.call_soon(self.dest._on_reset)
 
-    def _push(self, at: float, unit: bytes) -> None:
-        heapq.heappush(self._pending, (at, next(self._seq), unit))
+    def _push(self, at: float, unit: bytes, frame: bool) -> None:
+        heapq.heappush(self._pending, (at, next(self._seq), unit, frame))
         self._arm()
 
     def _arm(self) -> None:
@@ -329,25 +351,33 @@ class _Channel:
         self._timer = None
         now = self.loop.time()
         while self._pending and self._pending[0][0] <= now:
-            _, _, unit = heapq.heappop(self._pending)
+            _, _, unit, frame = heapq.heappop(self._pending)
             if self.net.cut(*self.ends) or self._held:
-                self._held.append(unit)
+                self._held.append((unit, frame))
             else:
-                self._deliver(unit)
+                self._deliver(unit, frame)
         self._arm()
 
-    def _deliver(self, unit: bytes) -> None:
+    def _deliver(self, unit: bytes, frame: bool) -> None:
         if not unit:
             self.net._channels.pop(self, None)
-        self.dest._arrive(unit)
+        cpu = self.net.cpu
+        if cpu is None:
+            self.dest._arrive(unit)
+            return
+        # The receiver's core parses it (and commits a record) before its code sees it;
+        # the instants of one core strictly increase, so units keep their order.
+        record = frame and len(unit) > frames.HEADER_SIZE and unit[0] == frames.RECORD
+        done = cpu.received(self.ends[1], len(unit), record, self.loop.time())
+        self.loop.call_at(done, self.dest._arrive, unit)
 
     def release(self) -> None:
         """After a heal: what the partition held arrives now, in order."""
         if not self._held or self.net.cut(*self.ends):
             return
         held, self._held = self._held, []
-        for unit in held:
-            self._deliver(unit)
+        for unit, frame in held:
+            self._deliver(unit, frame)
 
     def consumed(self, n: int) -> None:
         self.unread -= n
@@ -552,7 +582,7 @@ class MemoryLink:
                 if not block:
                     break
                 out = self._check_send()
-                out.send(block)
+                out.send(block, frame=False)
                 await self.drain(stall_timeout)
                 done += len(block)
                 progress(done)

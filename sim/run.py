@@ -47,6 +47,7 @@ from replicator.source import ReplicationSource
 from replicator.status import StatusBoard
 from sim import faults as faultlib
 from sim import invariants, topology
+from sim.cpu import Cores, CpuCosts
 from store import layout
 from store.ops import SET, Op
 from store.store import Store
@@ -96,6 +97,9 @@ class Params:
     #: When not empty, every link's delay is drawn from these instead (a measured
     #: distribution: `bench/sim_calibration.py` fits per-hop costs of real processes).
     link_delay_samples: tuple[float, ...] = ()
+    #: When set, each node is one core and its sends, parses and commits take virtual
+    #: time drawn from these measured costs (`sim/cpu.py`); None: code costs 0 s.
+    cpu: CpuCosts | None = None
 
     @property
     def quiet(self) -> float:
@@ -293,6 +297,8 @@ class Simulation:
         self.db_id = str(uuid.UUID(bytes=self.rng.randbytes(16)))
         self.topo = topology.build(p.nodes, p.tiers)
         self.net = MemoryNetwork(p.seed)
+        self.cores = None if p.cpu is None else Cores(p.cpu, p.seed)
+        self.net.cpu = self.cores
         self.loop = asyncio.get_running_loop()
         self.runtime: Runtime = simulated(self.loop, EPOCH_US)
         self.root_heads: dict[int, bytes] = {0: b""}
@@ -546,6 +552,13 @@ class Simulation:
             "reconverge_s": None if self.reconverge is None else round(self.reconverge, 3),
             "per_tier": tiers,
         }
+        if self.cores is not None:
+            busy = self.cores.busy.values()
+            span = max(self.loop.time(), 1e-9)
+            doc["cpu_busy"] = {  # share of the run each node's core was working
+                "max": round(max(busy, default=0.0) / span, 4),
+                "mean": round(sum(busy) / max(1, len(self.cores.busy)) / span, 4),
+            }
         if self.violations:
             _message, nodes = self.violations[0]
             doc["violations"] = [m for m, _ in self.violations]

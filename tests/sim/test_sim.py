@@ -16,6 +16,7 @@ from replicator.heartbeat import RelayedHeartbeat
 from replicator.memnet import MemoryNetwork, run_virtual
 from replicator.runtime import simulated
 from sim import invariants, topology
+from sim.cpu import CpuCosts
 from sim.faults import KINDS, parse_kinds, schedule
 from sim.run import Params, simulate
 from sim.sweep import sweep
@@ -185,3 +186,27 @@ def test_a_lag_that_ignores_the_heartbeats_age_is_caught(monkeypatch: pytest.Mon
     doc = simulate(replace(SMALL, faults=("partition",)))
     assert not doc["invariants_ok"]
     assert any("reports lag 0.000s" in v for v in doc["violations"])
+
+
+def test_a_cpu_model_charges_each_hop_its_costs_and_keeps_runs_identical() -> None:
+    """Each node one core (`sim/cpu.py`): a record's hop is its sender's send, the link,
+    the receiver's parse, commit and two apply-thread hand-offs; with constant costs the
+    median propagation is exactly that sum per tier, and the run stays a function of its
+    seed."""
+    costs = CpuCosts(
+        parse=(0.001,), commit=(0.002,), commit_bytes=0, commit_per_byte=0.0,
+        handoff=(0.001,), send=(0.001,),
+    )  # fmt: skip
+    p = Params(
+        nodes=4, tiers=3, virtual_seconds=20.0, write_rate=1.0, batch=1, settle=0.0,
+        link_delay=(0.01, 0.01), cpu=costs,
+    )  # fmt: skip
+    doc = simulate(p)
+    assert doc["invariants_ok"] is True
+    hop = 0.001 + 0.01 + 0.001 + 0.002 + 2 * 0.001
+    assert [t["p50_ms"] for t in doc["per_tier"]] == [
+        pytest.approx(hop * 1000, abs=0.01),
+        pytest.approx(2 * hop * 1000, abs=0.01),
+    ]
+    assert 0 < doc["cpu_busy"]["mean"] <= doc["cpu_busy"]["max"] < 1
+    assert simulate(p) == doc
