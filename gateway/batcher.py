@@ -224,7 +224,8 @@ class Request:
     producer: str
     idem_key: bytes | None = None
     answer: AnswerFn | None = None
-    #: False for the root's own requests (expiries): not a producer's, not in usage series
+    #: False for the root's own requests (expiries): not a producer's, so not in a usage
+    #: series' producer columns; their expired keys count in their owner's `expiries`
     counted: bool = True
 
 
@@ -511,8 +512,11 @@ class Batcher:
                     if self.series is not None:  # here, not in the commit thread: counting
                         # then overlaps the next commit's fsync instead of delaying it; and
                         # after the woken writers' answers (call_soon runs behind them)
-                        reqs, res = _counted(b.requests, results)
-                        loop.call_soon(self.series.add_requests, reqs, res, time.time())
+                        reqs, res, exp_ops, exp_res = _counted(b.requests, results)
+                        now = time.time()
+                        loop.call_soon(self.series.add_requests, reqs, res, now)
+                        if exp_ops:
+                            loop.call_soon(self.series.add_expiries, exp_ops, exp_res, now)
             self._signal_room()  # the open batch moved on
             if self._closing and not self._open.requests and not self._queued:
                 await self._drained.wait()  # every committed batch answered (or refused)
@@ -626,12 +630,19 @@ class Batcher:
 
 def _counted(
     requests: list[Request], results: list[list[Result]]
-) -> tuple[list[Request], list[list[Result]]]:
-    """The producers' requests of a batch with their results (the expirer's left out)."""
+) -> tuple[list[Request], list[list[Result]], list[Op], list[Result]]:
+    """The producers' requests of a batch with their results, and apart from them the
+    expirer's ops with theirs (counted as their owners' expiries, never as requests)."""
     if all(r.counted for r in requests):
-        return requests, results
+        return requests, results, [], []
     pairs = [(r, x) for r, x in zip(requests, results, strict=True) if r.counted]
-    return [r for r, _ in pairs], [x for _, x in pairs]
+    exp_ops: list[Op] = []
+    exp_res: list[Result] = []
+    for r, x in zip(requests, results, strict=True):
+        if not r.counted:
+            exp_ops.extend(r.ops)
+            exp_res.extend(x)
+    return [r for r, _ in pairs], [x for _, x in pairs], exp_ops, exp_res
 
 
 def _answer(requests: list[Request], results: list[list[Result]]) -> None:

@@ -18,7 +18,9 @@ spreads over consecutive batches and never grows one beyond that), committed at 
 none later), a pass at least every
 `every_s` (and as soon as the earliest deadline passes, when that comes sooner); the number
 of due keys not yet logged is `mercury_expiry_backlog`. Expiries are not producers' writes:
-no ACL, no quota, no usage series; the store takes them off their owner's keys and bytes.
+no ACL, no quota; the store takes them off their owner's keys and bytes and counts them in
+its `expiries`, and the usage series counts them in the owner's `expiries` column, apart
+from deletes (`UsageSeries.add_expiries`).
 """
 
 from __future__ import annotations

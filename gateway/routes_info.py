@@ -140,7 +140,8 @@ async def prom_metrics() -> Response:
     ),
 )
 async def usage_all(request: Request) -> Response:
-    """`{"producers": [{"producer", "keys", "bytes", "writes", "duplicates", "throttled"}]}`:
+    """`{"producers": [{"producer", "keys", "bytes", "writes", "deletes", "duplicates",
+    "throttled", "expiries", ...}]}`:
     counters maintained in the write transactions, never a scan."""
     gw = _gw(request)
     gw.require_admin(request.headers.get("authorization"))

@@ -100,7 +100,7 @@ async def usage_series(request: Request) -> Response:
     """`?producer=&keyspace=&since=&until=&step=` -> `{"producer", "keyspace", "step",
     "since", "until", "max_bytes_stored", "start": {"keys", "bytes"}, "points": [{"t",
     "writes", "bytes_written", "deletes", "duplicates", "held", "refused", "refused_429",
-    "refused_413", "keys", "bytes"}]}`; `start` is the state the range began with (at
+    "refused_413", "expiries", "keys", "bytes"}]}`; `start` is the state the range began with (at
     minute resolution, whatever the step).
 
     since/until are RFC 3339 or relative (``-24h``, ``-7d``); step is ``1m``, ``1h`` or

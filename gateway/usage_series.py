@@ -2,7 +2,9 @@
 
 What is counted, per (producer, keyspace, minute): writes, bytes written (key + value of
 each written set), deletes, duplicates, ops held by the rate quota, ops refused by it
-(429) and ops refused as never admissible (413), and keys and stored bytes at the end of
+(429), ops refused as never admissible (413), expiries (keys of the producer the root
+expired: apart from deletes, and never a producer's op, so never counted by a quota —
+`add_expiries`), and keys and stored bytes at the end of
 the minute: per producer from the store's usage counters, per keyspace of a producer with
 several from the store's per-keyspace figures (`Store.track_keyspaces`, told here which
 producers those are). Quota outcomes are per producer: they are recorded under the
@@ -14,7 +16,7 @@ log in a batch's own transaction, so every replica — and a promoted root — h
 
 - ``usage/m/<producer>/<YYYYMMDDHH><tens of minute>``: a 10-minute block of minute slots,
   ``{"t": block start (epoch s), "m": {keyspace: [[minute, writes, bytes_written, deletes,
-  duplicates, held, refused_429, refused_413], ...]}, "s": [[minute, keys, bytes], ...],
+  duplicates, held, refused_429, refused_413(, expiries)], ...]}, "s": [[minute, keys, bytes], ...],
   "k": {keyspace: [[minute, keys, bytes], ...]}}`` ("k" only for a producer with several
   keyspaces) with only the minutes that saw activity (minute = offset in the block, 0-9).
   A keyspace busy every minute costs about 82 kB a day (`bench/usage.py`); kept 31 days.
@@ -31,8 +33,8 @@ statistics, never data. A clean stop writes everything (`due(..., all_=True)`).
 Retention deletions ride the same way, at most once an hour.
 
 This module is pure apart from the store reads it is handed (`load`): counting
-(`add_results`, `add_quota`), folding into documents (`due`), and reading a range back
-(`query`) for `GET /v1/usage/series`.
+(`add_results`, `add_quota`, `add_expiries`), folding into documents (`due`), and reading
+a range back (`query`) for `GET /v1/usage/series`.
 """
 
 from __future__ import annotations
@@ -61,8 +63,20 @@ _fast_count: (
 ) = None if _usagecount is None else _usagecount.count_one
 
 #: Columns of one slot row after its index (minute or hour).
-COLS = ("writes", "bytes_written", "deletes", "duplicates", "held", "refused_429", "refused_413")
-_W, _BW, _D, _DUP, _HELD, _R429, _R413 = range(len(COLS))
+COLS = (
+    "writes",
+    "bytes_written",
+    "deletes",
+    "duplicates",
+    "held",
+    "refused_429",
+    "refused_413",
+    "expiries",
+)
+_W, _BW, _D, _DUP, _HELD, _R429, _R413, _EXP = range(len(COLS))
+#: Columns a stored row always has: `expiries` came later and is written only when not
+#: zero, so documents without expiries keep their size and older ones read as 0.
+_STORED_MIN = _EXP
 #: Quota outcomes (`gateway.admission.OUTCOMES`) -> column.
 QUOTA_COL = {"held": _HELD, "refused": _R429, "too_large": _R413}
 
@@ -142,7 +156,7 @@ class SlotDoc:
         if not raw:
             return cls(t, {}, {})
         d = orjson.loads(raw)
-        rows = {ks: {r[0]: list(r[1:]) for r in rs} for ks, rs in d.get("m", {}).items()}
+        rows = {ks: {r[0]: _padded(r[1:]) for r in rs} for ks, rs in d.get("m", {}).items()}
         per_ks: dict[int, dict[str, tuple[int, int]]] = {}
         for ks, rs in d.get("k", {}).items():
             for r in rs:
@@ -158,7 +172,7 @@ class SlotDoc:
         out: dict[str, object] = {
             "t": self.t,
             "m": {
-                ks: [[i, *cols] for i, cols in sorted(slots.items())]
+                ks: [[i, *_trimmed(cols)] for i, cols in sorted(slots.items())]
                 for ks, slots in sorted(self.rows.items())
             },
             "s": [[i, k, b] for i, (k, b, _kss) in sorted(self.snap.items())],
@@ -180,6 +194,19 @@ class SlotDoc:
                     tot[j] += v
             out[ks] = tot
         return out
+
+
+def _padded(cols: Sequence[int]) -> list[int]:
+    """A stored row's columns, the ones it leaves out (written before them, or zero) as 0."""
+    return [*cols, *[0] * (len(COLS) - len(cols))]
+
+
+def _trimmed(cols: Sequence[int]) -> Sequence[int]:
+    """A row's columns as stored: trailing zeros beyond `_STORED_MIN` left out."""
+    n = len(cols)
+    while n > _STORED_MIN and cols[n - 1] == 0:
+        n -= 1
+    return cols[:n]
 
 
 _WRITTEN, _DELETED, _DUPLICATE = Status.WRITTEN, Status.DELETED, Status.DUPLICATE
@@ -218,7 +245,7 @@ def _count_one(ops: Sequence[Op], results: Sequence[Result], ks: str) -> dict[st
         w, bw, d, dup = _count_one_py(ops, results)
     if not (w or d or dup):
         return {}
-    return {ks: [w, bw, d, dup, 0, 0, 0]}
+    return {ks: [w, bw, d, dup, 0, 0, 0, 0]}
 
 
 def _count_one_py(ops: Sequence[Op], results: Sequence[Result]) -> tuple[int, int, int, int]:
@@ -379,6 +406,32 @@ class UsageSeries:
             g[1].extend(res)
         for producer, (ops, res) in by_producer.items():
             self.add_results(producer, ops, res, now)
+
+    def add_expiries(self, ops: Sequence[Op], results: Sequence[Result], now: float) -> None:
+        """Count the keys the root expired (the expirer's EXPIRE ops whose result is
+        `expired`) under their owner, in the minute holding `now`: in the `expiries`
+        column, never in `deletes`; the expirer is no producer, so no quota sees them."""
+        per_owner: dict[str, list[bytes]] = {}
+        for op, res in zip(ops, results, strict=True):
+            if res.status == Status.EXPIRED and op.owner:
+                per_owner.setdefault(op.owner, []).append(op.key)
+        if not per_owner:
+            return
+        counts: dict[str, dict[str, int]] = {}
+        for owner, keys in per_owner.items():
+            find = keyspace_finder(self._keyspaces(owner))
+            by_ks = counts[owner] = {}
+            if isinstance(find, str):  # one keyspace: no per-key call
+                by_ks[find] = len(keys)
+                continue
+            for k in keys:
+                ks = find(k)
+                by_ks[ks] = by_ks.get(ks, 0) + 1
+        with self._lock:
+            for owner, by_ks in counts.items():
+                b = self._bucket(owner, now)
+                for ks, n in by_ks.items():
+                    b.setdefault(ks, [0] * len(COLS))[_EXP] += n
 
     def add_quota(self, now: float) -> None:
         """Count quota outcomes since the last call (from the admission's running totals,
@@ -715,6 +768,7 @@ def query(
         p["refused"] = tot[_R429] + tot[_R413]
         p["refused_429"] = tot[_R429]
         p["refused_413"] = tot[_R413]
+        p["expiries"] = tot[_EXP]
         p["keys"] = None if last is None else last[0]
         p["bytes"] = None if last is None else last[1]
         points.append(p)

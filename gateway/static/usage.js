@@ -14,7 +14,7 @@
   // each load (`findStart`), so a new deployment fills the charts instead of a sliver at
   // the right edge of a day; null when nothing happened yet (then the last hour).
   let autoSince = null;
-  const ACTIVITY = ["writes", "deletes", "duplicates", "held", "refused"];
+  const ACTIVITY = ["writes", "deletes", "duplicates", "held", "refused", "expiries"];
 
   function token() { return sessionStorage.getItem(KEY); }
 
@@ -148,6 +148,9 @@
     el.dataset.points = String(xs.length);
     el.dataset.nonzero = String(first.filter((v) => v).length);
     el.dataset.sum = String(first.reduce((a, v) => a + (v || 0), 0));
+    // every plotted column's sum, in order (the page's tests tell the lines apart by it)
+    el.dataset.sums = data.slice(1, 1 + columns.length)
+      .map((col) => String(col.reduce((a, v) => a + (v || 0), 0))).join("|");
     el.dataset.since = String(xs[0]);
     el.replaceChildren();
     // The y axis in SI units; the labels drawn are kept in data-ylabels (the canvas has
@@ -167,8 +170,11 @@
     if (!selected) return;
     $("charts-title").textContent = "Producer " + selected;
     const s = await api(seriesPath(selected === "(all)" ? null : selected));
-    plot("chart-writes", "writes / deletes / duplicates per " + s.step, s,
-      [["writes", "writes"], ["deletes", "deletes"], ["duplicates", "duplicates"]]);
+    // Expiries apart from deletes: the root removed those keys at their deadline, no
+    // producer asked (and no quota counted them).
+    plot("chart-writes", "writes / deletes / duplicates / expiries per " + s.step, s,
+      [["writes", "writes"], ["deletes", "deletes"], ["duplicates", "duplicates"],
+        ["expiries", "expiries (deadline passed)"]]);
     plot("chart-bytes-written", "bytes written per " + s.step, s,
       [["bytes_written", "bytes written"]], null, "B");
     plot("chart-quota", "ops held / refused (429) / too large (413) per " + s.step, s,

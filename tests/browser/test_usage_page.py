@@ -52,6 +52,9 @@ def test_usage_page_plots_a_real_workload(
     for i in range(5):
         assert c.put(f"/v1/kv/{name}/k{i}", content=b"v" * (50 + i)).status_code == 200  # dup
     assert c.delete(f"/v1/kv/{name}/k39").status_code == 200
+    # a key the root expires: an expiry on the page, apart from the delete (not a write)
+    assert c.put(f"/v1/kv/{name}/gone?ttl=1s", content=b"t").status_code == 200
+    wait_until(lambda: c.get(f"/v1/kv/{name}/gone").status_code == 404, 20, "the expiry")
 
     browser.get(root.url + "/usage")
     assert "Mercury usage" in browser.title
@@ -62,7 +65,9 @@ def test_usage_page_plots_a_real_workload(
     rows = browser.find_elements(By.CSS_SELECTOR, "#producers tbody tr")
     assert [r.get_attribute("data-producer") for r in rows] == [name]
     before = _chart(browser, "chart-writes")
-    assert int(before["sum"]) == 40  # writes plotted
+    assert int(before["sum"]) == 41  # writes plotted (the 40 and the key that expired)
+    sums = browser.find_element(By.ID, "chart-writes").get_attribute("data-sums")
+    assert sums == "41|1|5|1", sums  # writes | deletes | duplicates | expiries
     assert int(before["nonzero"]) >= 1
     # The default range fits the data: it starts minutes before the first write (not a
     # day of empty minutes with the writes squeezed into the right edge).
@@ -80,13 +85,13 @@ def test_usage_page_plots_a_real_workload(
     after = _chart(browser, "chart-writes")
     assert int(after["points"]) in (60, 61)  # 1 h of minutes
     assert int(after["since"]) < int(before["since"])
-    assert int(after["sum"]) == 40  # same writes, all in the last hour
+    assert int(after["sum"]) == 41  # same writes, all in the last hour
 
     Select(browser.find_element(By.ID, "range")).select_by_visible_text("last 7 days")
     wait.until(lambda d: _chart(d, "chart-writes")["points"] != after["points"])
     week = _chart(browser, "chart-writes")
     assert int(week["points"]) in (168, 169)  # hourly steps
-    assert int(week["sum"]) == 40
+    assert int(week["sum"]) == 41
     # growth from the state the range began with (a new producer: all it stores)
     growth = browser.find_element(By.CSS_SELECTOR, "#producers tbody tr td:nth-child(2)").text
     assert growth not in ("0", "–", ""), growth

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import uuid
 from pathlib import Path
+from typing import Any
 
 import orjson
 import pytest
@@ -12,9 +13,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gateway import usage_series as us
-from store.ops import DELETE, SET, Op, Result, Status
+from store.ops import DELETE, EXPIRE, SET, Op, Result, Status
 from store.store import Store
 from store.usage import stored_bytes
+from testkit.wait import wait_until
 from tests.gateway.conftest import Root
 
 T0 = 1_795_000_000 // 86400 * 86400  # a UTC midnight (2026-11-18)
@@ -66,7 +68,7 @@ def test_count_results_splits_by_keyspace_and_status() -> None:
         Result(Status.ABSENT, 0),
     ]
     got = us.count_results(ops, res, us.keyspace_finder(["a/", "b/"]))
-    assert got == {"a/": [1, 6, 1, 1, 0, 0, 0], "b/": [1, 5, 0, 0, 0, 0, 0]}
+    assert got == {"a/": [1, 6, 1, 1, 0, 0, 0, 0], "b/": [1, 5, 0, 0, 0, 0, 0, 0]}
 
 
 def test_keyspace_finder_takes_the_longest_prefix() -> None:
@@ -383,7 +385,7 @@ def _naive_counts(ops: list[Op], results: list[Result], kss: list[str]) -> dict[
         col = {Status.WRITTEN: 0, Status.DELETED: 2, Status.DUPLICATE: 3}.get(res.status)
         if col is None:
             continue
-        row = out.setdefault(ks, [0] * 7)
+        row = out.setdefault(ks, [0] * len(us.COLS))
         row[col] += 1
         if col == 0:
             row[1] += len(op.key) + len(op.value)
@@ -689,3 +691,61 @@ def test_a_purge_is_counted_in_the_series(shared_root: Root) -> None:
     assert sum(p["writes"] for p in body["points"]) == 5
     assert sum(p["deletes"] for p in body["points"]) == 5
     assert body["points"][-1]["keys"] == 0 and body["points"][-1]["bytes"] == 0
+
+
+def test_expiries_count_apart_from_deletes_per_keyspace_and_old_rows_read_as_none() -> None:
+    """`add_expiries` counts only ops the store expired, under their owner and keyspace, in
+    the `expiries` column (never `deletes`); a stored row without the column (before it, or
+    none) reads 0 and is written back without it."""
+    kss = {"p": ("a/", "b/")}
+    s = us.UsageSeries(lambda n: None, lambda p, a, n: [], lambda p: kss.get(p, ()))
+    ops = [Op(EXPIRE, k, b"", "p", 1) for k in (b"a/1", b"a/2", b"b/1", b"c/1")]
+    res = [Result(Status.EXPIRED, 9), Result(Status.EXPIRED, 9), Result(Status.ABSENT, 3)]
+    res.append(Result(Status.EXPIRED, 9))
+    s.add_expiries(ops, res, T0 + 5)
+    _n, _docs, minutes, _snaps = s.view("p", "usage/m/p/", "", "~", rollup=False)
+    exp = us.COLS.index("expiries")
+    got = {ks: (c[exp], c[us.COLS.index("deletes")]) for ks, c in minutes[T0].items()}
+    assert got == {"a/": (2, 0), "": (1, 0)}  # b/1 not expired; c/1 in no keyspace
+    old = orjson.dumps({"t": T0, "m": {"a/": [[0, 1, 2, 3, 4, 5, 6, 7]]}, "s": []})
+    doc = us.SlotDoc.decode(old, T0)
+    assert doc.rows["a/"][0] == [1, 2, 3, 4, 5, 6, 7, 0]
+    assert doc.encode() == old
+    doc.add("a/", 0, [0] * exp + [2])
+    assert orjson.loads(doc.encode())["m"]["a/"] == [[0, 1, 2, 3, 4, 5, 6, 7, 2]]
+
+
+def test_expiries_in_the_series_and_usage_charge_no_quota(shared_root: Root) -> None:
+    """Keys the root expires count as the owner's expiries in `/v1/usage/series` and
+    `/v1/usage`, not as deletes, and take nothing from its rate quota: a bucket that the
+    writes left 10 ops of (refilling 1 op per 100 s) still admits 10 ops after 20
+    expiries, with nothing held or refused."""
+    quota = {"ops_per_s": 0.01, "burst": 30, "max_delay_ms": 0}
+    name, token = shared_root.producer(quota=quota)
+    c = shared_root.client(token)
+    ops = [{"op": "set", "key": f"{name}/t{i}", "value": "v", "ttl": "1s"} for i in range(20)]
+    assert c.post("/v1/batch", json={"ops": ops}).status_code == 200
+    admin = shared_root.admin()
+
+    def row() -> dict[str, Any]:
+        got: dict[str, Any] = admin.get(f"/v1/usage/{name}").json()
+        return got
+
+    wait_until(lambda: row()["expiries"] == 20, 30, "the 20 expiries in the usage counters")
+    r = row()
+    assert (r["keys"], r["deletes"], r["throttled"]) == (0, 0, 0), r
+    assert not any(r["quota_ops"].values()), r  # nothing held, refused or too large
+
+    def points() -> list[dict[str, int]]:
+        r = c.get("/v1/usage/series", params={"since": "-1h", "step": "1m"})
+        pts: list[dict[str, int]] = r.json()["points"]
+        return pts
+
+    # counted on the event loop just after the commit that the counters are part of
+    wait_until(lambda: sum(p["expiries"] for p in points()) == 20, 10, "expiries in the series")
+    pts = points()
+    assert sum(p["deletes"] for p in pts) == 0 and sum(p["writes"] for p in pts) == 20
+    rest = [{"op": "set", "key": f"{name}/u{i}", "value": "v"} for i in range(10)]
+    r2 = c.post("/v1/batch", json={"ops": rest})
+    assert r2.status_code == 200, r2.text
+    assert c.post("/v1/batch", json={"ops": rest[:1]}).status_code == 429  # the bucket is real
