@@ -18,7 +18,11 @@ time; the load comes from this process (an asyncio HTTP/1.1 keep-alive client on
   transactions of the gateway's measured mean batch size, each sorted by key as the
   batcher sorts a batch.
 - ``ack``: ack latency P50/P99 with the 500 ms window at a steady rate (default 2,000
-  single-key PUTs/s of random keys into the N-key store).
+  single-key PUTs/s of random keys into the N-key store), with where it goes: this
+  client's lag writing a request after its scheduled time (``client_send_lag``) and
+  resuming after reading its answer (``client_resume_lag``), write to answer read
+  (``sent_to_answer_read``), the server's own P99 bucket, batches, mean ops and mean
+  commit time between the run's two /metrics reads, and the 1-minute load average.
 - ``dup``: bytes the root process wrote to disk per second (/proc/PID/io) under a
   duplicate-only workload, beside the same workload with fresh values.
 - ``fair``: producer B's ack P99 alone and while producer A floods at 10× its quota.
@@ -268,6 +272,9 @@ class Conn(asyncio.Protocol):
         self.buf = bytearray()
         self.waiter: asyncio.Future[int] | None = None
         self.transport: Any = None
+        #: when the last request was written and when its whole answer was read (perf_counter)
+        self.sent = 0.0
+        self.arrived = 0.0
 
     def connection_made(self, transport: Any) -> None:
         self.transport = transport
@@ -289,6 +296,7 @@ class Conn(asyncio.Protocol):
             return
         status = int(head[9:12])
         del self.buf[: i + 4 + n]
+        self.arrived = time.perf_counter()
         w, self.waiter = self.waiter, None
         w.set_result(status)
 
@@ -299,6 +307,7 @@ class Conn(asyncio.Protocol):
     async def request(self, raw: bytes) -> int:
         self.waiter = asyncio.get_running_loop().create_future()
         self.transport.write(raw)
+        self.sent = time.perf_counter()
         return await self.waiter
 
 
@@ -360,6 +369,12 @@ async def open_loop(
     for _ in range(conns):
         pool.put_nowait(await connect(port))
     lat: list[float] = []
+    # Where this client's own lag goes (it shares the machine's cores with the server): a
+    # request written after its scheduled time, and an answer read before its task resumed
+    # (a window's answers arrive together and resume one after another).
+    send_lag: list[float] = []
+    resume_lag: list[float] = []
+    in_flight: list[float] = []
     statuses: dict[int, int] = {}
     total = int(rate * seconds)
     t0 = time.perf_counter()
@@ -367,7 +382,11 @@ async def open_loop(
     async def one(i: int, at: float) -> None:
         c = await pool.get()
         s = await c.request(make(i))
-        lat.append(time.perf_counter() - at)
+        done = time.perf_counter()
+        lat.append(done - at)
+        send_lag.append(c.sent - at)
+        resume_lag.append(done - c.arrived)
+        in_flight.append(c.arrived - c.sent)
         statuses[s] = statuses.get(s, 0) + 1
         pool.put_nowait(c)
 
@@ -383,7 +402,15 @@ async def open_loop(
         pool.get_nowait().transport.close()
     if keep is not None:
         keep.extend(lat)
-    return {"requests": total, "rate": rate, "statuses": statuses, **pct(lat)}
+    return {
+        "requests": total,
+        "rate": rate,
+        "statuses": statuses,
+        **pct(lat),
+        "client_send_lag": pct(send_lag),
+        "client_resume_lag": pct(resume_lag),
+        "sent_to_answer_read": pct(in_flight),
+    }
 
 
 WRK_LUA = r"""
@@ -614,6 +641,17 @@ def batch_metrics(url: str) -> tuple[float, float]:
     return total, count
 
 
+def commit_metrics(url: str) -> tuple[float, float]:
+    """(sum, count) of `mercury_batch_commit_seconds`: seconds spent committing, batches."""
+    total = count = 0.0
+    for line in httpx.get(url + "/metrics", timeout=30).text.splitlines():
+        if line.startswith("mercury_batch_commit_seconds_sum"):
+            total = float(line.rsplit(" ", 1)[1])
+        elif line.startswith("mercury_batch_commit_seconds_count"):
+            count = float(line.rsplit(" ", 1)[1])
+    return total, count
+
+
 def mean_batch(before: tuple[float, float], after: tuple[float, float]) -> int:
     """Mean ops per committed batch between two `batch_metrics` readings."""
     n = after[1] - before[1]
@@ -774,7 +812,10 @@ def bench_ack(tmp: Path, seconds: float, n_keys: int, rate: float) -> dict[str, 
     with srv:
         tok = add_producer(url, admin, "bench", "b/")
         preload(url, tok, n_keys)
-        h0 = ack_histogram(url, "bench")
+        h0, b0, k0 = ack_histogram(url, "bench"), batch_metrics(url), commit_metrics(url)
+        # The tail past the window is CPU time on a shared machine (the commit, the loop
+        # answering ~1,000 writers at once, this client reading them): say how loaded it was.
+        load0 = os.getloadavg()[0]
         res = asyncio.run(
             open_loop(
                 url,
@@ -789,6 +830,12 @@ def bench_ack(tmp: Path, seconds: float, n_keys: int, rate: float) -> dict[str, 
         # The server's own view (request received -> ack sent), free of this client's lag
         # when 1,000 answers arrive at once.
         res["server_p99_bucket_ms"] = server_p99_ms(h0, ack_histogram(url, "bench"))
+        b1, k1 = batch_metrics(url), commit_metrics(url)
+        n = k1[1] - k0[1]
+        res["batches"] = int(n)
+        res["mean_batch_ops"] = mean_batch(b0, b1)
+        res["mean_commit_ms"] = round((k1[0] - k0[0]) / n * 1000, 2) if n else None
+        res["load_avg_1m"] = [round(load0, 2), round(os.getloadavg()[0], 2)]
     return {
         "window_ms": 500,
         "store_keys": n_keys,
