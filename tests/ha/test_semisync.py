@@ -9,6 +9,7 @@ writes are acknowledged again.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -30,8 +31,16 @@ def test_writes_need_a_standby_in_sync(etcd: Etcd, procs: Procs, tmp_path: Path)
         return httpx.put(f"{leader.url}/v1/kv/k/{key}", content=b"v", headers=h, timeout=10)
 
     assert put("a").status_code == 200
-    st = leader.status()
-    assert st is not None and st["role"] == "leader" and st["standbys_in_sync"] == 2
+
+    # The write needed one standby's ack; the other's report of being in sync may come
+    # after the answer (the assertion read it at once, and passed only while each test
+    # client spent ~27 ms loading a CA bundle first).
+    def both_in_sync() -> dict[str, Any] | None:
+        st = leader.status()
+        return st if st is not None and st["standbys_in_sync"] == 2 else None
+
+    st = wait_until(both_in_sync, 10, "the leader counting both standbys in sync")
+    assert st["role"] == "leader" and st["standbys_in_sync"] == 2
 
     # a standby's /metrics are its own: what it applied, not a redirect to the leader's
     def applied() -> dict[str, float] | None:
