@@ -28,9 +28,9 @@ def register(sub: Any) -> None:
         "usage",
         help="per-producer usage: totals, or over a window with sparklines",
         description="Without --since: keys, bytes, writes, deletes, duplicates, throttled "
-        "ops and the share of the storage cap per producer, since the store began. With "
+        "ops, expiries and the share of the storage cap per producer, since the store began. With "
         "--since: what each producer did in that window (writes, bytes written, deletes, "
-        "duplicates, held, refused, stored-bytes growth) and a sparkline of its writes. "
+        "duplicates, held, refused, expiries, stored-bytes growth) and a sparkline of its writes. "
         "`mercury usage unused`: per producer and keyspace, the keys no node read for "
         "--days days and the bytes they hold; with --producer, those keys themselves.",
     )
@@ -110,7 +110,16 @@ def _usage(args: argparse.Namespace) -> int:
                 out = orjson.dumps({"producers": rows}, option=orjson.OPT_INDENT_2)
                 sys.stdout.write(out.decode() + "\n")
                 return 0
-            cols = ("producer", "keys", "bytes", "writes", "deletes", "duplicates", "throttled")
+            cols = (
+                "producer",
+                "keys",
+                "bytes",
+                "writes",
+                "deletes",
+                "duplicates",
+                "throttled",
+                "expiries",
+            )
             table = [[str(r.get(k, "")) for k in cols] for r in rows]
             cap = [_pct(r.get("used_pct")) for r in rows]
             _table((*cols, "used"), [[*t, u] for t, u in zip(table, cap, strict=True)])
@@ -129,7 +138,7 @@ def _usage(args: argparse.Namespace) -> int:
         doc = {"since": _since(args.since), "producers": out_rows}
         sys.stdout.write(orjson.dumps(doc, option=orjson.OPT_INDENT_2).decode() + "\n")
         return 0
-    cols = ("producer", "writes", "bytes_written", "deletes", "duplicates", "held", "refused")
+    cols = WINDOW_COLS
     _table(
         (*cols, "bytes", "growth", "used", "writes over time"),
         [
@@ -159,13 +168,28 @@ def _bar_span(n_points: int, step: str) -> str:
     return f"{per} x {step}"
 
 
+#: The columns of a window's table (`--since`): counters summed over the window; expiries
+#: (keys the root expired at their deadline) apart from the producer's own deletes.
+WINDOW_COLS = (
+    "producer",
+    "writes",
+    "bytes_written",
+    "deletes",
+    "duplicates",
+    "held",
+    "refused",
+    "expiries",
+)
+
+
 def _window(row: dict[str, Any], s: dict[str, Any]) -> dict[str, Any]:
     """One producer's totals over the series' window."""
     pts = s["points"]
     stored = [p["bytes"] for p in pts if p["bytes"] is not None]
     out: dict[str, Any] = {"producer": row["producer"], "step": s["step"]}
-    for k in ("writes", "bytes_written", "deletes", "duplicates", "held", "refused"):
-        out[k] = sum(p[k] or 0 for p in pts)
+    for k in WINDOW_COLS[1:]:
+        # .get: a root from before a column answers without it
+        out[k] = sum(p.get(k) or 0 for p in pts)
     out["bytes"] = row["bytes"]
     began = (s.get("start") or {}).get("bytes")
     out["growth"] = stored[-1] - (began if began is not None else stored[0]) if stored else 0

@@ -16,6 +16,7 @@ from gateway import usage_series as us
 from store.ops import DELETE, EXPIRE, SET, Op, Result, Status
 from store.store import Store
 from store.usage import stored_bytes
+from testkit.procs import run_mercury
 from testkit.wait import wait_until
 from tests.gateway.conftest import Root
 
@@ -324,8 +325,6 @@ def test_sparkline() -> None:
 
 
 def test_cli_usage_since_with_sparklines(shared_root: Root, tmp_path: Path) -> None:
-    from testkit.procs import run_mercury
-
     name, token = shared_root.producer()
     c = shared_root.client(token)
     for i in range(7):
@@ -715,11 +714,13 @@ def test_expiries_count_apart_from_deletes_per_keyspace_and_old_rows_read_as_non
     assert orjson.loads(doc.encode())["m"]["a/"] == [[0, 1, 2, 3, 4, 5, 6, 7, 2]]
 
 
-def test_expiries_in_the_series_and_usage_charge_no_quota(shared_root: Root) -> None:
-    """Keys the root expires count as the owner's expiries in `/v1/usage/series` and
-    `/v1/usage`, not as deletes, and take nothing from its rate quota: a bucket that the
-    writes left 10 ops of (refilling 1 op per 100 s) still admits 10 ops after 20
-    expiries, with nothing held or refused."""
+def test_expiries_in_the_series_and_usage_charge_no_quota(
+    shared_root: Root, tmp_path: Path
+) -> None:
+    """Keys the root expires count as the owner's expiries in `/v1/usage/series`,
+    `/v1/usage` and `mercury usage`, not as deletes, and take nothing from its rate
+    quota: a bucket that the writes left 10 ops of (refilling 1 op per 100 s) still admits
+    10 ops after 20 expiries, with nothing held or refused."""
     quota = {"ops_per_s": 0.01, "burst": 30, "max_delay_ms": 0}
     name, token = shared_root.producer(quota=quota)
     c = shared_root.client(token)
@@ -745,6 +746,11 @@ def test_expiries_in_the_series_and_usage_charge_no_quota(shared_root: Root) -> 
     wait_until(lambda: sum(p["expiries"] for p in points()) == 20, 10, "expiries in the series")
     pts = points()
     assert sum(p["deletes"] for p in pts) == 0 and sum(p["writes"] for p in pts) == 20
+    (tmp_path / "admin.token").write_text(shared_root.admin_token)
+    base = ("usage", "--url", shared_root.url, "--admin-token-file", str(tmp_path / "admin.token"))
+    js = run_mercury(*base, "--since", "1h", "--producer", name, "--json")
+    (w,) = orjson.loads(js.stdout)["producers"]
+    assert (w["expiries"], w["deletes"]) == (20, 0), w
     rest = [{"op": "set", "key": f"{name}/u{i}", "value": "v"} for i in range(10)]
     r2 = c.post("/v1/batch", json={"ops": rest})
     assert r2.status_code == 200, r2.text
