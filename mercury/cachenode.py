@@ -7,12 +7,14 @@ import asyncio
 import contextlib
 import gc
 import logging
+import os
 import signal
 
 import uvicorn
 
 from cache.fasthttp import cache_fast_protocol
 from cache.http import CacheApp
+from cache.kt import cache_kt_service
 from cache.memcached import cache_memcached_service
 from cache.node import CacheNode, stop_task
 from cache.store import CacheStore
@@ -91,8 +93,27 @@ async def _serve(args: argparse.Namespace) -> None:
         mhost, mport = memcached_addr = parse_hostport(args.memcached_listen, "--memcached-listen")
         memcached = cache_memcached_service(node, mhost, mport, listener_limits(args))
         await memcached.start()
+    kt = None
+    kt_addr = None
+    if args.kt_listen:
+        khost, kport = kt_addr = parse_hostport(args.kt_listen, "--kt-listen")
+        # KT's RESTful /DB/key and RPC DB= name database 0 by the data directory's name
+        kt = cache_kt_service(
+            node,
+            os.path.basename(os.path.normpath(args.data_dir)).encode(),
+            khost,
+            kport,
+            refuse_when_lagging=args.refuse_when_lagging,
+            limits=listener_limits(args),
+        )
+        await kt.start()
     tls.warn_plaintext(
-        [("--listen", (host, port)), ("--memcached-listen", memcached_addr)], files is not None
+        [
+            ("--listen", (host, port)),
+            ("--memcached-listen", memcached_addr),
+            ("--kt-listen", kt_addr),
+        ],
+        files is not None,
     )
     reloader = None
     if files is not None:
@@ -110,9 +131,10 @@ async def _serve(args: argparse.Namespace) -> None:
         stopper.cancel()
         if reloader is not None:
             await reloader.stop()
-        if memcached is not None:
-            with contextlib.suppress(Exception):
-                await memcached.stop()
+        for svc in (memcached, kt):
+            if svc is not None:
+                with contextlib.suppress(Exception):
+                    await svc.stop()
         await stop_task(following)
         with contextlib.suppress(Exception):
             node.close()

@@ -59,6 +59,13 @@ def register(sub: Any) -> None:
         help="memcached text protocol reads (get, gets) on H:P (default: none)",
     )
     p.add_argument(
+        "--kt-listen",
+        default=None,
+        metavar="H:P",
+        help="Kyoto Tycoon reads (REST GET/HEAD, RPC get/check/get_bulk, binary get_bulk) "
+        "on H:P (default: none)",
+    )
+    p.add_argument(
         "--max-lag",
         type=float,
         default=None,
@@ -71,7 +78,7 @@ def register(sub: Any) -> None:
         help="with --max-lag: while lagging, answer reads 503 + Retry-After",
     )
     http_bounds.add_flags(p)
-    add_listener_flags(p)  # the memcached listener's bounds, as a replica's
+    add_listener_flags(p)  # the memcached and KT listeners' bounds, as a replica's
     tls.add_arguments(p)  # mutual TLS to its sources (a replica-role certificate), HTTPS
     p.set_defaults(func=_run)
 

@@ -10,6 +10,7 @@ source, and ranges refused with a pointer.
 from __future__ import annotations
 
 import socket
+import struct
 from pathlib import Path
 from subprocess import Popen
 
@@ -43,12 +44,14 @@ def _root(tmp_path: Path, procs: Procs) -> tuple[str, int, dict[str, str]]:
     return base, repl, {"Authorization": f"Bearer {ptoken}"}
 
 
-def _start_cache(procs: Procs, data: Path, http: int, mc: int, sources: list[int]) -> Popen[bytes]:
+def _start_cache(
+    procs: Procs, data: Path, http: int, mc: int, sources: list[int], kt: int
+) -> Popen[bytes]:
     src = ",".join(f"127.0.0.1:{s}" for s in sources)
     p = procs.start_mercury(
         "cache", str(data), "--source", src, "--max-bytes", "1MiB",
         "--listen", f"127.0.0.1:{http}", "--memcached-listen", f"127.0.0.1:{mc}",
-        "--max-lag", "30", name="cache",
+        "--kt-listen", f"127.0.0.1:{kt}", "--max-lag", "30", name="cache",
     )  # fmt: skip
     wait_http(f"http://127.0.0.1:{http}/healthz", proc=p)
     return p
@@ -64,6 +67,37 @@ def _raw(port: int, path: str) -> bytes:
     return b"".join(line for line in got.splitlines(True) if not line.startswith(b"date:"))
 
 
+def _kt_bulk(port: int, keys: list[bytes]) -> dict[bytes, bytes] | None:
+    """A KT binary get_bulk of `keys` (database 0): the values found, None on KT's error."""
+    req = struct.pack(">BII", 0xBA, 0, len(keys))
+    for k in keys:
+        req += struct.pack(">HI", 0, len(k)) + k
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+        s.sendall(req)
+        got = b""
+        while got[:1] != b"\xbf" and (len(got) < 5 or _bulk_done(got) is None):
+            chunk = s.recv(65536)
+            assert chunk, got
+            got += chunk
+    return None if got[:1] == b"\xbf" else _bulk_done(got)
+
+
+def _bulk_done(got: bytes) -> dict[bytes, bytes] | None:
+    """The records of a complete binary get_bulk reply, None while incomplete."""
+    (hits,) = struct.unpack_from(">I", got, 1)
+    out, pos = {}, 5
+    for _ in range(hits):
+        if len(got) < pos + 18:
+            return None
+        _db, ksiz, vsiz, _xt = struct.unpack_from(">HIIq", got, pos)
+        pos += 18
+        if len(got) < pos + ksiz + vsiz:
+            return None
+        out[got[pos : pos + ksiz]] = got[pos + ksiz : pos + ksiz + vsiz]
+        pos += ksiz + vsiz
+    return out
+
+
 def test_root_replica_cache(tmp_path: Path, procs: Procs) -> None:
     base, root_repl, producer = _root(tmp_path, procs)
 
@@ -74,9 +108,10 @@ def test_root_replica_cache(tmp_path: Path, procs: Procs) -> None:
 
     put("cfg/a", b"one")
     replica = start_replica(procs, tmp_path / "replica", [root_repl], name="replica")
-    http, mc = free_port(), free_port()
+    http, mc, kt = free_port(), free_port(), free_port()
     cache = f"http://127.0.0.1:{http}"
-    proc = _start_cache(procs, tmp_path / "cache", http, mc, [replica.repl, root_repl])
+    kts = f"http://127.0.0.1:{kt}"
+    proc = _start_cache(procs, tmp_path / "cache", http, mc, [replica.repl, root_repl], kt)
     wait_for(lambda: status(http)["connected"], 30, "cache connected")
 
     # A miss, then a hit; an absent key is a negative entry, then a negative hit.
@@ -121,6 +156,25 @@ def test_root_replica_cache(tmp_path: Path, procs: Procs) -> None:
         b"VALUE cfg/a 0 3\r\ntwo\r\nVALUE cfg/none 0 3\r\nnow\r\nEND\r\nSERVER_ERROR"
     ), got
 
+    # KT: the same answers through the engine (a key never read is a miss fetched), on
+    # REST, RPC and binary; writes refused as on a replica; a key walk refused with a
+    # pointer to the sources.
+    r = httpx.get(f"{kts}/cfg%2Fkt1")
+    assert (r.status_code, r.headers["x-mercury-cache"]) == (404, "miss")
+    seq = put("cfg/kt2", b"kv")
+    wait_for(lambda: status(http)["seq"] >= seq, 30, "cache applied cfg/kt2")
+    r = httpx.get(f"{kts}/cfg%2Fa")
+    assert (r.status_code, r.content, r.headers["x-mercury-cache"]) == (200, b"two", "hit")
+    r = httpx.post(f"{kts}/rpc/get_bulk", data={"_cfg/a": "", "_cfg/none": "", "_cfg/kt1": ""})
+    assert r.text.splitlines() == ["_cfg/a\ttwo", "_cfg/none\tnow", "num\t2"], r.text
+    r = httpx.get(f"{kts}/rpc/get", params={"key": "cfg/kt2"})
+    assert (r.status_code, r.text) == (200, "value\tkv\n")
+    assert _kt_bulk(kt, [b"cfg/a", b"cfg/kt1", b"cfg/kt2"]) == {b"cfg/a": b"two", b"cfg/kt2": b"kv"}
+    r = httpx.put(f"{kts}/cfg%2Fa", content=b"x")
+    assert r.status_code == 500 and "no permission" in r.headers["x-kt-error"]
+    r = httpx.get(f"{kts}/rpc/match_prefix", params={"prefix": "cfg/"})
+    assert r.status_code == 501 and str(replica.repl) in r.text
+
     # Ranges are a replica's: refused with a pointer, not served partially.
     r = httpx.get(f"{cache}/v1/range", params={"prefix": "cfg/"})
     assert r.status_code == 421 and str(replica.repl) in r.json()["detail"]
@@ -130,7 +184,7 @@ def test_root_replica_cache(tmp_path: Path, procs: Procs) -> None:
     assert procs.terminate(proc) == 0
     seq = put("cfg/a", b"three")
     wait_for(lambda: status(replica.http)["seq"] >= seq, 30, "replica applied")
-    proc = _start_cache(procs, tmp_path / "cache", http, mc, [replica.repl, root_repl])
+    proc = _start_cache(procs, tmp_path / "cache", http, mc, [replica.repl, root_repl], kt)
     st = status(http)
     assert st["entries"] >= 2 and st["hits"] == 0
     wait_for(lambda: status(http)["seq"] >= seq, 30, "cache caught up")
@@ -155,3 +209,7 @@ def test_root_replica_cache(tmp_path: Path, procs: Procs) -> None:
     with socket.create_connection(("127.0.0.1", mc), timeout=30) as s:
         s.sendall(b"get cfg/never-read\r\n")
         assert s.recv(65536).startswith(b"SERVER_ERROR source unavailable")
+    r = httpx.get(f"{kts}/rpc/get", params={"key": "cfg/never-read"})
+    assert r.status_code == 503 and r.headers["retry-after"] == "1", r.text
+    assert _kt_bulk(kt, [b"cfg/a"]) == {b"cfg/a": b"four"}  # a hit, no source needed
+    assert _kt_bulk(kt, [b"cfg/never-read"]) is None  # KT's error, never an empty answer
