@@ -103,6 +103,8 @@
       // the SDK splits and sends again at once, so its ops are usually written after all.
       refused_429: sum("refused_429"),
       refused_413: sum("refused_413"),
+      // keys the root expired at their deadline: not the producer's deletes, no quota's
+      expiries: sum("expiries"),
     };
   }
 
@@ -116,7 +118,8 @@
       const cap = r.quota ? r.quota.max_bytes_stored : null;
       const cells = [r.producer, si(r.growth, "B"), si(r.bytes, "B"), si(cap, "B"),
         r.used_pct === null || r.used_pct === undefined ? "–" : r.used_pct.toFixed(1) + " %",
-        fmt(r.keys), fmt(r.writes), fmt(r.held), fmt(r.refused_429), fmt(r.refused_413)];
+        fmt(r.keys), fmt(r.writes), fmt(r.held), fmt(r.refused_429), fmt(r.refused_413),
+        fmt(r.expiries)];
       for (const c of cells) {
         const td = document.createElement("td");
         td.textContent = c;

@@ -64,6 +64,11 @@ def test_usage_page_plots_a_real_workload(
     wait.until(lambda d: _chart(d, "chart-writes")["points"] not in ("", "0"))
     rows = browser.find_elements(By.CSS_SELECTOR, "#producers tbody tr")
     assert [r.get_attribute("data-producer") for r in rows] == [name]
+    heads = [th.text for th in browser.find_elements(By.CSS_SELECTOR, "#producers thead th")]
+    cells = dict(
+        zip(heads, [td.text for td in rows[0].find_elements(By.TAG_NAME, "td")], strict=True)
+    )
+    assert (cells["writes"], cells["expired"]) == ("41", "1"), cells
     before = _chart(browser, "chart-writes")
     assert int(before["sum"]) == 41  # writes plotted (the 40 and the key that expired)
     sums = browser.find_element(By.ID, "chart-writes").get_attribute("data-sums")
