@@ -60,9 +60,12 @@ class CacheKt:
         *,
         refuse_when_lagging: bool = False,
         connections: Callable[[], int] = lambda: 0,
+        db_aliases: tuple[bytes, ...] = (),
     ) -> None:
         self.node = node
         self.db_name = db_name
+        #: Other database names clients use for database 0 (`--kt-db-alias`, as a replica's).
+        self.db_aliases = frozenset(db_aliases)
         self.refuse_when_lagging = refuse_when_lagging
         self.connections = connections
         self.started = time.time()
@@ -152,7 +155,7 @@ class CacheKt:
         return head + b"".join(pieces), keep
 
     def _db_ok(self, db: bytes) -> bool:
-        return db in (b"0", self.db_name)
+        return db in (b"0", self.db_name) or db in self.db_aliases
 
     def _rest(self, req: kt.HttpRequest, keep: bool) -> Generator[bytes, None, bytes]:
         if req.method not in ("GET", "HEAD", "PUT", "DELETE"):
@@ -347,6 +350,7 @@ def cache_kt_service(
     *,
     refuse_when_lagging: bool = False,
     limits: ListenerLimits | None = None,
+    db_aliases: tuple[bytes, ...] = (),
 ) -> TcpService:
     """The cache's KT listener as a `Service` (bounded as a replica's: `net.tcp`)."""
     holder: list[TcpService] = []
@@ -355,6 +359,7 @@ def cache_kt_service(
         db_name,
         refuse_when_lagging=refuse_when_lagging,
         connections=lambda: holder[0].connections,
+        db_aliases=db_aliases,
     )
     svc = TcpService("kt", host, port, handler.session, limits=limits, busy_reply_to=busy_reply_to)
     holder.append(svc)

@@ -105,6 +105,7 @@ async def _serve(args: argparse.Namespace) -> None:
             kport,
             refuse_when_lagging=args.refuse_when_lagging,
             limits=listener_limits(args),
+            db_aliases=tuple(a.encode() for a in args.kt_db_alias),
         )
         await kt.start()
     tls.warn_plaintext(

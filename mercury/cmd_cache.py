@@ -66,6 +66,13 @@ def register(sub: Any) -> None:
         "on H:P (default: none)",
     )
     p.add_argument(
+        "--kt-db-alias",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="a KT database name accepted as database 0 (repeatable; e.g. casket.kch)",
+    )
+    p.add_argument(
         "--max-lag",
         type=float,
         default=None,

@@ -51,7 +51,8 @@ def _start_cache(
     p = procs.start_mercury(
         "cache", str(data), "--source", src, "--max-bytes", "1MiB",
         "--listen", f"127.0.0.1:{http}", "--memcached-listen", f"127.0.0.1:{mc}",
-        "--kt-listen", f"127.0.0.1:{kt}", "--max-lag", "30", name="cache",
+        "--kt-listen", f"127.0.0.1:{kt}", "--kt-db-alias", "casket.kch",
+        "--max-lag", "30", name="cache",
     )  # fmt: skip
     wait_http(f"http://127.0.0.1:{http}/healthz", proc=p)
     return p
@@ -163,7 +164,7 @@ def test_root_replica_cache(tmp_path: Path, procs: Procs) -> None:
     assert (r.status_code, r.headers["x-mercury-cache"]) == (404, "miss")
     seq = put("cfg/kt2", b"kv")
     wait_for(lambda: status(http)["seq"] >= seq, 30, "cache applied cfg/kt2")
-    r = httpx.get(f"{kts}/cfg%2Fa")
+    r = httpx.get(f"{kts}/casket.kch/cfg%2Fa")  # KT's database name (--kt-db-alias)
     assert (r.status_code, r.content, r.headers["x-mercury-cache"]) == (200, b"two", "hit")
     r = httpx.post(f"{kts}/rpc/get_bulk", data={"_cfg/a": "", "_cfg/none": "", "_cfg/kt1": ""})
     assert r.text.splitlines() == ["_cfg/a\ttwo", "_cfg/none\tnow", "num\t2"], r.text
