@@ -194,10 +194,11 @@ def test_secure_make_run_end_to_end(tmp_path: Path, procs: Procs) -> None:
 
 
 def test_the_cache_node_follows_the_replica_then_the_root() -> None:
-    node = cache_node(Ports(replica_repl=5, root_repl=6, cache=7), "v")
+    node = cache_node(Ports(replica_repl=5, root_repl=6, cache=7, cache_kt=8), "v")
     assert node.argv()[:2] == ["cache", "v/cache"]
     assert node.flag("--source") == "127.0.0.1:5,127.0.0.1:6"
     assert node.flag("--listen") == "127.0.0.1:7"
+    assert node.flag("--kt-listen") == "127.0.0.1:8"
     args = parse_args(["--cache", "--cache-port", "9"], {})
     assert args.with_cache and args.cache == 9
 

@@ -364,6 +364,7 @@ def _cache_examples(cache: Node) -> str:
     c = f"http://{cache.flag('--listen')}"
     return f"""Cache node (holds only what is read; docs/replication.md, "Cache nodes"):
   curl -i {c}/v1/kv/demo/hello      # X-Mercury-Cache: miss, then hit
+  curl -i http://{cache.flag("--kt-listen")}/demo%2Fhello      # the same through KT's REST
   curl -s {c}/v1/status; curl -s {c}/metrics | grep mercury_cache
 """
 

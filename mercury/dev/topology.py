@@ -63,6 +63,8 @@ class Ports:
     etcd_peer: int = 2380
     #: The cache node of ``make run --cache`` (`cache_node`).
     cache: int = 8084
+    #: Its KT listener (KT readers of the cache: `mercury cache --kt-listen`).
+    cache_kt: int = 1980
     #: The filtered replica of ``make run --filtered PREFIX`` (`filtered_replica`).
     filtered: int = 8085
 
@@ -144,6 +146,7 @@ def cache_node(ports: Ports = Ports(), var: str = "var") -> Node:
             ("--source", f"{lo}:{ports.replica_repl},{lo}:{ports.root_repl}"),
             ("--max-bytes", "64MiB"),
             ("--listen", f"{lo}:{ports.cache}"),
+            ("--kt-listen", f"{lo}:{ports.cache_kt}"),
             ("--max-lag", "10"),
         ),
     )
