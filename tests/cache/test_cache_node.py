@@ -214,3 +214,21 @@ def test_root_replica_cache(tmp_path: Path, procs: Procs) -> None:
     assert r.status_code == 503 and r.headers["retry-after"] == "1", r.text
     assert _kt_bulk(kt, [b"cfg/a"]) == {b"cfg/a": b"four"}  # a hit, no source needed
     assert _kt_bulk(kt, [b"cfg/never-read"]) is None  # KT's error, never an empty answer
+
+
+def test_a_lagging_cache_refuses_kt_reads(tmp_path: Path, procs: Procs) -> None:
+    """With --refuse-when-lagging, a cache that heard nothing from a root (its source is not
+    there) refuses every KT read as lagging, not as a miss it could not fetch."""
+    http, kt = free_port(), free_port()
+    p = procs.start_mercury(
+        "cache", str(tmp_path / "cache"), "--source", f"127.0.0.1:{free_port()}",
+        "--max-bytes", "1MiB", "--listen", f"127.0.0.1:{http}", "--kt-listen",
+        f"127.0.0.1:{kt}", "--max-lag", "5", "--refuse-when-lagging", name="cache",
+    )  # fmt: skip
+    wait_http(f"http://127.0.0.1:{http}/healthz", proc=p)
+    r = httpx.get(f"http://127.0.0.1:{kt}/rpc/get", params={"key": "cfg/a"})
+    assert r.status_code == 503 and r.headers["retry-after"] == "1", r.text
+    assert "lagging" in r.text
+    r = httpx.get(f"http://127.0.0.1:{kt}/cfg%2Fa")
+    assert r.status_code == 503 and "lagging" in r.headers["x-kt-error"]
+    assert _kt_bulk(kt, [b"cfg/a"]) is None
