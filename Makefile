@@ -82,12 +82,14 @@ lint: build $(DEV_STAMP)
 # KT and memcached listeners' connection hot path). Each twin is proven to agree with its
 # compiled module by tests/property in the first pass; the rest of the suite drives the
 # same twins through the same entry points again, so it runs on the compiled code only.
-# Measured 2026-12-07 on this 2-core machine, nothing else running, a clean clone's
-# .ci/run (fresh venv, build, lint, both passes): 13 min 28 s in all, first pass 1,135
-# tests in 10 min 23 s, second pass 529 tests in 1 min 59 s — over the 10 min budget, and
-# CPU-bound (24 CPU minutes on 2 cores: more workers cannot help). Each test's mercury
-# processes pay their interpreter's imports; the largest files by serial seconds are
-# tests/gateway/test_acl_doc.py (104), tests/conformance (102), test_hostile_listeners (79).
+# Measured 2026-12-08 on this 2-core machine, a clean clone's .ci/run (fresh venv, build,
+# lint, both passes) at c0f7067 while one other bench ran (load 3-4): 10 min 06 s in all,
+# first pass 1,234 tests in 7 min 24 s, second pass 444 tests in 1 min 34 s; 17 CPU
+# minutes (the day before: 13 min 28 s, 1,135 tests, 24 CPU minutes). The run is CPU-bound:
+# more workers cannot help. What brought it down: `mercury` builds its parser from the
+# invoked command's module only (mercury.cli.COMMANDS), tests/conftest.py loads httpx's
+# trust store once per process, shared roots where tests allow, PURE_SKIP below. Each
+# test's mercury processes still pay their interpreter's imports (mercury.root ~0.6 CPU s).
 # The browser test (tests/browser: the usage page in headless Chromium via selenium) needs
 # Debian's chromium and its driver: installed when missing and we are root; otherwise the
 # test skips and says why.
