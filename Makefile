@@ -82,9 +82,9 @@ lint: build $(DEV_STAMP)
 # KT and memcached listeners' connection hot path). Each twin is proven to agree with its
 # compiled module by tests/property in the first pass; the rest of the suite drives the
 # same twins through the same entry points again, so it runs on the compiled code only.
-# Measured 2026-12-08 on this 2-core machine, a clean clone's .ci/run (fresh venv, build,
-# lint, both passes) at c0f7067 while one other bench ran (load 3-4): 10 min 06 s in all,
-# first pass 1,234 tests in 7 min 24 s, second pass 444 tests in 1 min 34 s; 17 CPU
+# Measured 2026-12-08 on this 2-core machine, nothing else running, a clean clone's .ci/run
+# (fresh venv, build, lint, both passes) at ac9fb1d: 8 min 43 s in all, first pass 1,235
+# tests in 6 min 24 s, second pass 444 tests in 1 min 18 s; 15 CPU
 # minutes (the day before: 13 min 28 s, 1,135 tests, 24 CPU minutes). The run is CPU-bound:
 # more workers cannot help. What brought it down: `mercury` builds its parser from the
 # invoked command's module only (mercury.cli.COMMANDS), tests/conftest.py loads httpx's
