@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +34,7 @@ from replicator.invalidation import (
 from replicator.tcp import TcpTransport
 from store.ops import DELETE, EXPIRE, SET, Op
 from testkit.replication import RootNode
+from testkit.wait import wait_until_async
 
 
 def test_codecs_round_trip() -> None:
@@ -44,14 +44,6 @@ def test_codecs_round_trip() -> None:
     assert decode_fetch(encode_fetch(f)[10:]) == f
     a = Fetched(3, 0, 9, [Item(b"v", 4), Item(None, 0), Item(b"", 2)])
     assert decode_fetched(encode_fetched(a)[10:]) == a
-
-
-async def _until(cond: Callable[[], bool], what: str, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{what} not reached after {timeout}s")
-        await asyncio.sleep(0.01)
 
 
 def test_a_commit_reaches_the_cache_without_waiting_for_a_heartbeat(tmp_path: Path) -> None:
@@ -70,7 +62,7 @@ async def _follow(root: RootNode, tmp_path: Path) -> None:
     node = CacheNode(store, 1 << 20, [("127.0.0.1", root.port)], TcpTransport(None))
     task = asyncio.get_running_loop().create_task(node.run())
     try:
-        await _until(lambda: node.status()["connected"] is True, "connected")
+        await wait_until_async(lambda: node.status()["connected"] is True, 20, "connected")
         (a,) = await node.get([b"a"])
         assert (a.value, a.served) == (b"one", "miss")
         (a,) = await node.get([b"a"])
@@ -78,11 +70,11 @@ async def _follow(root: RootNode, tmp_path: Path) -> None:
         (n,) = await node.get([b"none"])
         assert (n.value, n.served) == (None, "miss")
         seq = root.store.apply([Op(SET, b"a", b"two", owner="t")]).last_seq
-        await _until(lambda: node.state.applied >= seq, "invalidation applied")
+        await wait_until_async(lambda: node.state.applied >= seq, 20, "invalidation applied")
         (a,) = await node.get([b"a"])
         assert (a.value, a.served) == (b"two", "miss")
         seq = root.store.apply([Op(DELETE, b"a", b"", owner="t")]).last_seq
-        await _until(lambda: node.state.applied >= seq, "delete applied")
+        await wait_until_async(lambda: node.state.applied >= seq, 20, "delete applied")
         (a,) = await node.get([b"a"])
         assert (a.value, a.version) == (None, 0)
         assert node.counters.invalidations == 2
@@ -125,11 +117,11 @@ async def _lagging(root: RootNode, tmp_path: Path) -> None:
     assert status == 503 and headers[b"retry-after"] == b"1"
     task = asyncio.get_running_loop().create_task(node.run())
     try:
-        await _until(lambda: not node.lagging(), "caught up")
+        await wait_until_async(lambda: not node.lagging(), 20, "caught up")
         assert (await _asgi_get(app, "/v1/kv/a"))[0] == 200
         # The source stops: its heartbeats stop, the lag passes --max-lag.
         root.call(root.source.stop())
-        await _until(node.lagging, "lagging")
+        await wait_until_async(node.lagging, 20, "lagging")
         assert (await _asgi_get(app, "/v1/kv/a"))[0] == 503
         lag = node.status()["lag_s"]
         assert isinstance(lag, float) and lag > 0.5
@@ -175,10 +167,10 @@ async def _over_tls(root: RootNode, tmp_path: Path, files: TlsFiles) -> None:
         task = asyncio.get_running_loop().create_task(node.run())
         try:
             if name == "plain":
-                await _until(lambda: bool(refused), "refused")
+                await wait_until_async(lambda: bool(refused), 20, "refused")
                 assert node.status()["connected"] is False
             else:
-                await _until(lambda: node.status()["connected"] is True, "connected")  # noqa: B023
+                await wait_until_async(lambda: node.status()["connected"] is True, 20, "connected")  # noqa: B023
                 (a,) = await node.get([b"a"])
                 assert a.value == b"one"
         finally:
@@ -209,7 +201,7 @@ async def _held_then_stale(root: RootNode, tmp_path: Path, *, first: bool) -> No
         assert b"a" in node.state.held  # warm: what it held is back
     task = asyncio.get_running_loop().create_task(node.run())
     try:
-        await _until(lambda: node.status()["connected"] is True, "connected")
+        await wait_until_async(lambda: node.status()["connected"] is True, 20, "connected")
         (a,) = await node.get([b"a"])
         # The source refused to stream the history it lost: the cache started over at its
         # head, dropping `a`'s old value rather than serving it.
@@ -243,7 +235,7 @@ async def _read_hot_and_once(root: RootNode, tmp_path: Path) -> None:
     node = CacheNode(store, 1 << 20, [("127.0.0.1", root.port)], TcpTransport(None))
     task = asyncio.get_running_loop().create_task(node.run())
     try:
-        await _until(lambda: node.status()["connected"] is True, "connected")
+        await wait_until_async(lambda: node.status()["connected"] is True, 20, "connected")
         await node.get([b"hot", b"once"])
         await node.get([b"hot"])
     finally:
@@ -268,7 +260,7 @@ async def _large(root: RootNode, tmp_path: Path) -> None:
     node = CacheNode(store, 64 << 20, [("127.0.0.1", root.port)], TcpTransport(None))
     task = asyncio.get_running_loop().create_task(node.run())
     try:
-        await _until(lambda: node.status()["connected"] is True, "connected")
+        await wait_until_async(lambda: node.status()["connected"] is True, 20, "connected")
         # 8 values of 3 MiB: more than one answer carries (16 MiB), all of them served.
         keys = [b"big%02d" % i for i in range(8)]
         got = await node.get(keys)
@@ -298,12 +290,12 @@ async def _expiring(root: RootNode, tmp_path: Path, set_seq: int) -> None:
     node = CacheNode(store, 1 << 20, [("127.0.0.1", root.port)], TcpTransport(None))
     task = asyncio.get_running_loop().create_task(node.run())
     try:
-        await _until(lambda: node.status()["connected"] is True, "connected")
+        await wait_until_async(lambda: node.status()["connected"] is True, 20, "connected")
         assert [a.value for a in await node.get([b"e"])] == [b"v1"]
         assert (await node.get([b"e"]))[0].served == "hit"
         # What the root's expirer logs once the deadline passes: an EXPIRE entry.
         out = root.store.apply([Op(EXPIRE, b"e", b"", owner="t", expect_seq=set_seq)])
-        await _until(lambda: node.state.applied >= out.last_seq, "expiry applied")
+        await wait_until_async(lambda: node.state.applied >= out.last_seq, 20, "expiry applied")
         (a,) = await node.get([b"e"])
         assert (a.value, a.served) == (None, "miss")
     finally:
